@@ -1,0 +1,337 @@
+//! [`MlxArray`]: an owned handle to one MLX array, and [`SharedArray`], its evaluated form that
+//! may cross threads.
+
+use std::ffi::{c_int, c_void};
+use std::fmt;
+use std::marker::PhantomData;
+
+use mlx_sys as sys;
+
+use crate::device::with_current;
+use crate::dtype::{Dtype, Element};
+use crate::error::{call, call_value, invalid, Error, Result};
+
+/// One MLX array: owns one `mlx_array` handle.
+///
+/// Arrays are lazy: operations build a graph that runs on [`eval`](MlxArray::eval) or when data
+/// is read. `Clone` shares the same array (MLX reference counting); [`deep_copy`](MlxArray::deep_copy)
+/// makes an independent copy of the data. An `MlxArray` stays on the thread that made it,
+/// because MLX can evaluate a lazy array only on its own thread's stream; to hand evaluated data
+/// to other threads use [`share`](MlxArray::share):
+///
+/// ```compile_fail
+/// // A lazy array cannot move to another thread (MLX would fail to evaluate it there).
+/// let a = mlx_trellis::MlxArray::from_slice(&[1.0f32], &[1]).unwrap();
+/// std::thread::spawn(move || a.eval());
+/// ```
+///
+/// ```
+/// // Its evaluated, shared form can.
+/// let a = mlx_trellis::MlxArray::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+/// let shared = a.share().unwrap();
+/// let v = std::thread::spawn(move || shared.to_vec::<f32>().unwrap()).join().unwrap();
+/// assert_eq!(v, [1.0, 2.0]);
+/// ```
+pub struct MlxArray {
+    raw: sys::mlx_array,
+    _not_send: PhantomData<*const ()>,
+}
+
+/// Converts a host shape to MLX's `int` dimensions.
+pub(crate) fn dims(shape: &[usize]) -> Result<Vec<c_int>> {
+    shape
+        .iter()
+        .map(|&d| {
+            c_int::try_from(d)
+                .map_err(|_| Error::invalid(format!("dimension {d} in shape {shape:?} exceeds MLX's int range")).into())
+        })
+        .collect()
+}
+
+impl MlxArray {
+    /// Wraps a handle this value now owns.
+    pub(crate) fn from_raw(raw: sys::mlx_array) -> MlxArray {
+        MlxArray { raw, _not_send: PhantomData }
+    }
+
+    /// The underlying handle (still owned by `self`).
+    pub fn as_raw(&self) -> sys::mlx_array {
+        self.raw
+    }
+
+    /// The handle slot, for mlx-c out-parameters.
+    pub(crate) fn raw_mut(&mut self) -> &mut sys::mlx_array {
+        &mut self.raw
+    }
+
+    /// An empty handle, to be filled by an mlx-c call.
+    pub(crate) fn empty() -> MlxArray {
+        // SAFETY: creating an empty handle has no preconditions; freed in `Drop`.
+        MlxArray::from_raw(unsafe { sys::mlx_array_new() })
+    }
+
+    /// Runs one mlx-c operation that writes one array on the current stream.
+    pub(crate) fn op(f: impl FnOnce(*mut sys::mlx_array, sys::mlx_stream) -> c_int) -> Result<MlxArray> {
+        let mut out = MlxArray::empty();
+        with_current(|s| {
+            call(|| f(&mut out.raw, s.raw()))?;
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// An array with a copy of `data`, laid out row-major with `shape`.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<MlxArray> {
+        let expected: usize = shape.iter().product();
+        if data.len() != expected {
+            invalid!("{} elements do not fill shape {shape:?} ({expected} elements)", data.len());
+        }
+        let dims = dims(shape)?;
+        // The pointer only has to be valid; MLX copies `expected` elements out of it.
+        let ptr = if data.is_empty() { std::ptr::NonNull::<T>::dangling().as_ptr() } else { data.as_ptr() };
+        // SAFETY: `ptr` points at `expected` elements of `T`, whose layout is MLX's `T::DTYPE`
+        // (bool, integers and IEEE floats; f16/bf16 are their 16-bit patterns); MLX copies them.
+        let raw = call_value(|| unsafe {
+            sys::mlx_array_new_data(ptr as *const c_void, dims.as_ptr(), dims.len() as c_int, T::DTYPE.to_raw())
+        })?;
+        Ok(MlxArray::from_raw(raw))
+    }
+
+    /// A 0-d array holding `value`.
+    pub fn scalar<T: Element>(value: T) -> Result<MlxArray> {
+        MlxArray::from_slice(&[value], &[])
+    }
+
+    /// Zeros of `shape` and `dtype`.
+    pub fn zeros(shape: &[usize], dtype: Dtype) -> Result<MlxArray> {
+        let dims = dims(shape)?;
+        // SAFETY: `dims` is a live slice of `dims.len()` ints for the duration of the call.
+        MlxArray::op(|res, s| unsafe { sys::mlx_zeros(res, dims.as_ptr(), dims.len(), dtype.to_raw(), s) })
+    }
+
+    /// Ones of `shape` and `dtype`.
+    pub fn ones(shape: &[usize], dtype: Dtype) -> Result<MlxArray> {
+        let dims = dims(shape)?;
+        // SAFETY: `dims` is a live slice of `dims.len()` ints for the duration of the call.
+        MlxArray::op(|res, s| unsafe { sys::mlx_ones(res, dims.as_ptr(), dims.len(), dtype.to_raw(), s) })
+    }
+
+    /// `value` (converted to `dtype`) repeated over `shape`.
+    pub fn full(shape: &[usize], value: f64, dtype: Dtype) -> Result<MlxArray> {
+        let dims = dims(shape)?;
+        let fill = MlxArray::scalar(value)?;
+        // SAFETY: `dims` is live for the call and `fill.raw` a live array handle.
+        MlxArray::op(|res, s| unsafe { sys::mlx_full(res, dims.as_ptr(), dims.len(), fill.raw, dtype.to_raw(), s) })
+    }
+
+    /// `start, start + step, ...` below `stop`, as `dtype`.
+    pub fn arange(start: f64, stop: f64, step: f64, dtype: Dtype) -> Result<MlxArray> {
+        if step == 0.0 || !step.is_finite() {
+            invalid!("arange step must be finite and non-zero, got {step}");
+        }
+        // SAFETY: scalar arguments only.
+        MlxArray::op(|res, s| unsafe { sys::mlx_arange(res, start, stop, step, dtype.to_raw(), s) })
+    }
+
+    /// The dimensions.
+    pub fn shape(&self) -> Vec<usize> {
+        let n = self.ndim();
+        if n == 0 {
+            return Vec::new();
+        }
+        // SAFETY: `self.raw` is live; MLX returns a pointer to `ndim` ints owned by the array,
+        // valid while the array lives, and they are copied out at once.
+        let ptr = unsafe { sys::mlx_array_shape(self.raw) };
+        // SAFETY: see above; `ptr` is non-null for a live array with ndim > 0.
+        unsafe { std::slice::from_raw_parts(ptr, n) }.iter().map(|&d| d as usize).collect()
+    }
+
+    /// The number of dimensions.
+    pub fn ndim(&self) -> usize {
+        // SAFETY: `self.raw` is a live handle.
+        unsafe { sys::mlx_array_ndim(self.raw) }
+    }
+
+    /// The number of elements.
+    pub fn size(&self) -> usize {
+        // SAFETY: `self.raw` is a live handle.
+        unsafe { sys::mlx_array_size(self.raw) }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> Dtype {
+        // SAFETY: `self.raw` is a live handle.
+        Dtype::from_raw(unsafe { sys::mlx_array_dtype(self.raw) })
+    }
+
+    /// Computes the array (and what it depends on) now.
+    pub fn eval(&self) -> Result<()> {
+        // SAFETY: `self.raw` is a live handle; evaluation happens on this thread.
+        call(|| unsafe { sys::mlx_array_eval(self.raw) })?;
+        Ok(())
+    }
+
+    /// Evaluates and copies the elements out, row-major. `T` must be the array's dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if self.dtype() != T::DTYPE {
+            invalid!("cannot read a {} array as {} (convert with astype first)", self.dtype(), T::DTYPE);
+        }
+        let dense = self.contiguous()?;
+        dense.eval()?;
+        // SAFETY: `read_evaluated` needs an evaluated, row-contiguous array of dtype `T`: `dense`
+        // is all three.
+        Ok(unsafe { read_evaluated::<T>(dense.raw, dense.size()) }?)
+    }
+
+    /// A row-contiguous array with the same elements (no copy if it already is).
+    pub fn contiguous(&self) -> Result<MlxArray> {
+        // SAFETY: `self.raw` is a live handle.
+        MlxArray::op(|res, s| unsafe { sys::mlx_contiguous(res, self.raw, false, s) })
+    }
+
+    /// An independent copy of the data (unlike `clone`, which shares the array). MLX's own
+    /// `copy` shares the buffer of an evaluated input, so this copies through a new buffer.
+    pub fn deep_copy(&self) -> Result<MlxArray> {
+        let dense = self.contiguous()?;
+        dense.eval()?;
+        let dims = dims(&dense.shape())?;
+        if dense.size() == 0 {
+            return MlxArray::zeros(&dense.shape(), dense.dtype());
+        }
+        // SAFETY: `dense` is live and evaluated, so its data pointer is valid.
+        let ptr = call_value(|| unsafe { sys::mlx_array_data_uint8(dense.raw) })?;
+        // SAFETY: `ptr` holds `dense.size()` row-contiguous elements of `dense.dtype()`, which MLX
+        // copies into a new buffer before this returns.
+        let raw = call_value(|| unsafe {
+            sys::mlx_array_new_data(ptr as *const c_void, dims.as_ptr(), dims.len() as c_int, dense.dtype().to_raw())
+        })?;
+        Ok(MlxArray::from_raw(raw))
+    }
+
+    /// Evaluates the array and returns a handle that other threads may read.
+    pub fn share(&self) -> Result<SharedArray> {
+        let dense = self.contiguous()?;
+        dense.eval()?;
+        Ok(SharedArray { inner: dense })
+    }
+
+    /// The single element of a one-element array, converted to `f64`.
+    pub fn item_f64(&self) -> Result<f64> {
+        if self.size() != 1 {
+            invalid!("item of an array with {} elements (shape {:?})", self.size(), self.shape());
+        }
+        Ok(self.astype(Dtype::Float64)?.to_vec::<f64>()?[0])
+    }
+}
+
+/// Copies `n` elements out of an evaluated, row-contiguous array of dtype `T`.
+///
+/// # Safety
+/// `raw` must be a live, evaluated, row-contiguous array of `T::DTYPE` with `n` elements.
+unsafe fn read_evaluated<T: Element>(raw: sys::mlx_array, n: usize) -> std::result::Result<Vec<T>, Error> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    // Every typed accessor returns the same start pointer (`array::data<T>()` is a cast), and the
+    // x86-64 builds have no f16/bf16 accessors, so the byte accessor serves all types.
+    // SAFETY: `raw` is live and evaluated (caller's contract), so its data pointer is valid.
+    let ptr = call_value(|| unsafe { sys::mlx_array_data_uint8(raw) })?;
+    if ptr.is_null() {
+        return Err(Error::mlx("array has no data after evaluation"));
+    }
+    // SAFETY: the buffer holds `n` contiguous `T` (caller's contract), suitably aligned by MLX's
+    // allocator, and lives at least as long as `raw`; the elements are copied out immediately.
+    Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, n) }.to_vec())
+}
+
+impl Clone for MlxArray {
+    /// Shares the same array (MLX reference count); no data is copied.
+    fn clone(&self) -> MlxArray {
+        let mut copy = MlxArray::empty();
+        // SAFETY: both handles are live; `mlx_array_set` shares the source.
+        call(|| unsafe { sys::mlx_array_set(&mut copy.raw, self.raw) })
+            .expect("mlx_array_set shares a reference and cannot fail on live handles");
+        copy
+    }
+}
+
+impl Drop for MlxArray {
+    fn drop(&mut self) {
+        // SAFETY: `self.raw` is owned by this value and freed exactly once.
+        unsafe { sys::mlx_array_free(self.raw) };
+    }
+}
+
+impl fmt::Debug for MlxArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MlxArray({:?}, {})", self.shape(), self.dtype())
+    }
+}
+
+/// An evaluated array that any thread may read. Made by [`MlxArray::share`].
+///
+/// MLX allows reading an evaluated array's data from any thread and its handle is reference
+/// counted atomically, so this type is `Send` and `Sync`; it offers only reads and a conversion
+/// back to an [`MlxArray`] on the calling thread (usable as an input to new operations there).
+pub struct SharedArray {
+    inner: MlxArray,
+}
+
+// SAFETY: `inner` is evaluated and row-contiguous when constructed and never exposed mutably or
+// lazily; MLX's reads of evaluated data and its `shared_ptr` reference counts are thread-safe.
+unsafe impl Send for SharedArray {}
+// SAFETY: as above; every method takes `&self` and performs only reads.
+unsafe impl Sync for SharedArray {}
+
+impl SharedArray {
+    /// The dimensions.
+    pub fn shape(&self) -> Vec<usize> {
+        self.inner.shape()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> Dtype {
+        self.inner.dtype()
+    }
+
+    /// Copies the elements out. `T` must be the array's dtype.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if self.dtype() != T::DTYPE {
+            invalid!("cannot read a {} array as {}", self.dtype(), T::DTYPE);
+        }
+        // SAFETY: `inner` was evaluated and made row-contiguous in `MlxArray::share`.
+        Ok(unsafe { read_evaluated::<T>(self.inner.raw, self.inner.size()) }?)
+    }
+
+    /// A handle on the calling thread, usable in new operations.
+    pub fn to_array(&self) -> MlxArray {
+        self.inner.clone()
+    }
+}
+
+impl fmt::Debug for SharedArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SharedArray({:?}, {})", self.shape(), self.dtype())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data_ptr(a: &MlxArray) -> *const u8 {
+        a.eval().unwrap();
+        // SAFETY: `a` is live and evaluated, so its data pointer is valid to read (not deref'd).
+        call_value(|| unsafe { sys::mlx_array_data_uint8(a.raw) }).unwrap()
+    }
+
+    #[test]
+    fn clone_shares_and_deep_copy_copies() {
+        let a = MlxArray::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
+        let shared = a.clone();
+        let copy = a.deep_copy().unwrap();
+        assert_eq!(data_ptr(&shared), data_ptr(&a));
+        assert_ne!(data_ptr(&copy), data_ptr(&a));
+        assert_eq!(copy.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    }
+}

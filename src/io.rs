@@ -1,0 +1,144 @@
+//! Safetensors files through mlx-c (`mlx_load_safetensors` / `mlx_save_safetensors`).
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, CStr, CString};
+use std::path::Path;
+
+use anyhow::Context;
+use mlx_sys as sys;
+
+use crate::array::MlxArray;
+use crate::device::Stream;
+use crate::error::{call, invalid, Error, Result};
+
+/// The tensors and the metadata of one safetensors file.
+#[derive(Debug, Default)]
+pub struct Safetensors {
+    /// Tensors by name.
+    pub tensors: BTreeMap<String, MlxArray>,
+    /// The file's `__metadata__` strings.
+    pub metadata: BTreeMap<String, String>,
+}
+
+struct ArrayMap(sys::mlx_map_string_to_array);
+struct StringMap(sys::mlx_map_string_to_string);
+
+impl Drop for ArrayMap {
+    fn drop(&mut self) {
+        // SAFETY: the map is owned by this value and freed exactly once.
+        unsafe { sys::mlx_map_string_to_array_free(self.0) };
+    }
+}
+
+impl Drop for StringMap {
+    fn drop(&mut self) {
+        // SAFETY: the map is owned by this value and freed exactly once.
+        unsafe { sys::mlx_map_string_to_string_free(self.0) };
+    }
+}
+
+fn path_cstring(path: &Path) -> Result<CString> {
+    let text = path.to_str().ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display())))?;
+    Ok(CString::new(text).map_err(|_| Error::invalid(format!("path {text:?} contains a NUL byte")))?)
+}
+
+fn key_cstring(key: &str) -> Result<CString> {
+    Ok(CString::new(key).map_err(|_| Error::invalid(format!("name {key:?} contains a NUL byte")))?)
+}
+
+/// Reads every tensor and the metadata of a safetensors file. The tensors are evaluated (read
+/// from disk) before this returns, so a truncated or corrupt file fails here.
+pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Safetensors> {
+    let path = path.as_ref();
+    load_inner(path).with_context(|| format!("loading safetensors file {}", path.display()))
+}
+
+fn load_inner(path: &Path) -> Result<Safetensors> {
+    if !path.is_file() {
+        invalid!("no such file");
+    }
+    let file = path_cstring(path)?;
+    // SAFETY: creating empty maps has no preconditions; they are freed by the guards.
+    let mut arrays = ArrayMap(unsafe { sys::mlx_map_string_to_array_new() });
+    // SAFETY: as above.
+    let mut strings = StringMap(unsafe { sys::mlx_map_string_to_string_new() });
+    // Loading reads from disk: MLX requires a CPU stream for it.
+    let cpu = Stream::cpu()?;
+    // SAFETY: both maps are live slots to fill, `file` is NUL-terminated, `cpu` is live.
+    call(|| unsafe { sys::mlx_load_safetensors(&mut arrays.0, &mut strings.0, file.as_ptr(), cpu.raw()) })?;
+
+    let mut out = Safetensors::default();
+    // SAFETY: `arrays.0` is a live map; the iterator is freed below before the map.
+    let it = unsafe { sys::mlx_map_string_to_array_iterator_new(arrays.0) };
+    let result = (|| -> Result<()> {
+        loop {
+            let mut key: *const c_char = std::ptr::null();
+            let mut value = MlxArray::empty();
+            // mlx-c returns 2 at the end of the map, 1 on failure.
+            crate::error::ensure_handler();
+            // SAFETY: `key` and the value slot are valid out-pointers; `it` is live.
+            let status = unsafe { sys::mlx_map_string_to_array_iterator_next(&mut key, value.raw_mut(), it) };
+            match status {
+                0 => {}
+                2 => return Ok(()),
+                _ => return Err(Error::mlx("iterating the loaded tensors failed").into()),
+            }
+            // SAFETY: `key` points at the map's NUL-terminated key, alive while the map lives.
+            let name = unsafe { CStr::from_ptr(key) }.to_string_lossy().into_owned();
+            value.eval().with_context(|| format!("reading tensor {name:?}"))?;
+            out.tensors.insert(name, value);
+        }
+    })();
+    // SAFETY: `it` is live and freed exactly once.
+    unsafe { sys::mlx_map_string_to_array_iterator_free(it) };
+    result?;
+
+    // SAFETY: `strings.0` is a live map; the iterator is freed below before the map.
+    let it = unsafe { sys::mlx_map_string_to_string_iterator_new(strings.0) };
+    loop {
+        let mut key: *const c_char = std::ptr::null();
+        let mut value: *const c_char = std::ptr::null();
+        // SAFETY: both out-pointers are valid; `it` is live.
+        let status = unsafe { sys::mlx_map_string_to_string_iterator_next(&mut key, &mut value, it) };
+        if status != 0 {
+            break;
+        }
+        // SAFETY: both point at NUL-terminated strings owned by the live map.
+        let (k, v) = unsafe { (CStr::from_ptr(key), CStr::from_ptr(value)) };
+        out.metadata.insert(k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned());
+    }
+    // SAFETY: `it` is live and freed exactly once.
+    unsafe { sys::mlx_map_string_to_string_iterator_free(it) };
+    Ok(out)
+}
+
+/// Writes `tensors` (evaluated first) and `metadata` to a safetensors file.
+pub fn save_safetensors<'a>(
+    path: impl AsRef<Path>,
+    tensors: impl IntoIterator<Item = (&'a str, &'a MlxArray)>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<()> {
+    let path = path.as_ref();
+    (|| -> Result<()> {
+        let file = path_cstring(path)?;
+        // SAFETY: creating empty maps has no preconditions; they are freed by the guards.
+        let arrays = ArrayMap(unsafe { sys::mlx_map_string_to_array_new() });
+        // SAFETY: as above.
+        let strings = StringMap(unsafe { sys::mlx_map_string_to_string_new() });
+        for (name, array) in tensors {
+            array.eval().with_context(|| format!("evaluating tensor {name:?}"))?;
+            let key = key_cstring(name)?;
+            // SAFETY: the map and array are live; `key` is NUL-terminated; the map copies both.
+            call(|| unsafe { sys::mlx_map_string_to_array_insert(arrays.0, key.as_ptr(), array.as_raw()) })?;
+        }
+        for (k, v) in metadata {
+            let (k, v) = (key_cstring(k)?, key_cstring(v)?);
+            // SAFETY: the map is live and both strings are NUL-terminated; the map copies them.
+            call(|| unsafe { sys::mlx_map_string_to_string_insert(strings.0, k.as_ptr(), v.as_ptr()) })?;
+        }
+        // SAFETY: `file` is NUL-terminated and both maps are live.
+        call(|| unsafe { sys::mlx_save_safetensors(file.as_ptr(), arrays.0, strings.0) })?;
+        Ok(())
+    })()
+    .with_context(|| format!("saving safetensors file {}", path.display()))
+}

@@ -1,0 +1,106 @@
+//! Custom-kernel wrappers: misuse caught in Rust, MLX's back-end errors as values, and a trivial
+//! kernel that runs for real where its back-end exists.
+
+use mlx_trellis::{backend, Backend, CudaKernel, Dtype, KernelSource, LaunchConfig, MetalKernel, MlxArray};
+
+fn scale_source() -> KernelSource {
+    KernelSource::new("mlx_trellis_test_scale", &["inp"], &["out"], "/* body */ out[0] = inp[0];")
+}
+
+#[test]
+fn a_kernel_needs_outputs_and_identifiers() {
+    let mut s = scale_source();
+    s.output_names.clear();
+    let err = MetalKernel::new(s, false).err().expect("no outputs is refused");
+    assert!(err.to_string().contains("at least one output"), "{err}");
+    let mut s = scale_source();
+    s.input_names = vec!["in put".into()];
+    let err = MetalKernel::new(s, false).err().expect("bad name is refused");
+    assert!(err.to_string().contains("not an identifier"), "{err}");
+    let mut s = scale_source();
+    s.input_names = vec!["out".into()];
+    let err = MetalKernel::new(s, false).err().expect("duplicate name is refused");
+    assert!(err.to_string().contains("used twice"), "{err}");
+}
+
+#[test]
+fn launch_misuse_is_caught_before_mlx() {
+    let k = MetalKernel::new(scale_source(), false).unwrap();
+    let x = MlxArray::from_slice(&[1.0f32], &[1]).unwrap();
+    let cfg = LaunchConfig::new([1, 1, 1], [1, 1, 1]).output(&[1], Dtype::Float32);
+    let err = k.apply(&[&x, &x], &cfg).unwrap_err();
+    assert!(err.to_string().contains("2 inputs given for 1 input names"), "{err}");
+    let err = k.apply(&[&x], &LaunchConfig::new([1, 1, 1], [1, 1, 1])).unwrap_err();
+    assert!(err.to_string().contains("0 outputs configured for 1 output names"), "{err}");
+    let err = k.apply(&[&x], &cfg.clone().template_int("N", 1).template_dtype("N", Dtype::Float32)).unwrap_err();
+    assert!(err.to_string().contains("template argument \"N\" is given twice"), "{err}");
+    let err = k.apply(&[&x], &cfg.clone().template_dtype("T", Dtype::Float64)).unwrap_err();
+    assert!(err.to_string().contains("not a GPU kernel type"), "{err}");
+    let err = k.apply(&[&x], &cfg.clone().template_int("inp", 3)).unwrap_err();
+    assert!(err.to_string().contains("has the name of a kernel argument"), "{err}");
+    let err = k.apply(&[&x], &LaunchConfig::new([0, 1, 1], [1, 1, 1]).output(&[1], Dtype::Float32)).unwrap_err();
+    assert!(err.to_string().contains("grid"), "{err}");
+}
+
+#[test]
+fn a_metal_kernel_without_metal_is_an_error_not_an_exit() {
+    if backend() == Backend::Metal {
+        println!("skipped: this machine has Metal; the kernel would run");
+        return;
+    }
+    let k = MetalKernel::new(scale_source(), false).expect("Metal kernels can be created anywhere");
+    let x = MlxArray::from_slice(&[1.0f32], &[1]).unwrap();
+    let cfg = LaunchConfig::new([1, 1, 1], [1, 1, 1]).output(&[1], Dtype::Float32);
+    let result = k.apply(&[&x], &cfg).and_then(|outs| outs[0].eval());
+    let err = result.expect_err("no Metal back-end");
+    assert!(format!("{err:#}").contains("No Metal back-end"), "{err:#}");
+    // The process is still alive and MLX still works.
+    assert_eq!(x.add(&x).unwrap().to_vec::<f32>().unwrap(), vec![2.0]);
+}
+
+const AXPB_CUDA: &str = r#"
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < N) out[i] = T(float(inp[i]) * float(SCALE) + 1.0f);
+"#;
+
+fn axpb_source() -> KernelSource {
+    KernelSource::new("mlx_trellis_test_axpb", &["inp"], &["out"], AXPB_CUDA)
+}
+
+#[test]
+fn a_cuda_kernel_without_cuda_is_an_error_at_creation() {
+    if backend() == Backend::Cuda {
+        println!("skipped: this machine has CUDA; creation succeeds");
+        return;
+    }
+    let err = CudaKernel::new(axpb_source(), 0).err().expect("no CUDA back-end");
+    assert!(format!("{err:#}").contains("No CUDA back-end"), "{err:#}");
+}
+
+/// An elementwise kernel with a template dtype and int, run for real on MLX's CUDA back-end.
+#[test]
+fn a_trivial_cuda_kernel_runs_on_cuda() {
+    if backend() != Backend::Cuda {
+        println!("skipped: no CUDA back-end in this MLX build ({})", backend());
+        return;
+    }
+    let k = CudaKernel::new(axpb_source(), 0).unwrap();
+    let n = 1000usize;
+    let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+    for (dtype, scale) in [(Dtype::Float32, 3), (Dtype::Bfloat16, -2)] {
+        let x = MlxArray::from_slice(&values, &[n]).unwrap().astype(dtype).unwrap();
+        let cfg = LaunchConfig::new([n, 1, 1], [256, 1, 1])
+            .output(&[n], dtype)
+            .template_dtype("T", dtype)
+            .template_int("N", n as i32)
+            .template_int("SCALE", scale);
+        let out = k.apply(&[&x], &cfg).unwrap().remove(0);
+        let got = out.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+        let xs = x.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+        for (i, (g, xv)) in got.iter().zip(&xs).enumerate() {
+            let want = xv * scale as f32 + 1.0;
+            let want = if dtype == Dtype::Bfloat16 { half::bf16::from_f32(want).to_f32() } else { want };
+            assert_eq!(*g, want, "{dtype} element {i}");
+        }
+    }
+}
