@@ -50,10 +50,17 @@ fn key_cstring(key: &str) -> Result<CString> {
 /// from disk) before this returns, so a truncated or corrupt file fails here.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Safetensors> {
     let path = path.as_ref();
-    load_inner(path).with_context(|| format!("loading safetensors file {}", path.display()))
+    load_inner(path, true).with_context(|| format!("loading safetensors file {}", path.display()))
 }
 
-fn load_inner(path: &Path) -> Result<Safetensors> {
+/// The tensors of a safetensors file, not yet read from disk (MLX reads each when it is
+/// evaluated): for taking a few tensors out of a large file.
+pub(crate) fn load_safetensors_lazy(path: &Path) -> Result<BTreeMap<String, MlxArray>> {
+    let loaded = load_inner(path, false).with_context(|| format!("loading safetensors file {}", path.display()))?;
+    Ok(loaded.tensors)
+}
+
+fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
     if !path.is_file() {
         invalid!("no such file");
     }
@@ -85,7 +92,9 @@ fn load_inner(path: &Path) -> Result<Safetensors> {
             }
             // SAFETY: `key` points at the map's NUL-terminated key, alive while the map lives.
             let name = unsafe { CStr::from_ptr(key) }.to_string_lossy().into_owned();
-            value.eval().with_context(|| format!("reading tensor {name:?}"))?;
+            if eval {
+                value.eval().with_context(|| format!("reading tensor {name:?}"))?;
+            }
             out.tensors.insert(name, value);
         }
     })();

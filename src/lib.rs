@@ -19,6 +19,7 @@ mod error;
 mod io;
 mod kernel;
 mod ops;
+pub mod trellis;
 
 pub use array::{MlxArray, SharedArray};
 pub use device::{active_memory, backend, clear_cache, seed, Backend, Device, DeviceType, Stream, StreamScope};
