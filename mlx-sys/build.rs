@@ -115,29 +115,19 @@ fn mlx_version(dir: &Path) -> Option<String> {
         let line = text.lines().find(|l| l.trim_start().starts_with(&format!("#define {name} ")))?;
         Some(line.split_whitespace().nth(2)?.to_string())
     };
-    Some(format!(
-        "{}.{}.{}",
-        field("MLX_VERSION_MAJOR")?,
-        field("MLX_VERSION_MINOR")?,
-        field("MLX_VERSION_PATCH")?
-    ))
+    Some(format!("{}.{}.{}", field("MLX_VERSION_MAJOR")?, field("MLX_VERSION_MINOR")?, field("MLX_VERSION_PATCH")?))
 }
 
 /// Accepts `dir` if it is an MLX install of the pinned version; otherwise says why not.
 fn accept(dir: &Path, origin: &str) -> Result<PathBuf, String> {
     if !is_mlx_dir(dir) {
-        return Err(format!(
-            "{origin}: {} has no lib/{} with include/mlx/mlx.h",
-            dir.display(),
-            lib_file_name()
-        ));
+        return Err(format!("{origin}: {} has no lib/{} with include/mlx/mlx.h", dir.display(), lib_file_name()));
     }
     match mlx_version(dir) {
         Some(v) if v == MLX_VERSION => Ok(dir.to_path_buf()),
-        Some(v) => Err(format!(
-            "{origin}: {} is MLX {v}, but mlx-c {MLX_C_VERSION} needs MLX {MLX_VERSION}",
-            dir.display()
-        )),
+        Some(v) => {
+            Err(format!("{origin}: {} is MLX {v}, but mlx-c {MLX_C_VERSION} needs MLX {MLX_VERSION}", dir.display()))
+        }
         None => Err(format!("{origin}: cannot read include/mlx/version.h in {}", dir.display())),
     }
 }
@@ -183,15 +173,9 @@ fn python_mlx_dirs(python: &str) -> Result<Vec<PathBuf>, String> {
     let script = "import importlib.util as u\n\
                   s = u.find_spec('mlx')\n\
                   print('\\n'.join(s.submodule_search_locations) if s and s.submodule_search_locations else '')";
-    let out = Command::new(python)
-        .args(["-c", script])
-        .output()
-        .map_err(|e| format!("could not run {python}: {e}"))?;
+    let out = Command::new(python).args(["-c", script]).output().map_err(|e| format!("could not run {python}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "{python} failed to look up `mlx`: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(format!("{python} failed to look up `mlx`: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -269,11 +253,7 @@ fn cached_wheel(python: &str) -> Result<PathBuf, String> {
         .map_err(|e| format!("could not unpack {}: {e}", wheel.display()))?;
     if !out.status.success() {
         let _ = fs::remove_dir_all(&staging);
-        return Err(format!(
-            "unpacking {} failed: {}",
-            wheel.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(format!("unpacking {} failed: {}", wheel.display(), String::from_utf8_lossy(&out.stderr).trim()));
     }
     let _ = fs::remove_dir_all(&download);
     match fs::rename(&tree, &unpacked) {
@@ -392,9 +372,9 @@ fn check_or_regenerate_bindings(mlx: &Path, mlx_c: &Path) {
         regenerate(mlx, mlx_c, &bindings, &hash);
         return;
     }
-    let recorded = fs::read_to_string(&bindings).ok().and_then(|text| {
-        text.lines().find_map(|l| l.strip_prefix(HASH_MARK).map(|h| h.trim().to_string()))
-    });
+    let recorded = fs::read_to_string(&bindings)
+        .ok()
+        .and_then(|text| text.lines().find_map(|l| l.strip_prefix(HASH_MARK).map(|h| h.trim().to_string())));
     match recorded {
         Some(h) if h == hash => {}
         Some(h) => panic!(

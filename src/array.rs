@@ -119,7 +119,12 @@ impl MlxArray {
     /// `value` (converted to `dtype`) repeated over `shape`.
     pub fn full(shape: &[usize], value: f64, dtype: Dtype) -> Result<MlxArray> {
         let dims = dims(shape)?;
-        let fill = MlxArray::scalar(value)?;
+        // A fill scalar GPUs accept (MLX has no float64 there): f32 for floats, i64 for integers.
+        let fill = match dtype {
+            Dtype::Bool => MlxArray::scalar(value != 0.0)?,
+            d if d.is_float() || d == Dtype::Complex64 => MlxArray::scalar(value as f32)?,
+            _ => MlxArray::scalar(value as i64)?,
+        };
         // SAFETY: `dims` is live for the call and `fill.raw` a live array handle.
         MlxArray::op(|res, s| unsafe { sys::mlx_full(res, dims.as_ptr(), dims.len(), fill.raw, dtype.to_raw(), s) })
     }
@@ -215,11 +220,14 @@ impl MlxArray {
         Ok(SharedArray { inner: dense })
     }
 
-    /// The single element of a one-element array, converted to `f64`.
+    /// The single element of a one-element array, converted to `f64` (on the CPU, since GPUs
+    /// have no float64 in MLX).
     pub fn item_f64(&self) -> Result<f64> {
         if self.size() != 1 {
             invalid!("item of an array with {} elements (shape {:?})", self.size(), self.shape());
         }
+        let cpu = crate::device::Stream::cpu()?;
+        let _scope = cpu.enter();
         Ok(self.astype(Dtype::Float64)?.to_vec::<f64>()?[0])
     }
 }

@@ -125,7 +125,7 @@ mod sealed {
 }
 
 /// A host type that is the element of an MLX array: `bool`, `u8`, `u16`, `u32`, `u64`, `i8`,
-/// `i16`, `i32`, `i64`, [`f16`], [`bf16`], `f32`, `f64`.
+/// `i16`, `i32`, `i64`, [`f16`](struct@half::f16), [`bf16`](struct@half::bf16), `f32`, `f64`.
 pub trait Element: sealed::Sealed + Copy + Default + Send + Sync + 'static {
     /// The MLX type of this host type.
     const DTYPE: Dtype;

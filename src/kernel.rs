@@ -9,7 +9,7 @@
 //! Custom kernels never run on MLX's CPU back-end. A Metal kernel can be *created* anywhere and
 //! fails at apply without Metal; a CUDA kernel fails at creation on a build without CUDA. With the
 //! `metal-sim` feature, [`MetalKernel`] can also run on a CPU simulator of MLX's Metal wrapping
-//! (see [`MetalSimScope`]), for testing the exact kernel text on machines without a Mac.
+//! (see `MetalSimScope`), for testing the exact kernel text on machines without a Mac.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, CString};
@@ -132,7 +132,14 @@ impl LaunchConfig {
     /// A launch of `grid` threads in groups of `thread_group`, with no outputs or template
     /// arguments yet.
     pub fn new(grid: [usize; 3], thread_group: [usize; 3]) -> LaunchConfig {
-        LaunchConfig { outputs: Vec::new(), grid, thread_group, template_args: Vec::new(), init_value: None, verbose: false }
+        LaunchConfig {
+            outputs: Vec::new(),
+            grid,
+            thread_group,
+            template_args: Vec::new(),
+            init_value: None,
+            verbose: false,
+        }
     }
 
     /// Adds an output.
@@ -200,6 +207,13 @@ impl LaunchConfig {
             }
             if source.input_names.iter().chain(&source.output_names).any(|n| n == arg) {
                 invalid!("{backend} kernel {name:?}: template argument {arg:?} has the name of a kernel argument");
+            }
+            if let TemplateArg::Int(v) = value {
+                if *v < 0 {
+                    invalid!(
+                        "{backend} kernel {name:?}: template int {arg} = {v} is negative; MLX spells template values into the kernel's name, which must stay an identifier"
+                    );
+                }
             }
             if let TemplateArg::Dtype(d) = value {
                 if matches!(d, Dtype::Float64 | Dtype::Complex64) {
@@ -275,7 +289,9 @@ macro_rules! kernel_config {
                     let cname = cstring(name, "template argument name")?;
                     match *value {
                         // SAFETY: `cname` is NUL-terminated and outlives the call; the config copies it.
-                        TemplateArg::Dtype(d) => call(|| unsafe { sys::$t_dtype(config.raw, cname.as_ptr(), d.to_raw()) })?,
+                        TemplateArg::Dtype(d) => {
+                            call(|| unsafe { sys::$t_dtype(config.raw, cname.as_ptr(), d.to_raw()) })?
+                        }
                         // SAFETY: as above.
                         TemplateArg::Int(i) => call(|| unsafe { sys::$t_int(config.raw, cname.as_ptr(), i) })?,
                         // SAFETY: as above.
@@ -368,7 +384,7 @@ impl MetalKernel {
     }
 
     /// Applies the kernel to `inputs` on the current stream; returns the (lazy) outputs.
-    /// Fails without Metal (unless a [`MetalSimScope`] is active, with the `metal-sim` feature).
+    /// Fails without Metal (unless a `MetalSimScope` is active, with the `metal-sim` feature).
     pub fn apply(&self, inputs: &[&MlxArray], cfg: &LaunchConfig) -> Result<Vec<MlxArray>> {
         cfg.validate(&self.source, inputs.len(), "Metal")?;
         #[cfg(feature = "metal-sim")]
@@ -380,7 +396,9 @@ impl MetalKernel {
         let mut outs = VectorArray::new();
         with_current(|s| {
             // SAFETY: all handles are live for the call; `outs.raw` is a live vector to fill.
-            call(|| unsafe { sys::mlx_fast_metal_kernel_apply(&mut outs.raw, self.raw, ins.raw, config.raw, s.raw()) })?;
+            call(|| unsafe {
+                sys::mlx_fast_metal_kernel_apply(&mut outs.raw, self.raw, ins.raw, config.raw, s.raw())
+            })?;
             Ok(())
         })
         .with_context(|| format!("applying Metal kernel {:?}", self.source.name))?;
@@ -413,8 +431,9 @@ impl CudaKernel {
     /// Fails on an MLX build without CUDA.
     pub fn new(source: KernelSource, shared_memory: usize) -> Result<CudaKernel> {
         source.validate("CUDA kernel")?;
-        let shared = c_int::try_from(shared_memory)
-            .map_err(|_| Error::invalid(format!("CUDA kernel {:?}: {shared_memory} bytes of shared memory", source.name)))?;
+        let shared = c_int::try_from(shared_memory).map_err(|_| {
+            Error::invalid(format!("CUDA kernel {:?}: {shared_memory} bytes of shared memory", source.name))
+        })?;
         let (inputs, outputs) = (Names::new(&source.input_names)?, Names::new(&source.output_names)?);
         let name = cstring(&source.name, "kernel name")?;
         let body = cstring(&source.source, "kernel source")?;
@@ -483,4 +502,3 @@ mod tests {
         assert!(!is_identifier(""));
     }
 }
-

@@ -131,7 +131,11 @@ impl MlxArray {
     /// Permutes the dimensions: output dimension `i` is input dimension `perm[i]`.
     pub fn transpose(&self, perm: &[i32]) -> Result<MlxArray> {
         if perm.len() != self.ndim() {
-            invalid!("transpose: permutation {perm:?} has {} axes for an array of {} dimensions", perm.len(), self.ndim());
+            invalid!(
+                "transpose: permutation {perm:?} has {} axes for an array of {} dimensions",
+                perm.len(),
+                self.ndim()
+            );
         }
         let axes = axes(perm, self.ndim(), "transpose")?;
         // SAFETY: `axes` is live for the call; the handle is live.
@@ -191,7 +195,9 @@ impl MlxArray {
     /// True when every element is within `atol + rtol * |other|` of `other` (NaNs unequal).
     pub fn allclose(&self, other: &MlxArray, rtol: f64, atol: f64) -> Result<bool> {
         // SAFETY: both handles are live for the duration of the call.
-        let flag = MlxArray::op(|res, s| unsafe { sys::mlx_allclose(res, self.as_raw(), other.as_raw(), rtol, atol, false, s) })?;
+        let flag = MlxArray::op(|res, s| unsafe {
+            sys::mlx_allclose(res, self.as_raw(), other.as_raw(), rtol, atol, false, s)
+        })?;
         Ok(flag.to_vec::<bool>()?[0])
     }
 }
@@ -294,7 +300,16 @@ pub mod random {
         let hi = MlxArray::scalar(high)?;
         // SAFETY: `dims` is live for the call; all array handles are live.
         MlxArray::op(|res, s| unsafe {
-            sys::mlx_random_uniform(res, lo.as_raw(), hi.as_raw(), dims.as_ptr(), dims.len(), dtype.to_raw(), k.as_raw(), s)
+            sys::mlx_random_uniform(
+                res,
+                lo.as_raw(),
+                hi.as_raw(),
+                dims.as_ptr(),
+                dims.len(),
+                dtype.to_raw(),
+                k.as_raw(),
+                s,
+            )
         })
     }
 }
@@ -309,7 +324,15 @@ pub fn quantize(w: &MlxArray, group_size: i32, bits: i32) -> Result<(MlxArray, M
         // SAFETY: `out.raw` is a live vector to fill, `mode` is NUL-terminated and all array
         // handles are live (`none` is the empty handle mlx-c reads as "no global scale").
         call(|| unsafe {
-            sys::mlx_quantize(&mut out.raw, w.as_raw(), optional_int(group_size), optional_int(bits), mode.as_ptr(), none.as_raw(), s.raw())
+            sys::mlx_quantize(
+                &mut out.raw,
+                w.as_raw(),
+                optional_int(group_size),
+                optional_int(bits),
+                mode.as_ptr(),
+                none.as_raw(),
+                s.raw(),
+            )
         })?;
         Ok(())
     })?;

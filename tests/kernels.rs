@@ -36,6 +36,8 @@ fn launch_misuse_is_caught_before_mlx() {
     assert!(err.to_string().contains("template argument \"N\" is given twice"), "{err}");
     let err = k.apply(&[&x], &cfg.clone().template_dtype("T", Dtype::Float64)).unwrap_err();
     assert!(err.to_string().contains("not a GPU kernel type"), "{err}");
+    let err = k.apply(&[&x], &cfg.clone().template_int("N", -2)).unwrap_err();
+    assert!(err.to_string().contains("template int N = -2 is negative"), "{err}");
     let err = k.apply(&[&x], &cfg.clone().template_int("inp", 3)).unwrap_err();
     assert!(err.to_string().contains("has the name of a kernel argument"), "{err}");
     let err = k.apply(&[&x], &LaunchConfig::new([0, 1, 1], [1, 1, 1]).output(&[1], Dtype::Float32)).unwrap_err();
@@ -87,7 +89,7 @@ fn a_trivial_cuda_kernel_runs_on_cuda() {
     let k = CudaKernel::new(axpb_source(), 0).unwrap();
     let n = 1000usize;
     let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
-    for (dtype, scale) in [(Dtype::Float32, 3), (Dtype::Bfloat16, -2)] {
+    for (dtype, scale) in [(Dtype::Float32, 3), (Dtype::Bfloat16, 5)] {
         let x = MlxArray::from_slice(&values, &[n]).unwrap().astype(dtype).unwrap();
         let cfg = LaunchConfig::new([n, 1, 1], [256, 1, 1])
             .output(&[n], dtype)
