@@ -19,6 +19,8 @@ mod error;
 mod io;
 mod kernel;
 mod ops;
+#[cfg(feature = "metal-sim")]
+mod sim;
 pub mod trellis;
 
 pub use array::{MlxArray, SharedArray};
@@ -28,5 +30,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
+#[cfg(feature = "metal-sim")]
+pub use sim::MetalSimScope;
 
 pub use half::{bf16, f16};

@@ -1,7 +1,107 @@
-//! Launch constants shared by the trellis kernels (the seed's `launch`).
+//! Launch constants and helpers shared by the trellis kernel families (the seed's `launch`).
+
+use std::sync::OnceLock;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, Error, Result};
+use crate::kernel::{KernelSource, LaunchConfig, MetalKernel};
+
+use super::geometry::TrellisGeometry;
 
 /// Threads per threadgroup (Metal) of the trellis kernels.
 pub const TRELLIS_THREADS: usize = 128;
 
 /// SIMD groups of 32 lanes per threadgroup.
 pub const TRELLIS_SG_PER_TG: usize = 4;
+
+/// FNV-1a over several strings (stable across Rust releases, unlike `DefaultHasher`).
+pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for p in parts {
+        for b in p.bytes().chain([0xff]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The body `name` of a kernel family file: the lines after `// ---- kernel NAME ----` up to the
+/// next such line. Panics if the section is missing (the files are compiled in).
+pub(crate) fn kernel_section(file: &'static str, name: &str) -> &'static str {
+    let marker = format!("// ---- kernel {name} ----\n");
+    let start = file.find(&marker).unwrap_or_else(|| panic!("kernel file has no section {name}")) + marker.len();
+    let rest = &file[start..];
+    &rest[..rest.find("// ---- kernel ").unwrap_or(rest.len())]
+}
+
+/// The kernel in `cell`, built on first use from `body` and `header`. Its name is `base` plus an
+/// FNV hash of the text, because MLX caches compiled kernels by name.
+pub(crate) fn cached_kernel(
+    cell: &'static OnceLock<MetalKernel>,
+    base: &str,
+    body: &str,
+    header: &str,
+) -> Result<&'static MetalKernel> {
+    if let Some(k) = cell.get() {
+        return Ok(k);
+    }
+    let name = format!("{base}_{:016x}", fnv1a(&[body, header]));
+    let k = MetalKernel::new(
+        KernelSource::new(&name, &["x", "codes", "scales"], &["partial"], body).with_header(header),
+        false,
+    )?;
+    Ok(cell.get_or_init(|| k))
+}
+
+/// Checks what the seed's checks leave open (a wrong operand would read out of bounds on the
+/// GPU): `x2` is `[M >= 1, rows]` in f32/f16/bf16, `codes` and `scales` fit `g`. Returns `M`.
+pub(crate) fn check_operands(
+    what: &str,
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+) -> Result<usize> {
+    let shape = x2.shape();
+    if shape.len() != 2 || shape[0] == 0 || shape[1] != g.rows {
+        invalid!("{what}: activations {shape:?} must be [M >= 1, {}]", g.rows);
+    }
+    let dtype = x2.dtype();
+    if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
+        invalid!("{what}: activations are {dtype}, expected float32, float16 or bfloat16");
+    }
+    if codes.shape() != g.codes_shape()
+        || codes.dtype() != Dtype::Uint32
+        || scales.shape() != [g.rows]
+        || scales.dtype() != Dtype::Float16
+    {
+        invalid!(
+            "{what}: codes {} {:?} / scales {} {:?} do not match {g}",
+            codes.dtype(),
+            codes.shape(),
+            scales.dtype(),
+            scales.shape()
+        );
+    }
+    Ok(shape[0])
+}
+
+/// A value as a template int.
+pub(crate) fn int(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::invalid(format!("{what}: {v} does not fit a template int")).into())
+}
+
+/// Runs `kernel` on `x2, codes, scales` and folds its partials `[M, splits, C]` to `[M, C]` in
+/// `x2`'s dtype.
+pub(crate) fn apply_and_fold(
+    kernel: &MetalKernel,
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    launch: &LaunchConfig,
+) -> Result<MlxArray> {
+    let partial = kernel.apply(&[x2, codes, scales], launch)?.remove(0);
+    partial.sum_axes(&[1], false)?.astype(x2.dtype())
+}

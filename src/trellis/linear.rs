@@ -80,7 +80,15 @@ pub struct TrellisLinear {
 impl TrellisLinear {
     /// A layer from its code tensor (uint32, either layout) and scales (float16 `[rows]`), with
     /// the format parameters `k, t, l, axis`. `name` appears in errors.
-    pub fn new(name: &str, codes: MlxArray, scales: MlxArray, k: u32, t: u32, l: u32, axis: u32) -> Result<TrellisLinear> {
+    pub fn new(
+        name: &str,
+        codes: MlxArray,
+        scales: MlxArray,
+        k: u32,
+        t: u32,
+        l: u32,
+        axis: u32,
+    ) -> Result<TrellisLinear> {
         if codes.dtype() != Dtype::Uint32 {
             invalid!("trellis codes {name:?} are {}, expected uint32", codes.dtype());
         }
@@ -129,16 +137,25 @@ impl TrellisLinear {
 
     /// Copies the codes and scales to the host.
     pub fn to_host(&self) -> Result<HostLayer> {
-        Ok(HostLayer { codes: self.codes.to_vec::<u32>()?, scales: self.scales.to_vec::<f16>()?, geometry: self.geometry })
+        Ok(HostLayer {
+            codes: self.codes.to_vec::<u32>()?,
+            scales: self.scales.to_vec::<f16>()?,
+            geometry: self.geometry,
+        })
     }
 
     /// The path [`Path::Auto`] takes for `rows` activation rows on this machine.
     pub fn best_path(&self, rows: usize) -> Path {
         let _ = rows;
-        match backend() {
-            Backend::Metal if self.geometry.axis == 0 => Path::Metal,
-            Backend::Cuda if self.geometry.axis == 0 => Path::Cuda,
-            _ => Path::Generic,
+        let gpu = match backend() {
+            Backend::Metal => Path::Metal,
+            Backend::Cuda => Path::Cuda,
+            Backend::Cpu => return Path::Generic,
+        };
+        if super::down::serves(gpu, &self.geometry) {
+            gpu
+        } else {
+            Path::Generic
         }
     }
 
@@ -156,7 +173,11 @@ impl TrellisLinear {
             invalid!("{}: activations must have at least one dimension, got a scalar", self.name);
         };
         if inf != g.in_features() {
-            invalid!("{}: activations of shape {shape:?} have {inf} features, the layer takes {} ({g})", self.name, g.in_features());
+            invalid!(
+                "{}: activations of shape {shape:?} have {inf} features, the layer takes {} ({g})",
+                self.name,
+                g.in_features()
+            );
         }
         if !matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
             invalid!("{}: activations are {}, expected float32, float16 or bfloat16", self.name, x.dtype());

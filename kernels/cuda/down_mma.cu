@@ -1,0 +1,265 @@
+// Down projection y[m, c] = sum_r x[m, r] * scale[r] * y(state(r, c)) / 147.8 on the tensor
+// cores, for trellis codes of either layout (T = 256, 8 K words per block, L <= 16).
+//
+// The MMA computes D[position, m] += W^T[position, r] * X^T[r, m] in m16n8k16 tiles: A holds
+// code values y decoded straight into f16 registers (exact: |y| <= 510), B holds x * scale as
+// f16 (f32 activations as an f16 hi + lo pair, two MMAs), accumulation is f32. TRELLIS_RCP is
+// applied once per output when the partial sums are written (folding it into x * scale would
+// push small activations into f16's subnormal range).
+//
+// Work split. A block of WARPS warps owns CB = WARPS * NC / 16 consecutive coded blocks (warp w:
+// output positions [16 NC w, 16 NC (w + 1)) of them), one split of the input rows (SPLITS per
+// pass) and one pass of 8 * MT activation rows (blockIdx.z = pass * SPLITS + split). It walks
+// its split in 16-row steps; every step's codes (16 rows x CB blocks) stream into a STAGES-deep
+// shared-memory ring with cp.async, and the step's B tile (x * scale as f16, 8 MT x 16) is
+// built once per block in shared memory (double-buffered) and read with ldmatrix. Each warp
+// writes its own columns of the f32 partials [M, SPLITS, C]; one MLX `sum` folds the splits.
+//
+// Decoding. Lane 4 g + q decodes output positions [p0, p0 + 2 NC) of its warp's tile
+// (p0 = 2 NC g) for four rows of each step: one contiguous run of 2 NC K bits of each row's
+// block (plus L - K bits of the last window, wrapping inside the block), read from shared
+// memory as a few words and realigned to bit 0; every window is then one shift or funnel shift
+// and one mask. Sub-tile s maps A row g to position p0 + 2s and A row g + 8 to p0 + 2s + 1.
+// With BYTESUM_MMA the byte sums of the LCG outputs are taken on the tensor cores too (m16n8k32
+// u8 MMA against a block selector, two per sub-tile; the decode rows are then q, q+4, q+8,
+// q+12), otherwise with dp4a (rows 2q, 2q+1, 2q+8, 2q+9).
+//
+// With BIAS_FOLD the A fragments carry y + 1534 (what the f16 exponent trick yields, one f16
+// subtraction per pair fewer) and the kernel subtracts 1534 * sum_r B[r, m] at the end, taken by
+// one extra MMA per step against an all-ones A. Products stay exact; the f32 accumulators hold
+// larger partial sums, so this is for f16/bf16 activations only.
+//
+// The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
+// M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
+// warp), MT (8-row MMA tiles per pass), WARPS, SPLITS, STAGES. Template bools: INTERLEAVE (3-bit
+// block interleave), SPLIT_X (f32 activations as hi + lo), BYTESUM_MMA, BIAS_FOLD. Template
+// type: T (activation dtype).
+  const int M = x_shape[0];
+  constexpr int WPB = 8 * K;                      // words per coded block
+  constexpr int NPOS = 2 * NC;                    // positions per lane
+  constexpr int SPAN = NPOS * K + L - K;          // bits per lane and row
+  constexpr bool ALIGNED = (NPOS * K) % 32 == 0;  // lane runs start on a word
+  constexpr int NWR = (SPAN + 31) / 32;           // realigned words per row
+  constexpr int NWL = ALIGNED ? NWR : NWR + 1;    // words read per row
+  constexpr int CB = WARPS * NC / 16;             // coded blocks per thread block
+  constexpr int STEPS = (R + 15) / 16;
+  constexpr int STEPS_PER_SPLIT = (STEPS + SPLITS - 1) / SPLITS;
+  constexpr int A_PITCH = CB * WPB + 4;           // words per ring row (+4: fewer bank conflicts, 16-byte aligned)
+  constexpr int CHUNKS = 16 * CB * (WPB / 4);     // 16-byte copies per step
+  constexpr int THREADS = WARPS * 32;
+  constexpr int B_ROWS = 8 * MT;
+  constexpr int B_PITCH = 24;                     // halfs per B row: 16 + 8 (conflict-free ldmatrix)
+  constexpr int B_ELEMS = B_ROWS * 16;
+  constexpr int B_PER_THREAD = (B_ELEMS + THREADS - 1) / THREADS;
+  static_assert((WARPS * NC) % 16 == 0, "a block covers whole coded blocks");
+
+  __shared__ __align__(16) unsigned ring[STAGES][16][A_PITCH];
+  __shared__ __align__(16) __half b_tile[2][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int split = blockIdx.z % SPLITS, pass = blockIdx.z / SPLITS;
+  const int first_block = blockIdx.y * CB;
+  const int m_base = pass * B_ROWS;
+  const int step_begin = split * STEPS_PER_SPLIT;
+  const int steps = (step_begin + STEPS_PER_SPLIT < STEPS ? step_begin + STEPS_PER_SPLIT : STEPS) - step_begin;
+
+  // This lane's tile: coded block `cb` of the block's CB, positions [p0, p0 + NPOS).
+  const int tile_pos = warp * 16 * NC;
+  const int cb = tile_pos / 256;
+  const int p0 = tile_pos % 256 + g * NPOS;
+  const int bit0 = (256 - p0 - NPOS) * K;
+  const int off = bit0 & 31;
+  int word_at[NWL];
+#pragma unroll
+  for (int j = 0; j < NWL; ++j) word_at[j] = cb * WPB + ((bit0 >> 5) + j) % WPB;
+  int decode_row[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) decode_row[i] = BYTESUM_MMA ? q + 4 * i : 2 * q + (i & 1) + 8 * (i >> 1);
+  // Block selector of the byte-sum MMA: B[k][n] = 1 where k / 4 == n.
+  const unsigned selector[2] = {g == q ? 0x01010101u : 0u, g == q + 4 ? 0x01010101u : 0u};
+
+  // Per-thread copy plan, fixed for the whole split: chunk u of every step goes to the same ring
+  // offset from a source that moves 16 rows per step (rows past R are zero-filled, not read).
+  constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / 256) * WPB;  // words between consecutive rows
+  constexpr int COPIES = (CHUNKS + THREADS - 1) / THREADS;
+  const int r_begin = step_begin * 16;
+  const uint32_t* copy_src[COPIES];
+  int copy_dst[COPIES], copy_row[COPIES];
+#pragma unroll
+  for (int u = 0; u < COPIES; ++u) {
+    const int c = tid + u * THREADS;
+    const int row = c / (CB * (WPB / 4)), rest = c % (CB * (WPB / 4));
+    const int b = rest / (WPB / 4), j = rest % (WPB / 4), blk = first_block + b;
+    copy_row[u] = c < CHUNKS ? r_begin + row : R;  // R: never read
+    copy_dst[u] = row * A_PITCH + b * WPB + 4 * j;
+    copy_src[u] = codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + row) * 48 + (blk & 1) * 24
+                                      : ((size_t)(r_begin + row) * (C / 256) + blk) * WPB) + 4 * j;
+  }
+  auto copy_codes = [&](int i, int slot) {
+#pragma unroll
+    for (int u = 0; u < COPIES; ++u) {
+      if (tid + u * THREADS < CHUNKS)
+        trellis_cuda::cp_async16_zfill(&ring[slot][0][0] + copy_dst[u], copy_src[u] + (size_t)i * 16 * ROW_STRIDE,
+                                       copy_row[u] + 16 * i < R);
+    }
+  };
+  // Per-thread B plan: element e = (row ml of the pass, step row kk) of every step's tile.
+  const T* b_x[B_PER_THREAD];
+  int b_row[B_PER_THREAD];
+#pragma unroll
+  for (int u = 0; u < B_PER_THREAD; ++u) {
+    const int e = tid + u * THREADS, m = m_base + e / 16;
+    b_row[u] = (e < B_ELEMS && m < M) ? r_begin + e % 16 : R;  // R: always zero
+    b_x[u] = x + (size_t)(m < M ? m : 0) * R + r_begin + e % 16;
+  }
+  // Step `i`'s activations times scales, as f32 (this thread's share of the B tile).
+  auto load_b = [&](int i, float (&v)[B_PER_THREAD]) {
+#pragma unroll
+    for (int u = 0; u < B_PER_THREAD; ++u) {
+      const int r = b_row[u] + 16 * i;
+      v[u] = r < R ? float(b_x[u][16 * i]) * __half2float(scales[r]) : 0.0f;
+    }
+  };
+  auto store_b = [&](int slot, const float (&v)[B_PER_THREAD]) {
+#pragma unroll
+    for (int u = 0; u < B_PER_THREAD; ++u) {
+      const int e = tid + u * THREADS;
+      if (e < B_ELEMS) {
+        const __half hi = __float2half_rn(v[u]);
+        b_tile[slot][0][e / 16][e % 16] = hi;
+        if (SPLIT_X) b_tile[slot][SPLIT_X ? 1 : 0][e / 16][e % 16] = __float2half_rn(v[u] - __half2float(hi));
+      }
+    }
+  };
+  float acc[NC][MT][4];
+  float bias_acc[MT][4];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) bias_acc[t][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < NC; ++s)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[s][t][e] = 0.0f;
+  }
+
+  // Prologue: STAGES - 1 steps of codes in flight, the first B tile built.
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < steps) copy_codes(i, i);
+    trellis_cuda::cp_async_commit();
+  }
+  {
+    float v[B_PER_THREAD];
+    load_b(0, v);
+    store_b(0, v);
+  }
+
+  for (int i = 0; i < steps; ++i) {
+    float v_next[B_PER_THREAD];
+    if (i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
+    trellis_cuda::cp_async_wait<STAGES - 2>();
+    __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
+    if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+    trellis_cuda::cp_async_commit();
+
+    const int slot = i % STAGES, bslot = i & 1;
+    // B fragments for every 8-row tile (and the f32 residue tiles).
+    unsigned b_hi[MT][2], b_lo[MT][2];
+#pragma unroll
+    for (int t = 0; t < MT; t += 2) {
+      const int mat = lane >> 3, row = lane & 7;
+      if (t + 1 < MT) {
+        unsigned r[4];
+        trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][0][8 * (t + (mat >> 1)) + row][(mat & 1) * 8]);
+        b_hi[t][0] = r[0], b_hi[t][1] = r[1], b_hi[t + 1][0] = r[2], b_hi[t + 1][1] = r[3];
+        if (SPLIT_X) {
+          trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t + (mat >> 1)) + row][(mat & 1) * 8]);
+          b_lo[t][0] = r[0], b_lo[t][1] = r[1], b_lo[t + 1][0] = r[2], b_lo[t + 1][1] = r[3];
+        }
+      } else {
+        unsigned r[2];
+        trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][0][8 * t + row][(mat & 1) * 8]);
+        b_hi[t][0] = r[0], b_hi[t][1] = r[1];
+        if (SPLIT_X) {
+          trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * t + row][(mat & 1) * 8]);
+          b_lo[t][0] = r[0], b_lo[t][1] = r[1];
+        }
+      }
+    }
+
+    // This lane's bits of its four rows, realigned so that position p0 + NPOS - 1 is at bit 0.
+    unsigned w[4][NWR];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const unsigned* row = ring[slot][decode_row[k]];
+      unsigned raw[NWL];
+#pragma unroll
+      for (int j = 0; j < NWL; ++j) raw[j] = row[word_at[j]];
+#pragma unroll
+      for (int j = 0; j < NWR; ++j) w[k][j] = ALIGNED ? raw[j] : __funnelshift_r(raw[j], raw[j + 1], off);
+    }
+
+#pragma unroll
+    for (int s = 0; s < NC; ++s) {
+      // Positions p0 + 2s (A row g) and p0 + 2s + 1 (A row g + 8) sit at these realigned bits.
+      const int b0 = (NPOS - 1 - 2 * s) * K, b1 = (NPOS - 2 - 2 * s) * K;
+      unsigned a[4];
+      if (BYTESUM_MMA) {
+        unsigned lo[4], hi[4], d_lo[4], d_hi[4];
+        lo[0] = trellis_cuda::lcg(trellis_cuda::window<L>(w[0], b0));
+        lo[1] = trellis_cuda::lcg(trellis_cuda::window<L>(w[0], b1));
+        lo[2] = trellis_cuda::lcg(trellis_cuda::window<L>(w[1], b0));
+        lo[3] = trellis_cuda::lcg(trellis_cuda::window<L>(w[1], b1));
+        hi[0] = trellis_cuda::lcg(trellis_cuda::window<L>(w[2], b0));
+        hi[1] = trellis_cuda::lcg(trellis_cuda::window<L>(w[2], b1));
+        hi[2] = trellis_cuda::lcg(trellis_cuda::window<L>(w[3], b0));
+        hi[3] = trellis_cuda::lcg(trellis_cuda::window<L>(w[3], b1));
+        trellis_cuda::mma_bytesum(d_lo, lo, selector);
+        trellis_cuda::mma_bytesum(d_hi, hi, selector);
+        a[0] = trellis_cuda::code_pair<!BIAS_FOLD>(d_lo[0], d_lo[1]);
+        a[1] = trellis_cuda::code_pair<!BIAS_FOLD>(d_lo[2], d_lo[3]);
+        a[2] = trellis_cuda::code_pair<!BIAS_FOLD>(d_hi[0], d_hi[1]);
+        a[3] = trellis_cuda::code_pair<!BIAS_FOLD>(d_hi[2], d_hi[3]);
+      } else {
+        a[0] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b0), trellis_cuda::window<L>(w[1], b0));
+        a[1] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1));
+        a[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b0), trellis_cuda::window<L>(w[3], b0));
+        a[3] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
+      }
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        trellis_cuda::mma_16816(acc[s][t], a, b_hi[t]);
+        if (SPLIT_X) trellis_cuda::mma_16816(acc[s][t], a, b_lo[t]);
+      }
+    }
+    if (BIAS_FOLD) {
+      const unsigned ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        trellis_cuda::mma_16816(bias_acc[t], ones, b_hi[t]);
+        if (SPLIT_X) trellis_cuda::mma_16816(bias_acc[t], ones, b_lo[t]);
+      }
+    }
+    // Slot (i + 1) & 1 was last read in step i - 1, before this step's barrier.
+    if (i + 1 < steps) store_b((i + 1) & 1, v_next);
+  }
+  trellis_cuda::cp_async_wait<0>();
+
+  // Write this warp's partial sums: d0/d2 are (m = 8t + 2q, positions j0/j0 + 1), d1/d3 the
+  // same positions of m + 1, so each pair is one 8-byte store.
+  const size_t col0 = (size_t)(first_block + cb) * 256 + p0;
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const int m = m_base + 8 * t + 2 * q;
+#pragma unroll
+    for (int s = 0; s < NC; ++s) {
+      float d[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP;
+      float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 2 * s;
+      if (m < M) *reinterpret_cast<float2*>(out) = make_float2(d[0], d[2]);
+      if (m + 1 < M) *reinterpret_cast<float2*>(out + (size_t)SPLITS * C) = make_float2(d[1], d[3]);
+    }
+  }

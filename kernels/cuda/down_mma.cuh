@@ -1,0 +1,116 @@
+// Helpers of the CUDA down-projection kernel (down_mma.cu). Placed after codebook.cuh, before
+// MLX's `namespace mlx::core::cu`, so everything here lives in `trellis_cuda`.
+#pragma once
+
+namespace trellis_cuda {
+
+// D += A * B on the tensor cores: m16n8k16, f16 inputs, f32 accumulators (PTX fragment layout:
+// a = {(g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..)}, b = {(2q.., g), (2q+8.., g)},
+// d = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)} with g = lane / 4, q = lane % 4).
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Byte sums on the tensor cores: m16n8k32, u8 x u8, s32 accumulators. With B the block
+// selector (B[k][n] = 1 where k / 4 == n) each output D[row][n] is the byte sum of the A
+// register that holds k-group n of that row; starting from C = 0x6400 it is directly the f16
+// bit pattern of 1024 + bytesum (A register i: row g + 8 (i & 1), bytes 4q + 16 (i >> 1)).
+__device__ __forceinline__ void mma_bytesum(unsigned (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0x6400u));
+}
+
+// The LCG step of the 1MAD code (its bytes sum to y + 510).
+__device__ __forceinline__ unsigned lcg(unsigned state) {
+  return state * 34038481u + 76625530u;
+}
+
+// Packs two biased f16 code values (low 16 bits each) into an f16x2 of y + 1534 (UNBIAS false)
+// or of y (UNBIAS true), both exact.
+template <bool UNBIAS>
+__device__ __forceinline__ unsigned code_pair(unsigned biased_lo, unsigned biased_hi) {
+  const unsigned biased = __byte_perm(biased_lo, biased_hi, 0x5410);
+  if (!UNBIAS) return biased;
+  const __half2 y = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2(__half(1534.0f), __half(1534.0f)));
+  return *reinterpret_cast<const unsigned*>(&y);
+}
+
+// The L-bit window at bit `b` of the realigned words `w` (`b` is a compile-time constant once
+// the caller's loops are unrolled, so this is one shift or funnel shift and one AND).
+template <int L, int NW>
+__device__ __forceinline__ unsigned window(const unsigned (&w)[NW], int b) {
+  const int i = b >> 5, off = b & 31;
+  const unsigned mask = (1u << L) - 1u;
+  if (off + L <= 32) return (w[i] >> off) & mask;
+  return __funnelshift_r(w[i], w[i + 1], off) & mask;
+}
+
+// The f16 bit pattern of 1024 + bytesum(state * 34038481 + 76625530), in the low 16 bits: the
+// byte sum (at most 1020) lands in the 10-bit mantissa of 1024, and dp4a adds the bytes and the
+// exponent bits in one instruction. y(state) is this value minus 1534.
+__device__ __forceinline__ unsigned y_biased_f16(unsigned state) {
+  return __dp4a(lcg(state), 0x01010101u, 0x6400u);
+}
+
+// Two code values as an f16x2 register (state_lo's in the low half), see code_pair.
+template <bool UNBIAS>
+__device__ __forceinline__ unsigned code_pair_dp4a(unsigned state_lo, unsigned state_hi) {
+  return code_pair<UNBIAS>(y_biased_f16(state_lo), y_biased_f16(state_hi));
+}
+
+// Two activations as an f16x2 register (low half first).
+__device__ __forceinline__ unsigned f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// The rounding residue of `f16x2(lo, hi)`, as an f16x2 register: f32 activations are carried as
+// f16 hi + lo pairs, so the f16 tensor-core products keep f32-level accuracy.
+__device__ __forceinline__ unsigned f16x2_residue(float lo, float hi, unsigned rounded) {
+  const float2 r = __half22float2(*reinterpret_cast<const __half2*>(&rounded));
+  return f16x2(lo - r.x, hi - r.y);
+}
+
+// 16-byte asynchronous copy global -> shared (Ampere and later), and its group bookkeeping.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+
+// The same with a source size of 16 or 0 bytes: 0 reads nothing and zero-fills (rows past R).
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(read ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Two (x2) or four (x4) 8x8 f16 matrices from shared memory into MMA fragments: lanes 8i..8i+7
+// give the row addresses of matrix i; each lane receives row g, columns 2q, 2q+1 of each.
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(s));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+}  // namespace trellis_cuda

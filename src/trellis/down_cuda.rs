@@ -1,0 +1,184 @@
+//! Down projections on MLX's CUDA back-end: `kernels/cuda/down_mma.cu`, registered through
+//! `mlx_fast_cuda_kernel` and applied with the template ints of a [`CudaDownConfig`]. Like the
+//! Metal kernels it writes f32 partial sums `[M, SPLITS, C]` (already scaled by 1/147.8) that
+//! one MLX `sum` folds, then casts to the activation dtype.
+//!
+//! The kernel decodes code values straight into tensor-core fragments (exact f16 integers) and
+//! multiplies them with `mma.sync` against the activations times the row scales; see the kernel
+//! file for the work split. [`plan`] picks the configuration for a row count.
+
+use std::sync::OnceLock;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::kernel::{CudaKernel, KernelSource, LaunchConfig};
+
+use super::codebook::CUDA_HEADER;
+use super::geometry::{CodeLayout, TrellisGeometry};
+use super::launch::{check_operands, fnv1a, int};
+
+const SOURCE: &str = include_str!("../../kernels/cuda/down_mma.cu");
+const HEADER: &str = include_str!("../../kernels/cuda/down_mma.cuh");
+
+/// How one call of the CUDA down kernel is shaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CudaDownConfig {
+    /// 16-position MMA sub-tiles per warp (2, 4, 8 or 16): a block covers `16 * nc` outputs.
+    pub nc: u32,
+    /// 8-row MMA tiles per pass (activation rows per decode: `8 * mt`).
+    pub mt: u32,
+    /// Warps per block; each owns `16 * nc` output positions, so a block covers
+    /// `warps * nc / 16` whole coded blocks.
+    pub warps: u32,
+    /// Input-row splits (partials folded by MLX's sum).
+    pub splits: u32,
+    /// Depth of the shared-memory ring the codes stream through (2..=6).
+    pub stages: u32,
+    /// Byte sums on the tensor cores (u8 MMA) instead of dp4a.
+    pub bytesum_mma: bool,
+    /// Carry y + 1534 in the fragments and subtract the bias at the end (f16/bf16 activations).
+    pub bias_fold: bool,
+}
+
+impl CudaDownConfig {
+    fn check(&self, g: &TrellisGeometry) -> Result<()> {
+        if ![2, 4, 8, 16].contains(&self.nc) {
+            invalid!("CUDA down kernel: nc = {} must be 2, 4, 8 or 16", self.nc);
+        }
+        if !(1..=16).contains(&self.mt) || self.nc * self.mt > 32 {
+            invalid!("CUDA down kernel: mt = {} must be in 1..=16 with nc * mt <= 32 (nc = {})", self.mt, self.nc);
+        }
+        // At most 8 warps: 256 threads always fit the register file, whatever the kernel uses.
+        if !(1..=8).contains(&self.warps) || self.splits == 0 || !(2..=6).contains(&self.stages) {
+            invalid!(
+                "CUDA down kernel: {} warps, {} splits, {} stages are out of range",
+                self.warps,
+                self.splits,
+                self.stages
+            );
+        }
+        let covered = self.warps * self.nc;
+        if covered % 16 != 0 || g.blocks_per_row() % (covered / 16) as usize != 0 {
+            invalid!(
+                "CUDA down kernel: {} warps of {} sub-tiles cover {} positions, not a divisor of the {} coded blocks of {g}",
+                self.warps,
+                self.nc,
+                covered * 16,
+                g.blocks_per_row()
+            );
+        }
+        if self.splits as usize > g.rows.div_ceil(16) {
+            invalid!("CUDA down kernel: {} splits for {} input rows (16-row steps)", self.splits, g.rows);
+        }
+        Ok(())
+    }
+}
+
+/// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=8.
+pub fn supports(g: &TrellisGeometry) -> bool {
+    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
+}
+
+/// The configuration for `m` activation rows (measured on an H200 at the Qwen down shape; see
+/// the README's benchmark section).
+pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
+    // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits)
+    // Enough warps for the row count to hide latency (about ten per multiprocessor), without
+    // making the partials MLX folds much larger than the output.
+    let (nc, mt, blocks, splits) = match m {
+        1 => (16, 1, 2, 96),
+        2..=4 => (16, 1, 2, 64),
+        5..=8 => (16, 1, 2, 48),
+        9..=16 => (8, 2, 2, 32),
+        17..=32 => (4, 4, 2, 16),
+        33..=64 => (2, 8, 1, 8),
+        _ => (2, 16, 1, 8),
+    };
+    // Shrink the block to a divisor of the coded blocks per row (small test geometries).
+    let mut cb = blocks;
+    while cb > 1 && g.blocks_per_row() % cb != 0 {
+        cb /= 2;
+    }
+    let steps = g.rows.div_ceil(16) as u32;
+    CudaDownConfig {
+        nc,
+        mt,
+        warps: 16 * cb as u32 / nc,
+        splits: splits.min(steps),
+        stages: 4,
+        bytesum_mma: true,
+        bias_fold: false,
+    }
+}
+
+fn kernel() -> Result<&'static CudaKernel> {
+    static KERNEL: OnceLock<CudaKernel> = OnceLock::new();
+    if let Some(k) = KERNEL.get() {
+        return Ok(k);
+    }
+    // The name carries a hash of the text: MLX caches compiled kernels by name on disk.
+    let name = format!("mlx_trellis_down_mma_{:016x}", fnv1a(&[SOURCE, CUDA_HEADER, HEADER]));
+    let source = KernelSource::new(&name, &["x", "codes", "scales"], &["partial"], SOURCE)
+        .with_header(&format!("{CUDA_HEADER}\n{HEADER}"));
+    let k = CudaKernel::new(source, 0)?;
+    Ok(KERNEL.get_or_init(|| k))
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype with the configuration [`plan`] picks.
+pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    down_cuda_with(x2, codes, scales, g, plan(g, m))
+}
+
+/// [`down_cuda`] with an explicit configuration (for tuning; every valid configuration gives the
+/// same sums up to f32 rounding order).
+pub fn down_cuda_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<MlxArray> {
+    down_cuda_partials(x2, codes, scales, g, cfg)?.sum_axes(&[1], false)?.astype(x2.dtype())
+}
+
+/// The kernel's f32 partial sums `[M, SPLITS, C]` before MLX folds them (for profiling).
+pub fn down_cuda_partials(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<MlxArray> {
+    if !supports(g) {
+        invalid!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16)");
+    }
+    let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
+    let dtype = x2.dtype();
+    cfg.check(g)?;
+    let passes = m.div_ceil(8 * cfg.mt as usize);
+    let blocks_per_cta = (cfg.warps * cfg.nc / 16) as usize;
+    let ctas = g.blocks_per_row() / blocks_per_cta;
+    let launch = LaunchConfig::new(
+        [32 * cfg.warps as usize, ctas, cfg.splits as usize * passes],
+        [32 * cfg.warps as usize, 1, 1],
+    )
+    .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
+    .template_dtype("T", dtype)
+    .template_int("R", int("CUDA down kernel", g.rows)?)
+    .template_int("C", int("CUDA down kernel", g.cols)?)
+    .template_int("K", g.k as i32)
+    .template_int("L", g.l as i32)
+    .template_int("NC", cfg.nc as i32)
+    .template_int("MT", cfg.mt as i32)
+    .template_int("WARPS", cfg.warps as i32)
+    .template_int("SPLITS", cfg.splits as i32)
+    .template_int("STAGES", cfg.stages as i32)
+    .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
+    .template_bool("SPLIT_X", dtype == Dtype::Float32)
+    .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
+    .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32);
+    let partial = kernel()?.apply(&[x2, codes, scales], &launch)?.remove(0);
+    Ok(partial)
+}

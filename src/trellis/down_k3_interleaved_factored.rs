@@ -1,0 +1,94 @@
+//! Down projections (axis 0) over 3-bit codes in the block-interleaved layout
+//! `[cols/512, rows, 48]` (T 256, L 12) with the input scale factored out, on Metal:
+//! `kernels/metal/down_k3_interleaved_factored.metal` (the seed's
+//! `downK3InterleavedFactoredRow` / `downK3InterleavedFactoredRows`).
+//!
+//! One block per SIMD group, every lane owning 8 consecutive positions (24 bits), so all 32
+//! lanes are busy. Split-K over input rows into [`SPLITS`] f32 partials folded by one MLX `sum`,
+//! then cast to the activation dtype.
+
+use std::sync::OnceLock;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::kernel::{LaunchConfig, MetalKernel};
+
+use super::codebook::METAL_HEADER;
+use super::geometry::TrellisGeometry;
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int, kernel_section};
+use super::launch::{TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+
+const FILE: &str = include_str!("../../kernels/metal/down_k3_interleaved_factored.metal");
+
+/// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
+pub const SPLITS: usize = 128;
+
+/// The layout's constants (baked into the kernel text as literals).
+const K: u32 = 3;
+const BT: u32 = 256;
+const L: u32 = 12;
+
+/// Whether these kernels serve `g`: 3-bit block-interleaved axis-0 codes, T 256, L 12.
+pub fn supports(g: &TrellisGeometry) -> bool {
+    g.axis == 0 && g.block_interleave == 2 && g.k == K && g.t == BT && g.l == L
+}
+
+fn launch(
+    kernel: &MetalKernel,
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    m: usize,
+) -> Result<MlxArray> {
+    if !supports(g) {
+        invalid!("downK3InterleavedFactored: needs 3-bit block-interleaved axis-0 codes (T 256, L 12)");
+    }
+    check_operands("downK3InterleavedFactored", x2, codes, scales, g)?;
+    let what = "downK3InterleavedFactored";
+    let cfg = LaunchConfig::new(
+        [TRELLIS_THREADS, (g.cols / BT as usize).div_ceil(TRELLIS_SG_PER_TG), SPLITS],
+        [TRELLIS_THREADS, 1, 1],
+    )
+    .output(&[m, SPLITS, g.cols], Dtype::Float32)
+    .template_dtype("T", x2.dtype())
+    .template_int("M", int(what, m)?)
+    .template_int("R", int(what, g.rows)?)
+    .template_int("C", int(what, g.cols)?)
+    .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
+    .template_int("SPLITS", SPLITS as i32);
+    apply_and_fold(kernel, x2, codes, scales, &cfg)
+}
+
+/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the seed's `downK3InterleavedFactoredRow`).
+pub fn down_k3_interleaved_factored_row(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+) -> Result<MlxArray> {
+    if x2.shape().first() != Some(&1) {
+        invalid!("downK3InterleavedFactoredRow: expects one activation row");
+    }
+    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_row", kernel_section(FILE, "ROW"), METAL_HEADER)?;
+    launch(k, x2, codes, scales, g, 1)
+}
+
+/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the seed's
+/// `downK3InterleavedFactoredRows`).
+pub fn down_k3_interleaved_factored_rows(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+) -> Result<MlxArray> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    if !(2..=4).contains(&m) {
+        invalid!("downK3InterleavedFactoredRows: M={m} outside 2..4");
+    }
+    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_rows", kernel_section(FILE, "ROWS"), METAL_HEADER)?;
+    launch(k, x2, codes, scales, g, m)
+}

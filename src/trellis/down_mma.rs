@@ -1,0 +1,107 @@
+//! Verify-width down projections (1..8 activation rows) on the simdgroup matrix unit, on Metal:
+//! `kernels/metal/down_mma.metal` (the seed's `downMma` / `downK3InterleavedMma`).
+//!
+//! A SIMD group owns `8 * S` consecutive positions of one 256-position block and a split of the
+//! input rows; per 8-row step every lane decodes `2S` positions of one input row into the B
+//! fragments of `S` output sub-tiles, and the A fragments hold `x * scale * (1/147.8)`.
+//! [`SPLITS`] f32 partials `[M, SPLITS, C]` fold in one MLX `sum`. One body, two kernels: row-major
+//! codes and the 3-bit block interleave. Not bit-identical to the factored kernels.
+
+use std::sync::OnceLock;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::kernel::{LaunchConfig, MetalKernel};
+
+use super::codebook::METAL_HEADER;
+use super::geometry::{CodeLayout, TrellisGeometry};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int};
+
+const SOURCE: &str = include_str!("../../kernels/metal/down_mma.metal");
+const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_state.h");
+
+/// SIMD groups per threadgroup.
+const SG_TG: usize = 4;
+/// Blocks of 8 activation rows per decoded fragment.
+const MT: usize = 1;
+/// Output sub-tiles (8 positions each) per SIMD group.
+const S: usize = 16;
+/// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
+pub const SPLITS: usize = 8;
+
+/// Whether these kernels serve `g` (for 1..8 rows): axis 0, T 256, C % 256 == 0, L <= 12, in
+/// either layout (the interleave is 3-bit).
+pub fn supports(g: &TrellisGeometry) -> bool {
+    g.axis == 0 && g.t == 256 && g.cols % 256 == 0 && g.l <= 12 && (g.layout() == CodeLayout::RowMajor || g.k == 3)
+}
+
+/// Words covering `2S` positions plus the L-bit window, after realignment.
+pub(crate) fn nw(s: usize, g: &TrellisGeometry) -> usize {
+    (2 * s * g.k as usize + g.l as usize - 1).div_ceil(32) + 1
+}
+
+fn header() -> String {
+    format!("{METAL_HEADER}{STATE_HEADER}")
+}
+
+fn launch(
+    kernel: &MetalKernel,
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    interleave: bool,
+) -> Result<MlxArray> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    if !(1..=8).contains(&m) {
+        invalid!("downMma: M={m} outside 1..8");
+    }
+    if g.axis != 0 || g.t != 256 || g.cols % 256 != 0 || g.l > 12 {
+        invalid!("downMma: unsupported geometry");
+    }
+    check_operands("downMma", x2, codes, scales, g)?;
+    let n_groups = (g.cols / 256) * (32 / S);
+    let cfg = LaunchConfig::new([32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), 1], [32 * SG_TG, 1, 1])
+        .output(&[m, SPLITS, g.cols], Dtype::Float32)
+        .template_dtype("T", x2.dtype())
+        .template_int("M", m as i32)
+        .template_int("R", int("downMma", g.rows)?)
+        .template_int("C", int("downMma", g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("SPLITS", SPLITS as i32)
+        .template_int("SG_TG", SG_TG as i32)
+        .template_int("INTERLEAVE", i32::from(interleave))
+        .template_int("MT", MT as i32)
+        .template_int("S", S as i32)
+        .template_int("NW", nw(S, g) as i32);
+    apply_and_fold(kernel, x2, codes, scales, &cfg)
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256), 1..8 rows
+/// (the seed's `downMma`).
+pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    if g.block_interleave != 0 || codes.ndim() != 2 {
+        invalid!("downMma: needs row-major codes");
+    }
+    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma", SOURCE, &header())?;
+    launch(k, x2, codes, scales, g, false)
+}
+
+/// [`down_mma`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the seed's
+/// `downK3InterleavedMma`).
+pub fn down_k3_interleaved_mma(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+) -> Result<MlxArray> {
+    if g.block_interleave != 2 || g.k != 3 {
+        invalid!("downK3InterleavedMma: needs 3-bit block-interleaved codes");
+    }
+    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma", SOURCE, &header())?;
+    launch(k, x2, codes, scales, g, true)
+}

@@ -1,0 +1,184 @@
+//! Down projections for any number of activation rows on the simdgroup matrix unit, on Metal:
+//! `kernels/metal/down_mma_wide.metal` (the seed's `downMmaWidePass`,
+//! `downK3InterleavedMmaWidePass`, `downMmaWide`, `downK3InterleavedMmaWide`).
+//!
+//! [`down_mma`](super::down_mma)'s splits and accumulation (each output row bit for bit the same
+//! when R % 8 == 0), with every decoded B fragment feeding an MMA for `MT` blocks of 8 rows; grid
+//! z walks chunks of `8 * MT` rows. Code values come from a threadgroup half table of the `2^L`
+//! values. A [`DownPass`] (`S` sub-tiles per SIMD group, `MT` blocks) follows the layout and the
+//! rows ([`plan`]); neither changes a sum. [`SPLITS`] f32 partials `[M, SPLITS, C]` fold in one MLX
+//! `sum`.
+//!
+//! The seed measured, on an M1 Max at the Qwen down shape (17408 x 5120, real weights), at 8, 16,
+//! 24, 32 and 64 rows: 3-bit interleaved 0.24, 0.44, 0.64, 0.84 and 1.65 ms; 2-bit row-major
+//! 0.24, 0.40, 0.58, 0.76 and 1.49 ms (`downMma` at 8 rows 0.45 / 0.43 ms).
+
+use std::sync::OnceLock;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::kernel::{LaunchConfig, MetalKernel};
+
+use super::codebook::METAL_HEADER;
+use super::down_mma::nw;
+use super::geometry::{CodeLayout, TrellisGeometry};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int};
+
+const SOURCE: &str = include_str!("../../kernels/metal/down_mma_wide.metal");
+const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_wide_state.h");
+
+/// SIMD groups per threadgroup.
+const SG_TG: usize = 4;
+/// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
+pub const SPLITS: usize = 8;
+
+/// One pass of the kernel: `s` sub-tiles (8 positions each) per SIMD group, `mt` blocks of 8
+/// activation rows per decoded fragment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DownPass {
+    /// Sub-tiles per SIMD group (the seed's `S`): a SIMD group covers `8 * s` positions.
+    pub s: u32,
+    /// Blocks of 8 rows per pass (the seed's `MT`).
+    pub mt: u32,
+}
+
+/// One block of 8 rows per pass, sixteen sub-tiles: the cheapest pass for 1..8 rows in either
+/// layout.
+pub const DOWN_ONE_BLOCK: DownPass = DownPass { s: 16, mt: 1 };
+
+/// Each layout's passes and their relative cost, measured per pass at 8 to 128 rows: the 3-bit
+/// interleave runs one block per pass at every row count; row-major codes take sixteen sub-tiles
+/// for one block and eight for two or three.
+const INTERLEAVED_PASSES: [(DownPass, f64); 1] = [(DOWN_ONE_BLOCK, 1.0)];
+const ROW_MAJOR_PASSES: [(DownPass, f64); 3] =
+    [(DOWN_ONE_BLOCK, 0.6), (DownPass { s: 8, mt: 2 }, 1.0), (DownPass { s: 8, mt: 3 }, 1.44)];
+
+/// The passes [`plan`] chooses from for `layout`, each with its relative cost per pass.
+pub fn passes(layout: CodeLayout) -> &'static [(DownPass, f64)] {
+    match layout {
+        CodeLayout::RowMajor => &ROW_MAJOR_PASSES,
+        CodeLayout::K3Interleaved => &INTERLEAVED_PASSES,
+    }
+}
+
+/// The pass for `m` rows: the one whose passes cost least in all, `ceil(m / (8 * mt)) * cost`
+/// (the more blocks on a tie).
+pub fn plan(layout: CodeLayout, m: usize) -> DownPass {
+    let mut best = (DOWN_ONE_BLOCK, f64::INFINITY);
+    for &(pass, cost) in passes(layout) {
+        let total = m.div_ceil(8 * pass.mt as usize) as f64 * cost;
+        if total <= best.1 {
+            best = (pass, total);
+        }
+    }
+    best.0
+}
+
+/// Whether these kernels serve `g` (any row count): axis 0, T 256, C % 256 == 0, R % 8 == 0,
+/// L <= 12, in either layout (the interleave is 3-bit).
+pub fn supports(g: &TrellisGeometry) -> bool {
+    g.axis == 0
+        && g.t == 256
+        && g.cols % 256 == 0
+        && g.rows % 8 == 0
+        && g.l <= 12
+        && (g.layout() == CodeLayout::RowMajor || g.k == 3)
+}
+
+fn header() -> String {
+    format!("{METAL_HEADER}{STATE_HEADER}")
+}
+
+fn launch(
+    kernel: &MetalKernel,
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    interleave: bool,
+    pass: DownPass,
+) -> Result<MlxArray> {
+    let shape = x2.shape();
+    if shape.len() != 2 || shape[0] < 1 {
+        invalid!("downMmaWide: expects [rows, inputs]");
+    }
+    if g.axis != 0 || g.t != 256 || g.cols % 256 != 0 || g.rows % 8 != 0 || g.l > 12 {
+        invalid!("downMmaWide: unsupported geometry");
+    }
+    // The seed leaves the pass unchecked; S must tile a 256-position block into whole groups.
+    if ![1, 2, 4, 8, 16, 32].contains(&pass.s) || pass.mt < 1 || pass.mt > 16 {
+        invalid!("downMmaWide: pass {pass:?} needs S in 1, 2, 4, 8, 16, 32 and MT in 1..=16");
+    }
+    let m = check_operands("downMmaWide", x2, codes, scales, g)?;
+    let (s, mt) = (pass.s as usize, pass.mt as usize);
+    let n_groups = (g.cols / 256) * (32 / s);
+    let cfg =
+        LaunchConfig::new([32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), m.div_ceil(8 * mt)], [32 * SG_TG, 1, 1])
+            .output(&[m, SPLITS, g.cols], Dtype::Float32)
+            .template_dtype("T", x2.dtype())
+            .template_int("R", int("downMmaWide", g.rows)?)
+            .template_int("C", int("downMmaWide", g.cols)?)
+            .template_int("K", g.k as i32)
+            .template_int("L", g.l as i32)
+            .template_int("SPLITS", SPLITS as i32)
+            .template_int("SG_TG", SG_TG as i32)
+            .template_int("INTERLEAVE", i32::from(interleave))
+            .template_int("MT", mt as i32)
+            .template_int("S", s as i32)
+            .template_int("NW", nw(s, g) as i32);
+    apply_and_fold(kernel, x2, codes, scales, &cfg)
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256, L at most 12,
+/// input features a multiple of 8), any number of rows, in passes of the given shape (the seed's
+/// `downMmaWidePass`).
+pub fn down_mma_wide_pass(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    pass: DownPass,
+) -> Result<MlxArray> {
+    if g.block_interleave != 0 || codes.ndim() != 2 {
+        invalid!("downMmaWide: needs row-major codes");
+    }
+    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma_wide", SOURCE, &header())?;
+    launch(k, x2, codes, scales, g, false, pass)
+}
+
+/// [`down_mma_wide_pass`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the seed's
+/// `downK3InterleavedMmaWidePass`).
+pub fn down_k3_interleaved_mma_wide_pass(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    pass: DownPass,
+) -> Result<MlxArray> {
+    if g.block_interleave != 2 || g.k != 3 {
+        invalid!("downK3InterleavedMmaWide: needs 3-bit block-interleaved codes");
+    }
+    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma_wide", SOURCE, &header())?;
+    launch(k, x2, codes, scales, g, true, pass)
+}
+
+/// [`down_mma_wide_pass`] in the pass the row count plans (the seed's `downMmaWide`).
+pub fn down_mma_wide(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    down_mma_wide_pass(x2, codes, scales, g, plan(CodeLayout::RowMajor, m))
+}
+
+/// [`down_k3_interleaved_mma_wide_pass`] in the pass the row count plans (the seed's
+/// `downK3InterleavedMmaWide`).
+pub fn down_k3_interleaved_mma_wide(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+) -> Result<MlxArray> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    down_k3_interleaved_mma_wide_pass(x2, codes, scales, g, plan(CodeLayout::K3Interleaved, m))
+}

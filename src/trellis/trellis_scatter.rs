@@ -1,0 +1,58 @@
+//! The baseline Metal down projection: `kernels/metal/trellis_scatter.metal` (the seed's
+//! `trellisScatter` contract), against which the factored and MMA kernels are checked.
+//!
+//! Weights are f32 `value(state) * scale` with `value = float(y) * TRELLIS_RCP`, multiplied into
+//! `x[r]` unfactored. Traversal as [`down_factored_row`](super::down_factored::down_factored_row):
+//! lane per word of a block, the neighbour word by `simd_shuffle`, [`SPLITS`] input-row splits
+//! into f32 partials `[M, SPLITS, C]` that one MLX `sum` folds. One SIMD group serves one
+//! activation row, so any `M` runs; both code layouts.
+
+use std::sync::OnceLock;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::kernel::{LaunchConfig, MetalKernel};
+
+use super::codebook::METAL_HEADER;
+use super::geometry::{CodeLayout, TrellisGeometry};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int};
+use super::launch::{TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+
+const SOURCE: &str = include_str!("../../kernels/metal/trellis_scatter.metal");
+
+/// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
+pub const SPLITS: usize = 128;
+
+/// Whether the scatter kernel serves `g`: axis 0, a block of at most 32 words (one SIMD group),
+/// either layout.
+pub fn supports(g: &TrellisGeometry) -> bool {
+    g.axis == 0 && (1..=32).contains(&g.words_per_block())
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype, any `M >= 1`, either layout.
+pub fn trellis_scatter(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    if !supports(g) {
+        invalid!("trellisScatter: needs axis-0 codes with a block of at most 32 words (got {g})");
+    }
+    let what = "trellisScatter";
+    let m = check_operands(what, x2, codes, scales, g)?;
+    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
+    let kernel = cached_kernel(&KERNEL, "mlx_trellis_scatter", SOURCE, METAL_HEADER)?;
+    let nb = 32 / g.words_per_block();
+    let groups = (g.cols / g.t as usize).div_ceil(nb);
+    let cfg =
+        LaunchConfig::new([TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS * m], [TRELLIS_THREADS, 1, 1])
+            .output(&[m, SPLITS, g.cols], Dtype::Float32)
+            .template_dtype("T", x2.dtype())
+            .template_int("R", int(what, g.rows)?)
+            .template_int("C", int(what, g.cols)?)
+            .template_int("BT", g.t as i32)
+            .template_int("K", g.k as i32)
+            .template_int("L", g.l as i32)
+            .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
+            .template_int("SPLITS", SPLITS as i32)
+            .template_int("NP", 32u32.div_ceil(g.k) as i32)
+            .template_int("INTERLEAVE", i32::from(g.layout() == CodeLayout::K3Interleaved));
+    apply_and_fold(kernel, x2, codes, scales, &cfg)
+}

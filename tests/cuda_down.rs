@@ -1,0 +1,147 @@
+//! The CUDA down kernel against the f64 reference. Runs for real on MLX's CUDA back-end and
+//! skips (saying why) everywhere else.
+
+use mlx_trellis::trellis::down_cuda::{down_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::reference::{forward_f64, rel_err};
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisLinear};
+use mlx_trellis::{backend, Backend, Dtype, MlxArray};
+
+fn cuda() -> bool {
+    if backend() == Backend::Cuda {
+        return true;
+    }
+    println!("skipped: MLX's back-end here is {}, not CUDA", backend());
+    false
+}
+
+fn gate(dtype: Dtype) -> f64 {
+    if dtype == Dtype::Float32 {
+        1e-4
+    } else {
+        1e-2
+    }
+}
+
+struct Case {
+    host: HostLayer,
+    lin: TrellisLinear,
+}
+
+fn case(rows: usize, cols: usize, k: u32, layout: CodeLayout, seed: u64) -> Case {
+    let host = synthetic_layer(rows, cols, k, 12, 0, layout, 0.02, seed).unwrap();
+    let lin = TrellisLinear::from_host("down", &host).unwrap();
+    Case { host, lin }
+}
+
+/// Checks `f` (x -> y) against the reference for `m` rows of `dtype` activations.
+fn check(c: &Case, m: usize, dtype: Dtype, what: &str, f: &dyn Fn(&MlxArray) -> mlx_trellis::Result<MlxArray>) {
+    let g = c.lin.geometry();
+    let x = MlxArray::from_slice(&gaussian(m * g.rows, 17 * m as u64 + g.rows as u64), &[m, g.rows])
+        .unwrap()
+        .astype(dtype)
+        .unwrap();
+    let xr: Vec<f64> = x.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+    let want = forward_f64(&xr, m, &c.host.codes, &c.host.scales, g).unwrap();
+    let y = f(&x).unwrap_or_else(|e| panic!("{what} {g} M {m} {dtype}: {e:#}"));
+    assert_eq!((y.shape(), y.dtype()), (vec![m, g.cols], dtype), "{what}");
+    let got: Vec<f64> = y.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+    let err = rel_err(&got, &want);
+    println!("{what} {g} M {m} {dtype}: relErr {err:.2e}");
+    assert!(err < gate(dtype), "{what} {g} M {m} {dtype}: relErr {err:.3e}");
+}
+
+#[test]
+fn planned_kernel_matches_the_reference_on_small_shapes() {
+    if !cuda() {
+        return;
+    }
+    for (rows, cols, k, layout) in [
+        (64, 512, 2, CodeLayout::RowMajor),
+        (200, 512, 3, CodeLayout::RowMajor),
+        (520, 1024, 4, CodeLayout::RowMajor),
+        (136, 1024, 3, CodeLayout::K3Interleaved),
+    ] {
+        let c = case(rows, cols, k, layout, rows as u64 + k as u64);
+        for m in [1, 2, 3, 8, 9, 16, 17, 31, 40, 64, 65, 100, 128] {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+                check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_configuration_matches_the_reference() {
+    if !cuda() {
+        return;
+    }
+    let inter = case(200, 1024, 3, CodeLayout::K3Interleaved, 3);
+    let rm = case(200, 1024, 2, CodeLayout::RowMajor, 4);
+    let rm4 = case(88, 512, 4, CodeLayout::RowMajor, 5);
+    let mut n = 0usize;
+    for nc in [2u32, 4, 8, 16] {
+        for mt in [1u32, 2, 4, 8, 16] {
+            if nc * mt > 32 {
+                continue;
+            }
+            // Each shape once per decode variant, cycling through layouts, dtypes, splits (13
+            // splits of 200 rows leave the last split short; 1 split runs all steps in one block),
+            // ring depths and block widths.
+            for (bytesum_mma, bias_fold, stages) in
+                [(false, false, 2), (true, false, 4), (true, true, 3), (false, true, 6)]
+            {
+                let c = [&inter, &rm, &rm4][n % 3];
+                let g = *c.lin.geometry();
+                let blocks = [1u32, 2, 4][n % 3].min(g.blocks_per_row() as u32);
+                let warps = (16 * blocks / nc).max(1);
+                if warps > 8 {
+                    continue;
+                }
+                let splits = [1u32, 5, 13][n % 3].min(g.rows.div_ceil(16) as u32);
+                let dtype = if n % 2 == 0 { Dtype::Float32 } else { Dtype::Bfloat16 };
+                n += 1;
+                let cfg = CudaDownConfig { nc, mt, warps, splits, stages, bytesum_mma, bias_fold };
+                for m in [1, 8 * mt as usize + 3] {
+                    check(c, m, dtype, &format!("{cfg:?}"), &|x| {
+                        down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg)
+                    });
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn qwen_sized_layers_match_the_reference() {
+    if !cuda() {
+        return;
+    }
+    for (k, layout) in [
+        (3, CodeLayout::K3Interleaved),
+        (2, CodeLayout::RowMajor),
+        (4, CodeLayout::RowMajor),
+        (3, CodeLayout::RowMajor),
+    ] {
+        let c = case(17408, 5120, k, layout, 40 + k as u64);
+        for m in [1, 7, 8, 33, 128] {
+            println!("plan M {m}: {:?}", plan(c.lin.geometry(), m));
+            check(&c, m, Dtype::Bfloat16, "qwen", &|x| c.lin.forward_with(x, Path::Cuda));
+        }
+        check(&c, 4, Dtype::Float32, "qwen", &|x| c.lin.forward_with(x, Path::Cuda));
+    }
+}
+
+#[test]
+fn unsupported_geometries_fall_back_or_refuse() {
+    if !cuda() {
+        return;
+    }
+    // Axis 1 has no CUDA kernel: Auto takes the generic path, a forced CUDA path refuses.
+    let host = synthetic_layer(64, 512, 2, 12, 1, CodeLayout::RowMajor, 0.02, 1).unwrap();
+    let lin = TrellisLinear::from_host("up", &host).unwrap();
+    assert_eq!(lin.best_path(1), Path::Generic);
+    let x = MlxArray::zeros(&[1, 512], Dtype::Float32).unwrap();
+    let err = lin.forward_with(&x, Path::Cuda).unwrap_err();
+    assert!(format!("{err:#}").contains("no kernel"), "{err:#}");
+}
