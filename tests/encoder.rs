@@ -1,0 +1,241 @@
+//! The encoder: cyclic paths, decode consistency, quality thresholds with teeth, determinism,
+//! layouts, axes and parameter errors.
+
+use half::f16;
+use mlx_trellis::trellis::encoder::{
+    block_path, encode, encode_linear, encode_with_progress, encode_with_search, stored_from_linear, BlockSearch,
+    Encoded, EncoderConfig,
+};
+use mlx_trellis::trellis::reference::{
+    block_state, block_words, expand, forward_f64, rel_err, row_major_to_interleaved,
+};
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::CodeLayout;
+
+const T: usize = 256;
+
+fn config(k: u32, l: u32) -> EncoderConfig {
+    EncoderConfig::new(k, l)
+}
+
+/// The decoded weights equal the reported reconstruction bit for bit, and the reported mse is the
+/// mean squared error recomputed from them (same summation order, so exactly equal).
+fn assert_decode_matches(enc: &Encoded, input: &[f32], what: &str) {
+    let decoded = expand(&enc.layer.codes, &enc.layer.scales, &enc.layer.geometry).unwrap();
+    assert_eq!(decoded.len(), enc.reconstruction.len(), "{what}");
+    let same = decoded.iter().zip(&enc.reconstruction).all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "{what}: reference decode differs from the encoder's reconstruction");
+    let sq: f64 = input.iter().zip(&decoded).map(|(&w, &q)| (w as f64 - q as f64).powi(2)).sum();
+    assert_eq!(sq / input.len() as f64, enc.mse, "{what}: reported mse");
+}
+
+#[test]
+fn viterbi_paths_close_the_cycle_and_are_what_the_codes_hold() {
+    // Shipped widths, L - k not a multiple of k (3/10, 3/16, 5/11), and the extremes k = 1, 8.
+    for (k, l) in [(2u32, 8u32), (3, 10), (4, 12), (3, 12), (1, 8), (5, 11), (8, 9), (3, 16)] {
+        let (rows, cols) = (3, 512);
+        let w = gaussian(rows * cols, 40 + k as u64 * 17 + l as u64);
+        let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
+        let g = enc.layer.geometry;
+        let low_mask = (1u32 << (l - k)) - 1;
+        for r in 0..rows {
+            let scale = enc.layer.scales[r].to_f32();
+            for b in 0..cols / T {
+                let words = block_words(&enc.layer.codes, &g, r, b);
+                let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, l)).collect();
+                // The format's shift relation, including the wrap T-1 -> 0.
+                for t in 0..T {
+                    let prev = (t + T - 1) % T;
+                    assert_eq!(decoded[t] >> k, decoded[prev] & low_mask, "k {k} L {l} row {r} block {b} t {t}");
+                }
+                // The path the search chose is cyclic and is exactly what the packed codes hold.
+                let x: Vec<f32> = w[r * cols + b * T..r * cols + (b + 1) * T].iter().map(|&v| v / scale).collect();
+                let path = block_path(&x, k, l, BlockSearch::Viterbi).unwrap();
+                assert_eq!(path[0] >> k, path[T - 1] & low_mask, "k {k} L {l}: the search's path does not close");
+                assert_eq!(path, decoded, "k {k} L {l} row {r} block {b}: decoded states differ from the search's");
+            }
+        }
+        assert_decode_matches(&enc, &w, &format!("k {k} L {l}"));
+    }
+}
+
+#[test]
+fn decoding_the_codes_gives_the_reported_reconstruction_and_mse() {
+    let (rows, cols) = (6, 768);
+    let mut w = gaussian(rows * cols, 3);
+    for v in &mut w[cols..2 * cols] {
+        *v = 0.0; // an all-zero row: scale 1.0
+    }
+    for v in &mut w[2 * cols..3 * cols] {
+        *v *= 0.013; // a row at a real model's scale
+    }
+    for v in &mut w[3 * cols..4 * cols] {
+        *v *= 1e-9; // a row whose scale would underflow f16
+    }
+    for (k, l) in [(2u32, 10u32), (3, 12), (4, 9)] {
+        let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
+        assert_eq!(enc.layer.scales[1], f16::ONE, "zero row");
+        assert!(enc.layer.scales.iter().all(|s| s.to_f32() > 0.0 && s.is_finite()));
+        let rms_ratio = enc.layer.scales[2].to_f32() / enc.layer.scales[0].to_f32();
+        assert!((rms_ratio / 0.013 - 1.0).abs() < 0.1, "scales follow the row RMS: {rms_ratio}");
+        assert_decode_matches(&enc, &w, &format!("k {k} L {l}"));
+    }
+}
+
+#[test]
+fn mse_thresholds_on_gaussian_data_pass_and_broken_searches_miss_them() {
+    // 64 blocks of i.i.d. N(0, 1) at L = 8. Thresholds sit about 6 % above what the Viterbi
+    // reaches on this data, and above the distortion-rate bound 2^(-2k) by construction.
+    let (rows, cols, l) = (16, 1024, 8);
+    for (k, threshold) in [(2u32, 0.092), (3, 0.0275), (4, 0.0085)] {
+        let w = gaussian(rows * cols, 100 + k as u64);
+        let cfg = config(k, l);
+        let mse = |search| encode_with_search(&w, rows, cols, &cfg, search).unwrap().mse;
+        let viterbi = encode(&w, rows, cols, &cfg).unwrap();
+        let bound = 0.25f64.powi(k as i32);
+        assert!(
+            viterbi.mse < threshold && viterbi.mse > bound,
+            "k {k}: Viterbi mse {} vs threshold {threshold}",
+            viterbi.mse
+        );
+        // The fast search reaches the textbook f64 Viterbi's distortion.
+        let reference = mse(BlockSearch::ReferenceViterbi);
+        assert!(
+            (viterbi.mse - reference).abs() <= 1e-3 * reference,
+            "k {k}: fast {} vs reference {reference}",
+            viterbi.mse
+        );
+        for broken in
+            [BlockSearch::Greedy, BlockSearch::NoTraceback, BlockSearch::WrongSuccessor, BlockSearch::NoTailBiting]
+        {
+            let m = mse(broken);
+            assert!(
+                m > threshold,
+                "k {k}: the broken search {broken:?} reached mse {m}, under the threshold {threshold}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_same_input_gives_the_same_bytes_for_any_thread_count() {
+    let (rows, cols) = (7, 512);
+    let w = gaussian(rows * cols, 9);
+    let run = |threads| encode(&w, rows, cols, &EncoderConfig { threads, ..config(3, 10) }).unwrap();
+    let one = run(Some(1));
+    for threads in [Some(2), Some(3), Some(16), None] {
+        let other = run(threads);
+        assert_eq!(one.layer.codes, other.layer.codes, "{threads:?}");
+        assert_eq!(one.layer.scales, other.layer.scales, "{threads:?}");
+        assert!(one.reconstruction.iter().zip(&other.reconstruction).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert_eq!(one.mse.to_bits(), other.mse.to_bits());
+    }
+}
+
+#[test]
+fn both_layouts_hold_the_same_codes() {
+    let (rows, cols) = (5, 1024);
+    let w = gaussian(rows * cols, 21);
+    let row_major = encode(&w, rows, cols, &config(3, 12)).unwrap();
+    let interleaved =
+        encode(&w, rows, cols, &EncoderConfig { layout: CodeLayout::K3Interleaved, ..config(3, 12) }).unwrap();
+    assert_eq!(row_major.layer.geometry.codes_shape(), vec![rows, cols * 3 / 32]);
+    assert_eq!(interleaved.layer.geometry.codes_shape(), vec![cols / 512, rows, 48]);
+    assert_eq!(interleaved.layer.geometry.layout(), CodeLayout::K3Interleaved);
+    assert_eq!(interleaved.layer.codes, row_major_to_interleaved(&row_major.layer.codes, rows, cols).unwrap());
+    assert_eq!(interleaved.layer.scales, row_major.layer.scales);
+    assert_eq!(interleaved.reconstruction, row_major.reconstruction);
+    assert_decode_matches(&interleaved, &w, "interleaved");
+    assert_decode_matches(&row_major, &w, "row-major");
+}
+
+#[test]
+fn axis_zero_and_one_through_the_linear_helper() {
+    // W [out, in] = [256, 512]: axis 0 stores Wᵀ [512, 256], axis 1 stores W [256, 512].
+    let (out_f, in_f) = (256, 512);
+    let w = gaussian(out_f * in_f, 31);
+    let x = gaussian(2 * in_f, 32);
+    let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let dense: Vec<f64> = (0..2)
+        .flat_map(|m| (0..out_f).map(move |o| (m, o)))
+        .map(|(m, o)| (0..in_f).map(|i| x64[m * in_f + i] * w[o * in_f + i] as f64).sum())
+        .collect();
+    for axis in [0u32, 1] {
+        let cfg = EncoderConfig { axis, ..config(4, 10) };
+        let enc = encode_linear(&w, out_f, in_f, &cfg).unwrap();
+        let g = enc.layer.geometry;
+        assert_eq!((g.axis, g.in_features(), g.out_features()), (axis, in_f, out_f));
+        let (stored, rows, cols) = stored_from_linear(&w, out_f, in_f, axis).unwrap();
+        assert_eq!((rows, cols), if axis == 0 { (in_f, out_f) } else { (out_f, in_f) });
+        assert_eq!(stored[3 * cols + 5], if axis == 0 { w[5 * in_f + 3] } else { w[3 * in_f + 5] });
+        assert_eq!(enc.layer.codes, encode(&stored, rows, cols, &cfg).unwrap().layer.codes);
+        assert_decode_matches(&enc, &stored, &format!("axis {axis}"));
+        // The coded layer computes x · Wᵀ up to the quantization error.
+        let y = forward_f64(&x64, 2, &enc.layer.codes, &enc.layer.scales, &g).unwrap();
+        let err = rel_err(&y, &dense);
+        assert!(err < 0.2, "axis {axis}: relErr {err} against the dense layer");
+    }
+}
+
+#[test]
+fn progress_is_reported_for_every_row() {
+    let (rows, cols) = (5, 256);
+    let w = gaussian(rows * cols, 4);
+    let mut seen = Vec::new();
+    encode_with_progress(&w, rows, cols, &config(2, 8), &mut |done, total| seen.push((done, total))).unwrap();
+    assert_eq!(seen, (1..=rows).map(|d| (d, rows)).collect::<Vec<_>>());
+}
+
+#[test]
+fn bad_parameters_are_refused_with_clear_errors() {
+    let w = gaussian(2 * 512, 1);
+    let err =
+        |cfg: EncoderConfig, w: &[f32], rows: usize, cols: usize| encode(w, rows, cols, &cfg).unwrap_err().to_string();
+    let expect = |msg: String, needle: &str| assert!(msg.contains(needle), "{msg:?} should mention {needle:?}");
+    expect(err(config(0, 12), &w, 2, 512), "k = 0 bits per weight is outside 1..=8");
+    expect(err(config(9, 12), &w, 2, 512), "k = 9 bits per weight is outside 1..=8");
+    expect(err(EncoderConfig { t: 128, ..config(3, 12) }, &w, 2, 512), "block length T = 128");
+    expect(err(config(3, 7), &w, 2, 512), "L = 7 state bits is outside 8..=16");
+    expect(err(config(3, 17), &w, 2, 512), "L = 17 state bits is outside 8..=16");
+    expect(err(config(8, 8), &w, 2, 512), "L = 8 state bits must be greater than k = 8");
+    expect(err(EncoderConfig { axis: 2, ..config(3, 12) }, &w, 2, 512), "axis = 2");
+    expect(
+        err(EncoderConfig { layout: CodeLayout::K3Interleaved, ..config(2, 12) }, &w, 2, 512),
+        "K3Interleaved needs k = 3",
+    );
+    expect(err(EncoderConfig { layout: CodeLayout::K3Interleaved, axis: 1, ..config(3, 12) }, &w, 2, 512), "axis = 1");
+    expect(err(EncoderConfig { layout: CodeLayout::K3Interleaved, ..config(3, 12) }, &w, 4, 256), "cols % 512 == 0");
+    expect(err(EncoderConfig { threads: Some(0), ..config(3, 12) }, &w, 2, 512), "threads = 0");
+    expect(err(config(3, 12), &w, 3, 512), "1024 weights given for 3 rows x 512 columns");
+    expect(err(config(3, 12), &w[..2 * 300], 2, 300), "cols % T != 0");
+    expect(err(config(3, 12), &[], 0, 512), "empty");
+    let mut bad = w.clone();
+    bad[512 + 7] = f32::NAN;
+    expect(err(config(3, 12), &bad, 2, 512), "row 1, column 7 is NaN");
+    bad[0] = f32::INFINITY;
+    expect(err(config(3, 12), &bad, 2, 512), "row 0, column 0 is inf");
+    let huge = vec![1e6f32; 512];
+    expect(err(config(3, 12), &huge, 1, 512), "too large for an f16 scale");
+    let msg = encode_linear(&w, 3, 512, &config(3, 12)).unwrap_err().to_string();
+    expect(msg, "the linear weight has 1024 values, expected [out 3, in 512]");
+    expect(block_path(&w[..100], 3, 12, BlockSearch::Viterbi).unwrap_err().to_string(), "a block has 256 values");
+}
+
+/// The quality table of the README: mean squared error on i.i.d. N(0, 1) data, 1024 blocks per
+/// entry. Slow at L = 16 (seconds per entry); run by hand:
+/// `cargo test --release --test encoder -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn quality_table() {
+    let (rows, cols) = (256, 1024);
+    println!("| L | k | mse | weights/s |\n|---|---|---|---|");
+    for l in [16u32, 12] {
+        for k in [2u32, 3, 4] {
+            let w = gaussian(rows * cols, 1000 + k as u64);
+            let start = std::time::Instant::now();
+            let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
+            let rate = (rows * cols) as f64 / start.elapsed().as_secs_f64();
+            println!("| {l} | {k} | {:.5} | {rate:.3e} |", enc.mse);
+        }
+    }
+}
