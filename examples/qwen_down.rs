@@ -71,7 +71,7 @@ fn parse_args() -> Result<Options> {
                     .split(',')
                     .map(|s| s.trim().parse::<usize>().with_context(|| format!("--rows: {s:?} is not a row count")))
                     .collect::<Result<_>>()?;
-                if o.rows.iter().any(|&m| m == 0) {
+                if o.rows.contains(&0) {
                     bail!("--rows: row counts start at 1");
                 }
             }
@@ -79,7 +79,15 @@ fn parse_args() -> Result<Options> {
             "--seed" => o.seed = value()?.parse().context("--seed takes an integer")?,
             "--reps" => o.reps = Some(value()?.parse().context("--reps takes an integer")?),
             "-h" | "--help" => {
-                println!("{}", include_str!("qwen_down.rs").lines().take_while(|l| l.starts_with("//!")).map(|l| l.trim_start_matches("//!").trim_start()).collect::<Vec<_>>().join("\n"));
+                println!(
+                    "{}",
+                    include_str!("qwen_down.rs")
+                        .lines()
+                        .take_while(|l| l.starts_with("//!"))
+                        .map(|l| l.trim_start_matches("//!").trim_start())
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
                 std::process::exit(0);
             }
             other => bail!("unknown option {other:?} (see --help)"),
@@ -124,7 +132,8 @@ fn layers(o: &Options) -> Result<Vec<TrellisLinear>> {
         .into_iter()
         .map(|(k, layout)| {
             step(&format!("building a synthetic {IN_FEATURES} -> {OUT_FEATURES} layer, k = {k}, {layout:?}"), || {
-                let h = synthetic_layer(IN_FEATURES, OUT_FEATURES, k, 12, 0, layout, 0.015, o.seed.wrapping_add(k as u64))?;
+                let h =
+                    synthetic_layer(IN_FEATURES, OUT_FEATURES, k, 12, 0, layout, 0.015, o.seed.wrapping_add(k as u64))?;
                 TrellisLinear::from_host(&format!("synthetic.k{k}.down_proj"), &h)
             })
         })

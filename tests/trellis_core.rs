@@ -1,9 +1,9 @@
 //! Trellis core: layouts, axes, the MLX expansion against the reference, forward paths and
 //! artifacts.
 
+use mlx_trellis::trellis::codebook::value_f64;
 use mlx_trellis::trellis::expand::expand_dense;
 use mlx_trellis::trellis::json::Json;
-use mlx_trellis::trellis::codebook::value_f64;
 use mlx_trellis::trellis::reference::{expand, forward_f64, interleaved_to_row_major, rel_err, state_at};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, write_artifact, Artifact, CodeLayout, HostLayer, Path, TrellisLinear};
@@ -18,8 +18,12 @@ fn layer(rows: usize, cols: usize, k: u32, l: u32, axis: u32, layout: CodeLayout
 fn interleaved_and_row_major_codes_decode_identically() {
     let inter = layer(24, 1024, 3, 12, 0, CodeLayout::K3Interleaved, 11);
     let rm_codes = interleaved_to_row_major(&inter.codes, 24, 1024).unwrap();
-    let rm = HostLayer { codes: rm_codes, scales: inter.scales.clone(), geometry: inter.geometry.row_major_equivalent() };
-    assert_eq!(expand(&inter.codes, &inter.scales, &inter.geometry).unwrap(), expand(&rm.codes, &rm.scales, &rm.geometry).unwrap());
+    let rm =
+        HostLayer { codes: rm_codes, scales: inter.scales.clone(), geometry: inter.geometry.row_major_equivalent() };
+    assert_eq!(
+        expand(&inter.codes, &inter.scales, &inter.geometry).unwrap(),
+        expand(&rm.codes, &rm.scales, &rm.geometry).unwrap()
+    );
     // And on MLX.
     let a = TrellisLinear::from_host("inter", &inter).unwrap();
     let b = TrellisLinear::from_host("rm", &rm).unwrap();
@@ -155,9 +159,7 @@ fn artifacts_round_trip() {
 }
 
 fn write_config(dir: &std::path::Path, entry: &str) {
-    let cfg = format!(
-        r#"{{"hidden_size": 512, "intermediate_size": 72, "quantization": {{"{DOWN}": {entry}}}}}"#
-    );
+    let cfg = format!(r#"{{"hidden_size": 512, "intermediate_size": 72, "quantization": {{"{DOWN}": {entry}}}}}"#);
     std::fs::write(dir.join("config.json"), cfg).unwrap();
 }
 
@@ -217,7 +219,10 @@ fn bad_artifacts_give_clear_errors() {
 
     // An unknown code, another mode, a missing entry, a missing key.
     write_tensors(&dir, "model.safetensors", &[(&w, &codes), (&s, &scales)]);
-    write_config(&dir, r#"{"bits": 3, "group_size": 256, "mode": "trellis", "trellis": {"L": 12, "code": "3inst", "axis": 0}}"#);
+    write_config(
+        &dir,
+        r#"{"bits": 3, "group_size": 256, "mode": "trellis", "trellis": {"L": 12, "code": "3inst", "axis": 0}}"#,
+    );
     assert!(load_err(&dir).contains("uses trellis code String(\"3inst\"); only \"1mad\" is supported"));
     write_config(&dir, r#"{"bits": 4, "group_size": 64, "mode": "affine"}"#);
     assert!(load_err(&dir).contains("expected \"trellis\""));
@@ -245,7 +250,11 @@ fn bad_artifacts_give_clear_errors() {
     std::fs::write(dir.join("model.safetensors.index.json"), &index).unwrap();
     let back = Artifact::open(&dir).unwrap().module(DOWN).unwrap();
     assert_eq!(back.to_host().unwrap().codes, h.codes);
-    std::fs::write(dir.join("model.safetensors.index.json"), format!(r#"{{"weight_map": {{"{w}": "model-00001-of-00002.safetensors"}}}}"#)).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        format!(r#"{{"weight_map": {{"{w}": "model-00001-of-00002.safetensors"}}}}"#),
+    )
+    .unwrap();
     assert!(load_err(&dir).contains("is not listed in model.safetensors.index.json"));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -83,10 +83,9 @@ impl Artifact {
 
     /// The quantization object (`quantization`, else `quantization_config`).
     fn quantization(&self) -> Result<&Json> {
-        self.config
-            .get("quantization")
-            .or_else(|| self.config.get("quantization_config"))
-            .ok_or_else(|| anyhow!("config.json in {} has neither \"quantization\" nor \"quantization_config\"", self.dir.display()))
+        self.config.get("quantization").or_else(|| self.config.get("quantization_config")).ok_or_else(|| {
+            anyhow!("config.json in {} has neither \"quantization\" nor \"quantization_config\"", self.dir.display())
+        })
     }
 
     /// The names of the trellis-coded modules the config lists.
@@ -134,7 +133,9 @@ impl Artifact {
         if !self.weight_map.is_empty() {
             return match self.weight_map.get(name) {
                 Some(f) => Ok(self.dir.join(f)),
-                None => invalid!("tensor {name:?} is not listed in model.safetensors.index.json of {}", self.dir.display()),
+                None => {
+                    invalid!("tensor {name:?} is not listed in model.safetensors.index.json of {}", self.dir.display())
+                }
             };
         }
         let single = self.dir.join("model.safetensors");
@@ -150,7 +151,8 @@ impl Artifact {
         let Some(t) = tensors.remove(name) else {
             invalid!("tensor {name:?} is missing from {}", file.display());
         };
-        t.eval().with_context(|| format!("reading tensor {name:?} from {} (truncated or corrupt file?)", file.display()))?;
+        t.eval()
+            .with_context(|| format!("reading tensor {name:?} from {} (truncated or corrupt file?)", file.display()))?;
         Ok(t)
     }
 
@@ -159,8 +161,9 @@ impl Artifact {
         let cfg = self.module_config(module)?;
         let codes = self.tensor(&format!("{module}.weight"))?;
         let scales = self.tensor(&format!("{module}.scales"))?;
-        let layer = TrellisLinear::new(&format!("{module}.weight"), codes, scales, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
-            .with_context(|| format!("module {module:?} in {}", self.dir.display()))?;
+        let layer =
+            TrellisLinear::new(&format!("{module}.weight"), codes, scales, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
+                .with_context(|| format!("module {module:?} in {}", self.dir.display()))?;
         self.check_model_dims(module, &layer)?;
         Ok(layer)
     }
@@ -202,7 +205,11 @@ fn module_entry(layer: &TrellisLinear) -> Json {
         ("mode".into(), Json::String("trellis".into())),
         (
             "trellis".into(),
-            Json::Object(vec![("L".into(), n(g.l)), ("code".into(), Json::String("1mad".into())), ("axis".into(), n(g.axis))]),
+            Json::Object(vec![
+                ("L".into(), n(g.l)),
+                ("code".into(), Json::String("1mad".into())),
+                ("axis".into(), n(g.axis)),
+            ]),
         ),
     ])
 }
@@ -210,7 +217,11 @@ fn module_entry(layer: &TrellisLinear) -> Json {
 /// Writes `modules` (name, layer) to `dir` as one `model.safetensors` and a `config.json` whose
 /// `quantization` and `quantization_config` list them. `extra` members (for example
 /// `hidden_size`) are written into the config first.
-pub fn write_artifact(dir: impl AsRef<FsPath>, modules: &[(&str, &TrellisLinear)], extra: &[(&str, Json)]) -> Result<()> {
+pub fn write_artifact(
+    dir: impl AsRef<FsPath>,
+    modules: &[(&str, &TrellisLinear)],
+    extra: &[(&str, Json)],
+) -> Result<()> {
     let dir = dir.as_ref();
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut names = Vec::new();

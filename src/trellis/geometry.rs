@@ -42,13 +42,23 @@ pub struct TrellisGeometry {
 impl TrellisGeometry {
     /// Derives and checks the geometry of the code tensor `tensor` of shape `shape` (spec §4).
     /// Every broken rule is an error that names the tensor and the rule.
-    pub fn from_codes_shape(tensor: &str, shape: &[usize], k: u32, t: u32, l: u32, axis: u32) -> Result<TrellisGeometry> {
+    pub fn from_codes_shape(
+        tensor: &str,
+        shape: &[usize],
+        k: u32,
+        t: u32,
+        l: u32,
+        axis: u32,
+    ) -> Result<TrellisGeometry> {
         let at = || format!("trellis codes {tensor:?} of shape {shape:?}");
         if !(1..=8).contains(&k) {
             invalid!("{}: k = {k} bits per weight is outside 1..=8", at());
         }
         if t == 0 || (t as u64 * k as u64) % 32 != 0 {
-            invalid!("{}: a block of T = {t} weights at k = {k} bits is not a whole number of 32-bit words (T*k % 32 != 0)", at());
+            invalid!(
+                "{}: a block of T = {t} weights at k = {k} bits is not a whole number of 32-bit words (T*k % 32 != 0)",
+                at()
+            );
         }
         if l < k || l > 16 {
             invalid!("{}: L = {l} state bits must be at least k = {k} and at most 16", at());
@@ -62,11 +72,17 @@ impl TrellisGeometry {
         let geometry = match *shape {
             [rows, words] => {
                 if (words * 32) % k as usize != 0 {
-                    invalid!("{}: {words} words per row are not a whole number of {k}-bit weights (words*32 % k != 0)", at());
+                    invalid!(
+                        "{}: {words} words per row are not a whole number of {k}-bit weights (words*32 % k != 0)",
+                        at()
+                    );
                 }
                 let cols = words * 32 / k as usize;
                 if cols % t as usize != 0 {
-                    invalid!("{}: {cols} columns per row are not a whole number of {t}-weight blocks (cols % T != 0)", at());
+                    invalid!(
+                        "{}: {cols} columns per row are not a whole number of {t}-weight blocks (cols % T != 0)",
+                        at()
+                    );
                 }
                 TrellisGeometry { rows, cols, t, k, l, axis, block_interleave: 0 }
             }
@@ -78,11 +94,17 @@ impl TrellisGeometry {
                     );
                 }
                 if words != 48 {
-                    invalid!("{}: the block-interleaved layout holds 48 words (two 24-word blocks) per slot, not {words}", at());
+                    invalid!(
+                        "{}: the block-interleaved layout holds 48 words (two 24-word blocks) per slot, not {words}",
+                        at()
+                    );
                 }
                 TrellisGeometry { rows, cols: groups * 512, t, k, l, axis, block_interleave: 2 }
             }
-            _ => invalid!("{}: codes must be 2-D [rows, words] (row-major) or 3-D [cols/512, rows, 48] (3-bit interleave)", at()),
+            _ => invalid!(
+                "{}: codes must be 2-D [rows, words] (row-major) or 3-D [cols/512, rows, 48] (3-bit interleave)",
+                at()
+            ),
         };
         if geometry.rows == 0 || geometry.cols == 0 {
             invalid!("{}: the coded matrix is empty", at());
@@ -104,7 +126,14 @@ impl TrellisGeometry {
         if self.cols % 512 != 0 {
             invalid!("the 3-bit block interleave needs cols % 512 == 0, got {} columns", self.cols);
         }
-        TrellisGeometry::from_codes_shape("(interleaved codes)", &[self.cols / 512, self.rows, 48], self.k, self.t, self.l, self.axis)
+        TrellisGeometry::from_codes_shape(
+            "(interleaved codes)",
+            &[self.cols / 512, self.rows, 48],
+            self.k,
+            self.t,
+            self.l,
+            self.axis,
+        )
     }
 
     /// The same matrix in the row-major layout.
@@ -223,7 +252,12 @@ mod tests {
         assert!(err(&[0, 24], 3, 256, 12, 0).contains("empty"));
         let e = err(&[4, 12], 3, 256, 12, 0);
         assert!(e.starts_with("trellis codes \"w\" of shape [4, 12]"), "{e}");
-        assert!(TrellisGeometry::row_major(4, 256, 3, 256, 12, 0).unwrap().interleaved().unwrap_err().to_string().contains("512"));
+        assert!(TrellisGeometry::row_major(4, 256, 3, 256, 12, 0)
+            .unwrap()
+            .interleaved()
+            .unwrap_err()
+            .to_string()
+            .contains("512"));
     }
 
     #[test]

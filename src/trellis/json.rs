@@ -292,9 +292,17 @@ mod tests {
     fn parses_and_writes_round_trip() {
         let text = r#"{"a": [1, 2.5, -3e2, true, false, null], "b": {"c": "x\"y\u00e9\n"}, "d": {}}"#;
         let v = Json::parse(text).unwrap();
-        assert_eq!(v.get("a").unwrap(), &Json::Array(vec![
-            Json::Number(1.0), Json::Number(2.5), Json::Number(-300.0), Json::Bool(true), Json::Bool(false), Json::Null
-        ]));
+        assert_eq!(
+            v.get("a").unwrap(),
+            &Json::Array(vec![
+                Json::Number(1.0),
+                Json::Number(2.5),
+                Json::Number(-300.0),
+                Json::Bool(true),
+                Json::Bool(false),
+                Json::Null
+            ])
+        );
         assert_eq!(v.get("b").unwrap().get("c").unwrap().as_str(), Some("x\"yé\n"));
         assert_eq!(Json::parse(&v.to_pretty()).unwrap(), v);
     }

@@ -52,7 +52,11 @@ fn check_sizes(codes: &[u32], scales: &[f16], g: &TrellisGeometry) -> Result<()>
         invalid!("reference decoder: {} code words for geometry {g} (expected {words})", codes.len());
     }
     if scales.len() != g.rows {
-        invalid!("reference decoder: {} scales for geometry {g} (expected one per stored row, {})", scales.len(), g.rows);
+        invalid!(
+            "reference decoder: {} scales for geometry {g} (expected one per stored row, {})",
+            scales.len(),
+            g.rows
+        );
     }
     Ok(())
 }
@@ -105,8 +109,9 @@ pub fn forward_f64(x: &[f64], m: usize, codes: &[u32], scales: &[f16], g: &Trell
                 let table = &table;
                 scope.spawn(move || {
                     let mut y = vec![0f64; m * outf];
-                    for r in i * per..((i + 1) * per).min(g.rows) {
-                        let s = scales[r].to_f64();
+                    let rows = i * per..((i + 1) * per).min(g.rows);
+                    for (r, scale) in rows.clone().zip(&scales[rows]) {
+                        let s = scale.to_f64();
                         for_each_state(codes, g, r, |c, state| {
                             let w = table[state as usize] * s;
                             // axis 0: stored [in, out] (r = input, c = output); axis 1: [out, in].

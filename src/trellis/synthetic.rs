@@ -62,6 +62,7 @@ pub struct HostLayer {
 /// A seeded random coded layer of `rows x cols` stored weights: uniform random code words and
 /// scales spread log-normally (±30 %) around `scale` (real down projections of a 5120-wide
 /// model have per-row scales around 0.01 to 0.02).
+#[allow(clippy::too_many_arguments)] // the format's parameters, each a plain number
 pub fn synthetic_layer(
     rows: usize,
     cols: usize,
