@@ -220,15 +220,28 @@ impl MlxArray {
         Ok(SharedArray { inner: dense })
     }
 
-    /// The single element of a one-element array, converted to `f64` (on the CPU, since GPUs
-    /// have no float64 in MLX).
+    /// The single element of a one-element array, converted to `f64` on the host (no MLX
+    /// operation, so it works on every back-end and for every dtype).
     pub fn item_f64(&self) -> Result<f64> {
         if self.size() != 1 {
             invalid!("item of an array with {} elements (shape {:?})", self.size(), self.shape());
         }
-        let cpu = crate::device::Stream::cpu()?;
-        let _scope = cpu.enter();
-        Ok(self.astype(Dtype::Float64)?.to_vec::<f64>()?[0])
+        Ok(match self.dtype() {
+            Dtype::Bool => self.to_vec::<bool>()?[0] as u8 as f64,
+            Dtype::Uint8 => self.to_vec::<u8>()?[0] as f64,
+            Dtype::Uint16 => self.to_vec::<u16>()?[0] as f64,
+            Dtype::Uint32 => self.to_vec::<u32>()?[0] as f64,
+            Dtype::Uint64 => self.to_vec::<u64>()?[0] as f64,
+            Dtype::Int8 => self.to_vec::<i8>()?[0] as f64,
+            Dtype::Int16 => self.to_vec::<i16>()?[0] as f64,
+            Dtype::Int32 => self.to_vec::<i32>()?[0] as f64,
+            Dtype::Int64 => self.to_vec::<i64>()?[0] as f64,
+            Dtype::Float16 => self.to_vec::<half::f16>()?[0].to_f64(),
+            Dtype::Bfloat16 => self.to_vec::<half::bf16>()?[0].to_f64(),
+            Dtype::Float32 => self.to_vec::<f32>()?[0] as f64,
+            Dtype::Float64 => self.to_vec::<f64>()?[0],
+            Dtype::Complex64 => invalid!("item_f64 of a complex64 array"),
+        })
     }
 }
 

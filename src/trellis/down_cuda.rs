@@ -84,13 +84,12 @@ pub fn supports(g: &TrellisGeometry) -> bool {
 /// the README's benchmark section).
 pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits)
-    // Enough warps for the row count to hide latency (about ten per multiprocessor), without
-    // making the partials MLX folds much larger than the output.
+    // Measured on an H200 at the Qwen down shape (bench_down --sweep): more splits than 32 at
+    // small M only grow the partials MLX folds; large M needs every decoded fragment to feed
+    // many 8-row tiles.
     let (nc, mt, blocks, splits) = match m {
-        1 => (16, 1, 2, 96),
-        2..=4 => (16, 1, 2, 64),
-        5..=8 => (16, 1, 2, 48),
-        9..=16 => (8, 2, 2, 32),
+        0..=8 => (16, 1, 2, 32),
+        9..=16 => (8, 2, 2, 16),
         17..=32 => (4, 4, 2, 16),
         33..=64 => (2, 8, 1, 8),
         _ => (2, 16, 1, 8),
