@@ -392,17 +392,10 @@ impl MetalKernel {
             return crate::sim::apply(self, inputs, cfg);
         }
         let config = MetalConfig::build(cfg)?;
-        let ins = VectorArray::from_arrays(inputs)?;
-        let mut outs = VectorArray::new();
-        with_current(|s| {
-            // SAFETY: all handles are live for the call; `outs.raw` is a live vector to fill.
-            call(|| unsafe {
-                sys::mlx_fast_metal_kernel_apply(&mut outs.raw, self.raw, ins.raw, config.raw, s.raw())
-            })?;
-            Ok(())
+        apply_kernel("Metal", &self.source.name, inputs, |outs, ins, stream| {
+            // SAFETY: all handles are live for the call; `outs` is a live vector to fill.
+            unsafe { sys::mlx_fast_metal_kernel_apply(outs, self.raw, ins, config.raw, stream) }
         })
-        .with_context(|| format!("applying Metal kernel {:?}", self.source.name))?;
-        outs.into_arrays()
     }
 }
 
@@ -464,16 +457,29 @@ impl CudaKernel {
     pub fn apply(&self, inputs: &[&MlxArray], cfg: &LaunchConfig) -> Result<Vec<MlxArray>> {
         cfg.validate(&self.source, inputs.len(), "CUDA")?;
         let config = CudaConfig::build(cfg)?;
-        let ins = VectorArray::from_arrays(inputs)?;
-        let mut outs = VectorArray::new();
-        with_current(|s| {
-            // SAFETY: all handles are live for the call; `outs.raw` is a live vector to fill.
-            call(|| unsafe { sys::mlx_fast_cuda_kernel_apply(&mut outs.raw, self.raw, ins.raw, config.raw, s.raw()) })?;
-            Ok(())
+        apply_kernel("CUDA", &self.source.name, inputs, |outs, ins, stream| {
+            // SAFETY: all handles are live for the call; `outs` is a live vector to fill.
+            unsafe { sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, config.raw, stream) }
         })
-        .with_context(|| format!("applying CUDA kernel {:?}", self.source.name))?;
-        outs.into_arrays()
     }
+}
+
+/// Runs one kernel application `f(outputs, inputs, stream)` on the current stream and returns
+/// its outputs, naming the kernel in any error.
+fn apply_kernel(
+    backend: &str,
+    name: &str,
+    inputs: &[&MlxArray],
+    f: impl FnOnce(*mut sys::mlx_vector_array, sys::mlx_vector_array, sys::mlx_stream) -> c_int,
+) -> Result<Vec<MlxArray>> {
+    let ins = VectorArray::from_arrays(inputs)?;
+    let mut outs = VectorArray::new();
+    with_current(|s| {
+        call(|| f(&mut outs.raw, ins.raw, s.raw()))?;
+        Ok(())
+    })
+    .with_context(|| format!("applying {backend} kernel {name:?}"))?;
+    outs.into_arrays()
 }
 
 impl Drop for CudaKernel {

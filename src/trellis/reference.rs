@@ -138,35 +138,27 @@ pub fn forward_f64(x: &[f64], m: usize, codes: &[u32], scales: &[f16], g: &Trell
 
 /// Row-major codes `[rows, cols*3/32]` to the 3-bit block interleave `[cols/512, rows, 48]`.
 pub fn row_major_to_interleaved(codes: &[u32], rows: usize, cols: usize) -> Result<Vec<u32>> {
-    let g = TrellisGeometry::row_major(rows, cols, 3, 256, 12, 0)?;
-    let i = g.interleaved()?;
-    if codes.len() != rows * cols * 3 / 32 {
-        invalid!("{} code words for {rows} rows of {cols} 3-bit weights", codes.len());
-    }
-    let mut out = vec![0u32; codes.len()];
-    for r in 0..rows {
-        for b in 0..g.blocks_per_row() {
-            for j in 0..24 {
-                out[i.word_index(r, b, j)] = codes[g.word_index(r, b, j)];
-            }
-        }
-    }
-    Ok(out)
+    relayout(codes, rows, cols, true)
 }
 
 /// The 3-bit block interleave `[cols/512, rows, 48]` back to row-major `[rows, cols*3/32]`.
 pub fn interleaved_to_row_major(codes: &[u32], rows: usize, cols: usize) -> Result<Vec<u32>> {
-    let g = TrellisGeometry::row_major(rows, cols, 3, 256, 12, 0)?;
-    let i = g.interleaved()?;
+    relayout(codes, rows, cols, false)
+}
+
+/// Moves every block's 24 words between the two layouts of a 3-bit matrix.
+fn relayout(codes: &[u32], rows: usize, cols: usize, to_interleaved: bool) -> Result<Vec<u32>> {
+    let row_major = TrellisGeometry::row_major(rows, cols, 3, 256, 12, 0)?;
+    let interleaved = row_major.interleaved()?;
     if codes.len() != rows * cols * 3 / 32 {
         invalid!("{} code words for {rows} rows of {cols} 3-bit weights", codes.len());
     }
+    let (from, to) = if to_interleaved { (row_major, interleaved) } else { (interleaved, row_major) };
     let mut out = vec![0u32; codes.len()];
     for r in 0..rows {
-        for b in 0..g.blocks_per_row() {
-            for j in 0..24 {
-                out[g.word_index(r, b, j)] = codes[i.word_index(r, b, j)];
-            }
+        for b in 0..row_major.blocks_per_row() {
+            let (src, dst) = (from.word_index(r, b, 0), to.word_index(r, b, 0));
+            out[dst..dst + 24].copy_from_slice(&codes[src..src + 24]);
         }
     }
     Ok(out)
