@@ -2,9 +2,11 @@
 //! skips (saying why) everywhere else.
 
 use mlx_trellis::trellis::down_cuda::{down_cuda_with, plan, CudaDownConfig};
-use mlx_trellis::trellis::reference::{forward_f64, rel_err};
-use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisLinear};
+mod common;
+
+use common::{gate, Case};
+use mlx_trellis::trellis::reference::rel_err;
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, Path, TrellisLinear};
 use mlx_trellis::{backend, Backend, Dtype, MlxArray};
 
 fn cuda() -> bool {
@@ -15,40 +17,13 @@ fn cuda() -> bool {
     false
 }
 
-fn gate(dtype: Dtype) -> f64 {
-    if dtype == Dtype::Float32 {
-        1e-4
-    } else {
-        1e-2
-    }
-}
-
-struct Case {
-    host: HostLayer,
-    lin: TrellisLinear,
-}
-
-fn case(rows: usize, cols: usize, k: u32, layout: CodeLayout, seed: u64) -> Case {
-    let host = synthetic_layer(rows, cols, k, 12, 0, layout, 0.02, seed).unwrap();
-    let lin = TrellisLinear::from_host("down", &host).unwrap();
-    Case { host, lin }
-}
-
 /// Checks `f` (x -> y) against the reference for `m` rows of `dtype` activations.
 fn check(c: &Case, m: usize, dtype: Dtype, what: &str, f: &dyn Fn(&MlxArray) -> mlx_trellis::Result<MlxArray>) {
-    let g = c.lin.geometry();
-    let x = MlxArray::from_slice(&gaussian(m * g.rows, 17 * m as u64 + g.rows as u64), &[m, g.rows])
-        .unwrap()
-        .astype(dtype)
-        .unwrap();
-    let xr: Vec<f64> = x.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
-    let want = forward_f64(&xr, m, &c.host.codes, &c.host.scales, g).unwrap();
-    let y = f(&x).unwrap_or_else(|e| panic!("{what} {g} M {m} {dtype}: {e:#}"));
-    assert_eq!((y.shape(), y.dtype()), (vec![m, g.cols], dtype), "{what}");
-    let got: Vec<f64> = y.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
-    let err = rel_err(&got, &want);
-    println!("{what} {g} M {m} {dtype}: relErr {err:.2e}");
-    assert!(err < gate(dtype), "{what} {g} M {m} {dtype}: relErr {err:.3e}");
+    let (x, xr) = c.x(m, dtype);
+    let got = c.run(what, &x, f);
+    let err = rel_err(&got, &c.reference(&xr, m));
+    println!("{what} {} M {m} {dtype}: relErr {err:.2e}", c.g());
+    assert!(err < gate(dtype), "{what} {} M {m} {dtype}: relErr {err:.3e}", c.g());
 }
 
 #[test]
@@ -62,7 +37,7 @@ fn planned_kernel_matches_the_reference_on_small_shapes() {
         (520, 1024, 4, CodeLayout::RowMajor),
         (136, 1024, 3, CodeLayout::K3Interleaved),
     ] {
-        let c = case(rows, cols, k, layout, rows as u64 + k as u64);
+        let c = Case::new(rows, cols, k, layout);
         for m in [1, 2, 3, 8, 9, 16, 17, 31, 40, 64, 65, 100, 128] {
             for dtype in [Dtype::Float32, Dtype::Bfloat16] {
                 check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
@@ -76,9 +51,9 @@ fn every_configuration_matches_the_reference() {
     if !cuda() {
         return;
     }
-    let inter = case(200, 1024, 3, CodeLayout::K3Interleaved, 3);
-    let rm = case(200, 1024, 2, CodeLayout::RowMajor, 4);
-    let rm4 = case(88, 512, 4, CodeLayout::RowMajor, 5);
+    let inter = Case::new(200, 1024, 3, CodeLayout::K3Interleaved);
+    let rm = Case::new(200, 1024, 2, CodeLayout::RowMajor);
+    let rm4 = Case::new(88, 512, 4, CodeLayout::RowMajor);
     let mut n = 0usize;
     for nc in [2u32, 4, 8, 16] {
         for mt in [1u32, 2, 4, 8, 16] {
@@ -123,7 +98,7 @@ fn qwen_sized_layers_match_the_reference() {
         (4, CodeLayout::RowMajor),
         (3, CodeLayout::RowMajor),
     ] {
-        let c = case(17408, 5120, k, layout, 40 + k as u64);
+        let c = Case::new(17408, 5120, k, layout);
         for m in [1, 7, 8, 33, 128] {
             println!("plan M {m}: {:?}", plan(c.lin.geometry(), m));
             check(&c, m, Dtype::Bfloat16, "qwen", &|x| c.lin.forward_with(x, Path::Cuda));

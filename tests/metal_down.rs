@@ -25,10 +25,13 @@ use mlx_trellis::trellis::down_mma_wide::{
     down_k3_interleaved_mma_wide, down_k3_interleaved_mma_wide_pass, down_mma_wide, down_mma_wide_pass, passes, plan,
     DownPass, DOWN_ONE_BLOCK,
 };
-use mlx_trellis::trellis::reference::{forward_f64, rel_err};
+mod common;
+
+use common::{gate, to_f64, Case};
+use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::trellis_scatter::trellis_scatter;
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisGeometry, TrellisLinear};
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, Path, TrellisGeometry, TrellisLinear};
 use mlx_trellis::{backend, Backend, Dtype, MetalSimScope, MlxArray, Result};
 
 /// Where the kernels run.
@@ -73,61 +76,8 @@ macro_rules! on_sim_and_metal {
 
 type Kernel = fn(&MlxArray, &MlxArray, &MlxArray, &TrellisGeometry) -> Result<MlxArray>;
 
-fn gate(dtype: Dtype) -> f64 {
-    if dtype == Dtype::Float32 {
-        1e-4
-    } else {
-        1e-2
-    }
-}
-
-struct Case {
-    host: HostLayer,
-    lin: TrellisLinear,
-}
-
-impl Case {
-    fn new(rows: usize, cols: usize, k: u32, layout: CodeLayout) -> Case {
-        let seed = (rows * 31 + cols + k as usize) as u64 + layout as u64;
-        let host = synthetic_layer(rows, cols, k, 12, 0, layout, 0.02, seed).unwrap();
-        let lin = TrellisLinear::from_host("down", &host).unwrap();
-        Case { host, lin }
-    }
-
-    fn g(&self) -> &TrellisGeometry {
-        self.lin.geometry()
-    }
-
-    /// Seeded activations `[m, rows]` in `dtype`, and their values as the kernels see them.
-    fn x(&self, m: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
-        let rows = self.g().rows;
-        let x = MlxArray::from_slice(&gaussian(m * rows, 1000 * m as u64 + rows as u64), &[m, rows])
-            .unwrap()
-            .astype(dtype)
-            .unwrap();
-        let xr = to_f64(&x);
-        (x, xr)
-    }
-
-    fn reference(&self, xr: &[f64], m: usize) -> Vec<f64> {
-        forward_f64(xr, m, &self.host.codes, &self.host.scales, self.g()).unwrap()
-    }
-
-    /// Runs `f` on `x` and checks the output's shape and dtype.
-    fn run(&self, what: &str, x: &MlxArray, f: &dyn Fn(&MlxArray) -> Result<MlxArray>) -> Vec<f64> {
-        let (m, dtype, g) = (x.shape()[0], x.dtype(), self.g());
-        let y = f(x).unwrap_or_else(|e| panic!("{what} {g} M {m} {dtype}: {e:#}"));
-        assert_eq!((y.shape(), y.dtype()), (vec![m, g.cols], dtype), "{what} {g} M {m}");
-        to_f64(&y)
-    }
-
-    fn call(&self, kernel: Kernel, x: &MlxArray) -> Result<MlxArray> {
-        kernel(x, self.lin.codes(), self.lin.scales(), self.g())
-    }
-}
-
-fn to_f64(a: &MlxArray) -> Vec<f64> {
-    a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+fn call(c: &Case, kernel: Kernel, x: &MlxArray) -> Result<MlxArray> {
+    kernel(x, c.lin.codes(), c.lin.scales(), c.g())
 }
 
 fn shapes(list: &[(usize, usize, u32, CodeLayout)]) -> Vec<Case> {
@@ -153,8 +103,8 @@ fn against_reference_and_scatter(
         for &(m, dtype) in &runs {
             let (x, xr) = c.x(m, dtype);
             let want = c.reference(&xr, m);
-            let got = c.run(what, &x, &|x| c.call(kernel(m, c), x));
-            let base = c.run("trellis_scatter", &x, &|x| c.call(trellis_scatter, x));
+            let got = c.run(what, &x, &|x| call(c, kernel(m, c), x));
+            let base = c.run("trellis_scatter", &x, &|x| call(c, trellis_scatter, x));
             let (e_ref, e_base, e_scatter) = (rel_err(&got, &want), rel_err(&got, &base), rel_err(&base, &want));
             println!(
                 "{what} {} M {m} {dtype}: relErr {e_ref:.2e} (scatter: {e_base:.2e}; scatter itself {e_scatter:.2e})",
@@ -228,7 +178,7 @@ fn scatter_any_rows(mode: Mode) {
     for c in shapes(&[(64, 512, 2, RM), (99, 512, 3, IL)]) {
         for m in [5, 33] {
             let (x, xr) = c.x(m, Dtype::Float32);
-            let err = rel_err(&c.run("trellis_scatter", &x, &|x| c.call(trellis_scatter, x)), &c.reference(&xr, m));
+            let err = rel_err(&c.run("trellis_scatter", &x, &|x| call(&c, trellis_scatter, x)), &c.reference(&xr, m));
             println!("trellis_scatter {} M {m}: relErr {err:.2e}", c.g());
             assert!(err < 1e-4, "trellis_scatter {} M {m}: relErr {err:.3e}", c.g());
         }
@@ -270,7 +220,7 @@ fn wide_passes_are_bit_identical(mode: Mode) {
         for m in [1, 5, 8] {
             let (x, _) = c.x(m, Dtype::Float32);
             let a = wide_pass(&c, &x, DOWN_ONE_BLOCK);
-            let b = c.run("down_mma", &x, &|x| c.call(mma, x));
+            let b = c.run("down_mma", &x, &|x| call(&c, mma, x));
             assert!(
                 a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{} M {m}: wide and down_mma differ",
@@ -367,29 +317,35 @@ fn every_error_path_names_its_rule() {
         (g, codes, scales)
     };
     let x = |c: &Case, m: usize| MlxArray::zeros(&[m, c.g().rows], Dtype::Float32).unwrap();
-    let call = |k: Kernel, c: &Case, m: usize| error_of(c.call(k, &x(c, m)));
+    let call_err = |k: Kernel, c: &Case, m: usize| error_of(call(c, k, &x(c, m)));
     let cases: Vec<(String, &str)> = vec![
-        (call(down_factored_row, &rm, 2), "downFactoredRow: expects one activation row"),
-        (call(down_factored_rows, &rm, 5), "downFactoredRows: M=5 outside 2..4"),
-        (call(down_factored_rows, &rm, 1), "downFactoredRows: M=1 outside 2..4"),
-        (call(down_factored_row, &il, 1), "downFactored: needs row-major axis-0 codes"),
-        (call(down_factored_rows, &up, 2), "downFactored: needs row-major axis-0 codes"),
-        (call(down_factored_row, &k5, 1), "downFactored: block of 40 words exceeds one SIMD group"),
-        (call(down_k3_interleaved_factored_row, &il, 3), "downK3InterleavedFactoredRow: expects one activation row"),
-        (call(down_k3_interleaved_factored_rows, &il, 5), "downK3InterleavedFactoredRows: M=5 outside 2..4"),
+        (call_err(down_factored_row, &rm, 2), "downFactoredRow: expects one activation row"),
+        (call_err(down_factored_rows, &rm, 5), "downFactoredRows: M=5 outside 2..4"),
+        (call_err(down_factored_rows, &rm, 1), "downFactoredRows: M=1 outside 2..4"),
+        (call_err(down_factored_row, &il, 1), "downFactored: needs row-major axis-0 codes"),
+        (call_err(down_factored_rows, &up, 2), "downFactored: needs row-major axis-0 codes"),
+        (call_err(down_factored_row, &k5, 1), "downFactored: block of 40 words exceeds one SIMD group"),
         (
-            call(down_k3_interleaved_factored_row, &rm3, 1),
+            call_err(down_k3_interleaved_factored_row, &il, 3),
+            "downK3InterleavedFactoredRow: expects one activation row",
+        ),
+        (call_err(down_k3_interleaved_factored_rows, &il, 5), "downK3InterleavedFactoredRows: M=5 outside 2..4"),
+        (
+            call_err(down_k3_interleaved_factored_row, &rm3, 1),
             "downK3InterleavedFactored: needs 3-bit block-interleaved axis-0 codes (T 256, L 12)",
         ),
-        (call(down_mma, &il, 1), "downMma: needs row-major codes"),
-        (call(down_mma, &rm, 9), "downMma: M=9 outside 1..8"),
-        (call(down_k3_interleaved_mma, &il, 9), "downMma: M=9 outside 1..8"),
-        (call(down_mma, &up, 1), "downMma: unsupported geometry"),
-        (call(down_k3_interleaved_mma, &rm3, 1), "downK3InterleavedMma: needs 3-bit block-interleaved codes"),
-        (call(down_mma_wide, &il, 9), "downMmaWide: needs row-major codes"),
-        (call(down_mma_wide, &rm3, 9), "downMmaWide: unsupported geometry"),
-        (call(down_mma_wide, &up, 9), "downMmaWide: unsupported geometry"),
-        (call(down_k3_interleaved_mma_wide, &rm, 9), "downK3InterleavedMmaWide: needs 3-bit block-interleaved codes"),
+        (call_err(down_mma, &il, 1), "downMma: needs row-major codes"),
+        (call_err(down_mma, &rm, 9), "downMma: M=9 outside 1..8"),
+        (call_err(down_k3_interleaved_mma, &il, 9), "downMma: M=9 outside 1..8"),
+        (call_err(down_mma, &up, 1), "downMma: unsupported geometry"),
+        (call_err(down_k3_interleaved_mma, &rm3, 1), "downK3InterleavedMma: needs 3-bit block-interleaved codes"),
+        (call_err(down_mma_wide, &il, 9), "downMmaWide: needs row-major codes"),
+        (call_err(down_mma_wide, &rm3, 9), "downMmaWide: unsupported geometry"),
+        (call_err(down_mma_wide, &up, 9), "downMmaWide: unsupported geometry"),
+        (
+            call_err(down_k3_interleaved_mma_wide, &rm, 9),
+            "downK3InterleavedMmaWide: needs 3-bit block-interleaved codes",
+        ),
         (
             error_of(down_mma_wide(
                 &MlxArray::zeros(&[64], Dtype::Float32).unwrap(),
@@ -404,7 +360,7 @@ fn every_error_path_names_its_rule() {
             "downMmaWide: pass DownPass { s: 3, mt: 1 } needs S in 1, 2, 4, 8, 16, 32 and MT in 1..=16",
         ),
         // Operands that do not fit the geometry (beyond the seed's checks).
-        (call(down_mma, &rm, 0), "downMma: M=0 outside 1..8"),
+        (call_err(down_mma, &rm, 0), "downMma: M=0 outside 1..8"),
         (
             error_of(down_factored_row(
                 &MlxArray::zeros(&[1, 65], Dtype::Float32).unwrap(),
@@ -463,9 +419,9 @@ fn metal_path_without_metal_fails_clearly_and_scopes_nest() {
     let outer = MetalSimScope::enter();
     {
         let _inner = MetalSimScope::enter();
-        c.call(down_factored_row, &x).unwrap();
+        call(&c, down_factored_row, &x).unwrap();
     }
-    c.call(down_factored_row, &x).unwrap();
+    call(&c, down_factored_row, &x).unwrap();
     drop(outer);
-    assert!(c.call(down_factored_row, &x).and_then(|y| y.eval().map(|_| y)).is_err());
+    assert!(call(&c, down_factored_row, &x).and_then(|y| y.eval().map(|_| y)).is_err());
 }

@@ -1,0 +1,63 @@
+//! Helpers shared by the kernel test files.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use mlx_trellis::trellis::reference::forward_f64;
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, TrellisGeometry, TrellisLinear};
+use mlx_trellis::{Dtype, MlxArray, Result};
+
+/// The relErr gate of a kernel's output: f32 accumulation against the f64 reference, then the
+/// cast to the activation dtype.
+pub fn gate(dtype: Dtype) -> f64 {
+    if dtype == Dtype::Float32 {
+        1e-4
+    } else {
+        1e-2
+    }
+}
+
+/// A seeded synthetic axis-0 layer on the host and on MLX.
+pub struct Case {
+    pub host: HostLayer,
+    pub lin: TrellisLinear,
+}
+
+impl Case {
+    pub fn new(rows: usize, cols: usize, k: u32, layout: CodeLayout) -> Case {
+        let seed = (rows * 31 + cols + k as usize) as u64 + layout as u64;
+        let host = synthetic_layer(rows, cols, k, 12, 0, layout, 0.02, seed).unwrap();
+        let lin = TrellisLinear::from_host("down", &host).unwrap();
+        Case { host, lin }
+    }
+
+    pub fn g(&self) -> &TrellisGeometry {
+        self.lin.geometry()
+    }
+
+    /// Seeded activations `[m, rows]` in `dtype`, and their values as the kernels see them.
+    pub fn x(&self, m: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
+        let rows = self.g().rows;
+        let x = MlxArray::from_slice(&gaussian(m * rows, 1000 * m as u64 + rows as u64), &[m, rows])
+            .unwrap()
+            .astype(dtype)
+            .unwrap();
+        let xr = to_f64(&x);
+        (x, xr)
+    }
+
+    pub fn reference(&self, xr: &[f64], m: usize) -> Vec<f64> {
+        forward_f64(xr, m, &self.host.codes, &self.host.scales, self.g()).unwrap()
+    }
+
+    /// Runs `f` on `x` and checks the output's shape and dtype.
+    pub fn run(&self, what: &str, x: &MlxArray, f: &dyn Fn(&MlxArray) -> Result<MlxArray>) -> Vec<f64> {
+        let (m, dtype, g) = (x.shape()[0], x.dtype(), self.g());
+        let y = f(x).unwrap_or_else(|e| panic!("{what} {g} M {m} {dtype}: {e:#}"));
+        assert_eq!((y.shape(), y.dtype()), (vec![m, g.cols], dtype), "{what} {g} M {m}");
+        to_f64(&y)
+    }
+}
+
+pub fn to_f64(a: &MlxArray) -> Vec<f64> {
+    a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+}
