@@ -9,6 +9,28 @@
 //! MLX's message ([`Error`]), and MLX's default handler, which would exit the process, is never
 //! reached.
 //!
+//! ```
+//! use mlx_trellis::trellis::reference::{forward_f64, rel_err};
+//! use mlx_trellis::trellis::{synthetic_layer, CodeLayout, TrellisLinear};
+//! use mlx_trellis::{Dtype, MlxArray};
+//!
+//! # fn main() -> mlx_trellis::Result<()> {
+//! // A seeded 3-bit down projection, 512 inputs -> 1024 outputs, in the block interleave.
+//! let host = synthetic_layer(512, 1024, 3, 12, 0, CodeLayout::K3Interleaved, 0.02, 7)?;
+//! let layer = TrellisLinear::from_host("down_proj", &host)?;
+//! let x: Vec<f32> = (0..2 * 512).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+//! let y = layer.forward(&MlxArray::from_slice(&x, &[2, 512])?)?; // the best path here
+//! assert_eq!((y.shape(), y.dtype()), (vec![2, 1024], Dtype::Float32));
+//!
+//! // Every path is checked against the plain-Rust f64 reference.
+//! let xr: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+//! let want = forward_f64(&xr, 2, &host.codes, &host.scales, &host.geometry)?;
+//! let got: Vec<f64> = y.to_vec::<f32>()?.into_iter().map(f64::from).collect();
+//! assert!(rel_err(&got, &want) < 1e-5);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [MLX]: https://github.com/ml-explore/mlx
 #![deny(missing_docs)]
 
