@@ -231,7 +231,7 @@ fn run() -> Result<bool> {
         for &m in &o.rows {
             let x = x_all.slice(&[0, 0], &[m as i32, g.in_features() as i32], &[1, 1])?;
             x.eval()?;
-            let path = if o.path == Path::Auto { layer.best_path(m) } else { o.path };
+            let path = if o.path == Path::Auto { layer.best_path() } else { o.path };
             // On the GPU the first call compiles kernels and warms caches and is not timed; on
             // the CPU (seconds per call) the first call is the timing.
             let slow = backend() == mlx_trellis::Backend::Cpu || matches!(path, Path::Reference | Path::MetalSim);

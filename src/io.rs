@@ -112,8 +112,10 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
         if status != 0 {
             break;
         }
-        // SAFETY: both point at NUL-terminated strings owned by the live map.
-        let (k, v) = unsafe { (CStr::from_ptr(key), CStr::from_ptr(value)) };
+        // SAFETY: `key` points at a NUL-terminated string owned by the live map.
+        let k = unsafe { CStr::from_ptr(key) };
+        // SAFETY: as above, for `value`.
+        let v = unsafe { CStr::from_ptr(value) };
         out.metadata.insert(k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned());
     }
     // SAFETY: `it` is live and freed exactly once.

@@ -65,26 +65,8 @@ __device__ __forceinline__ unsigned code_pair_dp4a(unsigned state_lo, unsigned s
   return code_pair<UNBIAS>(y_biased_f16(state_lo), y_biased_f16(state_hi));
 }
 
-// Two activations as an f16x2 register (low half first).
-__device__ __forceinline__ unsigned f16x2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&h);
-}
-
-// The rounding residue of `f16x2(lo, hi)`, as an f16x2 register: f32 activations are carried as
-// f16 hi + lo pairs, so the f16 tensor-core products keep f32-level accuracy.
-__device__ __forceinline__ unsigned f16x2_residue(float lo, float hi, unsigned rounded) {
-  const float2 r = __half22float2(*reinterpret_cast<const __half2*>(&rounded));
-  return f16x2(lo - r.x, hi - r.y);
-}
-
-// 16-byte asynchronous copy global -> shared (Ampere and later), and its group bookkeeping.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-
-// The same with a source size of 16 or 0 bytes: 0 reads nothing and zero-fills (rows past R).
+// 16-byte asynchronous copy global -> shared (Ampere and later) with a source size of 16 or 0
+// bytes: 0 reads nothing and zero-fills (rows past R); and its group bookkeeping.
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(read ? 16 : 0));

@@ -144,9 +144,8 @@ impl TrellisLinear {
         })
     }
 
-    /// The path [`Path::Auto`] takes for `rows` activation rows on this machine.
-    pub fn best_path(&self, rows: usize) -> Path {
-        let _ = rows;
+    /// The path [`Path::Auto`] takes on this machine (the kernels then pick by row count).
+    pub fn best_path(&self) -> Path {
         let gpu = match backend() {
             Backend::Metal => Path::Metal,
             Backend::Cuda => Path::Cuda,
@@ -189,7 +188,7 @@ impl TrellisLinear {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
         let x2 = x.reshape(&[m, inf])?;
-        let path = if path == Path::Auto { self.best_path(m) } else { path };
+        let path = if path == Path::Auto { self.best_path() } else { path };
         let y = match path {
             Path::Auto => unreachable!("resolved above"),
             Path::Generic => generic_forward_f32(&x2, &self.codes, &self.scales, g)?.astype(x.dtype())?,
