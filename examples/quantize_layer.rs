@@ -21,6 +21,9 @@
 //! - `--bits K` (default 3), `--L L` (default 12), `--axis 0|1` (default 0: stored `Wᵀ [in, out]`,
 //!   for down projections; 1: stored `W [out, in]`), `--layout row-major|interleaved`
 //!   (default row-major), `--threads N` (default one per core);
+//! - `--backend auto|cpu|cuda`: where the block search runs (default auto: CUDA when the loaded
+//!   MLX has it and L <= 15); `--compare-cpu ROWS`: code the first ROWS stored rows again on the
+//!   CPU and require the same bytes (exit status 1 otherwise);
 //! - `--out DIR --module NAME`: write `DIR/model.safetensors` and `DIR/config.json` with the coded
 //!   module (default name `model.layers.0.mlp.down_proj` for axis 0, `...up_proj` for axis 1);
 //! - `--check`: load the module back (from `--out`, else from memory), run one forward of four
@@ -31,7 +34,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::encoder::{encode_with_progress, stored_from_linear, EncoderConfig};
+use mlx_trellis::trellis::encoder::{encode, encode_with_progress, stored_from_linear, EncoderBackend, EncoderConfig};
 use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, HostLayer, Path, TrellisLinear};
@@ -52,6 +55,8 @@ struct Options {
     axis: u32,
     layout: CodeLayout,
     threads: Option<usize>,
+    backend: EncoderBackend,
+    compare_cpu_rows: usize,
     out: Option<String>,
     module: Option<String>,
     check: bool,
@@ -69,6 +74,8 @@ fn parse_args() -> Result<Options> {
         axis: 0,
         layout: CodeLayout::RowMajor,
         threads: None,
+        backend: EncoderBackend::Auto,
+        compare_cpu_rows: 0,
         out: None,
         module: None,
         check: false,
@@ -93,6 +100,15 @@ fn parse_args() -> Result<Options> {
                 }
             }
             "--threads" => o.threads = Some(value()?.parse().context("--threads takes a positive integer")?),
+            "--backend" => {
+                o.backend = match value()?.as_str() {
+                    "auto" => EncoderBackend::Auto,
+                    "cpu" => EncoderBackend::Cpu,
+                    "cuda" => EncoderBackend::Cuda,
+                    other => bail!("--backend: {other:?} is not auto, cpu or cuda"),
+                }
+            }
+            "--compare-cpu" => o.compare_cpu_rows = value()?.parse().context("--compare-cpu takes a row count")?,
             "--out" => o.out = Some(value()?),
             "--module" => o.module = Some(value()?),
             "--check" => o.check = true,
@@ -166,9 +182,26 @@ fn main() -> ExitCode {
     }
 }
 
+/// Where the block search of `cfg` runs.
+fn search_on(cfg: &EncoderConfig) -> &'static str {
+    if cfg.searches_on_cuda() {
+        "cuda"
+    } else {
+        "cpu"
+    }
+}
+
 fn run() -> Result<bool> {
     let o = parse_args()?;
-    let cfg = EncoderConfig { k: o.k, l: o.l, t: 256, axis: o.axis, layout: o.layout, threads: o.threads };
+    let cfg = EncoderConfig {
+        k: o.k,
+        l: o.l,
+        t: 256,
+        axis: o.axis,
+        layout: o.layout,
+        threads: o.threads,
+        backend: o.backend,
+    };
     cfg.validate()?;
     let (w, out_features, in_features, source) = load_weight(&o)?;
     let (stored, rows, cols) =
@@ -176,8 +209,12 @@ fn run() -> Result<bool> {
     drop(w);
     let threads = o.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     progress(&format!(
-        "coding stored [{rows}, {cols}] (axis {}), k = {}, L = {}, {:?}, {threads} threads",
-        o.axis, o.k, o.l, o.layout
+        "coding stored [{rows}, {cols}] (axis {}), k = {}, L = {}, {:?}, search on {}, {threads} threads",
+        o.axis,
+        o.k,
+        o.l,
+        o.layout,
+        search_on(&cfg)
     ));
 
     let start = Instant::now();
@@ -218,10 +255,10 @@ fn run() -> Result<bool> {
     let power = stored.iter().map(|&a| (a as f64).powi(2)).sum::<f64>() / stored.len() as f64;
 
     println!("\nTrellis encoder: {source}, W [{out_features}, {in_features}]");
-    println!("| stored | k | L | axis | layout | mse (reference decode) | mse / mean w² | encode s | weights/s | decode = encoder's reconstruction |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| stored | k | L | axis | layout | search | mse (reference decode) | mse / mean w² | encode s | weights/s | decode = encoder's reconstruction |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| [{rows}, {cols}] | {} | {} | {} | {} | {mse:.4e} | {:.5} | {encode_s:.2} | {rate:.3e} | {} |",
+        "| [{rows}, {cols}] | {} | {} | {} | {} | {} | {mse:.4e} | {:.5} | {encode_s:.2} | {rate:.3e} | {} |",
         o.k,
         o.l,
         o.axis,
@@ -229,10 +266,29 @@ fn run() -> Result<bool> {
             CodeLayout::RowMajor => "row-major",
             CodeLayout::K3Interleaved => "interleaved",
         },
+        search_on(&cfg),
         if power > 0.0 { mse / power } else { 0.0 },
         if agrees { "yes" } else { "NO" }
     );
     let mut ok = agrees;
+
+    if o.compare_cpu_rows > 0 {
+        // The same rows through both searches, row-major, must give the same bytes.
+        let n = o.compare_cpu_rows.min(rows);
+        let part = &stored[..n * cols];
+        let row_major = EncoderConfig { layout: CodeLayout::RowMajor, ..cfg };
+        let start = Instant::now();
+        let cpu = encode(part, n, cols, &EncoderConfig { backend: EncoderBackend::Cpu, ..row_major })?;
+        let cpu_s = start.elapsed().as_secs_f64();
+        let this = encode(part, n, cols, &row_major)?;
+        let same = cpu.layer.codes == this.layer.codes && cpu.layer.scales == this.layer.scales && cpu.mse == this.mse;
+        ok &= same;
+        println!(
+            "\n| first {n} stored rows | CPU search | {} search | same bytes |\n|---|---|---|---|",
+            search_on(&cfg)
+        );
+        println!("| weights/s | {:.3e} | (above) | {} |", (n * cols) as f64 / cpu_s, if same { "yes" } else { "NO" });
+    }
 
     if o.check {
         let g = *linear.geometry();

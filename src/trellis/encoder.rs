@@ -54,12 +54,17 @@ use std::sync::Mutex;
 
 use half::f16;
 
+use anyhow::Context;
+
 use crate::error::{invalid, Result};
+
+use crate::device::{backend, Backend};
 
 use super::codebook::{lut1mad, words_per_block};
 use super::geometry::{CodeLayout, TrellisGeometry};
 use super::reference::{block_state, row_major_to_interleaved};
 use super::synthetic::HostLayer;
+use super::viterbi_cuda;
 
 /// The block length every shipped model uses and the only one the encoder accepts.
 pub const BLOCK_LEN: u32 = 256;
@@ -85,18 +90,44 @@ pub struct EncoderConfig {
     /// Worker threads; `None` uses [`std::thread::available_parallelism`]. The output does not
     /// depend on it.
     pub threads: Option<usize>,
+    /// Where the block search runs. The output does not depend on it either.
+    pub backend: EncoderBackend,
+}
+
+/// Where the encoder's block search runs. Both searches perform the same f32 operations and
+/// break ties the same way, so they produce the same bytes; packing, the check of every block
+/// and the reconstruction run on the CPU threads in both cases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EncoderBackend {
+    /// CUDA when the loaded MLX has its CUDA back-end and `L` is at most
+    /// [`viterbi_cuda::MAX_L`]; the CPU otherwise.
+    #[default]
+    Auto,
+    /// The multi-threaded CPU search.
+    Cpu,
+    /// The CUDA kernel (`kernels/cuda/viterbi.cu`); an error without CUDA or above
+    /// [`viterbi_cuda::MAX_L`].
+    Cuda,
 }
 
 impl EncoderConfig {
-    /// `k` bits per weight and `l` state bits, with `T = 256`, axis 0, row-major codes and one
-    /// thread per available core.
+    /// `k` bits per weight and `l` state bits, with `T = 256`, axis 0, row-major codes, one
+    /// thread per available core and the block search on CUDA where it can run.
     pub fn new(k: u32, l: u32) -> EncoderConfig {
-        EncoderConfig { k, l, t: BLOCK_LEN, axis: 0, layout: CodeLayout::RowMajor, threads: None }
+        EncoderConfig {
+            k,
+            l,
+            t: BLOCK_LEN,
+            axis: 0,
+            layout: CodeLayout::RowMajor,
+            threads: None,
+            backend: EncoderBackend::Auto,
+        }
     }
 
     /// Checks every parameter; each error names the one it rejects.
     pub fn validate(&self) -> Result<()> {
-        let EncoderConfig { k, l, t, axis, layout, threads } = *self;
+        let EncoderConfig { k, l, t, axis, layout, threads, backend } = *self;
         if t != BLOCK_LEN {
             invalid!("encoder: block length T = {t} is not supported (T must be {BLOCK_LEN})");
         }
@@ -123,7 +154,19 @@ impl EncoderConfig {
         if threads == Some(0) {
             invalid!("encoder: threads = 0; use None for one per core or a positive count");
         }
+        if backend == EncoderBackend::Cuda && !viterbi_cuda::supports(k, l) {
+            invalid!("encoder: the CUDA search serves L <= {} (got L = {l}); use the CPU backend", viterbi_cuda::MAX_L);
+        }
         Ok(())
+    }
+
+    /// Whether the block search runs on CUDA (see [`EncoderBackend`]).
+    pub fn searches_on_cuda(&self) -> bool {
+        match self.backend {
+            EncoderBackend::Cpu => false,
+            EncoderBackend::Cuda => true,
+            EncoderBackend::Auto => viterbi_cuda::supports(self.k, self.l) && backend() == Backend::Cuda,
+        }
     }
 
     fn thread_count(&self, rows: usize) -> usize {
@@ -249,7 +292,7 @@ pub fn block_path(x: &[f32], k: u32, l: u32, search: BlockSearch) -> Result<Vec<
         invalid!("block_path: a block has {BLOCK_LEN} values, got {}", x.len());
     }
     let lut = lut1mad(l);
-    let mut coder = BlockCoder::new(k, l, BLOCK_LEN, &lut, search);
+    let mut coder = BlockCoder::new(k, l, BLOCK_LEN, &lut, search, true);
     coder.x.copy_from_slice(x);
     coder.search_block();
     Ok(coder.states)
@@ -303,12 +346,91 @@ fn encode_inner(
     let words_per_row = cols / t * words_per_block(cfg.t, cfg.k) as usize;
     let mut codes = vec![0u32; rows * words_per_row];
     let mut reconstruction = vec![0f32; rows * cols];
+    let rows_of = RowsOf { weights, codes: &mut codes, reconstruction: &mut reconstruction, scales: &scales, cols };
+    if search == BlockSearch::Viterbi && cfg.searches_on_cuda() {
+        search_on_cuda(rows_of, cfg, &lut, progress)?;
+    } else {
+        code_rows(rows_of, 0, None, cfg, &lut, search, &mut |done| progress(done, rows))?;
+    }
+
+    let sq: f64 = weights.iter().zip(&reconstruction).map(|(&w, &q)| (w as f64 - q as f64).powi(2)).sum();
+    let mse = sq / (rows * cols) as f64;
+    let codes = match cfg.layout {
+        CodeLayout::RowMajor => codes,
+        CodeLayout::K3Interleaved => row_major_to_interleaved(&codes, rows, cols)?,
+    };
+    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse })
+}
+
+/// Blocks per CUDA launch: bounds the host and device copies of a launch (64 MiB of f32 input).
+const CUDA_CHUNK_BLOCKS: usize = 1 << 16;
+
+/// A range of stored rows: their weights, code words, reconstruction and scales.
+struct RowsOf<'a> {
+    weights: &'a [f32],
+    codes: &'a mut [u32],
+    reconstruction: &'a mut [f32],
+    scales: &'a [f16],
+    cols: usize,
+}
+
+/// Runs the block search on CUDA, a chunk of rows per launch, and finishes each chunk's rows
+/// (packing, the check, the reconstruction) on the CPU threads.
+fn search_on_cuda(
+    all: RowsOf<'_>,
+    cfg: &EncoderConfig,
+    lut: &[f32],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    let RowsOf { weights, codes, reconstruction, scales, cols } = all;
+    let rows = scales.len();
+    let rows_per_chunk = (CUDA_CHUNK_BLOCKS * cfg.t as usize / cols).max(1);
+    let words_per_row = codes.len() / rows;
+    let chunks = weights
+        .chunks(rows_per_chunk * cols)
+        .zip(codes.chunks_mut(rows_per_chunk * words_per_row))
+        .zip(reconstruction.chunks_mut(rows_per_chunk * cols))
+        .zip(scales.chunks(rows_per_chunk));
+    for (chunk, (((weights, codes), reconstruction), scales)) in chunks.enumerate() {
+        let first_row = chunk * rows_per_chunk;
+        // The same f32 division as the CPU search's, so both search the same values.
+        let x: Vec<f32> = weights
+            .chunks_exact(cols)
+            .zip(scales)
+            .flat_map(|(row, scale)| row.iter().map(move |&w| w / scale.to_f32()))
+            .collect();
+        let states = viterbi_cuda::search_blocks(&x, cfg.k, cfg.l, lut).with_context(|| {
+            format!("encoder: CUDA search of stored rows {first_row}..{}", first_row + scales.len())
+        })?;
+        let rows_of = RowsOf { weights, codes, reconstruction, scales, cols };
+        code_rows(rows_of, first_row, Some(&states), cfg, lut, BlockSearch::Viterbi, &mut |done| {
+            progress(first_row + done, rows)
+        })?;
+    }
+    Ok(())
+}
+
+/// Codes the rows of `all` (the first of which is stored row `first_row`) on the configured
+/// number of threads, with the states `given` (one per weight of these rows) or, without them,
+/// the block search `search`. Calls `progress(rows_done)` after every finished row.
+fn code_rows(
+    all: RowsOf<'_>,
+    first_row: usize,
+    given: Option<&[u16]>,
+    cfg: &EncoderConfig,
+    lut: &[f32],
+    search: BlockSearch,
+    progress: &mut dyn FnMut(usize),
+) -> Result<()> {
+    let RowsOf { weights, codes, reconstruction, scales, cols } = all;
+    let rows = scales.len();
+    let words_per_row = codes.len() / rows;
     let work = Mutex::new(
         weights
             .chunks_exact(cols)
             .zip(codes.chunks_exact_mut(words_per_row))
             .zip(reconstruction.chunks_exact_mut(cols))
-            .zip(&scales)
+            .zip(scales)
             .enumerate(),
     );
     let threads = cfg.thread_count(rows);
@@ -316,17 +438,18 @@ fn encode_inner(
     let failures: Vec<(usize, anyhow::Error)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
-                let (work, lut, done_tx) = (&work, &lut, done_tx.clone());
+                let (work, done_tx) = (&work, done_tx.clone());
                 scope.spawn(move || {
-                    let mut coder = BlockCoder::new(cfg.k, cfg.l, cfg.t, lut, search);
+                    let mut coder = BlockCoder::new(cfg.k, cfg.l, cfg.t, lut, search, given.is_none());
                     let mut failures = Vec::new();
                     // The guard is consumed inside `and_then`, so the lock is held only to take a
                     // row. A poisoned lock means another worker panicked; its join reports it.
                     while let Some((r, (((row, row_codes), row_rec), scale))) =
                         work.lock().ok().and_then(|mut w| w.next())
                     {
-                        if let Err(e) = coder.code_row(row, scale.to_f32(), row_codes, row_rec) {
-                            failures.push((r, e));
+                        let row_states = given.map(|g| &g[r * cols..(r + 1) * cols]);
+                        if let Err(e) = coder.code_row(row, scale.to_f32(), row_states, row_codes, row_rec) {
+                            failures.push((first_row + r, e));
                         }
                         let _ = done_tx.send(());
                     }
@@ -338,21 +461,14 @@ fn encode_inner(
         let mut done = 0;
         for () in done_rx {
             done += 1;
-            progress(done, rows);
+            progress(done);
         }
         handles.into_iter().flat_map(|h| h.join().expect("encoder worker panicked")).collect()
     });
-    if let Some((r, e)) = failures.into_iter().min_by_key(|(r, _)| *r) {
-        return Err(e.context(format!("encoder: stored row {r}")));
+    match failures.into_iter().min_by_key(|(r, _)| *r) {
+        Some((r, e)) => Err(e.context(format!("encoder: stored row {r}"))),
+        None => Ok(()),
     }
-
-    let sq: f64 = weights.iter().zip(&reconstruction).map(|(&w, &q)| (w as f64 - q as f64).powi(2)).sum();
-    let mse = sq / (rows * cols) as f64;
-    let codes = match cfg.layout {
-        CodeLayout::RowMajor => codes,
-        CodeLayout::K3Interleaved => row_major_to_interleaved(&codes, rows, cols)?,
-    };
-    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse })
 }
 
 /// `f16(RMS(row) / lut_rms)`; 1.0 for an all-zero row; never zero or infinite.
@@ -386,9 +502,12 @@ struct BlockCoder<'a> {
 }
 
 impl<'a> BlockCoder<'a> {
-    fn new(k: u32, l: u32, t: u32, lut: &'a [f32], search: BlockSearch) -> BlockCoder<'a> {
+    /// A coder for blocks of `t` weights; `searches` is false when the states come from
+    /// elsewhere (then the trellis buffers are not allocated).
+    fn new(k: u32, l: u32, t: u32, lut: &'a [f32], search: BlockSearch, searches: bool) -> BlockCoder<'a> {
         let t = t as usize;
-        let trellis = if search == BlockSearch::Viterbi { Trellis::new(k, l, t) } else { Trellis::new(k, l, 0) };
+        let fast = searches && search == BlockSearch::Viterbi;
+        let trellis = Trellis::new(k, l, if fast { t } else { 0 });
         BlockCoder { k, l, t, lut, search, trellis, x: vec![0.0; t], rotated: vec![0.0; t], states: vec![0; t] }
     }
 
@@ -411,17 +530,34 @@ impl<'a> BlockCoder<'a> {
         }
     }
 
-    /// Codes one stored row: fills its code words (row-major) and its reconstruction.
-    fn code_row(&mut self, row: &[f32], scale: f32, codes: &mut [u32], reconstruction: &mut [f32]) -> Result<()> {
+    /// Codes one stored row: fills its code words (row-major) and its reconstruction. With
+    /// `given`, the row's states come from there instead of the search.
+    fn code_row(
+        &mut self,
+        row: &[f32],
+        scale: f32,
+        given: Option<&[u16]>,
+        codes: &mut [u32],
+        reconstruction: &mut [f32],
+    ) -> Result<()> {
         let (t, k, l) = (self.t, self.k, self.l);
         let wpb = codes.len() / (row.len() / t);
         for (b, ((block, words), rec)) in
             row.chunks_exact(t).zip(codes.chunks_exact_mut(wpb)).zip(reconstruction.chunks_exact_mut(t)).enumerate()
         {
-            for (xi, &w) in self.x.iter_mut().zip(block) {
-                *xi = w / scale;
+            match given {
+                Some(states) => {
+                    for (s, &g) in self.states.iter_mut().zip(&states[b * t..(b + 1) * t]) {
+                        *s = u32::from(g);
+                    }
+                }
+                None => {
+                    for (xi, &w) in self.x.iter_mut().zip(block) {
+                        *xi = w / scale;
+                    }
+                    self.search_block();
+                }
             }
-            self.search_block();
             pack_symbols(&self.states, k, words);
             let must_agree = matches!(self.search, BlockSearch::Viterbi | BlockSearch::ReferenceViterbi);
             for (pos, (out, &state)) in rec.iter_mut().zip(&self.states).enumerate() {

@@ -25,6 +25,7 @@ pub mod linear;
 pub mod reference;
 pub mod synthetic;
 pub mod trellis_scatter;
+pub mod viterbi_cuda;
 
 pub use artifact::{write_artifact, Artifact, ModuleConfig};
 pub use geometry::{CodeLayout, TrellisGeometry};

@@ -109,7 +109,8 @@ pub fn forward_f64(x: &[f64], m: usize, codes: &[u32], scales: &[f16], g: &Trell
                 let table = &table;
                 scope.spawn(move || {
                     let mut y = vec![0f64; m * outf];
-                    let rows = i * per..((i + 1) * per).min(g.rows);
+                    // With more threads than rows per thread fill, the last ranges are empty.
+                    let rows = (i * per).min(g.rows)..((i + 1) * per).min(g.rows);
                     for (r, scale) in rows.clone().zip(&scales[rows]) {
                         let s = scale.to_f64();
                         for_each_state(codes, g, r, |c, state| {

@@ -4,7 +4,7 @@
 use mlx_trellis::trellis::reference::forward_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, TrellisGeometry, TrellisLinear};
-use mlx_trellis::{Dtype, MlxArray, Result};
+use mlx_trellis::{backend, Backend, Dtype, MlxArray, Result};
 
 /// The relErr gate of a kernel's output: f32 accumulation against the f64 reference, then the
 /// cast to the activation dtype.
@@ -13,6 +13,18 @@ pub fn gate(dtype: Dtype) -> f64 {
         1e-4
     } else {
         1e-2
+    }
+}
+
+/// The relErr gate of a product that runs through MLX's own f32 matmul: 1e-5 where it
+/// multiplies in f32. On CUDA, MLX multiplies f32 matrices in TF32 unless `MLX_ENABLE_TF32=0`;
+/// TF32 operands keep 10 mantissa bits, as f16 does, so the gate is f16's.
+pub fn f32_matmul_gate() -> f64 {
+    let tf32 = backend() == Backend::Cuda && std::env::var("MLX_ENABLE_TF32").map_or(true, |v| v.trim() != "0");
+    if tf32 {
+        gate(Dtype::Float16)
+    } else {
+        1e-5
     }
 }
 
