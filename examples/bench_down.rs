@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::down_cuda::{down_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::down_cuda::{down_cuda_partials, down_cuda_with, plan, CudaDownConfig};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisLinear};
@@ -173,7 +173,7 @@ fn main() -> Result<()> {
         }
     }
     if args.sweep {
-        println!("| layout | M | nc | mt | warps | splits | stages | bytesum | bias | median us | best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | warps | splits | stages | prefetch | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -197,27 +197,33 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
         to_f64(&y)?
     };
     let mut configs = Vec::new();
+    // (sub-tiles per warp, 8-row tiles per pass) worth trying at this M.
     let shapes: &[(u32, u32)] = match m {
         0..=8 => &[(16, 1)],
         9..=16 => &[(16, 2), (8, 2)],
-        17..=32 => &[(16, 2), (8, 4), (4, 4)],
-        33..=64 => &[(8, 4), (4, 8), (2, 8)],
-        _ => &[(4, 8), (2, 8), (2, 16)],
+        17..=32 => &[(8, 4), (4, 4)],
+        33..=64 => &[(4, 8), (2, 8)],
+        _ => &[(2, 8), (2, 16)],
     };
+    let splits_list: &[u32] = if m <= 16 { &[32, 64, 128] } else { &[8, 16, 32] };
     for &(nc, mt) in shapes {
         for blocks in [1u32, 2, 4] {
-            for splits in [32, 64, 96, 128] {
-                let warps = 16 * blocks / nc;
-                if (1..=8).contains(&warps) {
-                    configs.push(CudaDownConfig {
-                        nc,
-                        mt,
-                        warps,
-                        splits,
-                        stages: 4,
-                        bytesum_mma: true,
-                        bias_fold: false,
-                    });
+            for &splits in splits_list {
+                for prefetch in [false, true] {
+                    let warps = 16 * blocks / nc;
+                    if (1..=8).contains(&warps) {
+                        let stages = 4;
+                        configs.push(CudaDownConfig {
+                            nc,
+                            mt,
+                            warps,
+                            splits,
+                            stages,
+                            bytesum_mma: true,
+                            bias_fold: false,
+                            prefetch,
+                        });
+                    }
                 }
             }
         }
@@ -227,10 +233,13 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
         let y = f()?;
         let err = rel_err(&to_f64(&y)?, &want);
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
+        let kernel = time(args.calls, args.evals.min(15), &|| {
+            down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg)
+        })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {err:.1e} |",
-            layer.name, cfg.nc, cfg.mt, cfg.warps, cfg.splits, cfg.stages, cfg.bytesum_mma, cfg.bias_fold
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            layer.name, cfg.nc, cfg.mt, cfg.warps, cfg.splits, cfg.stages, cfg.prefetch, kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
     }
@@ -239,7 +248,6 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
 
 /// Where the time of one call goes: the kernel alone, MLX's fold, a trivial custom kernel.
 fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
-    use mlx_trellis::trellis::down_cuda::down_cuda_partials;
     use mlx_trellis::{CudaKernel, KernelSource, LaunchConfig};
     let g = *layer.lin.geometry();
     let cfg = plan(&g, m);

@@ -62,10 +62,15 @@ fn every_configuration_matches_the_reference() {
             }
             // Each shape once per decode variant, cycling through layouts, dtypes, splits (13
             // splits of 200 rows leave the last split short; 1 split runs all steps in one block),
-            // ring depths and block widths.
-            for (bytesum_mma, bias_fold, stages) in
-                [(false, false, 2), (true, false, 4), (true, true, 3), (false, true, 6)]
-            {
+            // ring depths, block widths and the register prefetch (stages 3 leaves one step of codes in
+            // flight ahead of the prefetched one).
+            for (bytesum_mma, bias_fold, stages, prefetch) in [
+                (false, false, 2, false),
+                (true, false, 4, false),
+                (true, false, 4, true),
+                (true, true, 3, true),
+                (false, true, 6, true),
+            ] {
                 let c = [&inter, &rm, &rm4][n % 3];
                 let g = *c.lin.geometry();
                 let blocks = [1u32, 2, 4][n % 3].min(g.blocks_per_row() as u32);
@@ -76,7 +81,7 @@ fn every_configuration_matches_the_reference() {
                 let splits = [1u32, 5, 13][n % 3].min(g.rows.div_ceil(16) as u32);
                 let dtype = if n % 2 == 0 { Dtype::Float32 } else { Dtype::Bfloat16 };
                 n += 1;
-                let cfg = CudaDownConfig { nc, mt, warps, splits, stages, bytesum_mma, bias_fold };
+                let cfg = CudaDownConfig { nc, mt, warps, splits, stages, bytesum_mma, bias_fold, prefetch };
                 for m in [1, 8 * mt as usize + 3] {
                     check(c, m, dtype, &format!("{cfg:?}"), &|x| {
                         down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg)

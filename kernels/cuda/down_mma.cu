@@ -29,10 +29,15 @@
 // one extra MMA per step against an all-ones A. Products stay exact; the f32 accumulators hold
 // larger partial sums, so this is for f16/bf16 activations only.
 //
+// With PREFETCH the loop is software-pipelined: step i + 1's code bits and B fragments move
+// from shared memory into registers while step i decodes (codes are waited for one step
+// earlier, B tiles are built two steps ahead in three slots). It costs registers; it pays where
+// warps would otherwise start every step stalled on shared memory.
+//
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
 // warp), MT (8-row MMA tiles per pass), WARPS, SPLITS, STAGES. Template bools: INTERLEAVE (3-bit
-// block interleave), SPLIT_X (f32 activations as hi + lo), BYTESUM_MMA, BIAS_FOLD. Template
+// block interleave), SPLIT_X (f32 activations as hi + lo), BYTESUM_MMA, BIAS_FOLD, PREFETCH. Template
 // type: T (activation dtype).
   const int M = x_shape[0];
   constexpr int WPB = 8 * K;                      // words per coded block
@@ -54,7 +59,9 @@
   static_assert((WARPS * NC) % 16 == 0, "a block covers whole coded blocks");
 
   __shared__ __align__(16) unsigned ring[STAGES][16][A_PITCH];
-  __shared__ __align__(16) __half b_tile[2][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
+  constexpr int B_SLOTS = PREFETCH ? 3 : 2;      // B tiles in flight
+  static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
+  __shared__ __align__(16) __half b_tile[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -144,29 +151,10 @@
       for (int e = 0; e < 4; ++e) acc[s][t][e] = 0.0f;
   }
 
-  // Prologue: STAGES - 1 steps of codes in flight, the first B tile built.
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < steps) copy_codes(i, i);
-    trellis_cuda::cp_async_commit();
-  }
-  {
-    float v[B_PER_THREAD];
-    load_b(0, v);
-    store_b(0, v);
-  }
-
-  for (int i = 0; i < steps; ++i) {
-    float v_next[B_PER_THREAD];
-    if (i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
-    trellis_cuda::cp_async_wait<STAGES - 2>();
-    __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
-    if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
-    trellis_cuda::cp_async_commit();
-
-    const int slot = i % STAGES, bslot = i & 1;
+  // Step pieces: B fragments of a B tile slot, this lane's code bits of a ring slot, and the
+  // decode + MMAs of one step from those registers.
+  auto read_b_fragments = [&](int bslot, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2]) {
     // B fragments for every 8-row tile (and the f32 residue tiles).
-    unsigned b_hi[MT][2], b_lo[MT][2];
 #pragma unroll
     for (int t = 0; t < MT; t += 2) {
       const int mat = lane >> 3, row = lane & 7;
@@ -188,9 +176,9 @@
         }
       }
     }
-
+  };
+  auto read_code_bits = [&](int slot, unsigned (&w)[4][NWR]) {
     // This lane's bits of its four rows, realigned so that position p0 + NPOS - 1 is at bit 0.
-    unsigned w[4][NWR];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const unsigned* row = ring[slot][decode_row[k]];
@@ -200,7 +188,9 @@
 #pragma unroll
       for (int j = 0; j < NWR; ++j) w[k][j] = ALIGNED ? raw[j] : __funnelshift_r(raw[j], raw[j + 1], off);
     }
-
+  };
+  auto decode_and_multiply = [&](const unsigned (&w)[4][NWR], const unsigned (&b_hi)[MT][2],
+                                 const unsigned (&b_lo)[MT][2]) {
 #pragma unroll
     for (int s = 0; s < NC; ++s) {
       // Positions p0 + 2s (A row g) and p0 + 2s + 1 (A row g + 8) sit at these realigned bits.
@@ -242,8 +232,69 @@
         if (SPLIT_X) trellis_cuda::mma_16816(bias_acc[t], ones, b_lo[t]);
       }
     }
-    // Slot (i + 1) & 1 was last read in step i - 1, before this step's barrier.
-    if (i + 1 < steps) store_b((i + 1) & 1, v_next);
+  };
+
+  // Prologue: STAGES - 1 steps of codes in flight; the first B tile (two with PREFETCH) built.
+#pragma unroll
+  for (int i = 0; i < STAGES - 1; ++i) {
+    if (i < steps) copy_codes(i, i);
+    trellis_cuda::cp_async_commit();
+  }
+  for (int i = 0; i < (PREFETCH ? 2 : 1) && i < steps; ++i) {
+    float v[B_PER_THREAD];
+    load_b(i, v);
+    store_b(i, v);
+  }
+
+  if (!PREFETCH) {
+    for (int i = 0; i < steps; ++i) {
+      float v_next[B_PER_THREAD];
+      if (i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
+      trellis_cuda::cp_async_wait<STAGES - 2>();
+      __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
+      if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+      trellis_cuda::cp_async_commit();
+      unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
+      read_b_fragments(i % B_SLOTS, b_hi, b_lo);
+      read_code_bits(i % STAGES, w);
+      decode_and_multiply(w, b_hi, b_lo);
+      // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
+      if (i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
+    }
+  } else {
+    // Software-pipelined: step i + 1's code bits and B fragments are read from shared memory
+    // into registers while step i decodes, so no step starts by waiting on shared memory. Codes
+    // are waited for one step earlier (STAGES >= 3) and B tiles built two steps ahead (3 slots).
+    unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
+    trellis_cuda::cp_async_wait<STAGES - 2>();
+    __syncthreads();  // step 0's codes and B tiles 0 and 1 are visible
+    read_b_fragments(0, b_hi, b_lo);
+    read_code_bits(0, w);
+    for (int i = 0; i < steps; ++i) {
+      float v_next[B_PER_THREAD];
+      if (i + 2 < steps) load_b(i + 2, v_next);
+      trellis_cuda::cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();
+      // Step i + 1's codes and B tile are visible; ring slot (i - 1) % STAGES and B slot
+      // (i + 2) % 3 were last read in step i - 2.
+      __syncthreads();
+      if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+      trellis_cuda::cp_async_commit();
+      unsigned w_next[4][NWR], b_hi_next[MT][2], b_lo_next[MT][2];
+      if (i + 1 < steps) {
+        read_b_fragments((i + 1) % B_SLOTS, b_hi_next, b_lo_next);
+        read_code_bits((i + 1) % STAGES, w_next);
+      }
+      decode_and_multiply(w, b_hi, b_lo);
+      if (i + 2 < steps) store_b((i + 2) % B_SLOTS, v_next);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int j = 0; j < NWR; ++j) w[k][j] = w_next[k][j];
+#pragma unroll
+      for (int t = 0; t < MT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) b_hi[t][h] = b_hi_next[t][h], b_lo[t][h] = b_lo_next[t][h];
+    }
   }
   trellis_cuda::cp_async_wait<0>();
 

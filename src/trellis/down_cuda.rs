@@ -39,6 +39,9 @@ pub struct CudaDownConfig {
     pub bytesum_mma: bool,
     /// Carry y + 1534 in the fragments and subtract the bias at the end (f16/bf16 activations).
     pub bias_fold: bool,
+    /// Read the next step's code bits and B fragments into registers while this step decodes
+    /// (needs `stages >= 3`; more registers).
+    pub prefetch: bool,
 }
 
 impl CudaDownConfig {
@@ -50,6 +53,9 @@ impl CudaDownConfig {
             invalid!("CUDA down kernel: mt = {} must be in 1..=16 with nc * mt <= 32 (nc = {})", self.mt, self.nc);
         }
         // At most 8 warps: 256 threads always fit the register file, whatever the kernel uses.
+        if self.prefetch && self.stages < 3 {
+            invalid!("CUDA down kernel: prefetch needs stages >= 3 (got {})", self.stages);
+        }
         if !(1..=8).contains(&self.warps) || self.splits == 0 || !(2..=6).contains(&self.stages) {
             invalid!(
                 "CUDA down kernel: {} warps, {} splits, {} stages are out of range",
@@ -108,6 +114,7 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
         stages: 4,
         bytesum_mma: true,
         bias_fold: false,
+        prefetch: false,
     }
 }
 
@@ -177,7 +184,8 @@ pub fn down_cuda_partials(
     .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
     .template_bool("SPLIT_X", dtype == Dtype::Float32)
     .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
-    .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32);
+    .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
+    .template_bool("PREFETCH", cfg.prefetch);
     let partial = kernel()?.apply(&[x2, codes, scales], &launch)?.remove(0);
     Ok(partial)
 }
