@@ -89,16 +89,16 @@ pub fn supports(g: &TrellisGeometry) -> bool {
 /// The configuration for `m` activation rows (measured on an H200 at the Qwen down shape; see
 /// the README's benchmark section).
 pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
-    // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits)
-    // Measured on an H200 at the Qwen down shape (bench_down --sweep): more splits than 32 at
-    // small M only grow the partials MLX folds; large M needs every decoded fragment to feed
-    // many 8-row tiles.
-    let (nc, mt, blocks, splits) = match m {
-        0..=8 => (16, 1, 2, 32),
-        9..=16 => (8, 2, 2, 16),
-        17..=32 => (4, 4, 2, 16),
-        33..=64 => (2, 8, 1, 8),
-        _ => (2, 16, 1, 8),
+    // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits, prefetch)
+    // Measured on an H200 at the Qwen down shape (bench_down --sweep, k = 3 interleaved): more
+    // splits than 32 at small M only grow the partials MLX folds; from 17 rows on, wider blocks
+    // (8 warps) with fewer splits win; at 128 rows the register prefetch saves a third.
+    let (nc, mt, blocks, splits, prefetch) = match m {
+        0..=8 => (16, 1, 2, 32, false),
+        9..=16 => (8, 2, 2, 16, false),
+        17..=32 => (8, 4, 4, 8, false),
+        33..=64 => (4, 8, 2, 16, false),
+        _ => (2, 16, 1, 16, true),
     };
     // Shrink the block to a divisor of the coded blocks per row (small test geometries).
     let mut cb = blocks;
@@ -114,7 +114,7 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
         stages: 4,
         bytesum_mma: true,
         bias_fold: false,
-        prefetch: false,
+        prefetch,
     }
 }
 
