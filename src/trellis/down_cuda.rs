@@ -189,3 +189,30 @@ pub fn down_cuda_partials(
     let partial = kernel()?.apply(&[x2, codes, scales], &launch)?.remove(0);
     Ok(partial)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_planned_configuration_is_valid() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
+        let small = [(200, 1024, 3), (88, 512, 4), (16, 256, 2), (17, 768, 2)];
+        let mut geometries = vec![qwen, qwen.interleaved().unwrap()];
+        geometries.extend(small.iter().map(|&(r, c, k)| TrellisGeometry::row_major(r, c, k, 256, 12, 0).unwrap()));
+        for g in geometries {
+            for m in 1..=200 {
+                let cfg = plan(&g, m);
+                cfg.check(&g).unwrap_or_else(|e| panic!("{g} M {m}: {cfg:?}: {e:#}"));
+            }
+        }
+    }
+
+    #[test]
+    fn prefetch_needs_three_stages() {
+        let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
+        let cfg = CudaDownConfig { stages: 2, prefetch: true, ..plan(&g, 128) };
+        let err = cfg.check(&g).unwrap_err().to_string();
+        assert!(err.contains("prefetch needs stages >= 3"), "{err}");
+    }
+}

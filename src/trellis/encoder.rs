@@ -41,12 +41,21 @@
 //! two passes of about `T * 2^L * 4` float operations; on one core of a 2.4 GHz x86-64 (SSE2,
 //! the default target) a pass takes about 0.25 ns per state and step.
 //!
+//! # Where the search runs
+//!
+//! [`EncoderConfig::backend`] picks the CPU threads or, on MLX's CUDA back-end, the kernel in
+//! [`viterbi_cuda`] (one thread block per block, `L <= 15`). The kernel forms every path cost
+//! with the same separately rounded f32 operations as the CPU search here and breaks ties the same
+//! way, so both give the same states; the packing, the check of every block and the
+//! reconstruction run on the CPU threads either way. The rows go to the GPU in chunks of at most
+//! 65,536 blocks.
+//!
 //! # Determinism
 //!
 //! Every block is coded by the same sequence of f32 operations whatever thread runs it; threads
 //! take whole rows and write only that row's slots; the mean squared error is summed in
 //! row-major order after all rows are done. The same input and configuration give the same bytes
-//! for any thread count. Ties go to the lowest predecessor index `j` and, for the final state,
+//! for any thread count and either backend. Ties go to the lowest predecessor index `j` and, for the final state,
 //! to the lowest state.
 
 use std::sync::mpsc;
