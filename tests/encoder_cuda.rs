@@ -51,23 +51,11 @@ fn the_cuda_search_gives_the_cpu_bytes() {
     if !cuda() {
         return;
     }
-    // Shipped widths; L - k not a multiple of k; k = 1 and 8; L from 8 to the kernel's largest
-    // (threads per block from 64 to 1024, state values in registers and from memory).
-    let shapes = [
-        (2u32, 8u32),
-        (3, 8),
-        (4, 8),
-        (2, 12),
-        (3, 12),
-        (4, 12),
-        (1, 10),
-        (3, 10),
-        (5, 11),
-        (8, 9),
-        (3, 13),
-        (2, 14),
-        (4, 15),
-    ];
+    // Every k at the largest L the kernel serves (1024 threads, values read from memory) and at
+    // L = 9 (the smallest L with k = 8), and the shipped widths at every L in between (threads
+    // per block from 64 up, values in registers up to L = 13).
+    let mut shapes: Vec<(u32, u32)> = (1..=8).flat_map(|k| [(k, MAX_L), (k, 9)]).collect();
+    shapes.extend([2u32, 3, 4].iter().flat_map(|&k| [8u32, 10, 11, 12, 13, 14].map(|l| (k, l))));
     for (k, l) in shapes {
         let (rows, cols) = (5, 768);
         let w = matrix(rows, cols, 7 * k as u64 + l as u64);

@@ -165,6 +165,7 @@ fn affine_quantized_matmul_matches_its_dequantized_weights() {
         .collect();
     let y: Vec<f64> = y.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
     let err = rel_err(&y, &y_ref);
+    println!("quantized_matmul against x · dequantized(w)ᵀ in f64: relErr {err:.2e}");
     assert!(err < f32_matmul_gate(), "quantized_matmul relErr {err:.3e} against x · dequantized(w)ᵀ in f64");
     // And 4-bit weights are near the originals (max error half a step of the 4-bit grid).
     let err = wd.subtract(&w).unwrap().abs().unwrap().max_all(false).unwrap().item_f64().unwrap();

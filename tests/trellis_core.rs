@@ -94,6 +94,7 @@ fn check_forward(lin: &TrellisLinear, h: &HostLayer, m: usize, dtype: Dtype, pat
     assert_eq!(y.dtype(), dtype);
     let got: Vec<f64> = y.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
     let err = rel_err(&got, &want);
+    println!("{g} M {m} {dtype} {path}: relErr {err:.2e} (gate {gate:.0e})");
     assert!(err < gate, "{g} M {m} {dtype} {path}: relErr {err:.3e} >= {gate:.0e}");
 }
 

@@ -268,6 +268,8 @@
     unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
     trellis_cuda::cp_async_wait<STAGES - 2>();
     __syncthreads();  // step 0's codes and B tiles 0 and 1 are visible
+    // With steps == 0 (a split past the last row) these read slots nothing wrote; the values are
+    // never used. Guarding them changed the register allocation of the measured kernel.
     read_b_fragments(0, b_hi, b_lo);
     read_code_bits(0, w);
     for (int i = 0; i < steps; ++i) {

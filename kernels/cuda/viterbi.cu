@@ -33,6 +33,11 @@
   constexpr int B = 1 << K;                // predecessors per group
   constexpr int PER = S / NT;              // states per thread (phase B)
   constexpr bool LUT_IN_REGS = PER <= 8;  // larger L reads the values from L1 each step
+  // Loops over this thread's states unroll fully only when the values sit in registers, and the
+  // predecessor loop unrolls by at most 8: full unrolling at large L or k costs more registers
+  // than a 1024-thread block has.
+  constexpr int STATE_UNROLL = LUT_IN_REGS ? PER : 4;
+  constexpr int PRED_UNROLL = B < 8 ? B : 8;
   constexpr int WARPS = NT / 32;
   constexpr float FORBIDDEN = 1e30f;       // start cost outside the pinned group (finite, as on the CPU)
   static_assert(S % NT == 0 && NT % 32 == 0 && NT <= 1024, "whole states per thread, whole warps");
@@ -62,7 +67,7 @@
   auto forward = [&](bool rotated, int pin) -> int {
     auto x_at = [&](int t) { return xs[rotated ? (t + T / 2) % T : t]; };
     const float x0 = x_at(0);
-#pragma unroll
+#pragma unroll STATE_UNROLL
     for (int i = 0; i < PER; ++i) {
       const int s = tid + NT * i;
       const float e = __fsub_rn(x0, state_value(i));
@@ -73,7 +78,7 @@
       for (int h = tid; h < G; h += NT) {
         float m = cost[h];
         int a = 0;
-#pragma unroll
+#pragma unroll PRED_UNROLL
         for (int j = 1; j < B; ++j) {
           const float c = cost[j * G + h];
           if (c < m) {
@@ -86,7 +91,7 @@
       }
       __syncthreads();
       const float xt = x_at(t);
-#pragma unroll
+#pragma unroll STATE_UNROLL
       for (int i = 0; i < PER; ++i) {
         const int s = tid + NT * i;
         const float e = __fsub_rn(xt, state_value(i));
@@ -107,7 +112,7 @@
         }
       }
     } else {
-#pragma unroll
+#pragma unroll STATE_UNROLL
       for (int i = 0; i < PER; ++i) {
         const int s = tid + NT * i;
         if (cost[s] < m) {

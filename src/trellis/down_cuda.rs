@@ -44,8 +44,21 @@ pub struct CudaDownConfig {
     pub prefetch: bool,
 }
 
+/// The most static shared memory a CUDA block may declare (NVRTC refuses more).
+const STATIC_SHARED_LIMIT: usize = 48 * 1024;
+
 impl CudaDownConfig {
-    fn check(&self, g: &TrellisGeometry) -> Result<()> {
+    /// The kernel's static shared memory: the code ring and the B tiles (`split_x`: f32
+    /// activations, carried as two f16 tiles).
+    fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
+        let coded_blocks = (self.warps * self.nc / 16) as usize;
+        let ring = self.stages as usize * 16 * (coded_blocks * 8 * g.k as usize + 4) * 4;
+        let b_slots = if self.prefetch { 3 } else { 2 };
+        let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * 24 * 2;
+        ring + b_tiles
+    }
+
+    fn check(&self, g: &TrellisGeometry, dtype: Dtype) -> Result<()> {
         if ![2, 4, 8, 16].contains(&self.nc) {
             invalid!("CUDA down kernel: nc = {} must be 2, 4, 8 or 16", self.nc);
         }
@@ -77,6 +90,12 @@ impl CudaDownConfig {
         if self.splits as usize > g.rows.div_ceil(16) {
             invalid!("CUDA down kernel: {} splits for {} input rows (16-row steps)", self.splits, g.rows);
         }
+        let shared = self.shared_bytes(g, dtype == Dtype::Float32);
+        if shared > STATIC_SHARED_LIMIT {
+            invalid!(
+                "CUDA down kernel: {shared} bytes of shared memory for {g} with {dtype} activations (at most {STATIC_SHARED_LIMIT}; use fewer stages, warps or 8-row tiles, or no prefetch)"
+            );
+        }
         Ok(())
     }
 }
@@ -86,36 +105,55 @@ pub fn supports(g: &TrellisGeometry) -> bool {
     g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
 }
 
-/// The configuration for `m` activation rows (measured on an H200 at the Qwen down shape; see
-/// the README's benchmark section).
+/// The configuration for `m` rows of 16-bit activations: [`plan_for`] with bf16.
 pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
+    plan_for(g, m, Dtype::Bfloat16)
+}
+
+/// The configuration for `m` activation rows of `dtype` (measured on an H200 at the Qwen down
+/// shape; see the README's benchmark section), fitted to the geometry.
+pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits, prefetch)
-    // Measured on an H200 at the Qwen down shape (bench_down --sweep, k = 3 interleaved): more
-    // splits than 32 at small M only grow the partials MLX folds; from 17 rows on, wider blocks
-    // (8 warps) with fewer splits win; at 128 rows the register prefetch saves a third.
+    // Measured on an H200 at the Qwen down shape (bench_down --sweep, k = 3 interleaved, bf16):
+    // more splits than 32 at small M only grow the partials MLX folds; from 17 rows on, wider
+    // blocks (8 warps) with fewer splits win; at 128 rows the register prefetch saves a third.
+    // f32 activations keep the prefetch off: with their second B tile the prefetching kernel
+    // spills to the stack, and that was not timed.
     let (nc, mt, blocks, splits, prefetch) = match m {
         0..=8 => (16, 1, 2, 32, false),
         9..=16 => (8, 2, 2, 16, false),
         17..=32 => (8, 4, 4, 8, false),
         33..=64 => (4, 8, 2, 16, false),
-        _ => (2, 16, 1, 16, true),
+        _ => (2, 16, 1, 16, dtype != Dtype::Float32),
     };
-    // Shrink the block to a divisor of the coded blocks per row (small test geometries).
-    let mut cb = blocks;
-    while cb > 1 && g.blocks_per_row() % cb != 0 {
-        cb /= 2;
-    }
     let steps = g.rows.div_ceil(16) as u32;
-    CudaDownConfig {
+    let mut cfg = CudaDownConfig {
         nc,
         mt,
-        warps: 16 * cb as u32 / nc,
+        warps: 16 * blocks / nc,
         splits: splits.min(steps),
         stages: 4,
         bytesum_mma: true,
         bias_fold: false,
         prefetch,
+    };
+    // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
+    // (k >= 5) must still fit the static shared memory: fewer coded blocks per block first,
+    // then no prefetch, then a shallower ring.
+    let split_x = dtype == Dtype::Float32;
+    let covered = |c: &CudaDownConfig| (c.warps * c.nc / 16) as usize;
+    while covered(&cfg) > 1
+        && (g.blocks_per_row() % covered(&cfg) != 0 || cfg.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT)
+    {
+        cfg.warps /= 2;
     }
+    if cfg.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT {
+        cfg.prefetch = false;
+    }
+    while cfg.stages > 2 && cfg.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT {
+        cfg.stages -= 1;
+    }
+    cfg
 }
 
 fn kernel() -> Result<&'static CudaKernel> {
@@ -134,7 +172,7 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype with the configuration [`plan`] picks.
 pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
-    down_cuda_with(x2, codes, scales, g, plan(g, m))
+    down_cuda_with(x2, codes, scales, g, plan_for(g, m, x2.dtype()))
 }
 
 /// [`down_cuda`] with an explicit configuration (for tuning; every valid configuration gives the
@@ -162,7 +200,7 @@ pub fn down_cuda_partials(
     }
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     let dtype = x2.dtype();
-    cfg.check(g)?;
+    cfg.check(g, dtype)?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
     let blocks_per_cta = (cfg.warps * cfg.nc / 16) as usize;
     let ctas = g.blocks_per_row() / blocks_per_cta;
@@ -197,22 +235,50 @@ mod tests {
     #[test]
     fn every_planned_configuration_is_valid() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let small = [(200, 1024, 3), (88, 512, 4), (16, 256, 2), (17, 768, 2)];
         let mut geometries = vec![qwen, qwen.interleaved().unwrap()];
+        // Every served k on the Qwen shape (k 5..8 need the shared-memory fitting), and small
+        // shapes whose coded blocks per row shrink the blocks.
+        geometries.extend((2..=8).map(|k| TrellisGeometry::row_major(17408, 5120, k, 256, 12, 0).unwrap()));
+        let small = [(200, 1024, 3), (88, 512, 4), (16, 256, 2), (17, 768, 2), (40, 768, 8)];
         geometries.extend(small.iter().map(|&(r, c, k)| TrellisGeometry::row_major(r, c, k, 256, 12, 0).unwrap()));
         for g in geometries {
-            for m in 1..=200 {
-                let cfg = plan(&g, m);
-                cfg.check(&g).unwrap_or_else(|e| panic!("{g} M {m}: {cfg:?}: {e:#}"));
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                for m in 1..=200 {
+                    let cfg = plan_for(&g, m, dtype);
+                    cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{g} M {m} {dtype}: {cfg:?}: {e:#}"));
+                    assert!(!(cfg.prefetch && dtype == Dtype::Float32), "{g} M {m}: f32 prefetch");
+                }
             }
         }
+        // The measured plan is unchanged where it fits (k <= 4).
+        assert_eq!(plan(&qwen, 32).warps, 8);
+        assert!(plan(&qwen, 128).prefetch);
+    }
+
+    #[test]
+    fn too_much_shared_memory_is_an_error_that_says_so() {
+        let g = TrellisGeometry::row_major(17408, 5120, 6, 256, 12, 0).unwrap();
+        let cfg = CudaDownConfig {
+            nc: 8,
+            mt: 4,
+            warps: 8,
+            splits: 8,
+            stages: 4,
+            bytesum_mma: true,
+            bias_fold: false,
+            prefetch: false,
+        };
+        let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(err.contains("bytes of shared memory") && err.contains("49152"), "{err}");
+        // The fitted plan for the same M fits.
+        plan_for(&g, 32, Dtype::Bfloat16).check(&g, Dtype::Bfloat16).unwrap();
     }
 
     #[test]
     fn prefetch_needs_three_stages() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
         let cfg = CudaDownConfig { stages: 2, prefetch: true, ..plan(&g, 128) };
-        let err = cfg.check(&g).unwrap_err().to_string();
+        let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("prefetch needs stages >= 3"), "{err}");
     }
 }
