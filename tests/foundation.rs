@@ -7,8 +7,6 @@ use mlx_trellis::{
 };
 use std::collections::BTreeMap;
 
-mod common;
-use common::f32_matmul_gate;
 
 fn round_trip<T: Element + PartialEq + std::fmt::Debug>(values: &[T]) {
     let a = MlxArray::from_slice(values, &[values.len()]).unwrap();
@@ -166,7 +164,9 @@ fn affine_quantized_matmul_matches_its_dequantized_weights() {
     let y: Vec<f64> = y.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
     let err = rel_err(&y, &y_ref);
     println!("quantized_matmul against x · dequantized(w)ᵀ in f64: relErr {err:.2e}");
-    assert!(err < f32_matmul_gate(), "quantized_matmul relErr {err:.3e} against x · dequantized(w)ᵀ in f64");
+    // MLX's quantized matmul accumulates in f32 on every back-end, TF32 or not (1.1e-7 on the
+    // H200 with TF32 on).
+    assert!(err < 1e-5, "quantized_matmul relErr {err:.3e} against x · dequantized(w)ᵀ in f64");
     // And 4-bit weights are near the originals (max error half a step of the 4-bit grid).
     let err = wd.subtract(&w).unwrap().abs().unwrap().max_all(false).unwrap().item_f64().unwrap();
     assert!(err < 0.6, "dequantization error {err}");
