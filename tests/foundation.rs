@@ -7,7 +7,6 @@ use mlx_trellis::{
 };
 use std::collections::BTreeMap;
 
-
 fn round_trip<T: Element + PartialEq + std::fmt::Debug>(values: &[T]) {
     let a = MlxArray::from_slice(values, &[values.len()]).unwrap();
     assert_eq!(a.dtype(), T::DTYPE);

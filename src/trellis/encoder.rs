@@ -55,19 +55,17 @@
 //! Every block is coded by the same sequence of f32 operations whatever thread runs it; threads
 //! take whole rows and write only that row's slots; the mean squared error is summed in
 //! row-major order after all rows are done. The same input and configuration give the same bytes
-//! for any thread count and either backend. Ties go to the lowest predecessor index `j` and, for the final state,
-//! to the lowest state.
+//! for any thread count and either backend. Ties go to the lowest predecessor index `j` and, for
+//! the final state, to the lowest state.
 
 use std::sync::mpsc;
 use std::sync::Mutex;
 
+use anyhow::Context;
 use half::f16;
 
-use anyhow::Context;
-
-use crate::error::{invalid, Result};
-
 use crate::device::{backend, Backend};
+use crate::error::{invalid, Result};
 
 use super::codebook::{lut1mad, words_per_block};
 use super::geometry::{CodeLayout, TrellisGeometry};
