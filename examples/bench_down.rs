@@ -212,13 +212,12 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
                 for prefetch in [false, true] {
                     let warps = 16 * blocks / nc;
                     if (1..=8).contains(&warps) {
-                        let stages = 4;
                         configs.push(CudaDownConfig {
                             nc,
                             mt,
                             warps,
                             splits,
-                            stages,
+                            stages: 4,
                             bytesum_mma: true,
                             bias_fold: false,
                             prefetch,

@@ -636,21 +636,7 @@ using metal::max;
 using metal::min;
 } // namespace precise
 namespace fast {
-using metal::cos;
-using metal::exp;
-using metal::exp2;
-using metal::log;
-using metal::log2;
-using metal::pow;
-using metal::rsqrt;
-using metal::sin;
-using metal::sqrt;
-using metal::tanh;
-using metal::clamp;
-using metal::fmax;
-using metal::fmin;
-using metal::max;
-using metal::min;
+using namespace precise;
 } // namespace fast
 
 // ---------------------------------------------------------------------------
