@@ -10,13 +10,15 @@
 //! cargo build --release --example bench_down
 //! target/release/examples/bench_down [--rows 1,2,4,8,16,32,64,128] [--json out.json]
 //! target/release/examples/bench_down --sweep      # time kernel configurations instead
+//! target/release/examples/bench_down --paths      # the fused kernel against the dense path
 //! ```
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::down_cuda::{down_cuda_partials, down_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::down_cuda::{down_cuda_partials, down_cuda_with, plan, uses_dense, CudaDownConfig};
+use mlx_trellis::trellis::expand_cuda::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisLinear};
@@ -32,6 +34,7 @@ struct Args {
     json: Option<String>,
     sweep: bool,
     probe: bool,
+    paths: bool,
     layouts: Vec<(u32, CodeLayout)>,
 }
 
@@ -43,6 +46,7 @@ fn parse() -> Result<Args> {
         json: None,
         sweep: false,
         probe: false,
+        paths: false,
         layouts: vec![(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)],
     };
     let mut it = std::env::args().skip(1);
@@ -55,6 +59,7 @@ fn parse() -> Result<Args> {
             "--json" => a.json = Some(v()?),
             "--sweep" => a.sweep = true,
             "--probe" => a.probe = true,
+            "--paths" => a.paths = true,
             "--bits" => {
                 a.layouts = match v()?.as_str() {
                     "3" => vec![(3, CodeLayout::K3Interleaved)],
@@ -145,6 +150,10 @@ fn main() -> Result<()> {
                 probe(&layer, &x, m, &args)?;
                 continue;
             }
+            if args.paths {
+                paths(&layer, &x, m, &want[..m * OUT], &args, &mut table)?;
+                continue;
+            }
             let ours = time(args.calls, args.evals, &|| layer.lin.forward_with(&x, Path::Cuda))?;
             let wt = layer.dense.t()?;
             let bf16 = time(args.calls, args.evals, &|| x.matmul(&wt))?;
@@ -155,11 +164,23 @@ fn main() -> Result<()> {
                 quantized_matmul(&x, &layer.q3.0, &layer.q3.1, &layer.q3.2, true, 64, 3)
             })?;
             let rate = (IN * OUT) as f64 / (ours.0 * 1e-6) / 1e12;
-            let cfg = plan(&g, m);
+            let path = if uses_dense(m, x.dtype()) {
+                "dense + MLX matmul".to_string()
+            } else {
+                let cfg = plan(&g, m);
+                format!(
+                    "nc{} mt{} w{} s{}{}",
+                    cfg.nc,
+                    cfg.mt,
+                    cfg.warps,
+                    cfg.splits,
+                    if cfg.prefetch { " pf" } else { "" }
+                )
+            };
             let _ = writeln!(
                 table,
-                "| {} | {m} | {:.1} ({:.1}) | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {rate:.2} | {err:.1e} | nc{} mt{} w{} s{} |",
-                layer.name, ours.0, ours.1, bf16.0, bf16.0 / ours.0, q4.0, q3.0, q3.0 / ours.0, cfg.nc, cfg.mt, cfg.warps, cfg.splits
+                "| {} | {m} | {:.1} ({:.1}) | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {rate:.2} | {err:.1e} | {path} |",
+                layer.name, ours.0, ours.1, bf16.0, bf16.0 / ours.0, q4.0, q3.0, q3.0 / ours.0
             );
             let _ = writeln!(
                 json,
@@ -172,14 +193,16 @@ fn main() -> Result<()> {
             );
         }
     }
-    if args.sweep {
-        println!("| layout | M | nc | mt | warps | splits | stages | prefetch | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|");
+    if args.paths {
+        println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
+    } else if args.sweep {
+        println!("| layout | M | nc | mt | warps | splits | stages | byte sums | bias fold | prefetch | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
             args.calls, args.evals
         );
-        println!("| layout | M | trellis µs | MLX bf16 µs | vs bf16 | affine 4-bit µs | affine 3-bit µs | vs affine 3 | Tweights/s | relErr | config |");
+        println!("| layout | M | trellis µs | MLX bf16 µs | vs bf16 | affine 4-bit µs | affine 3-bit µs | vs affine 3 | Tweights/s | relErr | path |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
     }
     print!("{table}");
@@ -199,27 +222,37 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
     let mut configs = Vec::new();
     // (sub-tiles per warp, 8-row tiles per pass) worth trying at this M.
     let shapes: &[(u32, u32)] = match m {
-        0..=8 => &[(16, 1)],
+        0..=8 => &[(16, 1), (8, 1)],
         9..=16 => &[(16, 2), (8, 2)],
         17..=32 => &[(8, 4), (4, 4)],
         33..=64 => &[(4, 8), (2, 8)],
         _ => &[(2, 8), (2, 16)],
     };
-    let splits_list: &[u32] = if m <= 16 { &[32, 64, 128] } else { &[8, 16, 32] };
+    let splits_list: &[u32] = match m {
+        0..=8 => &[32, 64, 128],
+        9..=16 => &[32, 64],
+        _ => &[16, 32],
+    };
+    // (byte sums on the tensor cores, bias fold, register prefetch): the two decodes up to 64
+    // rows; above, the prefetch.
+    let variants: &[(bool, bool, bool)] = match m {
+        0..=64 => &[(true, false, false), (false, true, false)],
+        _ => &[(true, false, false), (true, false, true)],
+    };
     for &(nc, mt) in shapes {
         for blocks in [1u32, 2, 4] {
             for &splits in splits_list {
-                for prefetch in [false, true] {
+                for &(bytesum_mma, bias_fold, prefetch) in variants {
                     let warps = 16 * blocks / nc;
-                    if (1..=8).contains(&warps) {
+                    if (1..=8).contains(&warps) && !(m <= 8 && blocks == 4) {
                         configs.push(CudaDownConfig {
                             nc,
                             mt,
                             warps,
                             splits,
                             stages: 4,
-                            bytesum_mma: true,
-                            bias_fold: false,
+                            bytesum_mma,
+                            bias_fold,
                             prefetch,
                         });
                     }
@@ -237,11 +270,41 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
-            layer.name, cfg.nc, cfg.mt, cfg.warps, cfg.splits, cfg.stages, cfg.prefetch, kernel.0
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            layer.name,
+            cfg.nc,
+            cfg.mt,
+            cfg.warps,
+            cfg.splits,
+            cfg.stages,
+            if cfg.bytesum_mma { "mma" } else { "dp4a" },
+            cfg.bias_fold,
+            cfg.prefetch,
+            kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
     }
+    Ok(())
+}
+
+/// The fused kernel (its plan) against the dense path (decode, then MLX's matmul) at `m` rows,
+/// and the decode alone: where the planned dispatch should switch.
+fn paths(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
+    let g = *layer.lin.geometry();
+    let (codes, scales) = (layer.lin.codes(), layer.lin.scales());
+    let cfg = plan(&g, m);
+    let fused = || down_cuda_with(x, codes, scales, &g, cfg);
+    let dense = || down_cuda_dense(x, codes, scales, &g);
+    let fused_err = rel_err(&to_f64(&fused()?)?, want);
+    let dense_err = rel_err(&to_f64(&dense()?)?, want);
+    let (f, d) = (time(args.calls, args.evals, &fused)?, time(args.calls, args.evals, &dense)?);
+    let e = time(args.calls, args.evals, &|| expand_cuda(codes, scales, &g, x.dtype()))?;
+    let _ = writeln!(
+        table,
+        "| {} | {m} | {:.1} | {:.1} | {:.1} | {fused_err:.1e} | {dense_err:.1e} |",
+        layer.name, f.0, d.0, e.0
+    );
+    eprintln!("[paths] {} M={m}: fused {:.1} us, dense {:.1} us, expand {:.1} us", layer.name, f.0, d.0, e.0);
     Ok(())
 }
 
@@ -263,6 +326,16 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     let tiny = time(args.calls, args.evals, &|| {
         Ok(noop.apply(&[x], &LaunchConfig::new([32, 1, 1], [32, 1, 1]).output(&[1], Dtype::Bfloat16))?.remove(0))
     })?;
+    // The same kernel on 1/17 of the input rows: if its time per call hardly drops, calls are
+    // bound by launch and host costs, not by the GPU.
+    let small_rows = 1024;
+    let small = synthetic_layer(small_rows, OUT, g.k, g.l, 0, g.layout(), 0.015, 3)?;
+    let small_lin = TrellisLinear::from_host("small", &small)?;
+    let xs = x.slice(&[0, 0], &[m as i32, small_rows as i32], &[1, 1])?.contiguous()?;
+    let small_cfg = CudaDownConfig { splits: cfg.splits.min(small_rows as u32 / 16), ..cfg };
+    let small_kernel = time(args.calls, args.evals, &|| {
+        down_cuda_partials(&xs, small_lin.codes(), small_lin.scales(), small_lin.geometry(), small_cfg)
+    })?;
     let build = {
         let t = Instant::now();
         for _ in 0..100 {
@@ -271,8 +344,8 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
         t.elapsed().as_secs_f64() * 1e4
     };
     println!(
-        "probe {} M={m} {cfg:?}: full {:.1} us, kernel only {:.1}, fold {:.1}, no-op kernel {:.1}, graph build (host) {build:.1} us/call",
-        layer.name, full.0, kernel.0, fold.0, tiny.0
+        "probe {} M={m} {cfg:?}: full {:.1} us, kernel only {:.1}, kernel on {small_rows} rows {:.1}, fold {:.1}, no-op kernel {:.1}, graph build (host) {build:.1} us/call",
+        layer.name, full.0, kernel.0, small_kernel.0, fold.0, tiny.0
     );
     Ok(())
 }

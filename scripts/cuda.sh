@@ -5,6 +5,11 @@
 #   scripts/cuda.sh build   # on the build machine: release binaries into target/cuda-bundle/
 #   scripts/cuda.sh run     # on the CUDA machine, in a copy of the checkout that holds
 #                           # target/cuda-bundle/, with MLX's CUDA build on LD_LIBRARY_PATH
+#   scripts/cuda.sh tests   # only the tests of `run`
+#   scripts/cuda.sh bench   # only the encoder and the benchmark of `run`
+#   scripts/cuda.sh profile [M]  # Nsight Compute on one fused down kernel at M rows (default 1)
+#   scripts/cuda.sh latency      # every kernel's own duration (Nsight Compute, one at a time):
+#                                # the benchmark's contenders and the fused kernel's configurations
 #
 # The binaries link MLX's CPU wheel at build time; MLX's CUDA build of the same version
 # (`mlx-cuda-13==0.32.2`) exports the same API, so putting its lib/ first on LD_LIBRARY_PATH
@@ -31,23 +36,58 @@ for line in sys.stdin:
   cp target/release/examples/{bench_down,qwen_down,quantize_layer} "$bundle/"
   ls -l "$bundle"
   ;;
-run)
+run | tests | bench | profile | latency)
   out="${OUT:-$bundle/out}"
   mkdir -p "$out"
   export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-/tmp/mlx-trellis-ptx}"
   status=0
+  step="$1"
+  if [ "$step" = profile ]; then
+    # Every launch of the fused kernel after three warm-up ones is the planned configuration at
+    # M rows (bench_down --paths times it first); the report and a text summary go to $out.
+    m="${2:-1}"
+    ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+    timeout 300 "$ncu" --kernel-name regex:down_mma --launch-skip 3 --launch-count 1 --set full \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+      -o "$out/down_m$m" -f "$bundle/bench_down" --paths --rows "$m" --bits 3 --calls 4 --evals 3 >"$out/profile_m$m.log" 2>&1 ||
+      status=1
+    timeout 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page details >"$out/profile_m$m.txt" 2>&1 || status=1
+    timeout 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page raw --csv >"$out/profile_m${m}_raw.csv" 2>&1 || status=1
+    timeout 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page source --csv --print-source sass \
+      >"$out/profile_m${m}_sass.csv" 2>&1 || status=1
+    exit $status
+  fi
+  if [ "$step" = latency ]; then
+    # Queued calls may overlap on the GPU (MLX runs independent kernels concurrently), so the
+    # benchmark's per-call figures are throughput; a model's dependent layers wait for each
+    # kernel in full. Nsight Compute serialises launches and reports each one's duration.
+    ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
+    for m in 1 8 16 32 64 128; do
+      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        --page raw "$bundle/bench_down" --rows "$m" --bits 3 --calls 1 --evals 3 >"$out/latency_m$m.csv" 2>/dev/null ||
+        status=1
+    done
+    for m in 1 8 16 32 64; do
+      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+        --page raw --kernel-name regex:down_mma "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 \
+        --evals 1 >"$out/latency_sweep_m$m.csv" 2>/dev/null || status=1
+    done
+    python3 scripts/ncu_durations.py "$out"/latency_m*.csv "$out"/latency_sweep_m*.csv | tee "$out/latency.txt"
+    exit $status
+  fi
   # Every step has a time limit: a hung GPU call must not eat the machine.
-  for t in foundation kernels cuda_down trellis_core encoder encoder_cuda; do
+  [ "$step" = bench ] || for t in foundation kernels cuda_down trellis_core encoder encoder_cuda; do
     echo "== test_$t"
     timeout 600 "$bundle/test_$t" --test-threads 1 2>&1 | tee "$out/test_$t.txt" | grep -E "^test |test result" || status=1
   done
   # The same with MLX's f32 matmul in f32 (MLX_ENABLE_TF32=0): the generic path's f32 gate is
   # then 1e-5 instead of TF32's.
-  for t in foundation trellis_core; do
+  [ "$step" = bench ] || for t in foundation trellis_core; do
     echo "== test_$t, MLX_ENABLE_TF32=0"
     MLX_ENABLE_TF32=0 timeout 600 "$bundle/test_$t" --test-threads 1 2>&1 | tee "$out/test_${t}_f32.txt" |
       grep -E "^test |test result" || status=1
   done
+  [ "$step" = tests ] && exit $status
   echo "== quantize_layer (Qwen down, k 3, L 12, CUDA search; first 512 rows again on the CPU)"
   timeout 600 "$bundle/quantize_layer" --backend cuda --compare-cpu 512 2>&1 | tee "$out/quantize.txt" |
     grep -E "^\||coded in" || status=1
@@ -56,7 +96,7 @@ run)
   exit $status
   ;;
 *)
-  echo "usage: scripts/cuda.sh build | run" >&2
+  echo "usage: scripts/cuda.sh build | run | tests | bench | profile [M] | latency" >&2
   exit 2
   ;;
 esac

@@ -1,11 +1,12 @@
 //! The CUDA down kernel against the f64 reference. Runs for real on MLX's CUDA back-end and
 //! skips (saying why) everywhere else.
 
-use mlx_trellis::trellis::down_cuda::{down_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::down_cuda::{down_cuda_with, plan, uses_dense, CudaDownConfig, DENSE_MIN_ROWS};
+use mlx_trellis::trellis::expand_cuda::{down_cuda_dense, expand_cuda};
 mod common;
 
-use common::{gate, Case};
-use mlx_trellis::trellis::reference::rel_err;
+use common::{f32_matmul_gate, gate, to_f64, Case};
+use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, Path, TrellisLinear};
 use mlx_trellis::{backend, Backend, Dtype, MlxArray};
 
@@ -104,8 +105,12 @@ fn qwen_sized_layers_match_the_reference() {
         (3, CodeLayout::RowMajor),
     ] {
         let c = Case::new(17408, 5120, k, layout);
-        for m in [1, 7, 8, 33, 128] {
-            println!("plan M {m}: {:?}", plan(c.lin.geometry(), m));
+        for m in [1, 7, 8, 16, DENSE_MIN_ROWS - 1, DENSE_MIN_ROWS, 128] {
+            if uses_dense(m, Dtype::Bfloat16) {
+                println!("plan M {m}: dense weights and MLX's matmul");
+            } else {
+                println!("plan M {m}: {:?}", plan(c.lin.geometry(), m));
+            }
             check(&c, m, Dtype::Bfloat16, "qwen", &|x| c.lin.forward_with(x, Path::Cuda));
         }
         check(&c, 4, Dtype::Float32, "qwen", &|x| c.lin.forward_with(x, Path::Cuda));
@@ -124,4 +129,86 @@ fn unsupported_geometries_fall_back_or_refuse() {
     let x = MlxArray::zeros(&[1, 512], Dtype::Float32).unwrap();
     let err = lin.forward_with(&x, Path::Cuda).unwrap_err();
     assert!(format!("{err:#}").contains("no kernel"), "{err:#}");
+}
+
+/// `v` rounded once to `dtype`, as f64.
+fn rounded(v: f32, dtype: Dtype) -> f64 {
+    match dtype {
+        Dtype::Bfloat16 => half::bf16::from_f32(v).to_f64(),
+        Dtype::Float16 => half::f16::from_f32(v).to_f64(),
+        _ => f64::from(v),
+    }
+}
+
+#[test]
+fn dense_weights_equal_the_reference_bit_for_bit() {
+    if !cuda() {
+        return;
+    }
+    // Both layouts, k 2..4 and 8, blocks per row 2..4, rows that are not a multiple of anything.
+    for (rows, cols, k, layout) in [
+        (64, 512, 2, CodeLayout::RowMajor),
+        (200, 1024, 3, CodeLayout::RowMajor),
+        (136, 1024, 3, CodeLayout::K3Interleaved),
+        (37, 1536, 3, CodeLayout::K3Interleaved),
+        (88, 512, 4, CodeLayout::RowMajor),
+        (19, 768, 8, CodeLayout::RowMajor),
+    ] {
+        let c = Case::new(rows, cols, k, layout);
+        let want = expand(&c.host.codes, &c.host.scales, c.g()).unwrap();
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            let w = expand_cuda(c.lin.codes(), c.lin.scales(), c.g(), dtype).unwrap();
+            assert_eq!((w.shape(), w.dtype()), (vec![rows, cols], dtype));
+            let got = to_f64(&w);
+            let bad = got.iter().zip(&want).position(|(&g, &r)| g.to_bits() != rounded(r, dtype).to_bits());
+            println!("expand {} {dtype}: {}", c.g(), if bad.is_none() { "bit for bit" } else { "DIFFERS" });
+            if let Some(i) = bad {
+                panic!(
+                    "expand {} {dtype}: weight [{}, {}] is {} (reference {})",
+                    c.g(),
+                    i / cols,
+                    i % cols,
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_path_matches_the_reference() {
+    if !cuda() {
+        return;
+    }
+    for (rows, cols, k, layout) in [(200, 1024, 3, CodeLayout::K3Interleaved), (520, 1024, 4, CodeLayout::RowMajor)] {
+        let c = Case::new(rows, cols, k, layout);
+        let g = *c.g();
+        for m in [1, 5, DENSE_MIN_ROWS, 100, 128] {
+            for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+                check(&c, m, dtype, "dense", &|x| down_cuda_dense(x, c.lin.codes(), c.lin.scales(), &g));
+            }
+        }
+        // f32 activations multiply through MLX's f32 matmul (TF32 unless MLX_ENABLE_TF32=0).
+        let (x, xr) = c.x(64, Dtype::Float32);
+        let got = c.run("dense", &x, &|x| down_cuda_dense(x, c.lin.codes(), c.lin.scales(), &g));
+        let err = rel_err(&got, &c.reference(&xr, 64));
+        println!("dense {g} M 64 float32: relErr {err:.2e}");
+        assert!(err < f32_matmul_gate(), "dense {g} M 64 float32: relErr {err:.3e}");
+    }
+}
+
+#[test]
+fn dense_path_refuses_bad_operands() {
+    // Runs on every back-end: off CUDA the kernel refuses to run, on CUDA the operands are wrong.
+    let c = Case::new(64, 512, 2, CodeLayout::RowMajor);
+    let g = *c.g();
+    let err = format!("{:#}", expand_cuda(c.lin.codes(), c.lin.scales(), &g, Dtype::Int32).unwrap_err());
+    assert!(err.contains("int32") || err.contains("CUDA back-end"), "{err}");
+    let other = Case::new(64, 768, 2, CodeLayout::RowMajor);
+    let err = format!("{:#}", expand_cuda(other.lin.codes(), c.lin.scales(), &g, Dtype::Bfloat16).unwrap_err());
+    assert!(err.contains("do not match") || err.contains("CUDA back-end"), "{err}");
+    let x = MlxArray::zeros(&[3, 63], Dtype::Bfloat16).unwrap();
+    let err = format!("{:#}", down_cuda_dense(&x, c.lin.codes(), c.lin.scales(), &g).unwrap_err());
+    assert!(err.contains("[M >= 1, 64]"), "{err}");
 }

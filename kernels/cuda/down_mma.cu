@@ -120,22 +120,31 @@
     b_row[u] = (e < B_ELEMS && m < M) ? r_begin + e % 16 : R;  // R: always zero
     b_x[u] = x + (size_t)(m < M ? m : 0) * R + r_begin + e % 16;
   }
-  // Step `i`'s activations times scales, as f32 (this thread's share of the B tile).
-  auto load_b = [&](int i, float (&v)[B_PER_THREAD]) {
-#pragma unroll
-    for (int u = 0; u < B_PER_THREAD; ++u) {
-      const int r = b_row[u] + 16 * i;
-      v[u] = r < R ? float(b_x[u][16 * i]) * __half2float(scales[r]) : 0.0f;
-    }
+  // Step `i`'s activations and scale as loaded (this thread's share of the B tile: elements
+  // tid + u * THREADS, all in column tid % 16, so one scale per step); store_b multiplies and
+  // converts them. The arithmetic stays out of load_b on purpose: next to the loads it would
+  // wait for them at the top of the step instead of after the decode.
+  struct BLoad {
+    T x[B_PER_THREAD];
+    __half s;
   };
-  auto store_b = [&](int slot, const float (&v)[B_PER_THREAD]) {
+  const int b_col = tid % 16;
+  auto load_b = [&](int i, BLoad& v) {
+#pragma unroll
+    for (int u = 0; u < B_PER_THREAD; ++u) v.x[u] = b_row[u] + 16 * i < R ? b_x[u][16 * i] : T(0.0f);
+    const int r = r_begin + b_col + 16 * i;
+    v.s = r < R ? scales[r] : __half(0.0f);
+  };
+  auto store_b = [&](int slot, const BLoad& v) {
+    const float s = __half2float(v.s);
 #pragma unroll
     for (int u = 0; u < B_PER_THREAD; ++u) {
       const int e = tid + u * THREADS;
       if (e < B_ELEMS) {
-        const __half hi = __float2half_rn(v[u]);
+        const float xs = float(v.x[u]) * s;
+        const __half hi = __float2half_rn(xs);
         b_tile[slot][0][e / 16][e % 16] = hi;
-        if (SPLIT_X) b_tile[slot][SPLIT_X ? 1 : 0][e / 16][e % 16] = __float2half_rn(v[u] - __half2float(hi));
+        if (SPLIT_X) b_tile[slot][SPLIT_X ? 1 : 0][e / 16][e % 16] = __float2half_rn(xs - __half2float(hi));
       }
     }
   };
@@ -241,14 +250,14 @@
     trellis_cuda::cp_async_commit();
   }
   for (int i = 0; i < (PREFETCH ? 2 : 1) && i < steps; ++i) {
-    float v[B_PER_THREAD];
+    BLoad v;
     load_b(i, v);
     store_b(i, v);
   }
 
   if (!PREFETCH) {
     for (int i = 0; i < steps; ++i) {
-      float v_next[B_PER_THREAD];
+      BLoad v_next;
       if (i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
       trellis_cuda::cp_async_wait<STAGES - 2>();
       __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
@@ -273,7 +282,7 @@
     read_b_fragments(0, b_hi, b_lo);
     read_code_bits(0, w);
     for (int i = 0; i < steps; ++i) {
-      float v_next[B_PER_THREAD];
+      BLoad v_next;
       if (i + 2 < steps) load_b(i + 2, v_next);
       trellis_cuda::cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();
       // Step i + 1's codes and B tile are visible; ring slot (i - 1) % STAGES and B slot

@@ -27,11 +27,6 @@ __device__ __forceinline__ void mma_bytesum(unsigned (&d)[4], const unsigned (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0x6400u));
 }
 
-// The LCG step of the 1MAD code (its bytes sum to y + 510).
-__device__ __forceinline__ unsigned lcg(unsigned state) {
-  return state * 34038481u + 76625530u;
-}
-
 // Packs two biased f16 code values (low 16 bits each) into an f16x2 of y + 1534 (UNBIAS false)
 // or of y (UNBIAS true), both exact.
 template <bool UNBIAS>
@@ -40,16 +35,6 @@ __device__ __forceinline__ unsigned code_pair(unsigned biased_lo, unsigned biase
   if (!UNBIAS) return biased;
   const __half2 y = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2(__half(1534.0f), __half(1534.0f)));
   return *reinterpret_cast<const unsigned*>(&y);
-}
-
-// The L-bit window at bit `b` of the realigned words `w` (`b` is a compile-time constant once
-// the caller's loops are unrolled, so this is one shift or funnel shift and one AND).
-template <int L, int NW>
-__device__ __forceinline__ unsigned window(const unsigned (&w)[NW], int b) {
-  const int i = b >> 5, off = b & 31;
-  const unsigned mask = (1u << L) - 1u;
-  if (off + L <= 32) return (w[i] >> off) & mask;
-  return __funnelshift_r(w[i], w[i + 1], off) & mask;
 }
 
 // The f16 bit pattern of 1024 + bytesum(state * 34038481 + 76625530), in the low 16 bits: the

@@ -6,6 +6,11 @@
 //! The kernel decodes code values straight into tensor-core fragments (exact f16 integers) and
 //! multiplies them with `mma.sync` against the activations times the row scales; see the kernel
 //! file for the work split. [`plan`] picks the configuration for a row count.
+//!
+//! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
+//! once to dense weights and runs MLX's matmul ([`down_cuda_dense`]): the decode costs one write
+//! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
+//! while the fused kernel's decode-and-multiply grows with the rows.
 
 use std::sync::OnceLock;
 
@@ -15,6 +20,7 @@ use crate::error::{invalid, Result};
 use crate::kernel::{CudaKernel, KernelSource, LaunchConfig};
 
 use super::codebook::CUDA_HEADER;
+use super::expand_cuda::down_cuda_dense;
 use super::geometry::{CodeLayout, TrellisGeometry};
 use super::launch::{check_operands, fnv1a, int};
 
@@ -113,18 +119,20 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// The configuration for `m` activation rows of `dtype` (measured on an H200 at the Qwen down
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
-    // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits, prefetch)
-    // Measured on an H200 at the Qwen down shape (bench_down --sweep, k = 3 interleaved, bf16):
-    // more splits than 32 at small M only grow the partials MLX folds; from 17 rows on, wider
-    // blocks (8 warps) with fewer splits win; at 128 rows the register prefetch saves a third.
-    // f32 activations keep the prefetch off: with their second B tile the prefetching kernel
-    // spills to the stack, and that was not timed.
-    let (nc, mt, blocks, splits, prefetch) = match m {
-        0..=8 => (16, 1, 2, 32, false),
-        9..=16 => (8, 2, 2, 16, false),
-        17..=32 => (8, 4, 4, 8, false),
-        33..=64 => (4, 8, 2, 16, false),
-        _ => (2, 16, 1, 16, dtype != Dtype::Float32),
+    // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits, byte sums
+    // on the tensor cores, prefetch), chosen by the kernel's own duration on an H200 at the Qwen
+    // down shape (Nsight Compute, one kernel at a time: `scripts/cuda.sh latency`), which is what
+    // a model's chain of dependent layers waits for. Up to 8 rows the decode is everything: more,
+    // smaller blocks (4 warps, 64 splits: about 5 warps per scheduler) hide its latency, and dp4a
+    // with the bias fold beats the u8 MMA byte sums, whose fixed latency a warp waits out.
+    let (nc, mt, blocks, splits, bytesum_mma, prefetch) = match m {
+        0..=8 => (8, 1, 2, 64, false, false),
+        9..=16 => (8, 2, 2, 32, true, false),
+        17..=32 => (4, 4, 1, 16, true, false),
+        33..=64 => (2, 8, 1, 32, true, false),
+        // 16-bit activations take the dense path from DENSE_MIN_ROWS; this serves f32 (whose
+        // prefetching kernel would spill) and explicit calls.
+        _ => (2, 16, 1, 16, true, dtype != Dtype::Float32),
     };
     let steps = g.rows.div_ceil(16) as u32;
     let mut cfg = CudaDownConfig {
@@ -133,8 +141,10 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         warps: 16 * blocks / nc,
         splits: splits.min(steps),
         stages: 4,
-        bytesum_mma: true,
-        bias_fold: false,
+        bytesum_mma,
+        // The bias fold takes one HADD2 per pair of weights off the dp4a decode; the kernel
+        // applies it to 16-bit activations only.
+        bias_fold: !bytesum_mma,
         prefetch,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
@@ -169,9 +179,27 @@ fn kernel() -> Result<&'static CudaKernel> {
     Ok(KERNEL.get_or_init(|| k))
 }
 
-/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype with the configuration [`plan`] picks.
+/// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
+/// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode
+/// and the matmul take about 63 + 50 µs whatever the row count, the fused kernel 72 µs at 32
+/// rows and 134 µs from 33 to 64 (one kernel at a time; see the README's benchmark section).
+/// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
+/// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
+/// by default, below the f32 accuracy the fused kernel keeps.
+pub const DENSE_MIN_ROWS: usize = 33;
+
+/// Whether [`down_cuda`] takes the dense path for `m` rows of `dtype` activations.
+pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
+    m >= DENSE_MIN_ROWS && matches!(dtype, Dtype::Float16 | Dtype::Bfloat16)
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration
+/// [`plan`] picks, or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
 pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
+    if uses_dense(m, x2.dtype()) {
+        return down_cuda_dense(x2, codes, scales, g);
+    }
     down_cuda_with(x2, codes, scales, g, plan_for(g, m, x2.dtype()))
 }
 
@@ -251,7 +279,8 @@ mod tests {
             }
         }
         // The measured plan is unchanged where it fits (k <= 4).
-        assert_eq!(plan(&qwen, 32).warps, 8);
+        assert_eq!((plan(&qwen, 1).warps, plan(&qwen, 1).splits), (4, 64));
+        assert_eq!(plan(&qwen, 32).warps, 4);
         assert!(plan(&qwen, 128).prefetch);
     }
 

@@ -5,8 +5,9 @@
 //! [`synthetic`], [`expand`] (the generic MLX path), [`linear`] (the module and its dispatch),
 //! [`artifact`] (model directories), [`encoder`] (dense weights to codes). One file per kernel
 //! family: the seed's Metal kernels [`down_factored`], [`down_k3_interleaved_factored`],
-//! [`down_mma`], [`down_mma_wide`], their baseline [`trellis_scatter`], and the CUDA kernel
-//! [`down_cuda`].
+//! [`down_mma`], [`down_mma_wide`], their baseline [`trellis_scatter`], and the CUDA kernels
+//! [`down_cuda`] (fused decode and tensor-core multiply) and [`expand_cuda`] (dense weights for
+//! MLX's matmul when many rows share a layer).
 
 pub mod artifact;
 pub mod codebook;
@@ -18,6 +19,7 @@ pub mod down_mma;
 pub mod down_mma_wide;
 pub mod encoder;
 pub mod expand;
+pub mod expand_cuda;
 pub mod geometry;
 pub mod json;
 pub mod launch;

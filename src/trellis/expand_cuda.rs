@@ -1,0 +1,125 @@
+//! Dense weights on MLX's CUDA back-end: `kernels/cuda/expand.cu`, registered through
+//! `mlx_fast_cuda_kernel`, decodes a stored matrix to `[rows, cols]` in f32, f16 or bf16 with
+//! the reference's values (bit for bit in f32; the same value rounded once in 16 bits).
+//!
+//! [`down_cuda_dense`] is the CUDA down projection for many activation rows: decode once, then
+//! MLX's own matmul. The decode costs about one write of the dense layer (178 MB in bf16 for the
+//! Qwen down projection), independent of the row count, while the fused kernel's tensor-core
+//! work grows with it; [`down_cuda`](super::down_cuda::down_cuda) switches at
+//! [`DENSE_MIN_ROWS`](super::down_cuda::DENSE_MIN_ROWS).
+
+use std::sync::OnceLock;
+
+use crate::array::MlxArray;
+use crate::device::{backend, Backend};
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::kernel::{CudaKernel, KernelSource, LaunchConfig};
+
+use super::codebook::CUDA_HEADER;
+use super::geometry::{CodeLayout, TrellisGeometry};
+use super::launch::{check_operands, fnv1a, int};
+
+const SOURCE: &str = include_str!("../../kernels/cuda/expand.cu");
+
+/// Weights one thread writes (`NPOS` in the kernel: two 16-byte stores in 16-bit dtypes).
+const WEIGHTS_PER_THREAD: usize = 16;
+
+/// Whether the kernel serves this geometry: T = 256, L <= 16, k in 2..=8 (either axis: it
+/// decodes the stored matrix as stored).
+pub fn supports(g: &TrellisGeometry) -> bool {
+    g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
+}
+
+fn kernel() -> Result<&'static CudaKernel> {
+    static KERNEL: OnceLock<CudaKernel> = OnceLock::new();
+    if let Some(k) = KERNEL.get() {
+        return Ok(k);
+    }
+    // MLX caches compiled kernels by name on disk: the name carries a hash of the text.
+    let name = format!("mlx_trellis_expand_{:016x}", fnv1a(&[SOURCE, CUDA_HEADER]));
+    let source = KernelSource::new(&name, &["codes", "scales"], &["weights"], SOURCE).with_header(CUDA_HEADER);
+    let k = CudaKernel::new(source, 0)?;
+    Ok(KERNEL.get_or_init(|| k))
+}
+
+/// The stored matrix `[rows, cols]` as dense weights of `dtype` (f32, f16 or bf16), decoded on
+/// the GPU: `value(state) * f32(scale[r])` as [`reference::expand`](super::reference::expand)
+/// computes it, rounded once to `dtype`. `codes` and `scales` are the layer's (uint32 in its
+/// layout, f16 `[rows]`). An error on any back-end but CUDA.
+pub fn expand_cuda(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry, dtype: Dtype) -> Result<MlxArray> {
+    if !supports(g) {
+        invalid!("CUDA expand kernel: unsupported geometry {g} (needs T 256, L <= 16, k 2..=8)");
+    }
+    if backend() != Backend::Cuda {
+        invalid!("CUDA expand kernel: the loaded MLX has no CUDA back-end (it reports {})", backend());
+    }
+    if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
+        invalid!("CUDA expand kernel: dense weights of {dtype} (float32, float16 or bfloat16 only)");
+    }
+    if codes.shape() != g.codes_shape()
+        || codes.dtype() != Dtype::Uint32
+        || scales.shape() != [g.rows]
+        || scales.dtype() != Dtype::Float16
+    {
+        invalid!(
+            "CUDA expand kernel: codes {} {:?} / scales {} {:?} do not match {g} (uint32 {:?} / float16 [{}])",
+            codes.dtype(),
+            codes.shape(),
+            scales.dtype(),
+            scales.shape(),
+            g.codes_shape(),
+            g.rows
+        );
+    }
+    let threads = int("CUDA expand kernel (threads)", g.rows * g.cols / WEIGHTS_PER_THREAD)? as usize;
+    // Threads per row are a multiple of 16 (cols % 256 == 0); the widest block that divides.
+    let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads % b == 0).unwrap_or(16);
+    let launch = LaunchConfig::new([threads, 1, 1], [block, 1, 1])
+        .output(&[g.rows, g.cols], dtype)
+        .template_dtype("T", dtype)
+        .template_int("R", int("CUDA expand kernel", g.rows)?)
+        .template_int("C", int("CUDA expand kernel", g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved);
+    Ok(kernel()?.apply(&[codes, scales], &launch)?.remove(0))
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype by decoding `W` to dense weights of that dtype
+/// ([`expand_cuda`]) and multiplying with MLX's matmul. Needs `2 * in * out` bytes of scratch
+/// for 16-bit activations; f32 activations multiply in TF32 on CUDA unless
+/// `MLX_ENABLE_TF32=0`, so the planned dispatch keeps them on the fused kernel.
+pub fn down_cuda_dense(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    if g.axis != 0 {
+        invalid!("CUDA dense down projection: {g} is not stored [in, out] (axis 0)");
+    }
+    check_operands("CUDA dense down projection", x2, codes, scales, g)?;
+    let weights = expand_cuda(codes, scales, g, x2.dtype())?;
+    x2.matmul(&weights)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::trellis::codebook::{value, TRELLIS_RCP, TRELLIS_SCALE};
+
+    /// The kernel's division, on the host: `y * rcp` and one FMA correction of its residual.
+    fn kernel_value(y: f32) -> f32 {
+        let d = TRELLIS_SCALE as f32;
+        let q0 = y * TRELLIS_RCP;
+        (-q0).mul_add(d, y).mul_add(TRELLIS_RCP, q0)
+    }
+
+    #[test]
+    fn the_kernels_division_is_correctly_rounded_for_every_code_value() {
+        // Every y the code produces (byte sums 0..=1020 minus 510), against the reference's
+        // value of a state with that y: the f64 quotient rounded to f32.
+        for y in -510..=510 {
+            let want = ((y as f64) / TRELLIS_SCALE) as f32;
+            assert_eq!(kernel_value(y as f32).to_bits(), want.to_bits(), "y = {y}");
+        }
+        // And `value` is that quotient (state 0's y, as a spot check of the definition).
+        let y0 = crate::trellis::codebook::y(0);
+        assert_eq!(value(0), kernel_value(y0 as f32));
+    }
+}
