@@ -18,7 +18,7 @@ use crate::kernel::{CudaKernel, KernelSource, LaunchConfig};
 
 use super::codebook::CUDA_HEADER;
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{check_operands, fnv1a, int};
+use super::launch::{check_layer, check_operands, fnv1a, int};
 
 const SOURCE: &str = include_str!("../../kernels/cuda/expand.cu");
 
@@ -57,21 +57,7 @@ pub fn expand_cuda(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry, dty
     if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
         invalid!("CUDA expand kernel: dense weights of {dtype} (float32, float16 or bfloat16 only)");
     }
-    if codes.shape() != g.codes_shape()
-        || codes.dtype() != Dtype::Uint32
-        || scales.shape() != [g.rows]
-        || scales.dtype() != Dtype::Float16
-    {
-        invalid!(
-            "CUDA expand kernel: codes {} {:?} / scales {} {:?} do not match {g} (uint32 {:?} / float16 [{}])",
-            codes.dtype(),
-            codes.shape(),
-            scales.dtype(),
-            scales.shape(),
-            g.codes_shape(),
-            g.rows
-        );
-    }
+    check_layer("CUDA expand kernel", codes, scales, g)?;
     let threads = int("CUDA expand kernel (threads)", g.rows * g.cols / WEIGHTS_PER_THREAD)? as usize;
     // Threads per row are a multiple of 16 (cols % 256 == 0); the widest block that divides.
     let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads % b == 0).unwrap_or(16);

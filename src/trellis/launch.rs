@@ -72,20 +72,28 @@ pub(crate) fn check_operands(
     if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
         invalid!("{what}: activations are {dtype}, expected float32, float16 or bfloat16");
     }
+    check_layer(what, codes, scales, g)?;
+    Ok(shape[0])
+}
+
+/// Checks that `codes` (uint32 in `g`'s layout) and `scales` (f16, one per stored row) fit `g`.
+pub(crate) fn check_layer(what: &str, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<()> {
     if codes.shape() != g.codes_shape()
         || codes.dtype() != Dtype::Uint32
         || scales.shape() != [g.rows]
         || scales.dtype() != Dtype::Float16
     {
         invalid!(
-            "{what}: codes {} {:?} / scales {} {:?} do not match {g}",
+            "{what}: codes {} {:?} / scales {} {:?} do not match {g} (uint32 {:?} / float16 [{}])",
             codes.dtype(),
             codes.shape(),
             scales.dtype(),
-            scales.shape()
+            scales.shape(),
+            g.codes_shape(),
+            g.rows
         );
     }
-    Ok(shape[0])
+    Ok(())
 }
 
 /// A value as a template int.
