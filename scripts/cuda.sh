@@ -15,7 +15,7 @@
 # (`mlx-cuda-13==0.32.2`) exports the same API, so putting its lib/ first on LD_LIBRARY_PATH
 # (the binaries' run path is DT_RUNPATH, which LD_LIBRARY_PATH overrides) runs them on the GPU.
 # MLX compiles custom kernels with NVRTC at first use and caches them under MLX_PTX_CACHE_DIR.
-# On an H200 `run` takes about 10 minutes, most of it the CUDA down tests (about 4.5 minutes).
+# On an H200 `run` takes about 11 minutes, most of it the CUDA down tests (about 5.5 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=target/cuda-bundle
@@ -63,12 +63,12 @@ run | tests | bench | profile | latency)
     # kernel in full. Nsight Compute serialises launches and reports each one's duration.
     ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
     for m in 1 8 16 32 64 128; do
-      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
         --page raw "$bundle/bench_down" --rows "$m" --bits 3 --calls 1 --evals 3 >"$out/latency_m$m.csv" 2>/dev/null ||
         status=1
     done
     for m in 1 8 16 32 64; do
-      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv \
+      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
         --page raw --kernel-name regex:down_mma "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 \
         --evals 1 >"$out/latency_sweep_m$m.csv" 2>/dev/null || status=1
     done

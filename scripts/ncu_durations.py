@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Kernel durations from `ncu --metrics gpu__time_duration.sum --csv --page raw` output files.
+"""Kernel durations from `ncu --metrics gpu__time_duration.sum --print-units base --csv --page raw`.
 
-Prints, per file, the shortest duration of every kernel (one launch at a time, as a chain of
+Durations are in nanoseconds (`--print-units base`). Prints, per file, the shortest duration of
+every kernel (one launch at a time, as a chain of
 dependent layers runs them). Trellis down kernels are named by their configuration, decoded
 from the template arguments in the kernel name.
 
@@ -12,8 +13,9 @@ import csv
 import re
 import sys
 
+# The activation dtype's name (bfloat16_t, float16_t, float) and then the template ints and bools.
 CONFIG = re.compile(
-    r"down_mma_[0-9a-f]+_\w+?_t_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_([tf])_([tf])_([tf])_([tf])_([tf])"
+    r"down_mma_[0-9a-f]+_[a-z0-9_]*?_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_([tf])_([tf])_([tf])_([tf])_([tf])"
 )
 
 

@@ -40,7 +40,8 @@ fn planned_kernel_matches_the_reference_on_small_shapes() {
     ] {
         let c = Case::new(rows, cols, k, layout);
         for m in [1, 2, 3, 8, 9, 16, 17, 31, 40, 64, 65, 100, 128] {
-            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
             }
         }
@@ -145,16 +146,22 @@ fn dense_weights_equal_the_reference_bit_for_bit() {
     if !cuda() {
         return;
     }
-    // Both layouts, k 2..4 and 8, blocks per row 2..4, rows that are not a multiple of anything.
-    for (rows, cols, k, layout) in [
-        (64, 512, 2, CodeLayout::RowMajor),
-        (200, 1024, 3, CodeLayout::RowMajor),
-        (136, 1024, 3, CodeLayout::K3Interleaved),
-        (37, 1536, 3, CodeLayout::K3Interleaved),
-        (88, 512, 4, CodeLayout::RowMajor),
-        (19, 768, 8, CodeLayout::RowMajor),
+    // Both layouts (the interleave is k 3, L 12 only), k 2..8, L 8..16 (runs of 2 to 5 words),
+    // blocks per row 1..6, rows that are not a multiple of anything.
+    for (rows, cols, k, l, layout) in [
+        (64, 512, 2, 12, CodeLayout::RowMajor),
+        (40, 512, 2, 16, CodeLayout::RowMajor),
+        (200, 1024, 3, 12, CodeLayout::RowMajor),
+        (136, 1024, 3, 12, CodeLayout::K3Interleaved),
+        (37, 1536, 3, 12, CodeLayout::K3Interleaved),
+        (37, 1536, 3, 16, CodeLayout::RowMajor),
+        (88, 512, 4, 12, CodeLayout::RowMajor),
+        (24, 768, 5, 12, CodeLayout::RowMajor),
+        (16, 256, 7, 16, CodeLayout::RowMajor),
+        (19, 768, 8, 16, CodeLayout::RowMajor),
+        (21, 512, 6, 8, CodeLayout::RowMajor),
     ] {
-        let c = Case::new(rows, cols, k, layout);
+        let c = Case::with_state_bits(rows, cols, k, l, layout);
         let want = expand(&c.host.codes, &c.host.scales, c.g()).unwrap();
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             let w = expand_cuda(c.lin.codes(), c.lin.scales(), c.g(), dtype).unwrap();
@@ -211,4 +218,10 @@ fn dense_path_refuses_bad_operands() {
     let x = MlxArray::zeros(&[3, 63], Dtype::Bfloat16).unwrap();
     let err = format!("{:#}", down_cuda_dense(&x, c.lin.codes(), c.lin.scales(), &g).unwrap_err());
     assert!(err.contains("[M >= 1, 64]"), "{err}");
+    // A layer stored [out, in] (axis 1) is not a down projection's layout.
+    let host = synthetic_layer(64, 512, 2, 12, 1, CodeLayout::RowMajor, 0.02, 1).unwrap();
+    let up = TrellisLinear::from_host("up", &host).unwrap();
+    let x = MlxArray::zeros(&[40, 512], Dtype::Bfloat16).unwrap();
+    let err = format!("{:#}", down_cuda_dense(&x, up.codes(), up.scales(), up.geometry()).unwrap_err());
+    assert!(err.contains("axis 0"), "{err}");
 }

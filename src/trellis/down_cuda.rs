@@ -129,9 +129,10 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         0..=8 => (8, 1, 2, 64, false, false),
         9..=16 => (8, 2, 2, 32, true, false),
         17..=32 => (4, 4, 1, 16, true, false),
+        // 16-bit activations take the dense path from DENSE_MIN_ROWS, so these two serve f32
+        // activations and explicit calls (timed with bf16 only; f32's prefetching kernel would
+        // spill, so it keeps the prefetch off).
         33..=64 => (2, 8, 1, 32, true, false),
-        // 16-bit activations take the dense path from DENSE_MIN_ROWS; this serves f32 (whose
-        // prefetching kernel would spill) and explicit calls.
         _ => (2, 16, 1, 16, true, dtype != Dtype::Float32),
     };
     let steps = g.rows.div_ceil(16) as u32;
@@ -180,9 +181,10 @@ fn kernel() -> Result<&'static CudaKernel> {
 }
 
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
-/// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode
-/// and the matmul take about 63 + 50 µs whatever the row count, the fused kernel 72 µs at 32
-/// rows and 134 µs from 33 to 64 (one kernel at a time; see the README's benchmark section).
+/// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
+/// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 4 µs whatever the row count;
+/// the fused kernel takes 72 µs at 32 rows and 134 µs from 33 to 64 (one kernel at a time; see
+/// the README's benchmark section).
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
@@ -196,6 +198,9 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration
 /// [`plan`] picks, or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
 pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    if !supports(g) {
+        invalid!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16)");
+    }
     let m = x2.shape().first().copied().unwrap_or(0);
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);

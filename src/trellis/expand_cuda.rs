@@ -58,7 +58,10 @@ pub fn expand_cuda(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry, dty
         invalid!("CUDA expand kernel: dense weights of {dtype} (float32, float16 or bfloat16 only)");
     }
     check_layer("CUDA expand kernel", codes, scales, g)?;
-    let threads = int("CUDA expand kernel (threads)", g.rows * g.cols / WEIGHTS_PER_THREAD)? as usize;
+    let threads = g.rows * g.cols / WEIGHTS_PER_THREAD;
+    if i32::try_from(threads).is_err() {
+        invalid!("CUDA expand kernel: {g} needs {threads} threads, more than one launch grid holds (2^31 - 1)");
+    }
     // Threads per row are a multiple of 16 (cols % 256 == 0); the widest block that divides.
     let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads % b == 0).unwrap_or(16);
     let launch = LaunchConfig::new([threads, 1, 1], [block, 1, 1])

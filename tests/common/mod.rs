@@ -37,8 +37,13 @@ pub struct Case {
 
 impl Case {
     pub fn new(rows: usize, cols: usize, k: u32, layout: CodeLayout) -> Case {
+        Case::with_state_bits(rows, cols, k, 12, layout)
+    }
+
+    /// A layer with `l`-bit states (`new` uses 12).
+    pub fn with_state_bits(rows: usize, cols: usize, k: u32, l: u32, layout: CodeLayout) -> Case {
         let seed = (rows * 31 + cols + k as usize) as u64 + layout as u64;
-        let host = synthetic_layer(rows, cols, k, 12, 0, layout, 0.02, seed).unwrap();
+        let host = synthetic_layer(rows, cols, k, l, 0, layout, 0.02, seed).unwrap();
         let lin = TrellisLinear::from_host("down", &host).unwrap();
         Case { host, lin }
     }
