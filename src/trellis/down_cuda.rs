@@ -111,6 +111,14 @@ pub fn supports(g: &TrellisGeometry) -> bool {
     g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
 }
 
+/// An error naming the geometry where [`supports`] says no.
+fn require_supported(g: &TrellisGeometry) -> Result<()> {
+    if !supports(g) {
+        invalid!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=8)");
+    }
+    Ok(())
+}
+
 /// The configuration for `m` rows of 16-bit activations: [`plan_for`] with bf16.
 pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
     plan_for(g, m, Dtype::Bfloat16)
@@ -198,9 +206,7 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration
 /// [`plan`] picks, or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
 pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
-    if !supports(g) {
-        invalid!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16)");
-    }
+    require_supported(g)?;
     let m = x2.shape().first().copied().unwrap_or(0);
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);
@@ -228,9 +234,7 @@ pub fn down_cuda_partials(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    if !supports(g) {
-        invalid!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16)");
-    }
+    require_supported(g)?;
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     let dtype = x2.dtype();
     cfg.check(g, dtype)?;
