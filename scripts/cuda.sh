@@ -8,8 +8,10 @@
 #   scripts/cuda.sh tests   # only the tests of `run`
 #   scripts/cuda.sh bench   # only the encoder and the benchmark of `run`
 #   scripts/cuda.sh profile [M]  # Nsight Compute on one fused down kernel at M rows (default 1)
-#   scripts/cuda.sh latency      # every kernel's own duration (Nsight Compute, one at a time):
-#                                # the benchmark's contenders and the fused kernel's configurations
+#   scripts/cuda.sh latency [contenders|sweep]  # every kernel's own duration (Nsight Compute,
+#                                # one at a time): the benchmark's contenders and the fused
+#                                # kernel's configurations (both unless one is named; SWEEP_ROWS
+#                                # lists the sweep's row counts)
 #
 # The binaries link MLX's CPU wheel at build time; MLX's CUDA build of the same version
 # (`mlx-cuda-13==0.32.2`) exports the same API, so putting its lib/ first on LD_LIBRARY_PATH
@@ -62,17 +64,18 @@ run | tests | bench | profile | latency)
     # benchmark's per-call figures are throughput; a model's dependent layers wait for each
     # kernel in full. Nsight Compute serialises launches and reports each one's duration.
     ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
-    for m in 1 8 16 32 64 128; do
+    part="${2:-both}"
+    [ "$part" = sweep ] || for m in 1 8 16 32 64 128; do
       timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
         --page raw "$bundle/bench_down" --rows "$m" --bits 3 --calls 1 --evals 3 >"$out/latency_m$m.csv" 2>/dev/null ||
         status=1
     done
-    for m in 1 8 16 32 64; do
-      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
+    [ "$part" = contenders ] || for m in ${SWEEP_ROWS:-1 8 16 32 64 128}; do
+      timeout 150 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
         --page raw --kernel-name regex:down_mma "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 \
         --evals 1 >"$out/latency_sweep_m$m.csv" 2>/dev/null || status=1
     done
-    python3 scripts/ncu_durations.py "$out"/latency_m*.csv "$out"/latency_sweep_m*.csv | tee "$out/latency.txt"
+    python3 scripts/ncu_durations.py "$out"/latency_*.csv | tee "$out/latency.txt"
     exit $status
   fi
   # Every step has a time limit: a hung GPU call must not eat the machine.

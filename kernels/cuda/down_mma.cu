@@ -10,10 +10,13 @@
 // Work split. A block of WARPS warps owns CB = WARPS * NC / 16 consecutive coded blocks (warp w:
 // output positions [16 NC w, 16 NC (w + 1)) of them), one split of the input rows (SPLITS per
 // pass) and one pass of 8 * MT activation rows (blockIdx.z = pass * SPLITS + split). It walks
-// its split in 16-row steps; every step's codes (16 rows x CB blocks) stream into a STAGES-deep
-// shared-memory ring with cp.async, and the step's B tile (x * scale as f16, 8 MT x 16) is
-// built once per block in shared memory (double-buffered) and read with ldmatrix. Each warp
-// writes its own columns of the f32 partials [M, SPLITS, C]; one MLX `sum` folds the splits.
+// its split in steps of 16 KS rows (KS 16-row chunks); every step's codes (16 KS rows x CB
+// blocks) stream into a STAGES-deep shared-memory ring with cp.async, and the step's B tile (x *
+// scale as f16, 8 MT x 16 KS) is built once per block in shared memory (double-buffered) and
+// read with ldmatrix. One barrier per step: more chunks per step spread its fixed costs (the
+// barrier, the copies, the B tile) over more decode, and let the compiler read chunk c + 1's
+// code bits while chunk c decodes. Each warp writes its own columns of the f32 partials
+// [M, SPLITS, C]; one MLX `sum` folds the splits.
 //
 // Decoding. Lane 4 g + q decodes output positions [p0, p0 + 2 NC) of its warp's tile
 // (p0 = 2 NC g) for four rows of each step: one contiguous run of 2 NC K bits of each row's
@@ -34,9 +37,12 @@
 // earlier, B tiles are built two steps ahead in three slots). It costs registers; it pays where
 // warps would otherwise start every step stalled on shared memory.
 //
+// Activations and scales are loaded 8 at a time (16-byte loads for 16-bit activations) where R
+// is a multiple of 8 and both pointers are 16-byte aligned, one at a time otherwise.
+//
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
-// warp), MT (8-row MMA tiles per pass), WARPS, SPLITS, STAGES. Template bools: INTERLEAVE (3-bit
+// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES. Template bools: INTERLEAVE (3-bit
 // block interleave), SPLIT_X (f32 activations as hi + lo), BYTESUM_MMA, BIAS_FOLD, PREFETCH. Template
 // type: T (activation dtype).
   const int M = x_shape[0];
@@ -47,20 +53,24 @@
   constexpr int NWR = (SPAN + 31) / 32;           // realigned words per row
   constexpr int NWL = ALIGNED ? NWR : NWR + 1;    // words read per row
   constexpr int CB = WARPS * NC / 16;             // coded blocks per thread block
-  constexpr int STEPS = (R + 15) / 16;
+  constexpr int STEP_ROWS = 16 * KS;
+  constexpr int STEPS = (R + STEP_ROWS - 1) / STEP_ROWS;
   constexpr int STEPS_PER_SPLIT = (STEPS + SPLITS - 1) / SPLITS;
   constexpr int A_PITCH = CB * WPB + 4;           // words per ring row (+4: fewer bank conflicts, 16-byte aligned)
-  constexpr int CHUNKS = 16 * CB * (WPB / 4);     // 16-byte copies per step
+  constexpr int CHUNKS = STEP_ROWS * CB * (WPB / 4);  // 16-byte copies per step
   constexpr int THREADS = WARPS * 32;
   constexpr int B_ROWS = 8 * MT;
-  constexpr int B_PITCH = 24;                     // halfs per B row: 16 + 8 (conflict-free ldmatrix)
-  constexpr int B_ELEMS = B_ROWS * 16;
-  constexpr int B_PER_THREAD = (B_ELEMS + THREADS - 1) / THREADS;
+  constexpr int B_PITCH = STEP_ROWS + 8;          // halfs per B row: + 8 for conflict-free ldmatrix
+  constexpr int VW = R % 8 == 0 ? 8 : 1;          // activations per load
+  constexpr int B_LOADS = B_ROWS * STEP_ROWS / VW;
+  constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
   static_assert((WARPS * NC) % 16 == 0, "a block covers whole coded blocks");
+  static_assert(THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
 
-  __shared__ __align__(16) unsigned ring[STAGES][16][A_PITCH];
+  __shared__ __align__(16) unsigned ring[STAGES][STEP_ROWS][A_PITCH];
   constexpr int B_SLOTS = PREFETCH ? 3 : 2;      // B tiles in flight
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
+  static_assert(!PREFETCH || KS == 1, "PREFETCH pipelines 16-row steps");
   __shared__ __align__(16) __half b_tile[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -90,7 +100,7 @@
   // offset from a source that moves 16 rows per step (rows past R are zero-filled, not read).
   constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / 256) * WPB;  // words between consecutive rows
   constexpr int COPIES = (CHUNKS + THREADS - 1) / THREADS;
-  const int r_begin = step_begin * 16;
+  const int r_begin = step_begin * STEP_ROWS;
   const uint32_t* copy_src[COPIES];
   int copy_dst[COPIES], copy_row[COPIES];
 #pragma unroll
@@ -107,44 +117,90 @@
 #pragma unroll
     for (int u = 0; u < COPIES; ++u) {
       if (tid + u * THREADS < CHUNKS)
-        trellis_cuda::cp_async16_zfill(&ring[slot][0][0] + copy_dst[u], copy_src[u] + (size_t)i * 16 * ROW_STRIDE,
-                                       copy_row[u] + 16 * i < R);
+        trellis_cuda::cp_async16_zfill(&ring[slot][0][0] + copy_dst[u],
+                                       copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE, copy_row[u] + STEP_ROWS * i < R);
     }
   };
-  // Per-thread B plan: element e = (row ml of the pass, step row kk) of every step's tile.
+  // Per-thread B plan: load e = b_lane + u * THREADS of every step is VW activations (row
+  // e / (STEP_ROWS / VW) of the pass, step rows kk..kk + VW - 1). THREADS is a multiple of the
+  // loads per B row, so kk is the same for all of a thread's loads and one set of VW scales
+  // serves them. Consecutive loads go to different warps (b_lane): with few rows, a block's B
+  // work would otherwise all fall on warp 0 and its scheduler. Rows past M are zero-filled once
+  // and never loaded or converted.
+  const int b_lane = lane * WARPS + warp;
+  const int b_kk = b_lane % (STEP_ROWS / VW) * VW;
   const T* b_x[B_PER_THREAD];
   int b_row[B_PER_THREAD];
+  bool b_live[B_PER_THREAD];
+  bool b_any = false;  // whether this thread loads anything (and so needs scales)
 #pragma unroll
   for (int u = 0; u < B_PER_THREAD; ++u) {
-    const int e = tid + u * THREADS, m = m_base + e / 16;
-    b_row[u] = (e < B_ELEMS && m < M) ? r_begin + e % 16 : R;  // R: always zero
-    b_x[u] = x + (size_t)(m < M ? m : 0) * R + r_begin + e % 16;
+    const int e = b_lane + u * THREADS, m = m_base + e / (STEP_ROWS / VW);
+    b_live[u] = e < B_LOADS && m < M;
+    b_any = b_any || b_live[u];
+    b_row[u] = b_live[u] ? r_begin + b_kk : R;  // R: never read
+    b_x[u] = x + (size_t)(m < M ? m : 0) * R + r_begin + b_kk;
   }
-  // Step `i`'s activations and scale as loaded (this thread's share of the B tile: elements
-  // tid + u * THREADS, all in column tid % 16, so one scale per step); store_b multiplies and
-  // converts them. The arithmetic stays out of load_b on purpose: next to the loads it would
-  // wait for them at the top of the step instead of after the decode.
+  // 16-byte loads need 16-byte aligned rows: MLX's buffers are, a view into one may not be.
+  const bool vector_loads = VW == 8 && ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(scales)) & 15) == 0;
+  // Step `i`'s activations and scales as loaded (this thread's share of the B tile); store_b
+  // multiplies and converts them. The arithmetic stays out of load_b on purpose: next to the
+  // loads it would wait for them at the top of the step instead of after the decode.
   struct BLoad {
-    T x[B_PER_THREAD];
-    __half s;
+    T x[B_PER_THREAD][VW];
+    __half s[VW];
   };
-  const int b_col = tid % 16;
   auto load_b = [&](int i, BLoad& v) {
+    // Only threads with live rows read scales: with few rows most threads have none, and their
+    // scale reads would cost more L1 traffic than the activations themselves.
+    const int r = b_any ? r_begin + b_kk + STEP_ROWS * i : R;  // every load's first step row
+    if (vector_loads) {
+      // R % 8 == 0 here, so 8 rows starting at a multiple of 8 are all in or all out.
+      struct alignas(16) H8 {
+        __half h[8];
+      };
+      struct alignas(sizeof(T) * VW) TV {
+        T t[VW];
+      };
+      const H8 s = r < R ? *reinterpret_cast<const H8*>(scales + r) : H8{};
 #pragma unroll
-    for (int u = 0; u < B_PER_THREAD; ++u) v.x[u] = b_row[u] + 16 * i < R ? b_x[u][16 * i] : T(0.0f);
-    const int r = r_begin + b_col + 16 * i;
-    v.s = r < R ? scales[r] : __half(0.0f);
+      for (int j = 0; j < VW; ++j) v.s[j] = s.h[j % 8];
+#pragma unroll
+      for (int u = 0; u < B_PER_THREAD; ++u) {
+        const TV t = b_row[u] + STEP_ROWS * i < R ? *reinterpret_cast<const TV*>(b_x[u] + STEP_ROWS * i) : TV{};
+#pragma unroll
+        for (int j = 0; j < VW; ++j) v.x[u][j] = t.t[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VW; ++j) v.s[j] = r + j < R ? scales[r + j] : __half(0.0f);
+#pragma unroll
+      for (int u = 0; u < B_PER_THREAD; ++u)
+#pragma unroll
+        for (int j = 0; j < VW; ++j)
+          v.x[u][j] = b_row[u] + STEP_ROWS * i + j < R ? b_x[u][STEP_ROWS * i + j] : T(0.0f);
+    }
   };
   auto store_b = [&](int slot, const BLoad& v) {
-    const float s = __half2float(v.s);
 #pragma unroll
     for (int u = 0; u < B_PER_THREAD; ++u) {
-      const int e = tid + u * THREADS;
-      if (e < B_ELEMS) {
-        const float xs = float(v.x[u]) * s;
-        const __half hi = __float2half_rn(xs);
-        b_tile[slot][0][e / 16][e % 16] = hi;
-        if (SPLIT_X) b_tile[slot][SPLIT_X ? 1 : 0][e / 16][e % 16] = __float2half_rn(xs - __half2float(hi));
+      const int e = b_lane + u * THREADS;
+      if (b_live[u]) {
+        alignas(16) __half hi[VW], lo[VW];  // read back as one uint4 when VW == 8
+#pragma unroll
+        for (int j = 0; j < VW; ++j) {
+          const float xs = float(v.x[u][j]) * __half2float(v.s[j]);
+          hi[j] = __float2half_rn(xs);
+          lo[j] = __float2half_rn(xs - __half2float(hi[j]));
+        }
+        __half* row = &b_tile[slot][0][e / (STEP_ROWS / VW)][b_kk];
+        if (VW == 8) {
+          *reinterpret_cast<uint4*>(row) = *reinterpret_cast<const uint4*>(hi);
+          if (SPLIT_X) *reinterpret_cast<uint4*>(&b_tile[slot][SPLIT_X ? 1 : 0][e / (STEP_ROWS / VW)][b_kk]) = *reinterpret_cast<const uint4*>(lo);
+        } else {
+          row[0] = hi[0];
+          if (SPLIT_X) b_tile[slot][SPLIT_X ? 1 : 0][e / (STEP_ROWS / VW)][b_kk] = lo[0];
+        }
       }
     }
   };
@@ -162,35 +218,36 @@
 
   // Step pieces: B fragments of a B tile slot, this lane's code bits of a ring slot, and the
   // decode + MMAs of one step from those registers.
-  auto read_b_fragments = [&](int bslot, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2]) {
+  auto read_b_fragments = [&](int bslot, int chunk, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2]) {
+    const int col = 16 * chunk + (lane >> 3 & 1) * 8;
     // B fragments for every 8-row tile (and the f32 residue tiles).
 #pragma unroll
     for (int t = 0; t < MT; t += 2) {
       const int mat = lane >> 3, row = lane & 7;
       if (t + 1 < MT) {
         unsigned r[4];
-        trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][0][8 * (t + (mat >> 1)) + row][(mat & 1) * 8]);
+        trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][0][8 * (t + (mat >> 1)) + row][col]);
         b_hi[t][0] = r[0], b_hi[t][1] = r[1], b_hi[t + 1][0] = r[2], b_hi[t + 1][1] = r[3];
         if (SPLIT_X) {
-          trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t + (mat >> 1)) + row][(mat & 1) * 8]);
+          trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t + (mat >> 1)) + row][col]);
           b_lo[t][0] = r[0], b_lo[t][1] = r[1], b_lo[t + 1][0] = r[2], b_lo[t + 1][1] = r[3];
         }
       } else {
         unsigned r[2];
-        trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][0][8 * t + row][(mat & 1) * 8]);
+        trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][0][8 * t + row][col]);
         b_hi[t][0] = r[0], b_hi[t][1] = r[1];
         if (SPLIT_X) {
-          trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * t + row][(mat & 1) * 8]);
+          trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * t + row][col]);
           b_lo[t][0] = r[0], b_lo[t][1] = r[1];
         }
       }
     }
   };
-  auto read_code_bits = [&](int slot, unsigned (&w)[4][NWR]) {
+  auto read_code_bits = [&](int slot, int chunk, unsigned (&w)[4][NWR]) {
     // This lane's bits of its four rows, realigned so that position p0 + NPOS - 1 is at bit 0.
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const unsigned* row = ring[slot][decode_row[k]];
+      const unsigned* row = ring[slot][16 * chunk + decode_row[k]];
       unsigned raw[NWL];
 #pragma unroll
       for (int j = 0; j < NWL; ++j) raw[j] = row[word_at[j]];
@@ -243,11 +300,17 @@
     }
   };
 
-  // Prologue: STAGES - 1 steps of codes in flight; the first B tile (two with PREFETCH) built.
+  // Prologue: STAGES - 1 steps of codes in flight; the rows of the B tiles past M zeroed; the
+  // first B tile (two with PREFETCH) built.
 #pragma unroll
   for (int i = 0; i < STAGES - 1; ++i) {
     if (i < steps) copy_codes(i, i);
     trellis_cuda::cp_async_commit();
+  }
+  if (m_base + B_ROWS > M) {
+    constexpr int WORDS = sizeof(b_tile) / 16;
+    for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
+    __syncthreads();  // before any thread writes its rows below
   }
   for (int i = 0; i < (PREFETCH ? 2 : 1) && i < steps; ++i) {
     BLoad v;
@@ -263,10 +326,13 @@
       __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
       if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
       trellis_cuda::cp_async_commit();
-      unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-      read_b_fragments(i % B_SLOTS, b_hi, b_lo);
-      read_code_bits(i % STAGES, w);
-      decode_and_multiply(w, b_hi, b_lo);
+#pragma unroll
+      for (int c = 0; c < KS; ++c) {
+        unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
+        read_b_fragments(i % B_SLOTS, c, b_hi, b_lo);
+        read_code_bits(i % STAGES, c, w);
+        decode_and_multiply(w, b_hi, b_lo);
+      }
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
       if (i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
     }
@@ -279,8 +345,8 @@
     __syncthreads();  // step 0's codes and B tiles 0 and 1 are visible
     // With steps == 0 (a split past the last row) these read slots nothing wrote; the values are
     // never used. Guarding them changed the register allocation of the measured kernel.
-    read_b_fragments(0, b_hi, b_lo);
-    read_code_bits(0, w);
+    read_b_fragments(0, 0, b_hi, b_lo);
+    read_code_bits(0, 0, w);
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
       if (i + 2 < steps) load_b(i + 2, v_next);
@@ -292,8 +358,8 @@
       trellis_cuda::cp_async_commit();
       unsigned w_next[4][NWR], b_hi_next[MT][2], b_lo_next[MT][2];
       if (i + 1 < steps) {
-        read_b_fragments((i + 1) % B_SLOTS, b_hi_next, b_lo_next);
-        read_code_bits((i + 1) % STAGES, w_next);
+        read_b_fragments((i + 1) % B_SLOTS, 0, b_hi_next, b_lo_next);
+        read_code_bits((i + 1) % STAGES, 0, w_next);
       }
       decode_and_multiply(w, b_hi, b_lo);
       if (i + 2 < steps) store_b((i + 2) % B_SLOTS, v_next);

@@ -34,6 +34,9 @@ pub struct CudaDownConfig {
     pub nc: u32,
     /// 8-row MMA tiles per pass (activation rows per decode: `8 * mt`).
     pub mt: u32,
+    /// 16-row chunks of input rows per step (1, 2 or 4): one barrier, one round of copies and
+    /// one B tile per step.
+    pub ks: u32,
     /// Warps per block; each owns `16 * nc` output positions, so a block covers
     /// `warps * nc / 16` whole coded blocks.
     pub warps: u32,
@@ -58,22 +61,46 @@ impl CudaDownConfig {
     /// activations, carried as two f16 tiles).
     fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
         let coded_blocks = (self.warps * self.nc / 16) as usize;
-        let ring = self.stages as usize * 16 * (coded_blocks * 8 * g.k as usize + 4) * 4;
+        let step_rows = 16 * self.ks as usize;
+        let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
         let b_slots = if self.prefetch { 3 } else { 2 };
-        let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * 24 * 2;
+        let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
         ring + b_tiles
     }
 
-    fn check(&self, g: &TrellisGeometry, dtype: Dtype) -> Result<()> {
+    /// Whether this configuration can run `g` with `dtype` activations (see [`Self::check`]).
+    pub fn fits(&self, g: &TrellisGeometry, dtype: Dtype) -> bool {
+        self.check(g, dtype).is_ok()
+    }
+
+    /// An error naming the first reason this configuration cannot run `g` with `dtype`
+    /// activations: a field out of range, a block width that does not divide the coded blocks,
+    /// more splits than steps, or more static shared memory than a block may declare.
+    pub fn check(&self, g: &TrellisGeometry, dtype: Dtype) -> Result<()> {
         if ![2, 4, 8, 16].contains(&self.nc) {
             invalid!("CUDA down kernel: nc = {} must be 2, 4, 8 or 16", self.nc);
         }
         if !(1..=16).contains(&self.mt) || self.nc * self.mt > 32 {
             invalid!("CUDA down kernel: mt = {} must be in 1..=16 with nc * mt <= 32 (nc = {})", self.mt, self.nc);
         }
+        if ![1, 2, 4].contains(&self.ks) {
+            invalid!("CUDA down kernel: ks = {} must be 1, 2 or 4", self.ks);
+        }
         // At most 8 warps: 256 threads always fit the register file, whatever the kernel uses.
         if self.prefetch && self.stages < 3 {
             invalid!("CUDA down kernel: prefetch needs stages >= 3 (got {})", self.stages);
+        }
+        if self.prefetch && self.ks != 1 {
+            invalid!("CUDA down kernel: prefetch pipelines 16-row steps (ks = 1, got {})", self.ks);
+        }
+        // Activations load one at a time unless the rows are a multiple of 8; a thread then keeps
+        // one step row, which needs the block's threads to be a multiple of the step's rows.
+        if g.rows % 8 != 0 && (32 * self.warps) % (16 * self.ks) != 0 {
+            invalid!(
+                "CUDA down kernel: {} warps cannot load steps of {} rows of {g} (rows not a multiple of 8)",
+                self.warps,
+                16 * self.ks
+            );
         }
         if !(1..=8).contains(&self.warps) || self.splits == 0 || !(2..=6).contains(&self.stages) {
             invalid!(
@@ -93,8 +120,9 @@ impl CudaDownConfig {
                 g.blocks_per_row()
             );
         }
-        if self.splits as usize > g.rows.div_ceil(16) {
-            invalid!("CUDA down kernel: {} splits for {} input rows (16-row steps)", self.splits, g.rows);
+        let step_rows = 16 * self.ks as usize;
+        if self.splits as usize > g.rows.div_ceil(step_rows) {
+            invalid!("CUDA down kernel: {} splits for {} input rows ({step_rows}-row steps)", self.splits, g.rows);
         }
         let shared = self.shared_bytes(g, dtype == Dtype::Float32);
         if shared > STATIC_SHARED_LIMIT {
@@ -127,28 +155,29 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// The configuration for `m` activation rows of `dtype` (measured on an H200 at the Qwen down
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
-    // (sub-tiles per warp, 8-row tiles per pass, coded blocks per thread block, splits, byte sums
-    // on the tensor cores, prefetch), chosen by the kernel's own duration on an H200 at the Qwen
-    // down shape (Nsight Compute, one kernel at a time: `scripts/cuda.sh latency`), which is what
-    // a model's chain of dependent layers waits for. Up to 8 rows the decode is everything: more,
-    // smaller blocks (4 warps, 64 splits: about 5 warps per scheduler) hide its latency, and dp4a
-    // with the bias fold beats the u8 MMA byte sums, whose fixed latency a warp waits out.
-    let (nc, mt, blocks, splits, bytesum_mma, prefetch) = match m {
-        0..=8 => (8, 1, 2, 64, false, false),
-        9..=16 => (8, 2, 2, 32, true, false),
-        17..=32 => (4, 4, 1, 16, true, false),
-        // 16-bit activations take the dense path from DENSE_MIN_ROWS, so these two serve f32
-        // activations and explicit calls (timed with bf16 only; f32's prefetching kernel would
-        // spill, so it keeps the prefetch off).
-        33..=64 => (2, 8, 1, 32, true, false),
-        _ => (2, 16, 1, 16, true, dtype != Dtype::Float32),
+    // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
+    // block, splits, byte sums on the tensor cores, prefetch), chosen by the kernel's own duration
+    // on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time: `scripts/cuda.sh
+    // latency`), which is what a model's chain of dependent layers waits for. Up to 16 rows the
+    // decode is everything: small blocks hide its latency, and dp4a with the bias fold beats the
+    // u8 MMA byte sums, whose fixed latency a warp waits out. Steps of 32 or 64 input rows
+    // spread each step's barrier, copies and B tile over more decode.
+    let (nc, mt, ks, blocks, splits, bytesum_mma, prefetch) = match m {
+        0..=1 => (8, 1, 2, 2, 64, false, false),
+        2..=8 => (8, 1, 2, 1, 32, false, false),
+        9..=16 => (8, 2, 2, 1, 32, false, false),
+        17..=32 => (4, 4, 4, 1, 32, true, false),
+        33..=64 => (2, 8, 4, 1, 32, true, false),
+        // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
+        // activations and explicit calls.
+        _ => (2, 16, 2, 1, 16, true, false),
     };
-    let steps = g.rows.div_ceil(16) as u32;
     let mut cfg = CudaDownConfig {
         nc,
         mt,
+        ks,
         warps: 16 * blocks / nc,
-        splits: splits.min(steps),
+        splits,
         stages: 4,
         bytesum_mma,
         // The bias fold takes one HADD2 per pair of weights off the dp4a decode; the kernel
@@ -157,21 +186,29 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         prefetch,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
-    // (k >= 5) must still fit the static shared memory: fewer coded blocks per block first,
-    // then no prefetch, then a shallower ring.
+    // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
+    // per block first, then no prefetch, a shallower ring, shorter steps. Rows that are not a
+    // multiple of 8 need a step's rows to divide the block's threads.
     let split_x = dtype == Dtype::Float32;
     let covered = |c: &CudaDownConfig| (c.warps * c.nc / 16) as usize;
-    while covered(&cfg) > 1
-        && (g.blocks_per_row() % covered(&cfg) != 0 || cfg.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT)
-    {
+    let too_big = |c: &CudaDownConfig| c.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT;
+    while covered(&cfg) > 1 && (g.blocks_per_row() % covered(&cfg) != 0 || too_big(&cfg)) {
         cfg.warps /= 2;
     }
-    if cfg.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT {
+    if too_big(&cfg) {
         cfg.prefetch = false;
     }
-    while cfg.stages > 2 && cfg.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT {
-        cfg.stages -= 1;
+    let loads_fit = |c: &CudaDownConfig| g.rows % 8 == 0 || (32 * c.warps) % (16 * c.ks) == 0;
+    let shorter_steps = std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2));
+    let fitted = shorter_steps
+        .flat_map(|ks| (2..=cfg.stages).rev().map(move |stages| (ks, stages)))
+        .map(|(ks, stages)| CudaDownConfig { ks, stages, ..cfg })
+        .find(|c| !too_big(c) && loads_fit(c));
+    // No fit leaves the planned configuration, whose check then names the problem.
+    if let Some(fitted) = fitted {
+        cfg = fitted;
     }
+    cfg.splits = cfg.splits.min(g.rows.div_ceil(16 * cfg.ks as usize) as u32);
     cfg
 }
 
@@ -190,13 +227,14 @@ fn kernel() -> Result<&'static CudaKernel> {
 
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
-/// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 4 µs whatever the row count;
-/// the fused kernel takes 72 µs at 32 rows and 134 µs from 33 to 64 (one kernel at a time; see
-/// the README's benchmark section).
+/// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
+/// the fused kernel with MLX's fold takes 73 µs at 32 rows, 126 µs from 33 to 64 and 182 µs
+/// (kernel alone) at 128 (one kernel at a time; see the README's benchmark section). At 33–64
+/// rows the two paths are level, and the fused kernel needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
-pub const DENSE_MIN_ROWS: usize = 33;
+pub const DENSE_MIN_ROWS: usize = 65;
 
 /// Whether [`down_cuda`] takes the dense path for `m` rows of `dtype` activations.
 pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
@@ -253,6 +291,7 @@ pub fn down_cuda_partials(
     .template_int("L", g.l as i32)
     .template_int("NC", cfg.nc as i32)
     .template_int("MT", cfg.mt as i32)
+    .template_int("KS", cfg.ks as i32)
     .template_int("WARPS", cfg.warps as i32)
     .template_int("SPLITS", cfg.splits as i32)
     .template_int("STAGES", cfg.stages as i32)
@@ -288,9 +327,28 @@ mod tests {
             }
         }
         // The measured plan is unchanged where it fits (k <= 4).
-        assert_eq!((plan(&qwen, 1).warps, plan(&qwen, 1).splits), (4, 64));
-        assert_eq!(plan(&qwen, 32).warps, 4);
-        assert!(plan(&qwen, 128).prefetch);
+        let one = plan(&qwen, 1);
+        assert_eq!((one.warps, one.splits, one.ks), (4, 64, 2));
+        assert_eq!((plan(&qwen, 32).warps, plan(&qwen, 32).ks), (4, 4));
+        assert_eq!((plan(&qwen, 64).ks, plan(&qwen, 64).stages), (4, 4));
+    }
+
+    #[test]
+    fn steps_out_of_range_are_errors_that_say_so() {
+        let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
+        let err = |cfg: CudaDownConfig| cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(err(CudaDownConfig { ks: 3, ..plan(&g, 1) }).contains("ks = 3 must be 1, 2 or 4"));
+        let pf = CudaDownConfig { ks: 2, prefetch: true, ..plan(&g, 1) };
+        assert!(err(pf).contains("prefetch pipelines 16-row steps"), "{}", err(pf));
+        // 200 rows are 4 steps of 64: 5 splits would leave one empty.
+        let splits = CudaDownConfig { ks: 4, splits: 5, ..plan(&g, 1) };
+        assert!(err(splits).contains("5 splits for 200 input rows (64-row steps)"), "{}", err(splits));
+        // 100 rows load one activation at a time: one warp's 32 threads cannot keep 64 step rows.
+        let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
+        let one_warp = CudaDownConfig { nc: 16, warps: 1, ks: 4, splits: 1, ..plan(&odd, 1) };
+        let e = one_warp.check(&odd, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(e.contains("rows not a multiple of 8"), "{e}");
+        assert!(CudaDownConfig { ks: 2, ..one_warp }.fits(&odd, Dtype::Bfloat16));
     }
 
     #[test]
@@ -299,6 +357,7 @@ mod tests {
         let cfg = CudaDownConfig {
             nc: 8,
             mt: 4,
+            ks: 1,
             warps: 8,
             splits: 8,
             stages: 4,
