@@ -248,19 +248,9 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
                 for &(bytesum_mma, bias_fold, prefetch) in variants {
                     for ks in [1u32, 2, 4] {
                         let warps = 16 * blocks / nc;
-                        // The deepest ring (at most 4 steps) that fits the shared memory.
-                        let fitting = (2..=4).rev().map(|stages| CudaDownConfig {
-                            nc,
-                            mt,
-                            ks,
-                            warps,
-                            splits,
-                            stages,
-                            bytesum_mma,
-                            bias_fold,
-                            prefetch,
-                        });
-                        if let Some(cfg) = fitting.into_iter().find(|c| c.fits(&g, x.dtype())) {
+                        let cfg =
+                            CudaDownConfig { nc, mt, ks, warps, splits, stages: 4, bytesum_mma, bias_fold, prefetch };
+                        if let Some(cfg) = cfg.with_deepest_ring(&g, x.dtype()) {
                             configs.push(cfg);
                         }
                     }

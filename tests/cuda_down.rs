@@ -87,22 +87,8 @@ fn every_configuration_matches_the_reference() {
                 }
                 let splits = [1u32, 5, 13][n % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
                 let dtype = if n % 2 == 0 { Dtype::Float32 } else { Dtype::Bfloat16 };
-                // The deepest ring up to `stages` that fits the shared memory.
-                let Some(cfg) = (2..=stages)
-                    .rev()
-                    .map(|stages| CudaDownConfig {
-                        nc,
-                        mt,
-                        ks,
-                        warps,
-                        splits,
-                        stages,
-                        bytesum_mma,
-                        bias_fold,
-                        prefetch,
-                    })
-                    .find(|cfg| cfg.fits(&g, dtype))
-                else {
+                let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, bytesum_mma, bias_fold, prefetch };
+                let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                     continue;
                 };
                 n += 1;

@@ -73,6 +73,12 @@ impl CudaDownConfig {
         self.check(g, dtype).is_ok()
     }
 
+    /// This configuration with the deepest code ring, at most `self.stages` steps, that makes it
+    /// fit `g` with `dtype` activations; `None` if none does.
+    pub fn with_deepest_ring(self, g: &TrellisGeometry, dtype: Dtype) -> Option<CudaDownConfig> {
+        (2..=self.stages).rev().map(|stages| CudaDownConfig { stages, ..self }).find(|c| c.fits(g, dtype))
+    }
+
     /// An error naming the first reason this configuration cannot run `g` with `dtype`
     /// activations: a field out of range, a block width that does not divide the coded blocks,
     /// more splits than steps, or more static shared memory than a block may declare.
@@ -331,6 +337,18 @@ mod tests {
         assert_eq!((one.warps, one.splits, one.ks), (4, 64, 2));
         assert_eq!((plan(&qwen, 32).warps, plan(&qwen, 32).ks), (4, 4));
         assert_eq!((plan(&qwen, 64).ks, plan(&qwen, 64).stages), (4, 4));
+    }
+
+    #[test]
+    fn the_deepest_ring_that_fits_is_found() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
+        // 64-row steps over two coded blocks: a 4-deep ring needs 53 KB, a 3-deep one 40 KB.
+        let cfg = CudaDownConfig { ks: 4, stages: 4, ..plan(&qwen, 1) };
+        assert!(!cfg.fits(&qwen, Dtype::Bfloat16));
+        assert_eq!(cfg.with_deepest_ring(&qwen, Dtype::Bfloat16).map(|c| c.stages), Some(3));
+        // Nothing fits: 8 coded blocks per thread block in 64-row steps.
+        let wide = CudaDownConfig { nc: 16, warps: 8, ks: 4, ..cfg };
+        assert_eq!(wide.with_deepest_ring(&qwen, Dtype::Bfloat16), None);
     }
 
     #[test]
