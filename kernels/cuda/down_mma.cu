@@ -159,7 +159,7 @@
       struct alignas(16) H8 {
         __half h[8];
       };
-      struct alignas(sizeof(T) * VW) TV {
+      struct alignas(16) TV {  // 16 or 32 bytes, read as 16-byte words
         T t[VW];
       };
       const H8 s = r < R ? *reinterpret_cast<const H8*>(scales + r) : H8{};
