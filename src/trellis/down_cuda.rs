@@ -249,6 +249,12 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration
 /// [`plan`] picks, or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
+///
+/// `codes` must start on a 16-byte boundary: the kernel streams it with 16-byte asynchronous
+/// copies. Arrays MLX allocates (loaded, created or computed, and so every `TrellisLinear`'s)
+/// do; a view that starts inside another array's buffer may not, and must be copied first
+/// ([`MlxArray::deep_copy`]). Activations and scales may be such views: the kernel checks their
+/// alignment and loads them one at a time when they are not aligned.
 pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     require_supported(g)?;
     let m = x2.shape().first().copied().unwrap_or(0);
