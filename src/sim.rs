@@ -81,11 +81,11 @@ fn to_host(a: &MlxArray) -> Result<HostTensor> {
     fn tensor<T: Element + msl_sim::Element>(a: &MlxArray) -> Result<HostTensor> {
         Ok(HostTensor::from_slice(&a.shape(), &a.to_vec::<T>()?))
     }
-    let bits16 = |a: &MlxArray, st: ScalarType| -> Result<HostTensor> {
-        // 16-bit floats travel as their bit patterns.
-        let bits: Vec<u16> = a.contiguous()?.view(Dtype::Uint16)?.to_vec::<u16>()?;
+    // 16-bit floats travel as their bit patterns.
+    fn bits16<T: Element>(a: &MlxArray, st: ScalarType, to_bits: fn(T) -> u16) -> Result<HostTensor> {
+        let bits: Vec<u16> = a.to_vec::<T>()?.into_iter().map(to_bits).collect();
         Ok(HostTensor::from_bits_u16(st, &a.shape(), &bits))
-    };
+    }
     match a.dtype() {
         Dtype::Bool => tensor::<bool>(a),
         Dtype::Uint8 => tensor::<u8>(a),
@@ -97,8 +97,8 @@ fn to_host(a: &MlxArray) -> Result<HostTensor> {
         Dtype::Int32 => tensor::<i32>(a),
         Dtype::Int64 => tensor::<i64>(a),
         Dtype::Float32 => tensor::<f32>(a),
-        Dtype::Float16 => bits16(a, ScalarType::F16),
-        Dtype::Bfloat16 => bits16(a, ScalarType::BF16),
+        Dtype::Float16 => bits16(a, ScalarType::F16, f16::to_bits),
+        Dtype::Bfloat16 => bits16(a, ScalarType::BF16, bf16::to_bits),
         d @ (Dtype::Float64 | Dtype::Complex64) => invalid!("a Metal kernel input cannot be {d}"),
     }
 }

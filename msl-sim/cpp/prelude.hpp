@@ -41,7 +41,6 @@
   const char *msl_sim_file_ = __builtin_FILE(),                                \
              int msl_sim_line_ = __builtin_LINE(), int msl_sim_col_ = MSL_SIM_COLUMN()
 #define MSL_SIM_LOC msl_sim_file_, msl_sim_line_, msl_sim_col_
-#define MSL_SIM_LOC_MSG msl_sim_file_, msl_sim_line_
 
 // ---------------------------------------------------------------------------
 // Scalar type names. These are global typedefs (glibc may declare the same
@@ -974,6 +973,25 @@ constexpr unsigned owner_lane(unsigned r, unsigned c) {
 }
 static_assert(frag_row(owner_lane(5, 3)) == 5 && frag_col(owner_lane(5, 3)) == 2, "layout");
 static_assert(frag_row(owner_lane(6, 7)) == 6 && frag_col(owner_lane(6, 7)) == 6, "layout");
+// A collective that needs all 32 lanes of the SIMD-group.
+MSL_SIM_INLINE const msl_sim_rt::Exchange &full_collective(const char *op, const void *data,
+                                                           unsigned size, const char *file,
+                                                           int line, int col) {
+  const auto &ex = msl_sim_rt::collective(op, data, size, 0, false, file, line, col);
+  if (ex.active != 0xffffffffu)
+    msl_sim_rt::fatal("%s at %s:%d needs all 32 lanes of the SIMD-group, but the active lane "
+                      "mask is 0x%08x",
+                      op, file, line, ex.active);
+  return ex;
+}
+// Memory offset of element j (0 or 1) of lane l's fragment for simdgroup_load/store:
+// element (r, c) is at (origin.y + r) * elements_per_row + origin.x + c, with r and c
+// swapped when transposing.
+MSL_SIM_INLINE ulong memory_offset(unsigned l, ulong j, ulong elements_per_row, ulong2 origin,
+                                   bool transpose) {
+  const ulong r = frag_row(l), c = frag_col(l) + j;
+  return (origin.y + (transpose ? c : r)) * elements_per_row + origin.x + (transpose ? r : c);
+}
 } // namespace msl_sim_matrix
 
 template <class T, int Cols, int Rows> struct simdgroup_matrix {
@@ -1012,12 +1030,8 @@ MSL_SIM_INLINE void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8> &d,
                                                   MSL_SIM_LOC_PARAMS) {
   const float mine[6] = {float(a.elems_.x), float(a.elems_.y), float(b.elems_.x),
                          float(b.elems_.y), float(c.elems_.x), float(c.elems_.y)};
-  const auto &ex = msl_sim_rt::collective("simdgroup_multiply_accumulate", mine, sizeof(mine), 0,
-                                          false, MSL_SIM_LOC);
-  if (ex.active != 0xffffffffu)
-    msl_sim_rt::fatal("simdgroup_multiply_accumulate at %s:%d needs all 32 lanes of the "
-                      "SIMD-group, but the active lane mask is 0x%08x",
-                      MSL_SIM_LOC_MSG, ex.active);
+  const auto &ex = msl_sim_matrix::full_collective("simdgroup_multiply_accumulate", mine,
+                                                   sizeof(mine), MSL_SIM_LOC);
   auto elem = [&](int operand, unsigned r, unsigned col) {
     const unsigned o = msl_sim_matrix::owner_lane(r, col);
     float v[6];
@@ -1050,32 +1064,22 @@ template <class T, class U>
 MSL_SIM_INLINE void simdgroup_load(simdgroup_matrix<T, 8, 8> &d, const U *src,
                                    ulong elements_per_row = 8, ulong2 matrix_origin = ulong2(0),
                                    bool transpose_matrix = false, MSL_SIM_LOC_PARAMS) {
-  const auto &ex = msl_sim_rt::collective("simdgroup_load", nullptr, 0, 0, false, MSL_SIM_LOC);
-  if (ex.active != 0xffffffffu)
-    msl_sim_rt::fatal("simdgroup_load at %s:%d needs all 32 lanes of the SIMD-group",
-                      MSL_SIM_LOC_MSG);
+  msl_sim_matrix::full_collective("simdgroup_load", nullptr, 0, MSL_SIM_LOC);
   const unsigned l = msl_sim_rt::lane();
-  const ulong r = msl_sim_matrix::frag_row(l), c = msl_sim_matrix::frag_col(l);
-  for (ulong j = 0; j < 2; ++j) {
-    const ulong rr = transpose_matrix ? c + j : r, cc = transpose_matrix ? r : c + j;
-    d.elems_[int(j)] = T(src[(matrix_origin.y + rr) * elements_per_row + matrix_origin.x + cc]);
-  }
+  for (ulong j = 0; j < 2; ++j)
+    d.elems_[int(j)] = T(src[msl_sim_matrix::memory_offset(l, j, elements_per_row, matrix_origin,
+                                                           transpose_matrix)]);
 }
 
 template <class T, class U>
 MSL_SIM_INLINE void simdgroup_store(const simdgroup_matrix<T, 8, 8> &a, U *dst,
                                     ulong elements_per_row = 8, ulong2 matrix_origin = ulong2(0),
                                     bool transpose_matrix = false, MSL_SIM_LOC_PARAMS) {
-  const auto &ex = msl_sim_rt::collective("simdgroup_store", nullptr, 0, 0, false, MSL_SIM_LOC);
-  if (ex.active != 0xffffffffu)
-    msl_sim_rt::fatal("simdgroup_store at %s:%d needs all 32 lanes of the SIMD-group",
-                      MSL_SIM_LOC_MSG);
+  msl_sim_matrix::full_collective("simdgroup_store", nullptr, 0, MSL_SIM_LOC);
   const unsigned l = msl_sim_rt::lane();
-  const ulong r = msl_sim_matrix::frag_row(l), c = msl_sim_matrix::frag_col(l);
-  for (ulong j = 0; j < 2; ++j) {
-    const ulong rr = transpose_matrix ? c + j : r, cc = transpose_matrix ? r : c + j;
-    dst[(matrix_origin.y + rr) * elements_per_row + matrix_origin.x + cc] = U(a.elems_[int(j)]);
-  }
+  for (ulong j = 0; j < 2; ++j)
+    dst[msl_sim_matrix::memory_offset(l, j, elements_per_row, matrix_origin, transpose_matrix)] =
+        U(a.elems_[int(j)]);
 }
 
 // ---------------------------------------------------------------------------

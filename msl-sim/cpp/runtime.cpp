@@ -39,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <sys/mman.h>
@@ -244,6 +245,17 @@ static inline void yield(Worker *w, Fiber *f) {
 // ---------------------------------------------------------------------------
 unsigned lane() { return tl_worker->cur->lane; }
 
+// Suspends the current fiber at operation `op` until the scheduler resumes it.
+static void wait_at(Worker *w, Fiber *f, uint8_t state, const char *op, const char *file,
+                    int line, int col) {
+  f->state = state;
+  f->op = op;
+  f->file = file;
+  f->line = line;
+  f->col = col;
+  yield(w, f);
+}
+
 const Exchange &collective(const char *op, const void *data, unsigned size, uint32_t param,
                            bool uniform_param, const char *file, int line, int col) {
   Worker *w = tl_worker;
@@ -252,12 +264,7 @@ const Exchange &collective(const char *op, const void *data, unsigned size, uint
   Exchange &ex = sg.ex[sg.parity];
   if (size) std::memcpy(ex.slot[f->lane], data, size);
   ex.param[f->lane] = param;
-  f->state = kAtSimd;
-  f->op = op;
-  f->file = file;
-  f->line = line;
-  f->col = col;
-  yield(w, f);
+  wait_at(w, f, kAtSimd, op, file, line, col);
   if (uniform_param) {
     for (unsigned l = 0; l < unsigned(kSimdWidth); ++l)
       if (((ex.active >> l) & 1u) && ex.param[l] != param)
@@ -269,14 +276,7 @@ const Exchange &collective(const char *op, const void *data, unsigned size, uint
 }
 
 void threadgroup_barrier(const char *file, int line, int col) {
-  Worker *w = tl_worker;
-  Fiber *f = w->cur;
-  f->state = kAtBarrier;
-  f->op = "threadgroup_barrier";
-  f->file = file;
-  f->line = line;
-  f->col = col;
-  yield(w, f);
+  wait_at(tl_worker, tl_worker->cur, kAtBarrier, "threadgroup_barrier", file, line, col);
 }
 
 // ---------------------------------------------------------------------------
@@ -608,6 +608,16 @@ int main(int argc, char **argv) {
   const uint32_t n_in = r.get<uint32_t>();
   if (int(n_in) != k.num_inputs) fatal("input file has %u inputs, kernel expects %d", n_in, k.num_inputs);
   std::vector<void *> buffers;
+  // Reads one buffer's size and contents into a guarded buffer.
+  auto read_buffer = [&](const char *name) {
+    const uint64_t nbytes = r.get<uint64_t>();
+    r.need(nbytes);
+    char *buf = guarded_buffer(nbytes, name);
+    std::memcpy(buf, r.p, nbytes);
+    r.p += nbytes;
+    buffers.push_back(buf);
+    return std::make_pair(buf, nbytes);
+  };
   std::vector<ArgMeta> meta(n_in + 1);
   std::vector<std::vector<int>> shapes(n_in);
   std::vector<std::vector<int64_t>> strides(n_in);
@@ -618,26 +628,13 @@ int main(int argc, char **argv) {
     for (uint32_t j = 0; j < ndim; ++j) shapes[i][j] = r.get<int32_t>();
     for (uint32_t j = 0; j < ndim; ++j) strides[i][j] = r.get<int64_t>();
     meta[i] = ArgMeta{shapes[i].data(), strides[i].data(), int(ndim)};
-    const uint64_t nbytes = r.get<uint64_t>();
-    r.need(nbytes);
-    char *buf = guarded_buffer(nbytes, k.buffer_names[i]);
-    std::memcpy(buf, r.p, nbytes);
-    r.p += nbytes;
-    buffers.push_back(buf);
+    read_buffer(k.buffer_names[i]);
   }
   const uint32_t n_out = r.get<uint32_t>();
   if (int(n_out) != k.num_outputs)
     fatal("input file has %u outputs, kernel expects %d", n_out, k.num_outputs);
   std::vector<std::pair<char *, uint64_t>> outputs;
-  for (uint32_t i = 0; i < n_out; ++i) {
-    const uint64_t nbytes = r.get<uint64_t>();
-    r.need(nbytes);
-    char *buf = guarded_buffer(nbytes, k.buffer_names[n_in + i]);
-    std::memcpy(buf, r.p, nbytes);
-    r.p += nbytes;
-    buffers.push_back(buf);
-    outputs.emplace_back(buf, nbytes);
-  }
+  for (uint32_t i = 0; i < n_out; ++i) outputs.push_back(read_buffer(k.buffer_names[n_in + i]));
   g_buffers = buffers.data();
   g_meta = meta.data();
 

@@ -7,7 +7,7 @@
 //! textual rewrites of the header and body (see [`rewrite_source`]).
 
 use crate::tensor::HostTensor;
-use crate::{KernelDesc, Launch, SimError, TemplateArg};
+use crate::{KernelDesc, Launch, TemplateArg};
 
 /// Metal thread attributes MLX adds as kernel parameters when the body text
 /// contains their name (a plain substring test), in MLX's order, with types.
@@ -59,67 +59,26 @@ struct ShapeInfo {
     ndim: bool,
 }
 
-fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
-        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+/// Template parameter list and argument lists, e.g. (`int N, bool B`, `4, 1`, `4, true`):
+/// MLX prints bools as 1/0, while C++ needs `true`/`false` for a bool parameter.
+fn template_lists(args: &[(String, TemplateArg)]) -> (String, String, String) {
+    let (mut params, mut msl, mut cpp) = (Vec::new(), Vec::new(), Vec::new());
+    for (name, arg) in args {
+        let (kind, msl_value, cpp_value) = match arg {
+            TemplateArg::Int(v) => ("int", v.to_string(), v.to_string()),
+            TemplateArg::Bool(b) => ("bool", u8::from(*b).to_string(), b.to_string()),
+            TemplateArg::Dtype(d) => ("typename", d.msl_name().to_string(), d.msl_name().to_string()),
+        };
+        params.push(format!("{kind} {name}"));
+        msl.push(msl_value);
+        cpp.push(cpp_value);
+    }
+    (params.join(", "), msl.join(", "), cpp.join(", "))
 }
 
-/// Template parameter list and argument list, e.g. (`int N, typename T`, `4, float`).
-fn template_lists(args: &[(String, TemplateArg)], for_msl: bool) -> (String, String) {
-    let params = args
-        .iter()
-        .map(|(name, arg)| {
-            let kind = match arg {
-                TemplateArg::Int(_) => "int",
-                TemplateArg::Bool(_) => "bool",
-                TemplateArg::Dtype(_) => "typename",
-            };
-            format!("{kind} {name}")
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    let values = args
-        .iter()
-        .map(|(_, arg)| match arg {
-            TemplateArg::Int(v) => v.to_string(),
-            // MLX prints bools as 1/0; C++ needs `true`/`false` for a bool parameter.
-            TemplateArg::Bool(b) if for_msl => u8::from(*b).to_string(),
-            TemplateArg::Bool(b) => b.to_string(),
-            TemplateArg::Dtype(d) => d.msl_name().to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    (params, values)
-}
-
-/// Generates the kernel for `desc` instantiated for these inputs and launch.
-pub(crate) fn generate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch) -> Result<Generated, SimError> {
-    let invalid = |msg: String| Err(SimError::InvalidArgument(msg));
-    if !is_identifier(&desc.name) {
-        return invalid(format!("kernel name `{}` is not an identifier", desc.name));
-    }
-    for n in desc.input_names.iter().chain(&desc.output_names) {
-        if !is_identifier(n) {
-            return invalid(format!("buffer name `{n}` is not an identifier"));
-        }
-    }
-    for (n, arg) in &launch.template_args {
-        if !is_identifier(n) {
-            return invalid(format!("template parameter name `{n}` is not an identifier"));
-        }
-        if let TemplateArg::Int(v) = arg {
-            if *v < 0 {
-                // MLX appends the template arguments to the Metal function name
-                // verbatim, so a '-' would make the generated name invalid.
-                return invalid(format!(
-                    "template argument {n} = {v}: MLX builds the kernel function name from the \
-                     template arguments, and a negative value makes it an invalid identifier"
-                ));
-            }
-        }
-    }
-
+/// Generates the kernel for `desc` instantiated for these inputs and launch
+/// (the arguments have passed `crate::validate`).
+pub(crate) fn generate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch) -> Generated {
     let shape_infos: Vec<ShapeInfo> = desc
         .input_names
         .iter()
@@ -133,14 +92,16 @@ pub(crate) fn generate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch
         METAL_ATTRIBUTES.iter().copied().filter(|(a, _)| desc.source.contains(a)).collect();
 
     let mut kernel_name = format!("custom_kernel_{}", desc.name);
-    let (tparams, tvalues_msl) = template_lists(&launch.template_args, true);
-    let (_, tvalues_cpp) = template_lists(&launch.template_args, false);
+    let (tparams, tvalues_msl, tvalues_cpp) = template_lists(&launch.template_args);
     if !launch.template_args.is_empty() {
         // MLX: "<a, b>" with '<', '>' and ", " replaced by '_', last '_' dropped.
         kernel_name.push('_');
         kernel_name.push('_');
         kernel_name.push_str(&tvalues_msl.replace(", ", "_"));
     }
+    // Element type of each output parameter.
+    let output_type = |t: &str| if desc.atomic_outputs { format!("atomic<{t}>") } else { t.to_string() };
+    let output_types: Vec<String> = launch.outputs.iter().map(|(_, dtype)| output_type(dtype.msl_name())).collect();
 
     let signature = |body_prefix: &str, body: &str, body_suffix: &str| -> String {
         let mut k = String::new();
@@ -170,12 +131,7 @@ pub(crate) fn generate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch
                 }
             }
         }
-        for (name, (_, dtype)) in desc.output_names.iter().zip(&launch.outputs) {
-            let ty = if desc.atomic_outputs {
-                format!("atomic<{}>", dtype.msl_name())
-            } else {
-                dtype.msl_name().to_string()
-            };
+        for (name, ty) in desc.output_names.iter().zip(&output_types) {
             params.push(format!("  device {ty}* {name} [[buffer({index})]]"));
             index += 1;
         }
@@ -221,7 +177,7 @@ pub(crate) fn generate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch
         if launch.template_args.is_empty() { kernel_name.clone() } else { format!("{kernel_name}<{tvalues_cpp}>") };
     let mut args: Vec<String> = Vec::new();
     let n_in = inputs.len();
-    for (i, ((arr, info), _)) in inputs.iter().zip(&shape_infos).zip(&desc.input_names).enumerate() {
+    for (i, (arr, info)) in inputs.iter().zip(&shape_infos).enumerate() {
         let ty = arr.dtype.msl_name();
         if arr.shape.is_empty() {
             args.push(format!("*(const {ty}*)msl_sim_b[{i}]"));
@@ -238,9 +194,7 @@ pub(crate) fn generate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch
             }
         }
     }
-    for (j, (_, dtype)) in launch.outputs.iter().enumerate() {
-        let ty =
-            if desc.atomic_outputs { format!("atomic<{}>", dtype.msl_name()) } else { dtype.msl_name().to_string() };
+    for (j, ty) in output_types.iter().enumerate() {
         args.push(format!("({ty}*)msl_sim_b[{}]", n_in + j));
     }
     for (attr, _) in &attributes {
@@ -261,7 +215,7 @@ pub(crate) fn generate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch
         desc.output_names.len()
     );
 
-    Ok(Generated { kernel_name, msl_source, cpp_source: cpp })
+    Generated { kernel_name, msl_source, cpp_source: cpp }
 }
 
 /// The standard Metal headers a kernel header may include; the prelude
@@ -472,7 +426,7 @@ mod tests {
             .template("N", TemplateArg::Int(3))
             .template("T", TemplateArg::Dtype(ScalarType::F16))
             .template("B", TemplateArg::Bool(true));
-        let g = generate(&desc, &inputs, &launch).unwrap();
+        let g = generate(&desc, &inputs, &launch);
         assert_eq!(g.kernel_name, "custom_kernel_k__3_float16_t_1");
         let want = "template <int N, typename T, bool B>\n\
             [[kernel]] void custom_kernel_k__3_float16_t_1(\n\

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::SimError;
+use crate::{io_err, SimError};
 
 const PRELUDE: &str = include_str!("../cpp/prelude.hpp");
 const RUNTIME: &str = include_str!("../cpp/runtime.cpp");
@@ -71,20 +71,19 @@ pub(crate) fn cache_dir() -> PathBuf {
     }
 }
 
-/// 64-bit FNV-1a, implemented here because std's hashers are not stable
-/// across Rust versions and the cache outlives a build.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// Continues a 64-bit FNV-1a hash `h` over `bytes`.
+fn fnv1a64_update(h: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(h, |h, &byte| (h ^ u64::from(byte)).wrapping_mul(FNV_PRIME))
+}
+
+/// 64-bit FNV-1a of `parts`, each followed by a 0xff separator so that
+/// ("ab", "c") and ("a", "bc") differ. Implemented here because std's hashers
+/// are not stable across Rust versions and the cache outlives a build.
 fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &byte in *part {
-            h ^= u64::from(byte);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separator so that ("ab", "c") and ("a", "bc") differ.
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
+    parts.iter().fold(FNV_OFFSET, |h, part| fnv1a64_update(fnv1a64_update(h, part), &[0xff]))
 }
 
 /// A unique path next to `target` for writing before the atomic rename.
@@ -94,10 +93,6 @@ fn temp_sibling(target: &Path) -> PathBuf {
     let mut name = target.file_name().unwrap_or_default().to_os_string();
     name.push(format!(".tmp-{}-{n}", std::process::id()));
     target.with_file_name(name)
-}
-
-fn io_err(context: String) -> impl FnOnce(std::io::Error) -> SimError {
-    move |source| SimError::Io { context, source }
 }
 
 fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), SimError> {
@@ -113,22 +108,25 @@ fn command_line() -> Vec<String> {
     args
 }
 
-/// Runs the compiler; on failure returns its diagnostics.
-fn run_compiler(args: &[String], what: &str, kept_source: &Path) -> Result<(), SimError> {
+/// Runs the compiler with `args` plus `-o` a temporary file, then renames the
+/// result to `target`; on failure returns the compiler's diagnostics.
+fn compile_to(target: &Path, mut args: Vec<String>, what: &str, kept_source: &Path) -> Result<(), SimError> {
+    let tmp = temp_sibling(target);
+    args.extend(["-o".into(), tmp.display().to_string()]);
     let cxx = compiler();
-    let out = Command::new(&cxx).args(args).output().map_err(|e| SimError::Io {
-        context: format!("starting the C++ compiler `{cxx}` (set MSL_SIM_CXX to choose another)"),
-        source: e,
-    })?;
-    if out.status.success() {
-        return Ok(());
+    let out = Command::new(&cxx)
+        .args(&args)
+        .output()
+        .map_err(io_err(format!("starting the C++ compiler `{cxx}` (set MSL_SIM_CXX to choose another)")))?;
+    if !out.status.success() {
+        return Err(SimError::Compile {
+            kernel: what.to_string(),
+            compiler: cxx,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            source_path: kept_source.to_path_buf(),
+        });
     }
-    Err(SimError::Compile {
-        kernel: what.to_string(),
-        compiler: cxx,
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        source_path: kept_source.to_path_buf(),
-    })
+    std::fs::rename(&tmp, target).map_err(io_err(format!("renaming to {}", target.display())))
 }
 
 /// The runtime object file, built on first use.
@@ -147,12 +145,9 @@ fn runtime_object(dir: &Path) -> Result<PathBuf, SimError> {
     }
     let src = dir.join(format!("runtime-{key:016x}.cpp"));
     write_atomically(&src, source.as_bytes())?;
-    let tmp = temp_sibling(&obj);
     let mut full = args;
     full.extend(["-c".into(), "-x".into(), "c++".into(), src.display().to_string()]);
-    full.extend(["-o".into(), tmp.display().to_string()]);
-    run_compiler(&full, "msl-sim runtime", &src)?;
-    std::fs::rename(&tmp, &obj).map_err(io_err(format!("renaming to {}", obj.display())))?;
+    compile_to(&obj, full, "msl-sim runtime", &src)?;
     Ok(obj)
 }
 
@@ -185,33 +180,22 @@ pub(crate) fn build(kernel_name: &str, kernel_cpp: &str) -> Result<Built, SimErr
     // The source is published before the executable, so an executable that
     // exists always has its source next to it.
     write_atomically(&src, source.as_bytes())?;
-    let tmp = temp_sibling(&exe);
     let mut full = args;
     full.extend(["-x".into(), "c++".into(), src.display().to_string()]);
     full.extend(["-x".into(), "none".into(), runtime.display().to_string()]);
-    full.extend(["-o".into(), tmp.display().to_string()]);
-    run_compiler(&full, kernel_name, &src)?;
-    std::fs::rename(&tmp, &exe).map_err(io_err(format!("renaming to {}", exe.display())))?;
+    compile_to(&exe, full, kernel_name, &src)?;
     Ok(Built { exe, cached: false, compile_seconds: start.elapsed().as_secs_f64() })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::fnv1a64;
+    use super::{fnv1a64, fnv1a64_update, FNV_OFFSET};
 
     #[test]
     fn fnv1a_matches_reference_values() {
         // FNV-1a 64 of "" and "a" (without the part separator).
-        let raw = |s: &[u8]| {
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for &b in s {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0000_0100_0000_01b3);
-            }
-            h
-        };
-        assert_eq!(raw(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(raw(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a64_update(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64_update(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]));
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::tensor::HostTensor;
-use crate::SimError;
+use crate::{io_err, SimError};
 
 /// A private scratch directory, removed on drop.
 struct ScratchDir(PathBuf);
@@ -22,8 +22,7 @@ impl ScratchDir {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir_all(&dir)
-            .map_err(|source| SimError::Io { context: format!("creating {}", dir.display()), source })?;
+        std::fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
         Ok(ScratchDir(dir))
     }
 }
@@ -110,10 +109,10 @@ pub(crate) fn execute(
     let input_path = dir.0.join("input.bin");
     let output_path = dir.0.join("output.bin");
     let stderr_path = dir.0.join("stderr.txt");
-    let io = |context: String| move |source| SimError::Io { context, source };
     std::fs::write(&input_path, encode_input(grid, threadgroup, inputs, outputs))
-        .map_err(io(format!("writing {}", input_path.display())))?;
-    let stderr_file = std::fs::File::create(&stderr_path).map_err(io(format!("creating {}", stderr_path.display())))?;
+        .map_err(io_err(format!("writing {}", input_path.display())))?;
+    let stderr_file =
+        std::fs::File::create(&stderr_path).map_err(io_err(format!("creating {}", stderr_path.display())))?;
 
     let mut child = Command::new(exe)
         .arg(&input_path)
@@ -122,13 +121,13 @@ pub(crate) fn execute(
         .stdout(Stdio::null())
         .stderr(stderr_file)
         .spawn()
-        .map_err(io(format!("starting {}", exe.display())))?;
+        .map_err(io_err(format!("starting {}", exe.display())))?;
     let status = match timeout() {
-        None => child.wait().map_err(io("waiting for the kernel process".into()))?,
+        None => child.wait().map_err(io_err("waiting for the kernel process".into()))?,
         Some(limit) => {
             let start = Instant::now();
             loop {
-                if let Some(status) = child.try_wait().map_err(io("waiting for the kernel process".into()))? {
+                if let Some(status) = child.try_wait().map_err(io_err("waiting for the kernel process".into()))? {
                     break status;
                 }
                 if start.elapsed() > limit {
@@ -154,6 +153,6 @@ pub(crate) fn execute(
         }
         return Err(SimError::Runtime { kernel: kernel_name.to_string(), message });
     }
-    let bytes = std::fs::read(&output_path).map_err(io(format!("reading {}", output_path.display())))?;
+    let bytes = std::fs::read(&output_path).map_err(io_err(format!("reading {}", output_path.display())))?;
     decode_output(&bytes, outputs).map_err(|m| SimError::Runtime { kernel: kernel_name.to_string(), message: m })
 }

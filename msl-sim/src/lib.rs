@@ -228,7 +228,7 @@ pub fn run(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch) -> Result<
 /// Like [`run`], also reporting compile and run times.
 pub fn run_with_report(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch) -> Result<RunReport, SimError> {
     validate(desc, inputs, launch)?;
-    let generated = codegen::generate(desc, inputs, launch)?;
+    let generated = codegen::generate(desc, inputs, launch);
     if launch.verbose {
         println!("Generated source code for `{}`:\n```\n{}\n```", desc.name, generated.msl_source);
     }
@@ -298,5 +298,39 @@ fn validate(desc: &KernelDesc, inputs: &[HostTensor], launch: &Launch) -> Result
         // pipeline's limit, which is at most 1024 on Apple GPUs.
         return err(format!("threadgroup size {tg} exceeds the maximum of 1024 threads"));
     }
+    if !is_identifier(&desc.name) {
+        return err(format!("kernel name `{}` is not an identifier", desc.name));
+    }
+    for n in desc.input_names.iter().chain(&desc.output_names) {
+        if !is_identifier(n) {
+            return err(format!("buffer name `{n}` is not an identifier"));
+        }
+    }
+    for (n, arg) in &launch.template_args {
+        if !is_identifier(n) {
+            return err(format!("template parameter name `{n}` is not an identifier"));
+        }
+        if let TemplateArg::Int(v) = arg {
+            if *v < 0 {
+                // MLX appends the template arguments to the Metal function name
+                // verbatim, so a '-' would make the generated name invalid.
+                return err(format!(
+                    "template argument {n} = {v}: MLX builds the kernel function name from the \
+                     template arguments, and a negative value makes it an invalid identifier"
+                ));
+            }
+        }
+    }
     Ok(())
+}
+
+fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// Maps an I/O error to [`SimError::Io`] with `context`.
+pub(crate) fn io_err(context: String) -> impl FnOnce(std::io::Error) -> SimError {
+    move |source| SimError::Io { context, source }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{compile_message, runtime_message, Rng};
+use common::{compile_message, f32_runtime_error, launch_1d, runtime_message, Rng};
 use msl_sim::{
     bf16_bits_to_f32, f16_bits_to_f32, f32_to_bf16_bits, f32_to_f16_bits, run, HostTensor, KernelDesc, Launch,
     ScalarType, TemplateArg,
@@ -101,8 +101,7 @@ fn grid_not_a_multiple_of_the_threadgroup() {
 #[test]
 fn out_of_bounds_write_is_reported() {
     let desc = KernelDesc::new("oob", &[], &["out"], "out[thread_position_in_grid.x + 1] = 1.0f;");
-    let r = run(&desc, &[], &Launch::new(vec![(vec![64], ScalarType::F32)], [64, 1, 1], [32, 1, 1]));
-    let msg = runtime_message(r);
+    let msg = runtime_message(run(&desc, &[], &launch_1d(64, 32, ScalarType::F32)));
     assert!(msg.contains("past the end of buffer 'out'"), "{msg}");
 }
 
@@ -114,7 +113,7 @@ fn init_value_and_poison() {
         &["out"],
         "const uint i = thread_position_in_grid.x;\n  if (i % 2 == 0) out[i] = float(i);",
     );
-    let launch = Launch::new(vec![(vec![16], ScalarType::F32)], [16, 1, 1], [16, 1, 1]);
+    let launch = launch_1d(16, 16, ScalarType::F32);
     let poisoned = run(&desc, &[], &launch).unwrap();
     assert_eq!(poisoned[0].poison_indices(), (1..16).step_by(2).collect::<Vec<_>>());
     assert!(poisoned[0].to_f32_vec()[1].is_nan());
@@ -242,13 +241,13 @@ fn unsupported_features_fail_to_compile_with_their_name() {
         &["out"],
         "const uint i = thread_position_in_grid.x;\n  out[i] = simd_prefix_inclusive_product(x[i]);",
     );
-    let launch = Launch::new(vec![(vec![32], ScalarType::F32)], [32, 1, 1], [32, 1, 1]);
-    let msg = compile_message(run(&desc, &[HostTensor::from_f32(&[32], &[1.0; 32])], &launch));
+    let msg =
+        compile_message(run(&desc, &[HostTensor::from_f32(&[32], &[1.0; 32])], &launch_1d(32, 32, ScalarType::F32)));
     assert!(msg.contains("msl-sim does not support simd_prefix_inclusive_product"), "{msg}");
     assert!(msg.contains("kernel-body:2"), "{msg}");
 
     let desc = KernelDesc::new("texture", &[], &["out"], "texture2d<float, access::read> t;\n  out[0] = 1.0f;");
-    let launch = Launch::new(vec![(vec![1], ScalarType::F32)], [1, 1, 1], [1, 1, 1]);
+    let launch = launch_1d(1, 1, ScalarType::F32);
     let msg = compile_message(run(&desc, &[], &launch));
     assert!(msg.contains("msl-sim does not support textures (texture2d)"), "{msg}");
 
@@ -289,8 +288,7 @@ fn deliberately_wrong_kernel_is_caught() {
     let x: Vec<f32> = (0..n).map(|_| (rng.next_u32() % 100) as f32).collect();
     let desc = KernelDesc::new("allreduce", &["x"], &["out"], ALLREDUCE);
     let result = |offset: i32| {
-        let launch = Launch::new(vec![(vec![n], ScalarType::F32)], [n, 1, 1], [128, 1, 1])
-            .template("OFFSET", TemplateArg::Int(offset));
+        let launch = launch_1d(n, 128, ScalarType::F32).template("OFFSET", TemplateArg::Int(offset));
         run(&desc, &[HostTensor::from_f32(&[n], &x)], &launch).unwrap()[0].to_f32_vec()
     };
     assert_eq!(check_allreduce(&x, &result(0)), Ok(()));
@@ -302,7 +300,7 @@ fn deliberately_wrong_kernel_is_caught() {
 #[test]
 fn invalid_arguments_are_rejected() {
     let desc = KernelDesc::new("k", &["x"], &["out"], "out[0] = x[0];");
-    let launch = Launch::new(vec![(vec![1], ScalarType::F32)], [1, 1, 1], [1, 1, 1]);
+    let launch = launch_1d(1, 1, ScalarType::F32);
     let err = run(&desc, &[], &launch).unwrap_err().to_string();
     assert!(err.contains("1 input names but 0 inputs"), "{err}");
     let big = Launch::new(vec![(vec![1], ScalarType::F32)], [2048, 1, 1], [2048, 1, 1]);
@@ -323,11 +321,6 @@ fn fiber_stack_overflow_is_reported() {
   out[i] = big[x[i] > 0.0f ? 65535 - i : i];
 "#,
     );
-    let r = run(
-        &desc,
-        &[HostTensor::from_f32(&[64], &[1.0; 64])],
-        &Launch::new(vec![(vec![64], ScalarType::F32)], [64, 1, 1], [64, 1, 1]),
-    );
-    let msg = runtime_message(r);
+    let msg = f32_runtime_error(&desc, &[1.0; 64], 64);
     assert!(msg.contains("overflowed its fiber stack") && msg.contains("MSL_SIM_STACK_KB"), "{msg}");
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{runtime_message, Rng};
+use common::{f32_runtime_error, launch_1d, Rng};
 use msl_sim::{run, HostTensor, KernelDesc, Launch, ScalarType};
 
 fn f32_input(n: usize, seed: u64) -> Vec<f32> {
@@ -29,7 +29,7 @@ fn shuffle_by_arbitrary_lane_permutation() {
     let out = run(
         &desc,
         &[HostTensor::from_f32(&[n], &x), HostTensor::from_u32(&[n], &src)],
-        &Launch::new(vec![(vec![n], ScalarType::F32)], [n, 1, 1], [64, 1, 1]),
+        &launch_1d(n, 64, ScalarType::F32),
     )
     .unwrap();
     let got = out[0].to_f32_vec();
@@ -139,13 +139,8 @@ fn reductions_cover_only_active_lanes() {
   out[i] = simd_sum(x[i]);
 "#,
     );
-    let out = run(
-        &desc,
-        &[HostTensor::from_u32(&[n], &x)],
-        &Launch::new(vec![(vec![n], ScalarType::U32)], [n, 1, 1], [64, 1, 1]),
-    )
-    .unwrap()[0]
-        .to_u32_vec();
+    let out =
+        run(&desc, &[HostTensor::from_u32(&[n], &x)], &launch_1d(n, 64, ScalarType::U32)).unwrap()[0].to_u32_vec();
     let first: u32 = (1..=20).sum();
     let second: u32 = (33..=40).sum();
     for (i, &got) in out.iter().enumerate() {
@@ -169,12 +164,7 @@ fn reading_an_inactive_lane_is_an_error() {
         &["out"],
         "uint i = thread_position_in_grid.x;\n  out[i] = simd_shuffle_xor(x[i], 16);",
     );
-    let r = run(
-        &desc,
-        &[HostTensor::from_f32(&[40], &[1.0; 40])],
-        &Launch::new(vec![(vec![40], ScalarType::F32)], [40, 1, 1], [64, 1, 1]),
-    );
-    let msg = runtime_message(r);
+    let msg = f32_runtime_error(&desc, &[1.0; 40], 64);
     assert!(msg.contains("simd_shuffle_xor") && msg.contains("inactive"), "{msg}");
     assert!(msg.contains("kernel-body:2"), "the message names the body line: {msg}");
 }
@@ -191,12 +181,7 @@ fn reading_a_returned_lane_is_an_error() {
   out[lane] = simd_shuffle_down(x[lane], 1);
 "#,
     );
-    let r = run(
-        &desc,
-        &[HostTensor::from_f32(&[32], &[1.0; 32])],
-        &Launch::new(vec![(vec![32], ScalarType::F32)], [32, 1, 1], [32, 1, 1]),
-    );
-    let msg = runtime_message(r);
+    let msg = f32_runtime_error(&desc, &[1.0; 32], 32);
     assert!(msg.contains("lane 30 reads lane 31"), "{msg}");
 }
 
@@ -214,12 +199,7 @@ fn divergent_collectives_are_an_error() {
   out[i] = v;
 "#,
     );
-    let r = run(
-        &desc,
-        &[HostTensor::from_f32(&[32], &[1.0; 32])],
-        &Launch::new(vec![(vec![32], ScalarType::F32)], [32, 1, 1], [32, 1, 1]),
-    );
-    let msg = runtime_message(r);
+    let msg = f32_runtime_error(&desc, &[1.0; 32], 32);
     assert!(msg.contains("divergence") && msg.contains("simd_sum") && msg.contains("simd_max"), "{msg}");
 }
 
@@ -231,12 +211,7 @@ fn non_uniform_shuffle_delta_is_an_error() {
         &["out"],
         "uint i = thread_position_in_grid.x;\n  out[i] = simd_shuffle_down(x[i], (ushort)(i % 2));",
     );
-    let r = run(
-        &desc,
-        &[HostTensor::from_f32(&[32], &[1.0; 32])],
-        &Launch::new(vec![(vec![32], ScalarType::F32)], [32, 1, 1], [32, 1, 1]),
-    );
-    let msg = runtime_message(r);
+    let msg = f32_runtime_error(&desc, &[1.0; 32], 32);
     assert!(msg.contains("must be the same on all lanes"), "{msg}");
 }
 
@@ -250,13 +225,9 @@ fn invalid_lane_id_yields_poison() {
         &["out"],
         "uint i = thread_position_in_grid.x;\n  out[i] = simd_shuffle(x[i], (ushort)(i < 16 ? i + 1 : 40));",
     );
-    let out = run(
-        &desc,
-        &[HostTensor::from_f32(&[32], &(0..32).map(|i| i as f32).collect::<Vec<_>>())],
-        &Launch::new(vec![(vec![32], ScalarType::F32)], [32, 1, 1], [32, 1, 1]),
-    )
-    .unwrap()[0]
-        .to_f32_vec();
+    let x: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let out =
+        run(&desc, &[HostTensor::from_f32(&[32], &x)], &launch_1d(32, 32, ScalarType::F32)).unwrap()[0].to_f32_vec();
     for (i, v) in out.iter().enumerate() {
         if i < 16 {
             assert_eq!(*v, (i + 1) as f32);

@@ -3,8 +3,8 @@
 
 mod common;
 
-use common::runtime_message;
-use msl_sim::{run, HostTensor, KernelDesc, Launch, ScalarType};
+use common::f32_runtime_error;
+use msl_sim::KernelDesc;
 
 #[test]
 fn strict_mode_rejects_invalid_lane_ids() {
@@ -15,12 +15,7 @@ fn strict_mode_rejects_invalid_lane_ids() {
         &["out"],
         "uint i = thread_position_in_grid.x;\n  out[i] = simd_shuffle(x[i], (ushort)(i + 8));",
     );
-    let r = run(
-        &desc,
-        &[HostTensor::from_f32(&[32], &[1.0; 32])],
-        &Launch::new(vec![(vec![32], ScalarType::F32)], [32, 1, 1], [32, 1, 1]),
-    );
+    let msg = f32_runtime_error(&desc, &[1.0; 32], 32);
     std::env::remove_var("MSL_SIM_STRICT");
-    let msg = runtime_message(r);
     assert!(msg.contains("lane 24 asks for lane 32, which is not a valid SIMD lane"), "{msg}");
 }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{runtime_message, Rng};
+use common::{f32_runtime_error, launch_1d, Rng};
 use msl_sim::{run, HostTensor, KernelDesc, Launch, ScalarType, TemplateArg};
 
 #[test]
@@ -30,13 +30,8 @@ fn threadgroup_memory_written_by_one_simdgroup_is_read_by_others() {
   out[base + tid] = buf[127 - tid];
 "#,
     );
-    let out = run(
-        &desc,
-        &[HostTensor::from_f32(&[n], &x)],
-        &Launch::new(vec![(vec![n], ScalarType::F32)], [n, 1, 1], [128, 1, 1]),
-    )
-    .unwrap()[0]
-        .to_f32_vec();
+    let out =
+        run(&desc, &[HostTensor::from_f32(&[n], &x)], &launch_1d(n, 128, ScalarType::F32)).unwrap()[0].to_f32_vec();
     for i in 0..n {
         let base = (i / 128) * 128;
         assert_eq!(out[i], 2.0 * x[base + 127 - (i - base)], "thread {i}");
@@ -63,8 +58,7 @@ fn threadgroup_half_codebook_with_template_size() {
   out[i] = float(codebook[idx[i]]);
 "#,
     );
-    let launch =
-        Launch::new(vec![(vec![n], ScalarType::F32)], [n, 1, 1], [256, 1, 1]).template("L", TemplateArg::Int(l));
+    let launch = launch_1d(n, 256, ScalarType::F32).template("L", TemplateArg::Int(l));
     let out = run(&desc, &[HostTensor::from_u32(&[n], &idx)], &launch).unwrap()[0].to_f32_vec();
     for i in 0..n {
         // j * 0.25 - 10 is exact in half for j < 512.
@@ -85,12 +79,7 @@ fn barrier_skipped_by_returned_threads_is_an_error() {
   out[i] = x[i];
 "#,
     );
-    let r = run(
-        &desc,
-        &[HostTensor::from_f32(&[128], &[0.0; 128])],
-        &Launch::new(vec![(vec![128], ScalarType::F32)], [128, 1, 1], [128, 1, 1]),
-    );
-    let msg = runtime_message(r);
+    let msg = f32_runtime_error(&desc, &[0.0; 128], 128);
     assert!(msg.contains("threadgroup_barrier") && msg.contains("100 of the 128 threads"), "{msg}");
 }
 

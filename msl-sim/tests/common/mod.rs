@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use msl_sim::SimError;
+use msl_sim::{run, HostTensor, KernelDesc, Launch, ScalarType, SimError};
 
 /// Small deterministic generator (SplitMix64), so tests need no dependencies.
 pub struct Rng(u64);
@@ -40,6 +40,19 @@ pub fn runtime_message<T: std::fmt::Debug>(r: Result<T, SimError>) -> String {
         Err(SimError::Runtime { message, .. }) => message,
         other => panic!("expected a runtime error, got {other:?}"),
     }
+}
+
+/// A launch of `n` threads along x in threadgroups of `tg`, with one output
+/// of `n` elements of type `out`.
+pub fn launch_1d(n: usize, tg: usize, out: ScalarType) -> Launch {
+    Launch::new(vec![(vec![n], out)], [n, 1, 1], [tg, 1, 1])
+}
+
+/// The runtime error of `desc` run on the one `F32` input `x` with one thread
+/// per element (threadgroups of `tg`) and an `F32` output of the same length.
+pub fn f32_runtime_error(desc: &KernelDesc, x: &[f32], tg: usize) -> String {
+    let n = x.len();
+    runtime_message(run(desc, &[HostTensor::from_f32(&[n], x)], &launch_1d(n, tg, ScalarType::F32)))
 }
 
 /// The compiler diagnostics, panicking if the result is not a compile error.
