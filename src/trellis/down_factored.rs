@@ -11,14 +11,14 @@
 use std::sync::OnceLock;
 
 use crate::array::MlxArray;
-use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{LaunchConfig, MetalKernel};
+use crate::kernel::MetalKernel;
 
 use super::codebook::METAL_HEADER;
 use super::geometry::{CodeLayout, TrellisGeometry};
 use super::launch::{
-    apply_and_fold, cached_kernel, check_operands, int, kernel_section, TRELLIS_SG_PER_TG, TRELLIS_THREADS,
+    apply_and_fold, cached_kernel, check_operands, int, kernel_section, partials_launch, TRELLIS_SG_PER_TG,
+    TRELLIS_THREADS,
 };
 
 const FILE: &str = include_str!("../../kernels/metal/down_factored.metal");
@@ -51,9 +51,8 @@ fn launch(
     }
     check_operands("downFactored", x2, codes, scales, g)?;
     let groups = (g.cols / g.t as usize).div_ceil(nb);
-    let cfg = LaunchConfig::new([TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS], [TRELLIS_THREADS, 1, 1])
-        .output(&[m, SPLITS, g.cols], Dtype::Float32)
-        .template_dtype("T", x2.dtype())
+    let grid = [TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS];
+    let cfg = partials_launch(grid, TRELLIS_THREADS, x2, SPLITS, g.cols)
         .template_int("M", int("downFactored", m)?)
         .template_int("R", int("downFactored", g.rows)?)
         .template_int("C", int("downFactored", g.cols)?)
@@ -72,7 +71,7 @@ pub fn down_factored_row(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: 
         invalid!("downFactoredRow: expects one activation row");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_factored_row", kernel_section(FILE, "ROW"), METAL_HEADER)?;
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, 1)
 }
 
@@ -84,7 +83,7 @@ pub fn down_factored_rows(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g:
         invalid!("downFactoredRows: M={m} outside 2..4");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_factored_rows", kernel_section(FILE, "ROWS"), METAL_HEADER)?;
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, m)
 }
 

@@ -10,13 +10,12 @@
 use std::sync::OnceLock;
 
 use crate::array::MlxArray;
-use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{LaunchConfig, MetalKernel};
+use crate::kernel::MetalKernel;
 
 use super::codebook::METAL_HEADER;
 use super::geometry::TrellisGeometry;
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int, kernel_section};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int, kernel_section, partials_launch};
 use super::launch::{TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 
 const FILE: &str = include_str!("../../kernels/metal/down_k3_interleaved_factored.metal");
@@ -42,22 +41,18 @@ fn launch(
     g: &TrellisGeometry,
     m: usize,
 ) -> Result<MlxArray> {
-    if !supports(g) {
-        invalid!("downK3InterleavedFactored: needs 3-bit block-interleaved axis-0 codes (T 256, L 12)");
-    }
-    check_operands("downK3InterleavedFactored", x2, codes, scales, g)?;
     let what = "downK3InterleavedFactored";
-    let cfg = LaunchConfig::new(
-        [TRELLIS_THREADS, (g.cols / BT as usize).div_ceil(TRELLIS_SG_PER_TG), SPLITS],
-        [TRELLIS_THREADS, 1, 1],
-    )
-    .output(&[m, SPLITS, g.cols], Dtype::Float32)
-    .template_dtype("T", x2.dtype())
-    .template_int("M", int(what, m)?)
-    .template_int("R", int(what, g.rows)?)
-    .template_int("C", int(what, g.cols)?)
-    .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
-    .template_int("SPLITS", SPLITS as i32);
+    if !supports(g) {
+        invalid!("{what}: needs 3-bit block-interleaved axis-0 codes (T 256, L 12)");
+    }
+    check_operands(what, x2, codes, scales, g)?;
+    let grid = [TRELLIS_THREADS, (g.cols / BT as usize).div_ceil(TRELLIS_SG_PER_TG), SPLITS];
+    let cfg = partials_launch(grid, TRELLIS_THREADS, x2, SPLITS, g.cols)
+        .template_int("M", int(what, m)?)
+        .template_int("R", int(what, g.rows)?)
+        .template_int("C", int(what, g.cols)?)
+        .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
+        .template_int("SPLITS", SPLITS as i32);
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
@@ -72,7 +67,8 @@ pub fn down_k3_interleaved_factored_row(
         invalid!("downK3InterleavedFactoredRow: expects one activation row");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_row", kernel_section(FILE, "ROW"), METAL_HEADER)?;
+    let k =
+        cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, 1)
 }
 
@@ -89,6 +85,7 @@ pub fn down_k3_interleaved_factored_rows(
         invalid!("downK3InterleavedFactoredRows: M={m} outside 2..4");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_rows", kernel_section(FILE, "ROWS"), METAL_HEADER)?;
+    let k =
+        cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, m)
 }

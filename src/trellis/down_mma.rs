@@ -10,13 +10,12 @@
 use std::sync::OnceLock;
 
 use crate::array::MlxArray;
-use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{LaunchConfig, MetalKernel};
+use crate::kernel::MetalKernel;
 
 use super::codebook::METAL_HEADER;
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int, partials_launch};
 
 const SOURCE: &str = include_str!("../../kernels/metal/down_mma.metal");
 const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_state.h");
@@ -41,10 +40,6 @@ pub(crate) fn nw(s: usize, g: &TrellisGeometry) -> usize {
     (2 * s * g.k as usize + g.l as usize - 1).div_ceil(32) + 1
 }
 
-fn header() -> String {
-    format!("{METAL_HEADER}{STATE_HEADER}")
-}
-
 fn launch(
     kernel: &MetalKernel,
     x2: &MlxArray,
@@ -57,14 +52,13 @@ fn launch(
     if !(1..=8).contains(&m) {
         invalid!("downMma: M={m} outside 1..8");
     }
-    if g.axis != 0 || g.t != 256 || g.cols % 256 != 0 || g.l > 12 {
+    // The callers have checked the layout, so this is the rest of `supports`.
+    if !supports(g) {
         invalid!("downMma: unsupported geometry");
     }
     check_operands("downMma", x2, codes, scales, g)?;
     let n_groups = (g.cols / 256) * (32 / S);
-    let cfg = LaunchConfig::new([32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), 1], [32 * SG_TG, 1, 1])
-        .output(&[m, SPLITS, g.cols], Dtype::Float32)
-        .template_dtype("T", x2.dtype())
+    let cfg = partials_launch([32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), 1], 32 * SG_TG, x2, SPLITS, g.cols)
         .template_int("M", m as i32)
         .template_int("R", int("downMma", g.rows)?)
         .template_int("C", int("downMma", g.cols)?)
@@ -86,7 +80,7 @@ pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisG
         invalid!("downMma: needs row-major codes");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma", SOURCE, &header())?;
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false)
 }
 
@@ -102,6 +96,6 @@ pub fn down_k3_interleaved_mma(
         invalid!("downK3InterleavedMma: needs 3-bit block-interleaved codes");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma", SOURCE, &header())?;
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true)
 }

@@ -16,14 +16,13 @@
 use std::sync::OnceLock;
 
 use crate::array::MlxArray;
-use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{LaunchConfig, MetalKernel};
+use crate::kernel::MetalKernel;
 
 use super::codebook::METAL_HEADER;
-use super::down_mma::nw;
+use super::down_mma::{self, nw};
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int, partials_launch};
 
 const SOURCE: &str = include_str!("../../kernels/metal/down_mma_wide.metal");
 const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_wide_state.h");
@@ -78,16 +77,7 @@ pub fn plan(layout: CodeLayout, m: usize) -> DownPass {
 /// Whether these kernels serve `g` (any row count): axis 0, T 256, C % 256 == 0, R % 8 == 0,
 /// L <= 12, in either layout (the interleave is 3-bit).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 0
-        && g.t == 256
-        && g.cols % 256 == 0
-        && g.rows % 8 == 0
-        && g.l <= 12
-        && (g.layout() == CodeLayout::RowMajor || g.k == 3)
-}
-
-fn header() -> String {
-    format!("{METAL_HEADER}{STATE_HEADER}")
+    down_mma::supports(g) && g.rows % 8 == 0
 }
 
 fn launch(
@@ -103,7 +93,8 @@ fn launch(
     if shape.len() != 2 || shape[0] < 1 {
         invalid!("downMmaWide: expects [rows, inputs]");
     }
-    if g.axis != 0 || g.t != 256 || g.cols % 256 != 0 || g.rows % 8 != 0 || g.l > 12 {
+    // The callers have checked the layout, so this is the rest of `supports`.
+    if !supports(g) {
         invalid!("downMmaWide: unsupported geometry");
     }
     // The seed leaves the pass unchecked; S must tile a 256-position block into whole groups.
@@ -113,20 +104,18 @@ fn launch(
     let m = check_operands("downMmaWide", x2, codes, scales, g)?;
     let (s, mt) = (pass.s as usize, pass.mt as usize);
     let n_groups = (g.cols / 256) * (32 / s);
-    let cfg =
-        LaunchConfig::new([32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), m.div_ceil(8 * mt)], [32 * SG_TG, 1, 1])
-            .output(&[m, SPLITS, g.cols], Dtype::Float32)
-            .template_dtype("T", x2.dtype())
-            .template_int("R", int("downMmaWide", g.rows)?)
-            .template_int("C", int("downMmaWide", g.cols)?)
-            .template_int("K", g.k as i32)
-            .template_int("L", g.l as i32)
-            .template_int("SPLITS", SPLITS as i32)
-            .template_int("SG_TG", SG_TG as i32)
-            .template_int("INTERLEAVE", i32::from(interleave))
-            .template_int("MT", mt as i32)
-            .template_int("S", s as i32)
-            .template_int("NW", nw(s, g) as i32);
+    let grid = [32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), m.div_ceil(8 * mt)];
+    let cfg = partials_launch(grid, 32 * SG_TG, x2, SPLITS, g.cols)
+        .template_int("R", int("downMmaWide", g.rows)?)
+        .template_int("C", int("downMmaWide", g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("SPLITS", SPLITS as i32)
+        .template_int("SG_TG", SG_TG as i32)
+        .template_int("INTERLEAVE", i32::from(interleave))
+        .template_int("MT", mt as i32)
+        .template_int("S", s as i32)
+        .template_int("NW", nw(s, g) as i32);
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
@@ -144,7 +133,7 @@ pub fn down_mma_wide_pass(
         invalid!("downMmaWide: needs row-major codes");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma_wide", SOURCE, &header())?;
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false, pass)
 }
 
@@ -161,7 +150,7 @@ pub fn down_k3_interleaved_mma_wide_pass(
         invalid!("downK3InterleavedMmaWide: needs 3-bit block-interleaved codes");
     }
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma_wide", SOURCE, &header())?;
+    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true, pass)
 }
 

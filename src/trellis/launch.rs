@@ -36,23 +36,39 @@ pub(crate) fn kernel_section(file: &'static str, name: &str) -> &'static str {
     &rest[..rest.find("// ---- kernel ").unwrap_or(rest.len())]
 }
 
-/// The kernel in `cell`, built on first use from `body` and `header`. Its name is `base` plus an
-/// FNV hash of the text, because MLX caches compiled kernels by name.
+/// The kernel in `cell`, built on first use from `body()` and the concatenated `headers` (so a
+/// cached call neither cuts a section nor joins text). Its name is `base` plus an FNV hash of the
+/// text, because MLX caches compiled kernels by name.
 pub(crate) fn cached_kernel(
     cell: &'static OnceLock<MetalKernel>,
     base: &str,
-    body: &str,
-    header: &str,
+    body: impl FnOnce() -> &'static str,
+    headers: &[&str],
 ) -> Result<&'static MetalKernel> {
     if let Some(k) = cell.get() {
         return Ok(k);
     }
-    let name = format!("{base}_{:016x}", fnv1a(&[body, header]));
+    let (body, header) = (body(), headers.concat());
+    let name = format!("{base}_{:016x}", fnv1a(&[body, &header]));
     let k = MetalKernel::new(
-        KernelSource::new(&name, &["x", "codes", "scales"], &["partial"], body).with_header(header),
+        KernelSource::new(&name, &["x", "codes", "scales"], &["partial"], body).with_header(&header),
         false,
     )?;
     Ok(cell.get_or_init(|| k))
+}
+
+/// The launch of a split-K kernel: `grid` threads in threadgroups of `threads` along x, template
+/// type `T` the activations' dtype, and one output, the f32 partials `[M, splits, cols]` (`M` the
+/// rows of `x2`) that [`apply_and_fold`] folds.
+pub(crate) fn partials_launch(
+    grid: [usize; 3],
+    threads: usize,
+    x2: &MlxArray,
+    splits: usize,
+    cols: usize,
+) -> LaunchConfig {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    LaunchConfig::new(grid, [threads, 1, 1]).output(&[m, splits, cols], Dtype::Float32).template_dtype("T", x2.dtype())
 }
 
 /// Checks what the seed's checks leave open (a wrong operand would read out of bounds on the
@@ -101,8 +117,8 @@ pub(crate) fn int(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::invalid(format!("{what}: {v} does not fit a template int")).into())
 }
 
-/// Runs `kernel` on `x2, codes, scales` and folds its partials `[M, splits, C]` to `[M, C]` in
-/// `x2`'s dtype.
+/// Runs `kernel` on `x2, codes, scales` and folds its partials `[M, splits, C]` (as
+/// [`partials_launch`] sets them up) to `[M, C]` in `x2`'s dtype.
 pub(crate) fn apply_and_fold(
     kernel: &MetalKernel,
     x2: &MlxArray,

@@ -10,13 +10,12 @@
 use std::sync::OnceLock;
 
 use crate::array::MlxArray;
-use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{LaunchConfig, MetalKernel};
+use crate::kernel::MetalKernel;
 
 use super::codebook::METAL_HEADER;
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, int, partials_launch};
 use super::launch::{TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 
 const SOURCE: &str = include_str!("../../kernels/metal/trellis_scatter.metal");
@@ -38,21 +37,19 @@ pub fn trellis_scatter(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &T
     let what = "trellisScatter";
     let m = check_operands(what, x2, codes, scales, g)?;
     static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let kernel = cached_kernel(&KERNEL, "mlx_trellis_scatter", SOURCE, METAL_HEADER)?;
+    let kernel = cached_kernel(&KERNEL, "mlx_trellis_scatter", || SOURCE, &[METAL_HEADER])?;
     let nb = 32 / g.words_per_block();
     let groups = (g.cols / g.t as usize).div_ceil(nb);
-    let cfg =
-        LaunchConfig::new([TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS * m], [TRELLIS_THREADS, 1, 1])
-            .output(&[m, SPLITS, g.cols], Dtype::Float32)
-            .template_dtype("T", x2.dtype())
-            .template_int("R", int(what, g.rows)?)
-            .template_int("C", int(what, g.cols)?)
-            .template_int("BT", g.t as i32)
-            .template_int("K", g.k as i32)
-            .template_int("L", g.l as i32)
-            .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
-            .template_int("SPLITS", SPLITS as i32)
-            .template_int("NP", 32u32.div_ceil(g.k) as i32)
-            .template_int("INTERLEAVE", i32::from(g.layout() == CodeLayout::K3Interleaved));
+    let grid = [TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS * m];
+    let cfg = partials_launch(grid, TRELLIS_THREADS, x2, SPLITS, g.cols)
+        .template_int("R", int(what, g.rows)?)
+        .template_int("C", int(what, g.cols)?)
+        .template_int("BT", g.t as i32)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
+        .template_int("SPLITS", SPLITS as i32)
+        .template_int("NP", 32u32.div_ceil(g.k) as i32)
+        .template_int("INTERLEAVE", i32::from(g.layout() == CodeLayout::K3Interleaved));
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
