@@ -140,10 +140,9 @@ fn main() -> Result<()> {
         for &m in &args.rows {
             let x = x_all.slice(&[0, 0], &[m as i32, IN as i32], &[1, 1])?.contiguous()?;
             x.eval()?;
-            let y = layer.lin.forward_with(&x, Path::Cuda)?;
-            let err = rel_err(&to_f64(&y)?, &want[..m * OUT]);
+            let want = &want[..m * OUT];
             if args.sweep {
-                sweep(&layer, &x, m, &args, &mut table)?;
+                sweep(&layer, &x, m, want, &args, &mut table)?;
                 continue;
             }
             if args.probe {
@@ -151,9 +150,11 @@ fn main() -> Result<()> {
                 continue;
             }
             if args.paths {
-                paths(&layer, &x, m, &want[..m * OUT], &args, &mut table)?;
+                paths(&layer, &x, m, want, &args, &mut table)?;
                 continue;
             }
+            let y = layer.lin.forward_with(&x, Path::Cuda)?;
+            let err = rel_err(&to_f64(&y)?, want);
             let ours = time(args.calls, args.evals, &|| layer.lin.forward_with(&x, Path::Cuda))?;
             let wt = layer.dense.t()?;
             let bf16 = time(args.calls, args.evals, &|| x.matmul(&wt))?;
@@ -214,12 +215,9 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String) -> Result<()> {
+/// Every configuration worth trying at `m` rows, timed and checked against the reference `want`.
+fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
     let g = *layer.lin.geometry();
-    let want = {
-        let y = layer.lin.forward_with(x, Path::Cuda)?;
-        to_f64(&y)?
-    };
     let mut configs = Vec::new();
     // (sub-tiles per warp, 8-row tiles per pass) worth trying at this M: the neighbourhood of the
     // measured plan (wider sweeps of the other fields found nothing better there).
@@ -261,7 +259,7 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, args: &Args, table: &mut String)
     for cfg in configs {
         let f = || down_cuda_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
         let y = f()?;
-        let err = rel_err(&to_f64(&y)?, &want);
+        let err = rel_err(&to_f64(&y)?, want);
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
         let kernel = time(args.calls, args.evals.min(15), &|| {
             down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg)

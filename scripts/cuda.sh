@@ -44,11 +44,11 @@ run | tests | bench | profile | latency)
   export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-/tmp/mlx-trellis-ptx}"
   status=0
   step="$1"
+  ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}" # Nsight Compute: profile, latency
   if [ "$step" = profile ]; then
     # Every launch of the fused kernel after three warm-up ones is the planned configuration at
     # M rows (bench_down --paths times it first); the report and a text summary go to $out.
     m="${2:-1}"
-    ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
     timeout 300 "$ncu" --kernel-name regex:down_mma --launch-skip 3 --launch-count 1 --set full \
       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
       -o "$out/down_m$m" -f "$bundle/bench_down" --paths --rows "$m" --bits 3 --calls 4 --evals 3 >"$out/profile_m$m.log" 2>&1 ||
@@ -63,7 +63,6 @@ run | tests | bench | profile | latency)
     # Queued calls may overlap on the GPU (MLX runs independent kernels concurrently), so the
     # benchmark's per-call figures are throughput; a model's dependent layers wait for each
     # kernel in full. Nsight Compute serialises launches and reports each one's duration.
-    ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}"
     part="${2:-both}"
     [ "$part" = sweep ] || for m in 1 8 16 32 64 128; do
       timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \

@@ -18,13 +18,22 @@ fn cuda() -> bool {
     false
 }
 
+type Forward<'a> = &'a dyn Fn(&MlxArray) -> mlx_trellis::Result<MlxArray>;
+
 /// Checks `f` (x -> y) against the reference for `m` rows of `dtype` activations.
-fn check(c: &Case, m: usize, dtype: Dtype, what: &str, f: &dyn Fn(&MlxArray) -> mlx_trellis::Result<MlxArray>) {
+fn check(c: &Case, m: usize, dtype: Dtype, what: &str, f: Forward) {
     let (x, xr) = c.x(m, dtype);
-    let got = c.run(what, &x, f);
-    let err = rel_err(&got, &c.reference(&xr, m));
+    check_on(c, &x, &xr, gate(dtype), what, f);
+}
+
+/// Checks `f` on the activations `x` (whose values are `xr`) against the reference: relErr
+/// below `gate`.
+fn check_on(c: &Case, x: &MlxArray, xr: &[f64], gate: f64, what: &str, f: Forward) {
+    let (m, dtype) = (x.shape()[0], x.dtype());
+    let got = c.run(what, x, f);
+    let err = rel_err(&got, &c.reference(xr, m));
     println!("{what} {} M {m} {dtype}: relErr {err:.2e}", c.g());
-    assert!(err < gate(dtype), "{what} {} M {m} {dtype}: relErr {err:.3e}", c.g());
+    assert!(err < gate, "{what} {} M {m} {dtype}: relErr {err:.3e}", c.g());
 }
 
 #[test]
@@ -122,10 +131,7 @@ fn activations_off_16_byte_alignment_load_one_at_a_time() {
             let padded = mlx_trellis::concatenate(&[&MlxArray::zeros(&[2], dtype).unwrap(), &flat], 0).unwrap();
             padded.eval().unwrap();
             let view = padded.slice(&[2], &[(2 + m * rows) as i32], &[1]).unwrap().reshape(&[m, rows]).unwrap();
-            let got = c.run("offset view", &view, &|x| c.lin.forward_with(x, Path::Cuda));
-            let err = rel_err(&got, &c.reference(&xr, m));
-            println!("offset view {} M {m} {dtype}: relErr {err:.2e}", c.g());
-            assert!(err < gate(dtype), "offset view {} M {m} {dtype}: relErr {err:.3e}", c.g());
+            check_on(&c, &view, &xr, gate(dtype), "offset view", &|x| c.lin.forward_with(x, Path::Cuda));
         }
     }
 }
@@ -234,10 +240,7 @@ fn dense_path_matches_the_reference() {
         }
         // f32 activations multiply through MLX's f32 matmul (TF32 unless MLX_ENABLE_TF32=0).
         let (x, xr) = c.x(64, Dtype::Float32);
-        let got = c.run("dense", &x, &|x| down_cuda_dense(x, c.lin.codes(), c.lin.scales(), &g));
-        let err = rel_err(&got, &c.reference(&xr, 64));
-        println!("dense {g} M 64 float32: relErr {err:.2e}");
-        assert!(err < f32_matmul_gate(), "dense {g} M 64 float32: relErr {err:.3e}");
+        check_on(&c, &x, &xr, f32_matmul_gate(), "dense", &|x| down_cuda_dense(x, c.lin.codes(), c.lin.scales(), &g));
     }
 }
 

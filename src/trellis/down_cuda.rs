@@ -92,7 +92,6 @@ impl CudaDownConfig {
         if ![1, 2, 4].contains(&self.ks) {
             invalid!("CUDA down kernel: ks = {} must be 1, 2 or 4", self.ks);
         }
-        // At most 8 warps: 256 threads always fit the register file, whatever the kernel uses.
         if self.prefetch && self.stages < 3 {
             invalid!("CUDA down kernel: prefetch needs stages >= 3 (got {})", self.stages);
         }
@@ -108,6 +107,7 @@ impl CudaDownConfig {
                 16 * self.ks
             );
         }
+        // At most 8 warps: 256 threads always fit the register file, whatever the kernel uses.
         if !(1..=8).contains(&self.warps) || self.splits == 0 || !(2..=6).contains(&self.stages) {
             invalid!(
                 "CUDA down kernel: {} warps, {} splits, {} stages are out of range",
@@ -162,21 +162,22 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, byte sums on the tensor cores, prefetch), chosen by the kernel's own duration
-    // on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time: `scripts/cuda.sh
+    // block, splits, byte sums on the tensor cores), chosen by the kernel's own duration on an
+    // H200 at the Qwen down shape (Nsight Compute, one kernel at a time: `scripts/cuda.sh
     // latency`), which is what a model's chain of dependent layers waits for. Up to 16 rows the
     // decode is everything: small blocks hide its latency, and dp4a with the bias fold beats the
     // u8 MMA byte sums, whose fixed latency a warp waits out. Steps of 32 or 64 input rows
-    // spread each step's barrier, copies and B tile over more decode.
-    let (nc, mt, ks, blocks, splits, bytesum_mma, prefetch) = match m {
-        0..=1 => (8, 1, 2, 2, 64, false, false),
-        2..=8 => (8, 1, 2, 1, 32, false, false),
-        9..=16 => (8, 2, 2, 1, 32, false, false),
-        17..=32 => (4, 4, 4, 1, 32, true, false),
-        33..=64 => (2, 8, 4, 1, 32, true, false),
+    // spread each step's barrier, copies and B tile over more decode. No plan uses the register
+    // prefetch (explicit configurations may).
+    let (nc, mt, ks, blocks, splits, bytesum_mma) = match m {
+        0..=1 => (8, 1, 2, 2, 64, false),
+        2..=8 => (8, 1, 2, 1, 32, false),
+        9..=16 => (8, 2, 2, 1, 32, false),
+        17..=32 => (4, 4, 4, 1, 32, true),
+        33..=64 => (2, 8, 4, 1, 32, true),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls.
-        _ => (2, 16, 2, 1, 16, true, false),
+        _ => (2, 16, 2, 1, 16, true),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -189,33 +190,32 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // The bias fold takes one HADD2 per pair of weights off the dp4a decode; the kernel
         // applies it to 16-bit activations only.
         bias_fold: !bytesum_mma,
-        prefetch,
+        prefetch: false,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
-    // per block first, then no prefetch, a shallower ring, shorter steps. Rows that are not a
-    // multiple of 8 need a step's rows to divide the block's threads.
-    let split_x = dtype == Dtype::Float32;
+    // per block first, then a shallower ring, shorter steps (rows that are not a multiple of 8
+    // also need a step's rows to divide the block's threads). No more splits than steps.
     let covered = |c: &CudaDownConfig| (c.warps * c.nc / 16) as usize;
-    let too_big = |c: &CudaDownConfig| c.shared_bytes(g, split_x) > STATIC_SHARED_LIMIT;
-    while covered(&cfg) > 1 && (g.blocks_per_row() % covered(&cfg) != 0 || too_big(&cfg)) {
+    while covered(&cfg) > 1
+        && (g.blocks_per_row() % covered(&cfg) != 0
+            || cfg.shared_bytes(g, dtype == Dtype::Float32) > STATIC_SHARED_LIMIT)
+    {
         cfg.warps /= 2;
     }
-    if too_big(&cfg) {
-        cfg.prefetch = false;
-    }
-    let loads_fit = |c: &CudaDownConfig| g.rows % 8 == 0 || (32 * c.warps) % (16 * c.ks) == 0;
+    let with_steps = |ks: u32, stages: u32| CudaDownConfig {
+        ks,
+        stages,
+        splits: cfg.splits.min(g.rows.div_ceil(16 * ks as usize) as u32),
+        ..cfg
+    };
     let shorter_steps = std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2));
-    let fitted = shorter_steps
+    shorter_steps
         .flat_map(|ks| (2..=cfg.stages).rev().map(move |stages| (ks, stages)))
-        .map(|(ks, stages)| CudaDownConfig { ks, stages, ..cfg })
-        .find(|c| !too_big(c) && loads_fit(c));
-    // No fit leaves the planned configuration, whose check then names the problem.
-    if let Some(fitted) = fitted {
-        cfg = fitted;
-    }
-    cfg.splits = cfg.splits.min(g.rows.div_ceil(16 * cfg.ks as usize) as u32);
-    cfg
+        .map(|(ks, stages)| with_steps(ks, stages))
+        .find(|c| c.fits(g, dtype))
+        // No fit leaves the planned configuration, whose check then names the problem.
+        .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
 }
 
 fn kernel() -> Result<&'static CudaKernel> {
@@ -312,8 +312,7 @@ pub fn down_cuda_partials(
     .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
     .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
     .template_bool("PREFETCH", cfg.prefetch);
-    let partial = kernel()?.apply(&[x2, codes, scales], &launch)?.remove(0);
-    Ok(partial)
+    Ok(kernel()?.apply(&[x2, codes, scales], &launch)?.remove(0))
 }
 
 #[cfg(test)]
