@@ -194,13 +194,11 @@ fn search_on(cfg: &EncoderConfig) -> &'static str {
 fn run() -> Result<bool> {
     let o = parse_args()?;
     let cfg = EncoderConfig {
-        k: o.k,
-        l: o.l,
-        t: 256,
         axis: o.axis,
         layout: o.layout,
         threads: o.threads,
         backend: o.backend,
+        ..EncoderConfig::new(o.k, o.l)
     };
     cfg.validate()?;
     let (w, out_features, in_features, source) = load_weight(&o)?;

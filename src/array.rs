@@ -119,9 +119,11 @@ impl MlxArray {
     /// `value` (converted to `dtype`) repeated over `shape`.
     pub fn full(shape: &[usize], value: f64, dtype: Dtype) -> Result<MlxArray> {
         let dims = dims(shape)?;
-        // A fill scalar GPUs accept (MLX has no float64 there): f32 for floats, i64 for integers.
+        // A fill scalar GPUs accept (MLX has no float64 there): f32 for floats, i64 for integers;
+        // float64 arrays (CPU only) keep the full value.
         let fill = match dtype {
             Dtype::Bool => MlxArray::scalar(value != 0.0)?,
+            Dtype::Float64 => MlxArray::scalar(value)?,
             d if d.is_float() || d == Dtype::Complex64 => MlxArray::scalar(value as f32)?,
             _ => MlxArray::scalar(value as i64)?,
         };

@@ -208,17 +208,14 @@ impl LaunchConfig {
             if source.input_names.iter().chain(&source.output_names).any(|n| n == arg) {
                 invalid!("{backend} kernel {name:?}: template argument {arg:?} has the name of a kernel argument");
             }
-            if let TemplateArg::Int(v) = value {
-                if *v < 0 {
-                    invalid!(
-                        "{backend} kernel {name:?}: template int {arg} = {v} is negative; MLX spells template values into the kernel's name, which must stay an identifier"
-                    );
+            match *value {
+                TemplateArg::Int(v) if v < 0 => invalid!(
+                    "{backend} kernel {name:?}: template int {arg} = {v} is negative; MLX spells template values into the kernel's name, which must stay an identifier"
+                ),
+                TemplateArg::Dtype(d) if matches!(d, Dtype::Float64 | Dtype::Complex64) => {
+                    invalid!("{backend} kernel {name:?}: template type {arg} = {d} is not a GPU kernel type")
                 }
-            }
-            if let TemplateArg::Dtype(d) = value {
-                if matches!(d, Dtype::Float64 | Dtype::Complex64) {
-                    invalid!("{backend} kernel {name:?}: template type {arg} = {d} is not a GPU kernel type");
-                }
+                _ => {}
             }
         }
         Ok(())

@@ -56,6 +56,10 @@ fn constructors() {
     assert_eq!(MlxArray::zeros(&[2, 3], Dtype::Int32).unwrap().to_vec::<i32>().unwrap(), vec![0; 6]);
     assert_eq!(MlxArray::ones(&[4], Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), vec![1.0; 4]);
     assert_eq!(MlxArray::full(&[2], 2.5, Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), vec![2.5, 2.5]);
+    if backend() == Backend::Cpu {
+        // float64 exists only on the CPU; its fill keeps every bit of the value.
+        assert_eq!(MlxArray::full(&[1], 0.1, Dtype::Float64).unwrap().to_vec::<f64>().unwrap(), vec![0.1]);
+    }
     let r = MlxArray::arange(1.0, 7.0, 2.0, Dtype::Uint32).unwrap();
     assert_eq!(r.to_vec::<u32>().unwrap(), vec![1, 3, 5]);
     let s = MlxArray::scalar(7i32).unwrap();

@@ -198,8 +198,12 @@ pub struct Encoded {
 
 /// The RMS of the `2^l` values of [`lut1mad`] (computed in f64), the denominator of the scales.
 pub fn lut_rms(l: u32) -> f64 {
-    let lut = lut1mad(l);
-    (lut.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / lut.len() as f64).sqrt()
+    rms(&lut1mad(l))
+}
+
+/// The RMS of `values`, computed in f64.
+fn rms(values: &[f32]) -> f64 {
+    (values.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / values.len() as f64).sqrt()
 }
 
 /// The stored matrix for a dense linear weight `w` `[out_features, in_features]` (row-major):
@@ -343,7 +347,7 @@ fn encode_inner(
     };
 
     let lut = lut1mad(cfg.l);
-    let lut_rms = lut_rms(cfg.l);
+    let lut_rms = rms(&lut);
     let scales = weights
         .chunks_exact(cols)
         .enumerate()
@@ -404,7 +408,10 @@ fn search_on_cuda(
         let x: Vec<f32> = weights
             .chunks_exact(cols)
             .zip(scales)
-            .flat_map(|(row, scale)| row.iter().map(move |&w| w / scale.to_f32()))
+            .flat_map(|(row, scale)| {
+                let scale = scale.to_f32();
+                row.iter().map(move |&w| w / scale)
+            })
             .collect();
         let states = viterbi_cuda::search_blocks(&x, cfg.k, cfg.l, lut).with_context(|| {
             format!("encoder: CUDA search of stored rows {first_row}..{}", first_row + scales.len())
@@ -549,6 +556,7 @@ impl<'a> BlockCoder<'a> {
     ) -> Result<()> {
         let (t, k, l) = (self.t, self.k, self.l);
         let wpb = codes.len() / (row.len() / t);
+        let must_agree = matches!(self.search, BlockSearch::Viterbi | BlockSearch::ReferenceViterbi);
         for (b, ((block, words), rec)) in
             row.chunks_exact(t).zip(codes.chunks_exact_mut(wpb)).zip(reconstruction.chunks_exact_mut(t)).enumerate()
         {
@@ -566,7 +574,6 @@ impl<'a> BlockCoder<'a> {
                 }
             }
             pack_symbols(&self.states, k, words);
-            let must_agree = matches!(self.search, BlockSearch::Viterbi | BlockSearch::ReferenceViterbi);
             for (pos, (out, &state)) in rec.iter_mut().zip(&self.states).enumerate() {
                 let decoded = block_state(words, pos, k, l);
                 if must_agree && decoded != state {
