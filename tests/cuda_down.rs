@@ -5,18 +5,10 @@ use mlx_trellis::trellis::down_cuda::{down_cuda_with, plan, uses_dense, CudaDown
 use mlx_trellis::trellis::expand_cuda::{down_cuda_dense, expand_cuda};
 mod common;
 
-use common::{f32_matmul_gate, gate, to_f64, Case};
+use common::{cuda, f32_matmul_gate, gate, to_f64, Case};
 use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, Path, TrellisLinear};
-use mlx_trellis::{backend, Backend, Dtype, MlxArray};
-
-fn cuda() -> bool {
-    if backend() == Backend::Cuda {
-        return true;
-    }
-    println!("skipped: MLX's back-end here is {}, not CUDA", backend());
-    false
-}
+use mlx_trellis::{Dtype, MlxArray};
 
 type Forward<'a> = &'a dyn Fn(&MlxArray) -> mlx_trellis::Result<MlxArray>;
 

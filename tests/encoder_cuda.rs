@@ -7,14 +7,8 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::viterbi_cuda::{self, MAX_L};
 use mlx_trellis::trellis::CodeLayout;
 use mlx_trellis::{backend, Backend};
-
-fn cuda() -> bool {
-    if backend() == Backend::Cuda {
-        return true;
-    }
-    println!("skipped: MLX's back-end here is {}, not CUDA", backend());
-    false
-}
+mod common;
+use common::cuda;
 
 fn on(cfg: EncoderConfig, backend: EncoderBackend) -> EncoderConfig {
     EncoderConfig { backend, ..cfg }

@@ -17,12 +17,12 @@ use std::sync::OnceLock;
 use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{CudaKernel, KernelSource, LaunchConfig};
+use crate::kernel::{CudaKernel, LaunchConfig};
 
 use super::codebook::CUDA_HEADER;
 use super::expand_cuda::down_cuda_dense;
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{check_operands, fnv1a, int};
+use super::launch::{cached_cuda_kernel, check_operands, int};
 
 const SOURCE: &str = include_str!("../../kernels/cuda/down_mma.cu");
 const HEADER: &str = include_str!("../../kernels/cuda/down_mma.cuh");
@@ -220,15 +220,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
 
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: OnceLock<CudaKernel> = OnceLock::new();
-    if let Some(k) = KERNEL.get() {
-        return Ok(k);
-    }
-    // The name carries a hash of the text: MLX caches compiled kernels by name on disk.
-    let name = format!("mlx_trellis_down_mma_{:016x}", fnv1a(&[SOURCE, CUDA_HEADER, HEADER]));
-    let source = KernelSource::new(&name, &["x", "codes", "scales"], &["partial"], SOURCE)
-        .with_header(&format!("{CUDA_HEADER}\n{HEADER}"));
-    let k = CudaKernel::new(source, 0)?;
-    Ok(KERNEL.get_or_init(|| k))
+    let io: (&[&str], &[&str]) = (&["x", "codes", "scales"], &["partial"]);
+    cached_cuda_kernel(&KERNEL, "mlx_trellis_down_mma", io, SOURCE, &[CUDA_HEADER, HEADER], 0)
 }
 
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and

@@ -14,11 +14,11 @@ use crate::array::MlxArray;
 use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{CudaKernel, KernelSource, LaunchConfig};
+use crate::kernel::{CudaKernel, LaunchConfig};
 
 use super::codebook::CUDA_HEADER;
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{check_layer, check_operands, fnv1a, int};
+use super::launch::{cached_cuda_kernel, check_layer, check_operands, int};
 
 const SOURCE: &str = include_str!("../../kernels/cuda/expand.cu");
 
@@ -33,14 +33,8 @@ pub fn supports(g: &TrellisGeometry) -> bool {
 
 fn kernel() -> Result<&'static CudaKernel> {
     static KERNEL: OnceLock<CudaKernel> = OnceLock::new();
-    if let Some(k) = KERNEL.get() {
-        return Ok(k);
-    }
-    // MLX caches compiled kernels by name on disk: the name carries a hash of the text.
-    let name = format!("mlx_trellis_expand_{:016x}", fnv1a(&[SOURCE, CUDA_HEADER]));
-    let source = KernelSource::new(&name, &["codes", "scales"], &["weights"], SOURCE).with_header(CUDA_HEADER);
-    let k = CudaKernel::new(source, 0)?;
-    Ok(KERNEL.get_or_init(|| k))
+    let io: (&[&str], &[&str]) = (&["codes", "scales"], &["weights"]);
+    cached_cuda_kernel(&KERNEL, "mlx_trellis_expand", io, SOURCE, &[CUDA_HEADER], 0)
 }
 
 /// The stored matrix `[rows, cols]` as dense weights of `dtype` (f32, f16 or bf16), decoded on

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, Error, Result};
-use crate::kernel::{KernelSource, LaunchConfig, MetalKernel};
+use crate::kernel::{CudaKernel, KernelSource, LaunchConfig, MetalKernel};
 
 use super::geometry::TrellisGeometry;
 
@@ -54,6 +54,31 @@ pub(crate) fn cached_kernel(
         KernelSource::new(&name, &["x", "codes", "scales"], &["partial"], body).with_header(&header),
         false,
     )?;
+    Ok(cell.get_or_init(|| k))
+}
+
+/// The CUDA kernel in `cell`, built on first use from `body` and `headers` (joined by newlines)
+/// with `inputs`, `outputs` and `shared_memory` bytes of dynamic shared memory. Its name is
+/// `base` plus an FNV hash of the body and headers, because MLX caches compiled kernels by name
+/// on disk.
+pub(crate) fn cached_cuda_kernel(
+    cell: &'static OnceLock<CudaKernel>,
+    base: &str,
+    (inputs, outputs): (&[&str], &[&str]),
+    body: &str,
+    headers: &[&str],
+    shared_memory: usize,
+) -> Result<&'static CudaKernel> {
+    if let Some(k) = cell.get() {
+        return Ok(k);
+    }
+    let parts: Vec<&str> = std::iter::once(body).chain(headers.iter().copied()).collect();
+    let name = format!("{base}_{:016x}", fnv1a(&parts));
+    let mut source = KernelSource::new(&name, inputs, outputs, body);
+    if !headers.is_empty() {
+        source = source.with_header(&headers.join("\n"));
+    }
+    let k = CudaKernel::new(source, shared_memory)?;
     Ok(cell.get_or_init(|| k))
 }
 

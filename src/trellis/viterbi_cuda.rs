@@ -14,9 +14,9 @@ use crate::array::MlxArray;
 use crate::device::{backend, Backend, Stream};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{CudaKernel, KernelSource, LaunchConfig};
+use crate::kernel::{CudaKernel, LaunchConfig};
 
-use super::launch::fnv1a;
+use super::launch::cached_cuda_kernel;
 
 const SOURCE: &str = include_str!("../../kernels/cuda/viterbi.cu");
 
@@ -54,14 +54,8 @@ pub fn supports(k: u32, l: u32) -> bool {
 fn kernel(k: u32, l: u32) -> Result<&'static CudaKernel> {
     static KERNELS: [[OnceLock<CudaKernel>; 8]; 8] = [const { [const { OnceLock::new() }; 8] }; 8];
     let cell = &KERNELS[(k - 1) as usize][(l - 8) as usize];
-    if let Some(kernel) = cell.get() {
-        return Ok(kernel);
-    }
-    // MLX caches compiled kernels by name on disk: the name carries a hash of the text.
-    let name = format!("mlx_trellis_viterbi_k{k}_l{l}_{:016x}", fnv1a(&[SOURCE]));
-    let source = KernelSource::new(&name, &["x", "lut"], &["states", "scratch"], SOURCE);
-    let kernel = CudaKernel::new(source, shared_bytes(k, l))?;
-    Ok(cell.get_or_init(|| kernel))
+    let io: (&[&str], &[&str]) = (&["x", "lut"], &["states", "scratch"]);
+    cached_cuda_kernel(cell, &format!("mlx_trellis_viterbi_k{k}_l{l}"), io, SOURCE, &[], shared_bytes(k, l))
 }
 
 /// The tail-biting Viterbi path of every block of `x` (`blocks * 256` weights, each block

@@ -29,6 +29,15 @@ pub fn f32_matmul_gate() -> f64 {
     }
 }
 
+/// Whether MLX runs on CUDA here; if not, says so (the caller skips its GPU checks).
+pub fn cuda() -> bool {
+    if backend() == Backend::Cuda {
+        return true;
+    }
+    println!("skipped: MLX's back-end here is {}, not CUDA", backend());
+    false
+}
+
 /// A seeded synthetic axis-0 layer on the host and on MLX.
 pub struct Case {
     pub host: HostLayer,
