@@ -55,13 +55,16 @@
   constexpr int CB = WARPS * NC / 16;             // coded blocks per thread block
   constexpr int STEP_ROWS = 16 * KS;
   constexpr int STEPS = (R + STEP_ROWS - 1) / STEP_ROWS;
-  constexpr int STEPS_PER_SPLIT = (STEPS + SPLITS - 1) / SPLITS;
   constexpr int A_PITCH = CB * WPB + 4;           // words per ring row (+4: fewer bank conflicts, 16-byte aligned)
   constexpr int CHUNKS = STEP_ROWS * CB * (WPB / 4);  // 16-byte copies per step
   constexpr int THREADS = WARPS * 32;
   constexpr int B_ROWS = 8 * MT;
   constexpr int B_PITCH = STEP_ROWS + 8;          // halfs per B row: + 8 for conflict-free ldmatrix
-  constexpr int VW = R % 8 == 0 ? 8 : 1;          // activations per load
+  // Activations per load: 8 (16-byte loads) where a step's B tile gives every thread at least 8,
+  // else 1, so that with few rows the conversions spread over many lanes instead of a few lanes
+  // doing 8 each while their block waits at the step's barrier. The host's check mirrors this
+  // (CudaDownConfig::activations_per_load).
+  constexpr int VW = R % 8 == 0 && B_ROWS * STEP_ROWS >= 8 * THREADS ? 8 : 1;
   constexpr int B_LOADS = B_ROWS * STEP_ROWS / VW;
   constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
   static_assert((WARPS * NC) % 16 == 0, "a block covers whole coded blocks");
@@ -78,8 +81,10 @@
   const int split = blockIdx.z % SPLITS, pass = blockIdx.z / SPLITS;
   const int first_block = blockIdx.y * CB;
   const int m_base = pass * B_ROWS;
-  const int step_begin = split * STEPS_PER_SPLIT;
-  const int steps = (step_begin + STEPS_PER_SPLIT < STEPS ? step_begin + STEPS_PER_SPLIT : STEPS) - step_begin;
+  // Split s walks steps [s * STEPS / SPLITS, (s + 1) * STEPS / SPLITS): no split is empty, and
+  // the longest is one step longer than the shortest.
+  const int step_begin = (int)((long long)split * STEPS / SPLITS);
+  const int steps = (int)((long long)(split + 1) * STEPS / SPLITS) - step_begin;
 
   // This lane's tile: coded block `cb` of the block's CB, positions [p0, p0 + NPOS).
   const int tile_pos = warp * 16 * NC;

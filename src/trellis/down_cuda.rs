@@ -68,6 +68,17 @@ impl CudaDownConfig {
         ring + b_tiles
     }
 
+    /// Activations per load in the kernel (its `VW`): 8 where the rows are a multiple of 8 and a
+    /// step's B tile (`8 * mt` rows by `16 * ks`) gives every thread at least 8, else 1.
+    fn activations_per_load(&self, g: &TrellisGeometry) -> u32 {
+        let tile = 8 * self.mt * 16 * self.ks;
+        if g.rows % 8 == 0 && tile >= 8 * 32 * self.warps {
+            8
+        } else {
+            1
+        }
+    }
+
     /// Whether this configuration can run `g` with `dtype` activations (see [`Self::check`]).
     pub fn fits(&self, g: &TrellisGeometry, dtype: Dtype) -> bool {
         self.check(g, dtype).is_ok()
@@ -98,11 +109,11 @@ impl CudaDownConfig {
         if self.prefetch && self.ks != 1 {
             invalid!("CUDA down kernel: prefetch pipelines 16-row steps (ks = 1, got {})", self.ks);
         }
-        // Activations load one at a time unless the rows are a multiple of 8; a thread then keeps
-        // one step row, which needs the block's threads to be a multiple of the step's rows.
-        if g.rows % 8 != 0 && (32 * self.warps) % (16 * self.ks) != 0 {
+        // Loading activations one at a time, a thread keeps one step row, which needs the block's
+        // threads to be a multiple of the step's rows.
+        if self.activations_per_load(g) == 1 && (32 * self.warps) % (16 * self.ks) != 0 {
             invalid!(
-                "CUDA down kernel: {} warps cannot load steps of {} rows of {g} (rows not a multiple of 8)",
+                "CUDA down kernel: {} warps cannot load steps of {} rows of {g} one activation at a time",
                 self.warps,
                 16 * self.ks
             );
@@ -363,8 +374,14 @@ mod tests {
         let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
         let one_warp = CudaDownConfig { nc: 16, warps: 1, ks: 4, splits: 1, ..plan(&odd, 1) };
         let e = one_warp.check(&odd, Dtype::Bfloat16).unwrap_err().to_string();
-        assert!(e.contains("rows not a multiple of 8"), "{e}");
+        assert!(e.contains("one activation at a time"), "{e}");
         assert!(CudaDownConfig { ks: 2, ..one_warp }.fits(&odd, Dtype::Bfloat16));
+        // A B tile of fewer than 8 activations per thread loads one at a time as well (rows a
+        // multiple of 8 then always fit: the tile is smaller than 8 threads' worth per row).
+        let small_tile = CudaDownConfig { nc: 16, mt: 1, warps: 1, ks: 1, splits: 1, ..plan(&g, 1) };
+        assert_eq!(small_tile.activations_per_load(&g), 1);
+        assert!(small_tile.fits(&g, Dtype::Bfloat16));
+        assert_eq!(CudaDownConfig { ks: 2, ..small_tile }.activations_per_load(&g), 8);
     }
 
     #[test]
