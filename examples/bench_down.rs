@@ -225,26 +225,34 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
         0..=8 => &[(8, 1)],
         9..=16 => &[(8, 2)],
         17..=32 => &[(4, 4)],
-        33..=64 => &[(4, 8), (2, 8)],
+        // (2, 4): two passes of 32 rows, for blocks small enough to run two per SM.
+        33..=64 => &[(4, 8), (2, 8), (2, 4)],
         _ => &[(2, 8), (2, 16)],
     };
+    // From 17 rows MLX's fold of the partials grows with the splits (17 µs alone at 64 rows
+    // and 32 splits), so fewer splits are worth a slightly longer kernel.
     let splits_list: &[u32] = match m {
         0..=8 => &[32, 64],
-        9..=64 => &[32],
+        9..=16 => &[32],
+        17..=64 => &[16, 32],
         _ => &[16],
     };
     // (byte sums on the tensor cores, bias fold, register prefetch): up to 8 rows dp4a with the
-    // bias fold; to 64 rows both decodes; above, the u8 MMA with and without the prefetch.
+    // bias fold; to 32 rows both decodes; to 64 the u8 MMA (the planned decode there);
+    // above, the u8 MMA with and without the prefetch.
     let variants: &[(bool, bool, bool)] = match m {
         0..=8 => &[(false, true, false)],
-        9..=64 => &[(true, false, false), (false, true, false)],
+        9..=32 => &[(true, false, false), (false, true, false)],
+        33..=64 => &[(true, false, false)],
         _ => &[(true, false, false), (true, false, true)],
     };
+    // Steps of 16 rows lost at every M above 16.
+    let ks_list: &[u32] = if m > 16 { &[2, 4] } else { &[1, 2, 4] };
     for &(nc, mt) in shapes {
         for blocks in [1u32, 2] {
             for &splits in splits_list {
                 for &(bytesum_mma, bias_fold, prefetch) in variants {
-                    for ks in [1u32, 2, 4] {
+                    for &ks in ks_list {
                         let warps = 16 * blocks / nc;
                         let cfg =
                             CudaDownConfig { nc, mt, ks, warps, splits, stages: 4, bytesum_mma, bias_fold, prefetch };

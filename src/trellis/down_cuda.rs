@@ -178,14 +178,17 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // latency`), which is what a model's chain of dependent layers waits for. Up to 16 rows the
     // decode is everything: small blocks hide its latency, and dp4a with the bias fold beats the
     // u8 MMA byte sums, whose fixed latency a warp waits out. Steps of 32 or 64 input rows
-    // spread each step's barrier, copies and B tile over more decode. No plan uses the register
+    // spread each step's barrier, copies and B tile over more decode. From 17 rows 16 splits:
+    // the kernel is as fast as with 32, and MLX's fold of the partials takes half as long. At
+    // 33-64 rows two passes of 32 rows beat one of 64 (its 168 registers a thread leave one
+    // 8-warp block per SM; the 32-row pass's blocks run two per SM). No plan uses the register
     // prefetch (explicit configurations may).
     let (nc, mt, ks, blocks, splits, bytesum_mma) = match m {
         0..=1 => (8, 1, 2, 2, 64, false),
         2..=8 => (8, 1, 2, 1, 32, false),
-        9..=16 => (8, 2, 2, 1, 32, false),
-        17..=32 => (4, 4, 4, 1, 32, true),
-        33..=64 => (2, 8, 4, 1, 32, true),
+        9..=16 => (8, 2, 4, 1, 32, false),
+        17..=32 => (4, 4, 4, 1, 16, true),
+        33..=64 => (2, 4, 4, 1, 16, true),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls.
         _ => (2, 16, 2, 1, 16, true),
@@ -345,7 +348,7 @@ mod tests {
         let one = plan(&qwen, 1);
         assert_eq!((one.warps, one.splits, one.ks), (4, 64, 2));
         assert_eq!((plan(&qwen, 32).warps, plan(&qwen, 32).ks), (4, 4));
-        assert_eq!((plan(&qwen, 64).ks, plan(&qwen, 64).stages), (4, 4));
+        assert_eq!((plan(&qwen, 64).ks, plan(&qwen, 64).stages, plan(&qwen, 64).splits), (4, 4, 16));
     }
 
     #[test]
