@@ -241,9 +241,9 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold takes 73 µs at 32 rows, 126 µs from 33 to 64 and 182 µs
-/// (kernel alone) at 128 (one kernel at a time; see the README's benchmark section). At 33–64
-/// rows the two paths are level, and the fused kernel needs no scratch.
+/// the fused kernel with MLX's fold takes 69 µs at 32 rows, 109 µs from 33 to 64 and 182 µs
+/// (kernel alone) at 128 (one kernel at a time; see the README's benchmark section). Up to 64
+/// rows the fused kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
