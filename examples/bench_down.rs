@@ -222,7 +222,9 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     // (sub-tiles per warp, 8-row tiles per pass) worth trying at this M: the neighbourhood of the
     // measured plan (wider sweeps of the other fields found nothing better there).
     let shapes: &[(u32, u32)] = match m {
-        0..=8 => &[(8, 1)],
+        // (4, 1) and (16, 1): more, smaller warps' worth of registers, or fewer instructions a
+        // weight with fewer warps.
+        0..=8 => &[(4, 1), (8, 1), (16, 1)],
         9..=16 => &[(8, 2)],
         17..=32 => &[(4, 4)],
         // (2, 4): two passes of 32 rows, for blocks small enough to run two per SM.
@@ -246,8 +248,12 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
         33..=64 => &[(true, false, false)],
         _ => &[(true, false, false), (true, false, true)],
     };
-    // Steps of 16 rows lost at every M above 16.
-    let ks_list: &[u32] = if m > 16 { &[2, 4] } else { &[1, 2, 4] };
+    // Steps of 16 rows lost at every M above 16, steps of 64 at every M up to 8.
+    let ks_list: &[u32] = match m {
+        0..=8 => &[1, 2],
+        9..=16 => &[1, 2, 4],
+        _ => &[2, 4],
+    };
     for &(nc, mt) in shapes {
         for blocks in [1u32, 2] {
             for &splits in splits_list {

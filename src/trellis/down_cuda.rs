@@ -177,7 +177,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // H200 at the Qwen down shape (Nsight Compute, one kernel at a time: `scripts/cuda.sh
     // latency`), which is what a model's chain of dependent layers waits for. Up to 16 rows the
     // decode is everything: small blocks hide its latency, and dp4a with the bias fold beats the
-    // u8 MMA byte sums, whose fixed latency a warp waits out. Steps of 32 or 64 input rows
+    // u8 MMA byte sums, whose fixed latency a warp waits out; at 2-8 rows 4-warp blocks of
+    // narrow tiles (72 registers a thread) beat fewer, wider warps. Steps of 32 or 64 input rows
     // spread each step's barrier, copies and B tile over more decode. From 17 rows 16 splits:
     // the kernel is as fast as with 32, and MLX's fold of the partials takes half as long. At
     // 33-64 rows two passes of 32 rows beat one of 64 (its 168 registers a thread leave one
@@ -185,7 +186,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // prefetch (explicit configurations may).
     let (nc, mt, ks, blocks, splits, bytesum_mma) = match m {
         0..=1 => (8, 1, 2, 2, 64, false),
-        2..=8 => (8, 1, 2, 1, 32, false),
+        2..=8 => (4, 1, 2, 1, 32, false),
         9..=16 => (8, 2, 4, 1, 32, false),
         17..=32 => (4, 4, 4, 1, 16, true),
         33..=64 => (2, 4, 4, 1, 16, true),
