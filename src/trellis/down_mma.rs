@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
-use crate::kernel::MetalKernel;
+use crate::kernel::{LaunchConfig, MetalKernel};
 
 use super::codebook::METAL_HEADER;
 use super::geometry::{CodeLayout, TrellisGeometry};
@@ -21,7 +21,7 @@ const SOURCE: &str = include_str!("../../kernels/metal/down_mma.metal");
 const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_state.h");
 
 /// SIMD groups per threadgroup.
-const SG_TG: usize = 4;
+pub(crate) const SG_TG: usize = 4;
 /// Blocks of 8 activation rows per decoded fragment.
 const MT: usize = 1;
 /// Output sub-tiles (8 positions each) per SIMD group.
@@ -38,6 +38,29 @@ pub fn supports(g: &TrellisGeometry) -> bool {
 /// Words covering `2S` positions plus the L-bit window, after realignment.
 pub(crate) fn nw(s: usize, g: &TrellisGeometry) -> usize {
     (2 * s * g.k as usize + g.l as usize - 1).div_ceil(32) + 1
+}
+
+/// The template ints both MMA families take after their own (`downMma`'s `M`): geometry, splits,
+/// threadgroup width, layout and the pass shape (`MT`, `S`, `NW`). `kernel` names errors.
+pub(crate) fn pass_template_ints(
+    cfg: LaunchConfig,
+    kernel: &str,
+    g: &TrellisGeometry,
+    interleave: bool,
+    mt: usize,
+    s: usize,
+) -> Result<LaunchConfig> {
+    Ok(cfg
+        .template_int("R", int(kernel, g.rows)?)
+        .template_int("C", int(kernel, g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("SPLITS", SPLITS as i32)
+        .template_int("SG_TG", SG_TG as i32)
+        .template_int("INTERLEAVE", i32::from(interleave))
+        .template_int("MT", mt as i32)
+        .template_int("S", s as i32)
+        .template_int("NW", nw(s, g) as i32))
 }
 
 fn launch(
@@ -59,17 +82,8 @@ fn launch(
     check_operands("downMma", x2, codes, scales, g)?;
     let n_groups = (g.cols / 256) * (32 / S);
     let cfg = partials_launch([32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), 1], 32 * SG_TG, x2, SPLITS, g.cols)
-        .template_int("M", m as i32)
-        .template_int("R", int("downMma", g.rows)?)
-        .template_int("C", int("downMma", g.cols)?)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("SPLITS", SPLITS as i32)
-        .template_int("SG_TG", SG_TG as i32)
-        .template_int("INTERLEAVE", i32::from(interleave))
-        .template_int("MT", MT as i32)
-        .template_int("S", S as i32)
-        .template_int("NW", nw(S, g) as i32);
+        .template_int("M", m as i32);
+    let cfg = pass_template_ints(cfg, "downMma", g, interleave, MT, S)?;
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 

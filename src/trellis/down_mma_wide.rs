@@ -20,17 +20,17 @@ use crate::error::{invalid, Result};
 use crate::kernel::MetalKernel;
 
 use super::codebook::METAL_HEADER;
-use super::down_mma::{self, nw};
+use super::down_mma::{self, pass_template_ints};
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int, partials_launch};
+use super::launch::{apply_and_fold, cached_kernel, check_operands, partials_launch};
 
 const SOURCE: &str = include_str!("../../kernels/metal/down_mma_wide.metal");
 const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_wide_state.h");
 
-/// SIMD groups per threadgroup.
-const SG_TG: usize = 4;
-/// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
-pub const SPLITS: usize = 8;
+/// SIMD groups per threadgroup (as `downMma`).
+const SG_TG: usize = down_mma::SG_TG;
+/// Input-row splits: f32 partial sums per split, folded by one MLX `sum` (as `downMma`).
+pub const SPLITS: usize = down_mma::SPLITS;
 
 /// One pass of the kernel: `s` sub-tiles (8 positions each) per SIMD group, `mt` blocks of 8
 /// activation rows per decoded fragment.
@@ -105,17 +105,8 @@ fn launch(
     let (s, mt) = (pass.s as usize, pass.mt as usize);
     let n_groups = (g.cols / 256) * (32 / s);
     let grid = [32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), m.div_ceil(8 * mt)];
-    let cfg = partials_launch(grid, 32 * SG_TG, x2, SPLITS, g.cols)
-        .template_int("R", int("downMmaWide", g.rows)?)
-        .template_int("C", int("downMmaWide", g.cols)?)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("SPLITS", SPLITS as i32)
-        .template_int("SG_TG", SG_TG as i32)
-        .template_int("INTERLEAVE", i32::from(interleave))
-        .template_int("MT", mt as i32)
-        .template_int("S", s as i32)
-        .template_int("NW", nw(s, g) as i32);
+    let cfg =
+        pass_template_ints(partials_launch(grid, 32 * SG_TG, x2, SPLITS, g.cols), "downMmaWide", g, interleave, mt, s)?;
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
