@@ -198,7 +198,7 @@ fn main() -> Result<()> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -242,11 +242,12 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     // (byte sums on the tensor cores, bias fold, register prefetch): up to 8 rows dp4a with the
     // bias fold; to 32 rows both decodes; to 64 the u8 MMA (the planned decode there);
     // above, the u8 MMA with and without the prefetch.
-    let variants: &[(bool, bool, bool)] = match m {
-        0..=8 => &[(false, true, false)],
-        9..=32 => &[(true, false, false), (false, true, false)],
-        33..=64 => &[(true, false, false)],
-        _ => &[(true, false, false), (true, false, true)],
+    // The dp4a decode with the bias fold also with half of its pairs packed by an IMAD.
+    let variants: &[(bool, bool, bool, bool)] = match m {
+        0..=8 => &[(false, true, false, false), (false, true, false, true)],
+        9..=32 => &[(true, false, false, false), (false, true, false, false), (false, true, false, true)],
+        33..=64 => &[(true, false, false, false)],
+        _ => &[(true, false, false, false), (true, false, true, false)],
     };
     // Steps of 16 rows lost at every M above 16, steps of 64 at every M up to 8.
     let ks_list: &[u32] = match m {
@@ -257,11 +258,21 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     for &(nc, mt) in shapes {
         for blocks in [1u32, 2] {
             for &splits in splits_list {
-                for &(bytesum_mma, bias_fold, prefetch) in variants {
+                for &(bytesum_mma, bias_fold, prefetch, pack_fma) in variants {
                     for &ks in ks_list {
                         let warps = 16 * blocks / nc;
-                        let cfg =
-                            CudaDownConfig { nc, mt, ks, warps, splits, stages: 4, bytesum_mma, bias_fold, prefetch };
+                        let cfg = CudaDownConfig {
+                            nc,
+                            mt,
+                            ks,
+                            warps,
+                            splits,
+                            stages: 4,
+                            bytesum_mma,
+                            bias_fold,
+                            prefetch,
+                            pack_fma,
+                        };
                         if let Some(cfg) = cfg.with_deepest_ring(&g, x.dtype()) {
                             configs.push(cfg);
                         }
@@ -280,7 +291,7 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -291,6 +302,7 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
             if cfg.bytesum_mma { "mma" } else { "dp4a" },
             cfg.bias_fold,
             cfg.prefetch,
+            cfg.pack_fma,
             kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);

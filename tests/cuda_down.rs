@@ -71,14 +71,16 @@ fn every_configuration_matches_the_reference() {
             // splits of 200 rows leave the last split short; 1 split runs all steps in one block),
             // block widths, ring depths, chunks per step and the register prefetch (stages 3
             // leaves one step of codes in flight ahead of the prefetched one).
-            for (bytesum_mma, bias_fold, stages, prefetch, ks) in [
-                (false, false, 2, false, 2),
-                (true, false, 4, false, 4),
-                (true, false, 4, true, 1),
-                (true, true, 3, true, 1),
-                (false, true, 6, true, 1),
-                (false, true, 3, false, 2),
-                (false, true, 4, false, 4),
+            for (bytesum_mma, bias_fold, stages, prefetch, ks, pack_fma) in [
+                (false, false, 2, false, 2, false),
+                (true, false, 4, false, 4, false),
+                (true, false, 4, true, 1, false),
+                (true, true, 3, true, 1, false),
+                (false, true, 6, true, 1, false),
+                (false, true, 3, false, 2, false),
+                (false, true, 4, false, 4, false),
+                (false, true, 4, false, 2, true),
+                (false, true, 3, true, 1, true),
             ] {
                 let c = [&inter, &rm, &rm4, &odd][n % 4];
                 let g = *c.lin.geometry();
@@ -90,7 +92,8 @@ fn every_configuration_matches_the_reference() {
                 let splits = [1u32, 5, 13][n % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
                 // (n / 4) % 2: every layer meets both dtypes (n % 2 would pair them with n % 4).
                 let dtype = if (n / 4) % 2 == 0 { Dtype::Float32 } else { Dtype::Bfloat16 };
-                let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, bytesum_mma, bias_fold, prefetch };
+                let cfg =
+                    CudaDownConfig { nc, mt, ks, warps, splits, stages, bytesum_mma, bias_fold, prefetch, pack_fma };
                 let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                     continue;
                 };

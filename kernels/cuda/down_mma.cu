@@ -32,6 +32,10 @@
 // one extra MMA per step against an all-ones A. Products stay exact; the f32 accumulators hold
 // larger partial sums, so this is for f16/bf16 activations only.
 //
+// With PACK_FMA (dp4a decode with BIAS_FOLD only) half of the code pairs are packed into their
+// f16x2 register by an IMAD, on the FMA-heavy pipe, instead of a PRMT on the ALU pipe, which at
+// one row is the decode's limit (see code_pair_dp4a_fma).
+//
 // With PREFETCH the loop is software-pipelined: step i + 1's code bits and B fragments move
 // from shared memory into registers while step i decodes (codes are waited for one step
 // earlier, B tiles are built two steps ahead in three slots). It costs registers; it pays where
@@ -42,10 +46,12 @@
 //
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
-// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES. Template bools: INTERLEAVE (3-bit
-// block interleave), SPLIT_X (f32 activations as hi + lo), BYTESUM_MMA, BIAS_FOLD, PREFETCH. Template
-// type: T (activation dtype).
+// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES.
+// Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
+// BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA. Template type: T (activation dtype).
   const int M = x_shape[0];
+  // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
+  const unsigned lift = 65536u + ((unsigned)M >> 31);
   constexpr int WPB = 8 * K;                      // words per coded block
   constexpr int NPOS = 2 * NC;                    // positions per lane
   constexpr int SPAN = NPOS * K + L - K;          // bits per lane and row
@@ -68,6 +74,7 @@
   constexpr int B_LOADS = B_ROWS * STEP_ROWS / VW;
   constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
   static_assert((WARPS * NC) % 16 == 0, "a block covers whole coded blocks");
+  static_assert(!PACK_FMA || (BIAS_FOLD && !BYTESUM_MMA), "PACK_FMA packs the dp4a decode's biased pairs");
   static_assert(THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
 
   __shared__ __align__(16) unsigned ring[STAGES][STEP_ROWS][A_PITCH];
@@ -285,9 +292,12 @@
         a[3] = trellis_cuda::code_pair<!BIAS_FOLD>(d_hi[2], d_hi[3]);
       } else {
         a[0] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b0), trellis_cuda::window<L>(w[1], b0));
-        a[1] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1));
+        // With PACK_FMA half of the pairs (a[1], a[3]) are packed by an IMAD instead of a PRMT.
+        a[1] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1), lift)
+                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1));
         a[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b0), trellis_cuda::window<L>(w[3], b0));
-        a[3] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
+        a[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1), lift)
+                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
       }
 #pragma unroll
       for (int t = 0; t < MT; ++t) {

@@ -50,6 +50,18 @@ __device__ __forceinline__ unsigned code_pair_dp4a(unsigned state_lo, unsigned s
   return code_pair<UNBIAS>(y_biased_f16(state_lo), y_biased_f16(state_hi));
 }
 
+// The same f16x2 as code_pair_dp4a<false> without the PRMT: the high state's byte sum, times
+// 65536 by an IMAD, is the accumulator of the low state's dp4a. The PRMT issues on the ALU pipe
+// and the IMAD on FMA-heavy; at one row the ALU pipe is the decode's limit, so the kernel packs
+// half of its pairs this way. Each half is 0x6400 plus a byte sum of at most 1020: nothing
+// carries across halves. `lift` must be 65536 but unknown to the compiler (the caller derives
+// it from a run-time value): a known power of two becomes a shift and add, an LEA, which issues
+// on the ALU pipe again.
+__device__ __forceinline__ unsigned code_pair_dp4a_fma(unsigned state_lo, unsigned state_hi, unsigned lift) {
+  const unsigned sum_hi = __dp4a(lcg(state_hi), 0x01010101u, 0u);
+  return __dp4a(lcg(state_lo), 0x01010101u, sum_hi * lift + 0x64006400u);
+}
+
 // 16-byte asynchronous copy global -> shared (Ampere and later) with a source size of 16 or 0
 // bytes: 0 reads nothing and zero-fills (rows past R); and its group bookkeeping.
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {

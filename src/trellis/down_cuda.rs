@@ -51,6 +51,11 @@ pub struct CudaDownConfig {
     /// Read the next step's code bits and B fragments into registers while this step decodes
     /// (needs `stages >= 3`; more registers).
     pub prefetch: bool,
+    /// Pack half of the dp4a decode's code pairs with an IMAD (FMA-heavy pipe) instead of a PRMT
+    /// (ALU pipe), which at one row is the decode's limit. Needs the dp4a decode with the bias
+    /// fold (`bytesum_mma` false, `bias_fold` true); like the fold it applies to 16-bit
+    /// activations only. It costs registers at wide tiles.
+    pub pack_fma: bool,
 }
 
 /// The most static shared memory a CUDA block may declare (NVRTC refuses more).
@@ -108,6 +113,9 @@ impl CudaDownConfig {
         }
         if self.prefetch && self.ks != 1 {
             invalid!("CUDA down kernel: prefetch pipelines 16-row steps (ks = 1, got {})", self.ks);
+        }
+        if self.pack_fma && (self.bytesum_mma || !self.bias_fold) {
+            invalid!("CUDA down kernel: pack_fma packs the dp4a decode's pairs with the bias fold (needs bytesum_mma false and bias_fold true)");
         }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
@@ -206,6 +214,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // applies it to 16-bit activations only.
         bias_fold: !bytesum_mma,
         prefetch: false,
+        pack_fma: false,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
@@ -319,7 +328,8 @@ pub fn down_cuda_partials(
     .template_bool("SPLIT_X", dtype == Dtype::Float32)
     .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
     .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
-    .template_bool("PREFETCH", cfg.prefetch);
+    .template_bool("PREFETCH", cfg.prefetch)
+    .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32);
     Ok(kernel()?.apply(&[x2, codes, scales], &launch)?.remove(0))
 }
 
@@ -401,11 +411,25 @@ mod tests {
             bytesum_mma: true,
             bias_fold: false,
             prefetch: false,
+            pack_fma: false,
         };
         let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("bytes of shared memory") && err.contains("49152"), "{err}");
         // The fitted plan for the same M fits.
         plan_for(&g, 32, Dtype::Bfloat16).check(&g, Dtype::Bfloat16).unwrap();
+    }
+
+    #[test]
+    fn pack_fma_needs_the_dp4a_decode_with_the_bias_fold() {
+        let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
+        let one = CudaDownConfig { pack_fma: true, ..plan(&g, 1) };
+        one.check(&g, Dtype::Bfloat16).unwrap();
+        for cfg in
+            [CudaDownConfig { bias_fold: false, ..one }, CudaDownConfig { bytesum_mma: true, bias_fold: false, ..one }]
+        {
+            let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+            assert!(err.contains("pack_fma packs the dp4a decode's pairs"), "{err}");
+        }
     }
 
     #[test]
