@@ -222,37 +222,41 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     // (sub-tiles per warp, 8-row tiles per pass) worth trying at this M: the neighbourhood of the
     // measured plan (wider sweeps of the other fields found nothing better there).
     let shapes: &[(u32, u32)] = match m {
-        // (4, 1) and (16, 1): more, smaller warps' worth of registers, or fewer instructions a
-        // weight with fewer warps.
-        0..=8 => &[(4, 1), (8, 1), (16, 1)],
-        9..=16 => &[(8, 2)],
-        17..=32 => &[(4, 4)],
-        // (2, 4): two passes of 32 rows, for blocks small enough to run two per SM.
-        33..=64 => &[(4, 8), (2, 8), (2, 4)],
+        // (4, 1): more, smaller warps' worth of registers (NC 16 lost at every M up to 8).
+        0..=8 => &[(4, 1), (8, 1)],
+        9..=16 => &[(4, 2), (8, 2)],
+        // (1, mt): 16-warp blocks of one coded block, the narrowest tiles.
+        17..=32 => &[(4, 4), (1, 4)],
+        // (2, 4): two passes of 32 rows, for blocks small enough to run two per SM; (1, 8): one
+        // pass of 64 rows in 16-warp blocks.
+        33..=64 => &[(2, 4), (1, 8)],
         _ => &[(2, 8), (2, 16)],
     };
-    // From 17 rows MLX's fold of the partials grows with the splits (17 µs alone at 64 rows
-    // and 32 splits), so fewer splits are worth a slightly longer kernel.
+    // MLX's fold of the partials grows with the splits (17 µs alone at 64 rows and 32 splits),
+    // and so do the partials the kernel writes, so fewer splits are worth a slightly longer
+    // kernel; some counts make whole waves of blocks: 13 at 17-64 rows (the 16-warp blocks, one
+    // per SM, and the two-pass shape's), 19 at 9-16 (NC 4, MT 2: three blocks per SM).
     let splits_list: &[u32] = match m {
-        0..=8 => &[32, 64],
-        9..=16 => &[32],
-        17..=64 => &[16, 32],
+        0..=1 => &[32, 64],
+        2..=8 => &[20, 26, 32],
+        9..=16 => &[19, 26, 32],
+        17..=64 => &[13, 16, 26],
         _ => &[16],
     };
-    // (byte sums on the tensor cores, bias fold, register prefetch): up to 8 rows dp4a with the
-    // bias fold; to 32 rows both decodes; to 64 the u8 MMA (the planned decode there);
+    // (byte sums on the tensor cores, bias fold, register prefetch, IMAD pack): up to 16 rows
+    // dp4a with the bias fold, at one row also with half of its pairs packed by an IMAD (it lost
+    // at 8 and 16 rows); to 32 rows both decodes; to 64 the u8 MMA (the planned decode there);
     // above, the u8 MMA with and without the prefetch.
-    // The dp4a decode with the bias fold also with half of its pairs packed by an IMAD.
     let variants: &[(bool, bool, bool, bool)] = match m {
-        0..=8 => &[(false, true, false, false), (false, true, false, true)],
-        9..=32 => &[(true, false, false, false), (false, true, false, false), (false, true, false, true)],
+        0..=1 => &[(false, true, false, false), (false, true, false, true)],
+        2..=16 => &[(false, true, false, false)],
+        17..=32 => &[(true, false, false, false), (false, true, false, false), (false, true, false, true)],
         33..=64 => &[(true, false, false, false)],
         _ => &[(true, false, false, false), (true, false, true, false)],
     };
-    // Steps of 16 rows lost at every M above 16, steps of 64 at every M up to 8.
+    // Steps of 16 rows lost at every M above 8, steps of 64 at every M up to 8.
     let ks_list: &[u32] = match m {
         0..=8 => &[1, 2],
-        9..=16 => &[1, 2, 4],
         _ => &[2, 4],
     };
     for &(nc, mt) in shapes {
@@ -283,7 +287,17 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     }
     for cfg in configs {
         let f = || down_cuda_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
-        let y = f()?;
+        // A configuration that fails (a launch the GPU refuses) is reported and skipped.
+        let y = match f().and_then(|y| {
+            y.eval()?;
+            Ok(y)
+        }) {
+            Ok(y) => y,
+            Err(e) => {
+                eprintln!("[sweep] {} M={m} {cfg:?}: failed: {e:#}", layer.name);
+                continue;
+            }
+        };
         let err = rel_err(&to_f64(&y)?, want);
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
         let kernel = time(args.calls, args.evals.min(15), &|| {

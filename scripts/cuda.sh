@@ -11,7 +11,8 @@
 #   scripts/cuda.sh latency [contenders|sweep]  # every kernel's own duration (Nsight Compute,
 #                                # one at a time): the benchmark's contenders and the fused
 #                                # kernel's configurations (both unless one is named; SWEEP_ROWS
-#                                # lists the sweep's row counts)
+#                                # lists the sweep's row counts, SWEEP_TIMEOUT the seconds each
+#                                # may take, 280 by default)
 #
 # The binaries link MLX's CPU wheel at build time; MLX's CUDA build of the same version
 # (`mlx-cuda-13==0.32.2`) exports the same API, so putting its lib/ first on LD_LIBRARY_PATH
@@ -70,7 +71,7 @@ run | tests | bench | profile | latency)
         status=1
     done
     [ "$part" = contenders ] || for m in ${SWEEP_ROWS:-1 8 16 32 64 128}; do
-      timeout 150 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
+      timeout "${SWEEP_TIMEOUT:-280}" "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
         --page raw --kernel-name regex:down_mma "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 \
         --evals 1 >"$out/latency_sweep_m$m.csv" 2>/dev/null || status=1
     done

@@ -62,7 +62,7 @@ fn every_configuration_matches_the_reference() {
     // 100 rows: activations load one at a time (rows not a multiple of 8), the last step short.
     let odd = Case::new(100, 512, 3, CodeLayout::RowMajor);
     let mut n = 0usize;
-    for nc in [2u32, 4, 8, 16] {
+    for nc in [1u32, 2, 4, 8, 16] {
         for mt in [1u32, 2, 4, 8, 16] {
             if nc * mt > 32 {
                 continue;
@@ -85,8 +85,9 @@ fn every_configuration_matches_the_reference() {
                 let c = [&inter, &rm, &rm4, &odd][n % 4];
                 let g = *c.lin.geometry();
                 let blocks = [1u32, 2, 4][n % 3].min(g.blocks_per_row() as u32);
-                let warps = (16 * blocks / nc).max(1);
-                if warps > 8 {
+                // NC 1 tiles run in 16-warp blocks (one coded block); other shapes up to 8 warps.
+                let warps = if nc == 1 { 16 } else { (16 * blocks / nc).max(1) };
+                if warps > 8 && nc != 1 {
                     continue;
                 }
                 let splits = [1u32, 5, 13][n % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
@@ -103,6 +104,30 @@ fn every_configuration_matches_the_reference() {
                         down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg)
                     });
                 }
+            }
+        }
+    }
+    // The matrix meets NC 1 up to 4-row tiles; the one-pass 64-row shape of 16-warp blocks
+    // (u8 MMA byte sums) runs on every layer in both dtypes, with the longest steps that fit.
+    for c in [&inter, &rm, &rm4, &odd] {
+        let g = *c.lin.geometry();
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let one_pass = |ks| CudaDownConfig {
+                nc: 1,
+                mt: 8,
+                ks,
+                warps: 16,
+                splits: 3,
+                stages: 4,
+                bytesum_mma: true,
+                bias_fold: false,
+                prefetch: false,
+                pack_fma: false,
+            };
+            let cfg = [4, 2, 1].into_iter().find_map(|ks| one_pass(ks).with_deepest_ring(&g, dtype)).unwrap();
+            n += 1;
+            for m in [1, 64, 67] {
+                check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
             }
         }
     }

@@ -30,15 +30,16 @@ const HEADER: &str = include_str!("../../kernels/cuda/down_mma.cuh");
 /// How one call of the CUDA down kernel is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CudaDownConfig {
-    /// 16-position MMA sub-tiles per warp (2, 4, 8 or 16): a block covers `16 * nc` outputs.
+    /// 16-position MMA sub-tiles per warp (1, 2, 4, 8 or 16): a warp covers `16 * nc` outputs.
+    /// 1 needs 16 warps (one coded block per block).
     pub nc: u32,
     /// 8-row MMA tiles per pass (activation rows per decode: `8 * mt`).
     pub mt: u32,
     /// 16-row chunks of input rows per step (1, 2 or 4): one barrier, one round of copies and
     /// one B tile per step.
     pub ks: u32,
-    /// Warps per block; each owns `16 * nc` output positions, so a block covers
-    /// `warps * nc / 16` whole coded blocks.
+    /// Warps per block (1 to 8, or 16 with `nc` 1); each owns `16 * nc` output positions, so a
+    /// block covers `warps * nc / 16` whole coded blocks.
     pub warps: u32,
     /// Input-row splits (partials folded by MLX's sum).
     pub splits: u32,
@@ -84,6 +85,32 @@ impl CudaDownConfig {
         }
     }
 
+    /// Activations each thread loads and converts per step when they load one at a time.
+    fn single_loads_per_thread(&self) -> u32 {
+        (8 * self.mt * 16 * self.ks).div_ceil(32 * self.warps)
+    }
+
+    /// Why 16-warp blocks cannot run this configuration on `g`, if they cannot. 512 threads leave
+    /// a thread at most 128 registers, and MLX compiles custom kernels without launch bounds, so
+    /// only shapes whose register count is known are allowed: NC 1 tiles (one coded block per
+    /// block) with at most 32 accumulators, and with 8 rows per tile the u8 MMA byte sums. Under
+    /// NVRTC for `sm_90` those take at most 102 registers across k 2 to 8, L 8 to 16, both
+    /// layouts, f32 and 16-bit activations and `ks` 1 to 4, where every thread converts at most
+    /// 4 activations loaded one at a time (8 take 132 to 168).
+    fn sixteen_warp_problem(&self, g: &TrellisGeometry) -> Option<&'static str> {
+        if self.nc != 1 {
+            Some("16 warps need nc = 1")
+        } else if self.prefetch {
+            Some("16 warps cannot prefetch")
+        } else if self.mt > 8 || (self.mt > 4 && !self.bytesum_mma) {
+            Some("16 warps need mt <= 4, or mt <= 8 with the u8 MMA byte sums")
+        } else if self.activations_per_load(g) == 1 && self.single_loads_per_thread() > 4 {
+            Some("16 warps loading activations one at a time need at most 4 a thread (shorter steps)")
+        } else {
+            None
+        }
+    }
+
     /// Whether this configuration can run `g` with `dtype` activations (see [`Self::check`]).
     pub fn fits(&self, g: &TrellisGeometry, dtype: Dtype) -> bool {
         self.check(g, dtype).is_ok()
@@ -99,8 +126,8 @@ impl CudaDownConfig {
     /// activations: a field out of range, a block width that does not divide the coded blocks,
     /// more splits than steps, or more static shared memory than a block may declare.
     pub fn check(&self, g: &TrellisGeometry, dtype: Dtype) -> Result<()> {
-        if ![2, 4, 8, 16].contains(&self.nc) {
-            invalid!("CUDA down kernel: nc = {} must be 2, 4, 8 or 16", self.nc);
+        if ![1, 2, 4, 8, 16].contains(&self.nc) {
+            invalid!("CUDA down kernel: nc = {} must be 1, 2, 4, 8 or 16", self.nc);
         }
         if !(1..=16).contains(&self.mt) || self.nc * self.mt > 32 {
             invalid!("CUDA down kernel: mt = {} must be in 1..=16 with nc * mt <= 32 (nc = {})", self.mt, self.nc);
@@ -126,14 +153,20 @@ impl CudaDownConfig {
                 16 * self.ks
             );
         }
-        // At most 8 warps: 256 threads always fit the register file, whatever the kernel uses.
-        if !(1..=8).contains(&self.warps) || self.splits == 0 || !(2..=6).contains(&self.stages) {
+        // Up to 8 warps: 256 threads always fit the register file, whatever the kernel uses.
+        let warps_ok = (1..=8).contains(&self.warps) || self.warps == 16;
+        if !warps_ok || self.splits == 0 || !(2..=6).contains(&self.stages) {
             invalid!(
-                "CUDA down kernel: {} warps, {} splits, {} stages are out of range",
+                "CUDA down kernel: {} warps (1 to 8, or 16), {} splits, {} stages (2 to 6) are out of range",
                 self.warps,
                 self.splits,
                 self.stages
             );
+        }
+        if self.warps == 16 {
+            if let Some(problem) = self.sixteen_warp_problem(g) {
+                invalid!("CUDA down kernel: {problem} (nc = {}, mt = {}, ks = {}, {g})", self.nc, self.mt, self.ks);
+            }
         }
         let covered = self.warps * self.nc;
         if covered % 16 != 0 || g.blocks_per_row() % (covered / 16) as usize != 0 {
@@ -181,26 +214,29 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, byte sums on the tensor cores), chosen by the kernel's own duration on an
-    // H200 at the Qwen down shape (Nsight Compute, one kernel at a time: `scripts/cuda.sh
-    // latency`), which is what a model's chain of dependent layers waits for. Up to 16 rows the
-    // decode is everything: small blocks hide its latency, and dp4a with the bias fold beats the
-    // u8 MMA byte sums, whose fixed latency a warp waits out; at 2-8 rows 4-warp blocks of
-    // narrow tiles (72 registers a thread) beat fewer, wider warps. Steps of 32 or 64 input rows
-    // spread each step's barrier, copies and B tile over more decode. From 17 rows 16 splits:
-    // the kernel is as fast as with 32, and MLX's fold of the partials takes half as long. At
-    // 33-64 rows two passes of 32 rows beat one of 64 (its 168 registers a thread leave one
-    // 8-warp block per SM; the 32-row pass's blocks run two per SM). No plan uses the register
-    // prefetch (explicit configurations may).
-    let (nc, mt, ks, blocks, splits, bytesum_mma) = match m {
-        0..=1 => (8, 1, 2, 2, 64, false),
-        2..=8 => (4, 1, 2, 1, 32, false),
-        9..=16 => (8, 2, 4, 1, 32, false),
-        17..=32 => (4, 4, 4, 1, 16, true),
-        33..=64 => (2, 4, 4, 1, 16, true),
+    // block, splits, byte sums on the tensor cores, IMAD pack), chosen by the kernel's own
+    // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
+    // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
+    // Up to 16 rows the decode is everything: small blocks hide its latency, and dp4a with the
+    // bias fold beats the u8 MMA byte sums, whose fixed latency a warp waits out; 4-warp blocks
+    // of narrow tiles (72 registers a thread at 2-8 rows) beat fewer, wider warps. At one row
+    // the ALU pipe limits the decode, so half of the code pairs are packed on FMA-heavy instead
+    // (`pack_fma`). Steps of 32 or 64 input rows spread each step's barrier, copies and B tile
+    // over more decode. Fewer splits from 9 rows, chosen so that the blocks fill whole waves of
+    // the GPU: 19 at 9-16 rows (NC 4, MT 2: three blocks per SM), 13 from 17 (16 left a partial
+    // wave); MLX's fold of the partials is then shorter too.
+    // At 33-64 rows two passes of 32 rows beat one of 64 in 8-warp blocks (168 registers a
+    // thread, one block per SM) and match one in 16-warp blocks of NC 1 tiles. No plan uses the
+    // register prefetch (explicit configurations may).
+    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma) = match m {
+        0..=1 => (8, 1, 1, 2, 64, false, true),
+        2..=8 => (4, 1, 2, 1, 32, false, false),
+        9..=16 => (4, 2, 4, 1, 19, false, false),
+        17..=32 => (4, 4, 4, 1, 13, true, false),
+        33..=64 => (2, 4, 4, 1, 13, true, false),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls.
-        _ => (2, 16, 2, 1, 16, true),
+        _ => (2, 16, 2, 1, 16, true, false),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -214,7 +250,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // applies it to 16-bit activations only.
         bias_fold: !bytesum_mma,
         prefetch: false,
-        pack_fma: false,
+        pack_fma,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
@@ -251,7 +287,7 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold takes 69 µs at 32 rows, 109 µs from 33 to 64 and 182 µs
+/// the fused kernel with MLX's fold takes 61 µs at 32 rows, 102 µs from 33 to 64 and 182 µs
 /// (kernel alone) at 128 (one kernel at a time; see the README's benchmark section). Up to 64
 /// rows the fused kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
@@ -357,9 +393,9 @@ mod tests {
         }
         // The measured plan is unchanged where it fits (k <= 4).
         let one = plan(&qwen, 1);
-        assert_eq!((one.warps, one.splits, one.ks), (4, 64, 2));
+        assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
         assert_eq!((plan(&qwen, 32).warps, plan(&qwen, 32).ks), (4, 4));
-        assert_eq!((plan(&qwen, 64).ks, plan(&qwen, 64).stages, plan(&qwen, 64).splits), (4, 4, 16));
+        assert_eq!((plan(&qwen, 64).ks, plan(&qwen, 64).stages, plan(&qwen, 64).splits), (4, 4, 13));
     }
 
     #[test]
@@ -430,6 +466,42 @@ mod tests {
             let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
             assert!(err.contains("pack_fma packs the dp4a decode's pairs"), "{err}");
         }
+    }
+
+    #[test]
+    fn sixteen_warp_blocks_take_only_shapes_of_known_registers() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
+        let one_pass = CudaDownConfig {
+            nc: 1,
+            mt: 8,
+            ks: 4,
+            warps: 16,
+            splits: 16,
+            bytesum_mma: true,
+            bias_fold: false,
+            ..plan(&qwen, 64)
+        };
+        one_pass.check(&qwen, Dtype::Bfloat16).unwrap();
+        CudaDownConfig { mt: 4, bytesum_mma: false, bias_fold: true, ..one_pass }
+            .check(&qwen, Dtype::Bfloat16)
+            .unwrap();
+        let err = |cfg: CudaDownConfig, g: &TrellisGeometry| cfg.check(g, Dtype::Bfloat16).unwrap_err().to_string();
+        let dp4a = CudaDownConfig { bytesum_mma: false, bias_fold: true, ..one_pass };
+        assert!(err(dp4a, &qwen).contains("16 warps need mt <= 4, or mt <= 8 with the u8 MMA"), "{}", err(dp4a, &qwen));
+        let wide = CudaDownConfig { nc: 2, mt: 4, ..one_pass };
+        assert!(err(wide, &qwen).contains("16 warps need nc = 1"), "{}", err(wide, &qwen));
+        let pf = CudaDownConfig { ks: 1, prefetch: true, ..one_pass };
+        assert!(err(pf, &qwen).contains("16 warps cannot prefetch"), "{}", err(pf, &qwen));
+        // 100 rows load one activation at a time: 64-row steps of 64 rows give each of 512
+        // threads 8, 32-row steps 4.
+        let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
+        let odd_pass = CudaDownConfig { splits: 1, ..one_pass };
+        assert!(err(odd_pass, &odd).contains("at most 4 a thread"), "{}", err(odd_pass, &odd));
+        CudaDownConfig { ks: 2, ..odd_pass }.check(&odd, Dtype::Bfloat16).unwrap();
+        // NC 1 covers a coded block only with 16 warps; 32 warps are out of range.
+        let eight = CudaDownConfig { warps: 8, ..one_pass };
+        assert!(err(eight, &qwen).contains("cover 128 positions"), "{}", err(eight, &qwen));
+        assert!(err(CudaDownConfig { warps: 32, ..one_pass }, &qwen).contains("32 warps (1 to 8, or 16)"));
     }
 
     #[test]
