@@ -245,8 +245,8 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     };
     // (byte sums on the tensor cores, bias fold, register prefetch, IMAD pack): up to 16 rows
     // dp4a with the bias fold, at one row also with half of its pairs packed by an IMAD (it lost
-    // at 8 and 16 rows); to 32 rows both decodes; to 64 the u8 MMA (the planned decode there);
-    // above, the u8 MMA with and without the prefetch.
+    // at 8 and 16 rows); at 17-32 rows both decodes, dp4a also with the IMAD pack; to 64 the u8
+    // MMA (the planned decode there); above, the u8 MMA with and without the prefetch.
     let variants: &[(bool, bool, bool, bool)] = match m {
         0..=1 => &[(false, true, false, false), (false, true, false, true)],
         2..=16 => &[(false, true, false, false)],

@@ -93,17 +93,18 @@ impl CudaDownConfig {
     /// Why 16-warp blocks cannot run this configuration on `g`, if they cannot. 512 threads leave
     /// a thread at most 128 registers, and MLX compiles custom kernels without launch bounds, so
     /// only shapes whose register count is known are allowed: NC 1 tiles (one coded block per
-    /// block) with at most 32 accumulators, and with 8 rows per tile the u8 MMA byte sums. Under
-    /// NVRTC for `sm_90` those take at most 102 registers across k 2 to 8, L 8 to 16, both
-    /// layouts, f32 and 16-bit activations and `ks` 1 to 4, where every thread converts at most
-    /// 4 activations loaded one at a time (8 take 132 to 168).
+    /// block), up to 4 tiles per pass (MT <= 4) with any decode, up to 8 with the u8 MMA byte
+    /// sums and no bias fold (its accumulators add 4 registers a tile), and at most 4
+    /// activations a thread where they load one at a time. In a survey under NVRTC for `sm_90`
+    /// (`kernels/cuda/NOTES.md`) those took at most 105 registers; MT 5 to 8 with the bias fold
+    /// took 126 to 160, 8 activations a thread loaded one at a time 132 to 168.
     fn sixteen_warp_problem(&self, g: &TrellisGeometry) -> Option<&'static str> {
         if self.nc != 1 {
             Some("16 warps need nc = 1")
         } else if self.prefetch {
             Some("16 warps cannot prefetch")
-        } else if self.mt > 8 || (self.mt > 4 && !self.bytesum_mma) {
-            Some("16 warps need mt <= 4, or mt <= 8 with the u8 MMA byte sums")
+        } else if self.mt > 8 || (self.mt > 4 && (!self.bytesum_mma || self.bias_fold)) {
+            Some("16 warps need mt <= 4, or mt <= 8 with the u8 MMA byte sums and no bias fold")
         } else if self.activations_per_load(g) == 1 && self.single_loads_per_thread() > 4 {
             Some("16 warps loading activations one at a time need at most 4 a thread (shorter steps)")
         } else {
@@ -167,6 +168,9 @@ impl CudaDownConfig {
             if let Some(problem) = self.sixteen_warp_problem(g) {
                 invalid!("CUDA down kernel: {problem} (nc = {}, mt = {}, ks = {}, {g})", self.nc, self.mt, self.ks);
             }
+        }
+        if self.nc == 1 && self.warps != 16 {
+            invalid!("CUDA down kernel: nc = 1 needs 16 warps (one coded block per block), got {}", self.warps);
         }
         let covered = self.warps * self.nc;
         if covered % 16 != 0 || g.blocks_per_row() % (covered / 16) as usize != 0 {
@@ -488,6 +492,10 @@ mod tests {
         let err = |cfg: CudaDownConfig, g: &TrellisGeometry| cfg.check(g, Dtype::Bfloat16).unwrap_err().to_string();
         let dp4a = CudaDownConfig { bytesum_mma: false, bias_fold: true, ..one_pass };
         assert!(err(dp4a, &qwen).contains("16 warps need mt <= 4, or mt <= 8 with the u8 MMA"), "{}", err(dp4a, &qwen));
+        // The bias fold's accumulators push 8-row tiles past 128 registers (160 at ks 4).
+        let folded = CudaDownConfig { bias_fold: true, ..one_pass };
+        assert!(err(folded, &qwen).contains("and no bias fold"), "{}", err(folded, &qwen));
+        CudaDownConfig { mt: 4, ..folded }.check(&qwen, Dtype::Bfloat16).unwrap();
         let wide = CudaDownConfig { nc: 2, mt: 4, ..one_pass };
         assert!(err(wide, &qwen).contains("16 warps need nc = 1"), "{}", err(wide, &qwen));
         let pf = CudaDownConfig { ks: 1, prefetch: true, ..one_pass };
@@ -500,7 +508,11 @@ mod tests {
         CudaDownConfig { ks: 2, ..odd_pass }.check(&odd, Dtype::Bfloat16).unwrap();
         // NC 1 covers a coded block only with 16 warps; 32 warps are out of range.
         let eight = CudaDownConfig { warps: 8, ..one_pass };
-        assert!(err(eight, &qwen).contains("cover 128 positions"), "{}", err(eight, &qwen));
+        assert!(
+            err(eight, &qwen).contains("nc = 1 needs 16 warps (one coded block per block), got 8"),
+            "{}",
+            err(eight, &qwen)
+        );
         assert!(err(CudaDownConfig { warps: 32, ..one_pass }, &qwen).contains("32 warps (1 to 8, or 16)"));
     }
 
