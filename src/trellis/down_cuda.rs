@@ -66,7 +66,7 @@ impl CudaDownConfig {
     /// The kernel's static shared memory: the code ring and the B tiles (`split_x`: f32
     /// activations, carried as two f16 tiles).
     fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
-        let coded_blocks = (self.warps * self.nc / 16) as usize;
+        let coded_blocks = self.coded_blocks();
         let step_rows = 16 * self.ks as usize;
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
         let b_slots = if self.prefetch { 3 } else { 2 };
@@ -74,11 +74,21 @@ impl CudaDownConfig {
         ring + b_tiles
     }
 
+    /// Whole coded blocks one thread block covers (`warps * nc / 16`; [`Self::check`] requires
+    /// at least one).
+    fn coded_blocks(&self) -> usize {
+        (self.warps * self.nc / 16) as usize
+    }
+
+    /// Activations in a step's B tile: `8 * mt` rows by `16 * ks` input rows.
+    fn b_tile_activations(&self) -> u32 {
+        8 * self.mt * 16 * self.ks
+    }
+
     /// Activations per load in the kernel (its `VW`): 8 where the rows are a multiple of 8 and a
     /// step's B tile (`8 * mt` rows by `16 * ks`) gives every thread at least 8, else 1.
     fn activations_per_load(&self, g: &TrellisGeometry) -> u32 {
-        let tile = 8 * self.mt * 16 * self.ks;
-        if g.rows % 8 == 0 && tile >= 8 * 32 * self.warps {
+        if g.rows % 8 == 0 && self.b_tile_activations() >= 8 * 32 * self.warps {
             8
         } else {
             1
@@ -87,7 +97,7 @@ impl CudaDownConfig {
 
     /// Activations each thread loads and converts per step when they load one at a time.
     fn single_loads_per_thread(&self) -> u32 {
-        (8 * self.mt * 16 * self.ks).div_ceil(32 * self.warps)
+        self.b_tile_activations().div_ceil(32 * self.warps)
     }
 
     /// Why 16-warp blocks cannot run this configuration on `g`, if they cannot. 512 threads leave
@@ -173,7 +183,7 @@ impl CudaDownConfig {
             invalid!("CUDA down kernel: nc = 1 needs 16 warps (one coded block per block), got {}", self.warps);
         }
         let covered = self.warps * self.nc;
-        if covered % 16 != 0 || g.blocks_per_row() % (covered / 16) as usize != 0 {
+        if covered % 16 != 0 || g.blocks_per_row() % self.coded_blocks() != 0 {
             invalid!(
                 "CUDA down kernel: {} warps of {} sub-tiles cover {} positions, not a divisor of the {} coded blocks of {g}",
                 self.warps,
@@ -260,9 +270,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
     // per block first, then a shallower ring, shorter steps (rows that are not a multiple of 8
     // also need a step's rows to divide the block's threads). No more splits than steps.
-    let covered = |c: &CudaDownConfig| (c.warps * c.nc / 16) as usize;
-    while covered(&cfg) > 1
-        && (g.blocks_per_row() % covered(&cfg) != 0
+    while cfg.coded_blocks() > 1
+        && (g.blocks_per_row() % cfg.coded_blocks() != 0
             || cfg.shared_bytes(g, dtype == Dtype::Float32) > STATIC_SHARED_LIMIT)
     {
         cfg.warps /= 2;
@@ -346,8 +355,7 @@ pub fn down_cuda_partials(
     let dtype = x2.dtype();
     cfg.check(g, dtype)?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
-    let blocks_per_cta = (cfg.warps * cfg.nc / 16) as usize;
-    let ctas = g.blocks_per_row() / blocks_per_cta;
+    let ctas = g.blocks_per_row() / cfg.coded_blocks();
     let launch = LaunchConfig::new(
         [32 * cfg.warps as usize, ctas, cfg.splits as usize * passes],
         [32 * cfg.warps as usize, 1, 1],
@@ -475,16 +483,9 @@ mod tests {
     #[test]
     fn sixteen_warp_blocks_take_only_shapes_of_known_registers() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let one_pass = CudaDownConfig {
-            nc: 1,
-            mt: 8,
-            ks: 4,
-            warps: 16,
-            splits: 16,
-            bytesum_mma: true,
-            bias_fold: false,
-            ..plan(&qwen, 64)
-        };
+        // The 64-row plan decodes with the u8 MMA byte sums and no bias fold.
+        let one_pass = CudaDownConfig { nc: 1, mt: 8, ks: 4, warps: 16, splits: 16, ..plan(&qwen, 64) };
+        assert!(one_pass.bytesum_mma && !one_pass.bias_fold);
         one_pass.check(&qwen, Dtype::Bfloat16).unwrap();
         CudaDownConfig { mt: 4, bytesum_mma: false, bias_fold: true, ..one_pass }
             .check(&qwen, Dtype::Bfloat16)
