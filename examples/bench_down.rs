@@ -219,18 +219,19 @@ fn main() -> Result<()> {
 fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
     let g = *layer.lin.geometry();
     let mut configs = Vec::new();
-    // (sub-tiles per warp, 8-row tiles per pass) worth trying at this M: the neighbourhood of the
-    // measured plan (wider sweeps of the other fields found nothing better there).
-    let shapes: &[(u32, u32)] = match m {
-        // (4, 1): more, smaller warps' worth of registers (NC 16 lost at every M up to 8).
-        0..=8 => &[(4, 1), (8, 1)],
-        9..=16 => &[(4, 2), (8, 2)],
-        // (1, mt): 16-warp blocks of one coded block, the narrowest tiles.
-        17..=32 => &[(4, 4), (1, 4)],
-        // (2, 4): two passes of 32 rows, for blocks small enough to run two per SM; (1, 8): one
-        // pass of 64 rows in 16-warp blocks.
-        33..=64 => &[(2, 4), (1, 8)],
-        _ => &[(2, 8), (2, 16)],
+    // (sub-tiles per warp, 8-row tiles per pass, warps per block) worth trying at this M: the
+    // neighbourhood of the measured plan (wider sweeps of the other fields found nothing better
+    // there). Blocks of fewer than 16 warps' worth of sub-tiles cover a part of a coded block.
+    let shapes: &[(u32, u32, &[u32])] = match m {
+        // NC 4: more, smaller warps' worth of registers (NC 16 lost at every M up to 8).
+        0..=8 => &[(4, 1, &[2, 4, 8]), (8, 1, &[1, 2, 4])],
+        9..=16 => &[(4, 2, &[2, 4, 8]), (8, 2, &[1, 2, 4])],
+        // NC 1: 16-warp blocks of one coded block, or 8 warps and two blocks per coded block.
+        17..=32 => &[(4, 4, &[2, 4, 8]), (1, 4, &[8, 16])],
+        // MT 4: two passes of 32 rows, for blocks small enough to run two per SM; MT 8: one pass
+        // of 64 rows in blocks of NC 1 tiles, two per coded block or one.
+        33..=64 => &[(2, 4, &[8, 16]), (1, 8, &[4, 8, 16])],
+        _ => &[(2, 8, &[8, 16]), (2, 16, &[8, 16])],
     };
     // MLX's fold of the partials grows with the splits (17 µs alone at 64 rows and 32 splits),
     // and so do the partials the kernel writes, so fewer splits are worth a slightly longer
@@ -259,12 +260,11 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
         0..=8 => &[1, 2],
         _ => &[2, 4],
     };
-    for &(nc, mt) in shapes {
-        for blocks in [1u32, 2] {
+    for &(nc, mt, warps_list) in shapes {
+        for &warps in warps_list {
             for &splits in splits_list {
                 for &(bytesum_mma, bias_fold, prefetch, pack_fma) in variants {
                     for &ks in ks_list {
-                        let warps = 16 * blocks / nc;
                         let cfg = CudaDownConfig {
                             nc,
                             mt,

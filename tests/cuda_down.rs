@@ -103,6 +103,39 @@ fn every_configuration_matches_the_reference() {
             }
         }
     }
+    // Blocks that cover a part of a coded block (two to eight blocks share its codes) with each
+    // decode, cycling through the layers, dtypes, steps and splits as above (by `p`, which also
+    // counts the shapes that do not fit).
+    let mut p = 0usize;
+    for (nc, warps, mt) in [(1u32, 8u32, 8u32), (1, 4, 4), (2, 2, 2), (4, 1, 1), (8, 1, 2), (1, 1, 1)] {
+        for (bytesum_mma, bias_fold, pack_fma) in [(true, false, false), (false, true, false), (false, true, true)] {
+            p += 1;
+            let c = [&inter, &rm, &rm4, &odd][p % 4];
+            let g = *c.lin.geometry();
+            let ks = [1u32, 2, 4][p % 3];
+            let splits = [1u32, 5, 13][p % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
+            let dtype = if (p / 4) % 2 == 0 { Dtype::Float32 } else { Dtype::Bfloat16 };
+            let cfg = CudaDownConfig {
+                nc,
+                mt,
+                ks,
+                warps,
+                splits,
+                stages: 4,
+                bytesum_mma,
+                bias_fold,
+                prefetch: false,
+                pack_fma,
+            };
+            let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
+                continue;
+            };
+            n += 1;
+            for m in [1, 8 * mt as usize + 3] {
+                check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
+            }
+        }
+    }
     // The matrix meets NC 1 up to 4-row tiles; the one-pass 64-row shape of 16-warp blocks
     // (u8 MMA byte sums) runs on every layer in both dtypes, with the longest steps that fit.
     for c in [&inter, &rm, &rm4, &odd] {

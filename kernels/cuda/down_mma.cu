@@ -7,16 +7,20 @@
 // applied once per output when the partial sums are written (folding it into x * scale would
 // push small activations into f16's subnormal range).
 //
-// Work split. A block of WARPS warps owns CB = WARPS * NC / 16 consecutive coded blocks (warp w:
-// output positions [16 NC w, 16 NC (w + 1)) of them), one split of the input rows (SPLITS per
-// pass) and one pass of 8 * MT activation rows (blockIdx.z = pass * SPLITS + split). It walks
-// its split in steps of 16 KS rows (KS 16-row chunks); every step's codes (16 KS rows x CB
-// blocks) stream into a STAGES-deep shared-memory ring with cp.async, and the step's B tile (x *
-// scale as f16, 8 MT x 16 KS) is built once per block in shared memory (double-buffered) and
-// read with ldmatrix. One barrier per step: more chunks per step spread its fixed costs (the
-// barrier, the copies, the B tile) over more decode, and let the compiler read chunk c + 1's
-// code bits while chunk c decodes. Each warp writes its own columns of the f32 partials
-// [M, SPLITS, C]; one MLX `sum` folds the splits.
+// Work split. A block of WARPS warps owns TILE = 16 NC WARPS consecutive output positions (warp
+// w: positions [16 NC w, 16 NC (w + 1)) of the tile): CB = TILE / 256 whole coded blocks, or
+// where TILE < 256 one of the PARTS = 256 / TILE parts of a coded block (blockIdx.y = coded
+// block group * PARTS + part). It also owns one split of the input rows (SPLITS per pass) and
+// one pass of 8 * MT activation rows (blockIdx.z = pass * SPLITS + split). It walks its split in
+// steps of 16 KS rows (KS 16-row chunks); every step's codes (16 KS rows of its CB coded blocks,
+// a part's whole block: the windows wrap around inside it) stream into a STAGES-deep
+// shared-memory ring with cp.async, and the step's B tile (x * scale as f16, 8 MT x 16 KS) is
+// built once per block in shared memory (double-buffered) and read with ldmatrix. One barrier
+// per step: more chunks per step spread its fixed costs (the barrier, the copies, the B tile)
+// over more decode, and let the compiler read chunk c + 1's code bits while chunk c decodes.
+// Parts let a tile of few warps keep many rows per pass (its accumulators) with several blocks
+// per SM, whose barriers then fall at different times. Each warp writes its own columns of the
+// f32 partials [M, SPLITS, C]; one MLX `sum` folds the splits.
 //
 // Decoding. Lane 4 g + q decodes output positions [p0, p0 + 2 NC) of its warp's tile
 // (p0 = 2 NC g) for four rows of each step: one contiguous run of 2 NC K bits of each row's
@@ -58,7 +62,9 @@
   constexpr bool ALIGNED = (NPOS * K) % 32 == 0;  // lane runs start on a word
   constexpr int NWR = (SPAN + 31) / 32;           // realigned words per row
   constexpr int NWL = ALIGNED ? NWR : NWR + 1;    // words read per row
-  constexpr int CB = WARPS * NC / 16;             // coded blocks per thread block
+  constexpr int TILE = 16 * NC * WARPS;           // output positions per thread block
+  constexpr int PARTS = TILE < 256 ? 256 / TILE : 1;  // thread blocks per coded block
+  constexpr int CB = TILE < 256 ? 1 : TILE / 256;     // coded blocks copied per thread block
   constexpr int STEP_ROWS = 16 * KS;
   constexpr int STEPS = (R + STEP_ROWS - 1) / STEP_ROWS;
   constexpr int A_PITCH = CB * WPB + 4;           // words per ring row (+4: fewer bank conflicts, 16-byte aligned)
@@ -73,7 +79,7 @@
   constexpr int VW = R % 8 == 0 && B_ROWS * STEP_ROWS >= 8 * THREADS ? 8 : 1;
   constexpr int B_LOADS = B_ROWS * STEP_ROWS / VW;
   constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
-  static_assert((WARPS * NC) % 16 == 0, "a block covers whole coded blocks");
+  static_assert(TILE % 256 == 0 || 256 % TILE == 0, "a block covers whole coded blocks or a part of one");
   static_assert(!PACK_FMA || (BIAS_FOLD && !BYTESUM_MMA), "PACK_FMA packs the dp4a decode's biased pairs");
   static_assert(THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
 
@@ -86,7 +92,7 @@
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int split = blockIdx.z % SPLITS, pass = blockIdx.z / SPLITS;
-  const int first_block = blockIdx.y * CB;
+  const int first_block = blockIdx.y / PARTS * CB;
   const int m_base = pass * B_ROWS;
   // Split s walks steps [s * STEPS / SPLITS, (s + 1) * STEPS / SPLITS): no split is empty, and
   // the longest is one step longer than the shortest.
@@ -94,7 +100,7 @@
   const int steps = (int)((long long)(split + 1) * STEPS / SPLITS) - step_begin;
 
   // This lane's tile: coded block `cb` of the block's CB, positions [p0, p0 + NPOS).
-  const int tile_pos = warp * 16 * NC;
+  const int tile_pos = blockIdx.y % PARTS * TILE + warp * 16 * NC;
   const int cb = tile_pos / 256;
   const int p0 = tile_pos % 256 + g * NPOS;
   const int bit0 = (256 - p0 - NPOS) * K;

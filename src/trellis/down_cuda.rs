@@ -31,7 +31,6 @@ const HEADER: &str = include_str!("../../kernels/cuda/down_mma.cuh");
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CudaDownConfig {
     /// 16-position MMA sub-tiles per warp (1, 2, 4, 8 or 16): a warp covers `16 * nc` outputs.
-    /// 1 needs 16 warps (one coded block per block).
     pub nc: u32,
     /// 8-row MMA tiles per pass (activation rows per decode: `8 * mt`).
     pub mt: u32,
@@ -39,7 +38,8 @@ pub struct CudaDownConfig {
     /// one B tile per step.
     pub ks: u32,
     /// Warps per block (1 to 8, or 16 with `nc` 1); each owns `16 * nc` output positions, so a
-    /// block covers `warps * nc / 16` whole coded blocks.
+    /// block covers `warps * nc / 16` whole coded blocks, or where that is below 1 a part of one
+    /// (a half, a quarter, ...: several blocks then share a coded block's codes).
     pub warps: u32,
     /// Input-row splits (partials folded by MLX's sum).
     pub splits: u32,
@@ -66,7 +66,7 @@ impl CudaDownConfig {
     /// The kernel's static shared memory: the code ring and the B tiles (`split_x`: f32
     /// activations, carried as two f16 tiles).
     fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
-        let coded_blocks = self.coded_blocks();
+        let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
         let b_slots = if self.prefetch { 3 } else { 2 };
@@ -74,10 +74,25 @@ impl CudaDownConfig {
         ring + b_tiles
     }
 
-    /// Whole coded blocks one thread block covers (`warps * nc / 16`; [`Self::check`] requires
-    /// at least one).
-    fn coded_blocks(&self) -> usize {
-        (self.warps * self.nc / 16) as usize
+    /// Output positions one thread block covers: `16 * nc * warps`.
+    fn tile_positions(&self) -> usize {
+        16 * (self.nc * self.warps) as usize
+    }
+
+    /// Coded blocks whose codes a thread block copies: the whole ones it covers, or the one its
+    /// part of a coded block lies in.
+    fn copied_blocks(&self) -> usize {
+        (self.tile_positions() / 256).max(1)
+    }
+
+    /// Thread blocks along the output columns of `g` (see [`Self::check`] for the tiles that fit).
+    fn column_blocks(&self, g: &TrellisGeometry) -> usize {
+        let tile = self.tile_positions();
+        if tile >= 256 {
+            g.blocks_per_row() / (tile / 256)
+        } else {
+            g.blocks_per_row() * (256 / tile)
+        }
     }
 
     /// Activations in a step's B tile: `8 * mt` rows by `16 * ks` input rows.
@@ -179,16 +194,14 @@ impl CudaDownConfig {
                 invalid!("CUDA down kernel: {problem} (nc = {}, mt = {}, ks = {}, {g})", self.nc, self.mt, self.ks);
             }
         }
-        if self.nc == 1 && self.warps != 16 {
-            invalid!("CUDA down kernel: nc = 1 needs 16 warps (one coded block per block), got {}", self.warps);
-        }
-        let covered = self.warps * self.nc;
-        if covered % 16 != 0 || g.blocks_per_row() % self.coded_blocks() != 0 {
+        // A block covers whole coded blocks (a divisor of the row's) or one part of a coded block.
+        let tile = self.tile_positions();
+        let whole = tile % 256 == 0 && g.blocks_per_row() % (tile / 256) == 0;
+        if !whole && 256 % tile != 0 {
             invalid!(
-                "CUDA down kernel: {} warps of {} sub-tiles cover {} positions, not a divisor of the {} coded blocks of {g}",
+                "CUDA down kernel: {} warps of {} sub-tiles cover {tile} positions, neither a part of a coded block nor a divisor of the {} coded blocks of {g}",
                 self.warps,
                 self.nc,
-                covered * 16,
                 g.blocks_per_row()
             );
         }
@@ -270,8 +283,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
     // per block first, then a shallower ring, shorter steps (rows that are not a multiple of 8
     // also need a step's rows to divide the block's threads). No more splits than steps.
-    while cfg.coded_blocks() > 1
-        && (g.blocks_per_row() % cfg.coded_blocks() != 0
+    while cfg.copied_blocks() > 1
+        && (g.blocks_per_row() % cfg.copied_blocks() != 0
             || cfg.shared_bytes(g, dtype == Dtype::Float32) > STATIC_SHARED_LIMIT)
     {
         cfg.warps /= 2;
@@ -355,7 +368,7 @@ pub fn down_cuda_partials(
     let dtype = x2.dtype();
     cfg.check(g, dtype)?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
-    let ctas = g.blocks_per_row() / cfg.coded_blocks();
+    let ctas = cfg.column_blocks(g);
     let launch = LaunchConfig::new(
         [32 * cfg.warps as usize, ctas, cfg.splits as usize * passes],
         [32 * cfg.warps as usize, 1, 1],
@@ -507,14 +520,30 @@ mod tests {
         let odd_pass = CudaDownConfig { splits: 1, ..one_pass };
         assert!(err(odd_pass, &odd).contains("at most 4 a thread"), "{}", err(odd_pass, &odd));
         CudaDownConfig { ks: 2, ..odd_pass }.check(&odd, Dtype::Bfloat16).unwrap();
-        // NC 1 covers a coded block only with 16 warps; 32 warps are out of range.
-        let eight = CudaDownConfig { warps: 8, ..one_pass };
-        assert!(
-            err(eight, &qwen).contains("nc = 1 needs 16 warps (one coded block per block), got 8"),
-            "{}",
-            err(eight, &qwen)
-        );
+        // Fewer warps cover a part of a coded block; 32 warps are out of range.
+        CudaDownConfig { warps: 8, ..one_pass }.check(&qwen, Dtype::Bfloat16).unwrap();
         assert!(err(CudaDownConfig { warps: 32, ..one_pass }, &qwen).contains("32 warps (1 to 8, or 16)"));
+    }
+
+    #[test]
+    fn blocks_cover_whole_coded_blocks_or_a_part_of_one() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
+        let base = CudaDownConfig { ks: 1, ..plan(&qwen, 64) };
+        // 20 coded blocks a row: 2 per block -> 10 column blocks; half a block -> 40.
+        let two = CudaDownConfig { nc: 4, warps: 8, ..base };
+        assert_eq!((two.column_blocks(&qwen), two.copied_blocks()), (10, 2));
+        let half = CudaDownConfig { nc: 1, mt: 4, warps: 8, ..base };
+        half.check(&qwen, Dtype::Bfloat16).unwrap();
+        assert_eq!((half.column_blocks(&qwen), half.copied_blocks()), (40, 1));
+        let one_warp = CudaDownConfig { nc: 1, mt: 4, warps: 1, ..base };
+        assert_eq!(one_warp.column_blocks(&qwen), 320);
+        // 3 warps of NC 1: 48 positions, not a part of a coded block.
+        let err = CudaDownConfig { warps: 3, ..one_warp }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(err.contains("cover 48 positions, neither a part of a coded block"), "{err}");
+        // 3 warps of NC 16 cover 3 coded blocks, which do not divide 20.
+        let err =
+            CudaDownConfig { nc: 16, mt: 1, warps: 3, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(err.contains("nor a divisor of the 20 coded blocks"), "{err}");
     }
 
     #[test]
