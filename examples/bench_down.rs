@@ -10,6 +10,7 @@
 //! cargo build --release --example bench_down
 //! target/release/examples/bench_down [--rows 1,2,4,8,16,32,64,128] [--json out.json]
 //! target/release/examples/bench_down --sweep      # time kernel configurations instead
+//! target/release/examples/bench_down --sweep --staged  # the staged kernel's, and the plan
 //! target/release/examples/bench_down --paths      # the fused kernel against the dense path
 //! ```
 
@@ -21,7 +22,7 @@ use mlx_trellis::trellis::down_cuda::{down_cuda_partials, down_cuda_with, plan, 
 use mlx_trellis::trellis::expand_cuda::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisLinear};
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisGeometry, TrellisLinear};
 use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
 
 const IN: usize = 17408;
@@ -33,6 +34,7 @@ struct Args {
     evals: usize,
     json: Option<String>,
     sweep: bool,
+    staged: bool,
     probe: bool,
     paths: bool,
     layouts: Vec<(u32, CodeLayout)>,
@@ -45,6 +47,7 @@ fn parse() -> Result<Args> {
         evals: 30,
         json: None,
         sweep: false,
+        staged: false,
         probe: false,
         paths: false,
         layouts: vec![(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)],
@@ -58,6 +61,7 @@ fn parse() -> Result<Args> {
             "--evals" => a.evals = v()?.parse()?,
             "--json" => a.json = Some(v()?),
             "--sweep" => a.sweep = true,
+            "--staged" => a.staged = true,
             "--probe" => a.probe = true,
             "--paths" => a.paths = true,
             "--bits" => {
@@ -198,7 +202,7 @@ fn main() -> Result<()> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -218,6 +222,52 @@ fn main() -> Result<()> {
 /// Every configuration worth trying at `m` rows, timed and checked against the reference `want`.
 fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
     let g = *layer.lin.geometry();
+    let configs = if args.staged { staged_configs(&g, x.dtype(), m) } else { fragment_configs(&g, x.dtype(), m) };
+    time_configs(layer, x, m, want, args, table, configs)
+}
+
+/// The staged kernel's configurations worth trying at `m` rows, and the plan to compare with:
+/// (sub-tiles per warp, warps, 8-row tiles per pass, warps along the rows) in one pass of the
+/// rows (two at 128), steps of 16, 32 or 64 rows where they fit the shared memory.
+fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
+    let shapes: &[(u32, u32, u32, u32)] = match m {
+        0..=8 => &[(4, 4, 1, 1), (2, 8, 1, 1)],
+        9..=16 => &[(2, 8, 2, 1), (1, 8, 2, 2), (4, 4, 2, 1), (2, 4, 2, 2)],
+        17..=32 => &[(1, 8, 4, 2), (2, 8, 4, 1), (2, 8, 4, 2), (1, 4, 4, 1), (2, 4, 4, 2)],
+        33..=64 => &[(1, 8, 8, 2), (2, 8, 8, 2), (2, 8, 8, 4), (1, 4, 8, 2), (1, 8, 8, 4)],
+        _ => &[(1, 8, 16, 4), (2, 8, 16, 4), (1, 8, 8, 2), (2, 8, 8, 2)],
+    };
+    let splits_list: &[u32] = match m {
+        0..=8 => &[26, 32],
+        9..=16 => &[19, 26],
+        _ => &[13, 16, 26],
+    };
+    let mut configs = vec![plan(g, m)];
+    for &(nc, warps, mt, row_warps) in shapes {
+        for &splits in splits_list {
+            for ks in [1, 2, 4] {
+                let cfg = CudaDownConfig {
+                    nc,
+                    mt,
+                    ks,
+                    warps,
+                    splits,
+                    stages: 4,
+                    bytesum_mma: false,
+                    bias_fold: false,
+                    prefetch: false,
+                    pack_fma: false,
+                    row_warps,
+                };
+                configs.extend(cfg.with_deepest_ring(g, dtype));
+            }
+        }
+    }
+    configs
+}
+
+/// The fragment-decode kernel's configurations worth trying at `m` rows.
+fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
     let mut configs = Vec::new();
     // (sub-tiles per warp, 8-row tiles per pass, warps per block) worth trying at this M: the
     // neighbourhood of the measured plan (wider sweeps of the other fields found nothing better
@@ -276,8 +326,9 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
                             bias_fold,
                             prefetch,
                             pack_fma,
+                            row_warps: 0,
                         };
-                        if let Some(cfg) = cfg.with_deepest_ring(&g, x.dtype()) {
+                        if let Some(cfg) = cfg.with_deepest_ring(g, dtype) {
                             configs.push(cfg);
                         }
                     }
@@ -285,6 +336,21 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
             }
         }
     }
+    configs
+}
+
+/// Times each configuration at `m` rows (whole call and kernel alone) into `table`; one that
+/// fails is reported and skipped.
+fn time_configs(
+    layer: &Layer,
+    x: &MlxArray,
+    m: usize,
+    want: &[f64],
+    args: &Args,
+    table: &mut String,
+    configs: Vec<CudaDownConfig>,
+) -> Result<()> {
+    let g = *layer.lin.geometry();
     for cfg in configs {
         let f = || down_cuda_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
         // A configuration that fails (a launch the GPU refuses) is reported and skipped.
@@ -305,7 +371,7 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -317,6 +383,7 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
             cfg.bias_fold,
             cfg.prefetch,
             cfg.pack_fma,
+            cfg.row_warps,
             kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);

@@ -12,7 +12,8 @@
 #                                # one at a time): the benchmark's contenders and the fused
 #                                # kernel's configurations (both unless one is named; SWEEP_ROWS
 #                                # lists the sweep's row counts, SWEEP_TIMEOUT the seconds each
-#                                # may take, 280 by default)
+#                                # may take, 280 by default, SWEEP_ARGS more arguments of
+#                                # bench_down, e.g. `--staged` or `--bits 2`)
 #
 # The binaries link MLX's CPU wheel at build time; MLX's CUDA build of the same version
 # (`mlx-cuda-13==0.32.2`) exports the same API, so putting its lib/ first on LD_LIBRARY_PATH
@@ -73,7 +74,7 @@ run | tests | bench | profile | latency)
     [ "$part" = contenders ] || for m in ${SWEEP_ROWS:-1 8 16 32 64 128}; do
       timeout "${SWEEP_TIMEOUT:-280}" "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
         --page raw --kernel-name regex:down_mma "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 \
-        --evals 1 >"$out/latency_sweep_m$m.csv" 2>/dev/null || status=1
+        --evals 1 ${SWEEP_ARGS:-} >"$out/latency_sweep_m$m.csv" 2>/dev/null || status=1
     done
     python3 scripts/ncu_durations.py "$out"/latency_*.csv | tee "$out/latency.txt"
     exit $status

@@ -92,7 +92,19 @@ fn every_configuration_matches_the_reference() {
             // (n / 4) % 2: every layer meets both dtypes (n % 2 would pair them with n % 4).
             // The IMAD pack applies to 16-bit activations only, so it always gets bf16.
             let dtype = if (n / 4) % 2 == 0 && !pack_fma { Dtype::Float32 } else { Dtype::Bfloat16 };
-            let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, bytesum_mma, bias_fold, prefetch, pack_fma };
+            let cfg = CudaDownConfig {
+                nc,
+                mt,
+                ks,
+                warps,
+                splits,
+                stages,
+                bytesum_mma,
+                bias_fold,
+                prefetch,
+                pack_fma,
+                row_warps: 0,
+            };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
             };
@@ -126,6 +138,7 @@ fn every_configuration_matches_the_reference() {
                 bias_fold,
                 prefetch: false,
                 pack_fma,
+                row_warps: 0,
             };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
@@ -152,6 +165,7 @@ fn every_configuration_matches_the_reference() {
                 bias_fold: false,
                 prefetch: false,
                 pack_fma: false,
+                row_warps: 0,
             };
             let cfg = [4, 2, 1].into_iter().find_map(|ks| one_pass(ks).with_deepest_ring(&g, dtype)).unwrap();
             n += 1;
@@ -162,6 +176,74 @@ fn every_configuration_matches_the_reference() {
     }
     assert!(n >= 30, "only {n} configurations ran");
     assert!(per_nc.len() == 5 && per_nc.values().all(|&k| k >= 5), "configurations per NC: {per_nc:?}");
+}
+
+#[test]
+fn staged_configurations_match_the_reference() {
+    if !cuda() {
+        return;
+    }
+    // The staged kernel (each step decoded into shared memory, then multiplied from there) on
+    // every warp tiling worth having: parts of a coded block (TILE < 256), one and two coded
+    // blocks, warps along the rows 1 to 4; cycling through the layers (k 2, 3 interleaved, 4
+    // with word-aligned runs, rows not a multiple of 8, k 8 with L 16), dtypes, steps and splits.
+    let layers = [
+        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
+        Case::new(200, 1024, 2, CodeLayout::RowMajor),
+        Case::new(88, 512, 4, CodeLayout::RowMajor),
+        Case::new(100, 512, 3, CodeLayout::RowMajor),
+        Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
+    ];
+    let mut n = 0usize;
+    let shapes = [
+        // (nc, warps, mt, row_warps)
+        (1u32, 8u32, 8u32, 2u32),
+        (2, 8, 8, 4),
+        (2, 8, 8, 2),
+        (1, 8, 4, 2),
+        (1, 4, 4, 1),
+        (2, 8, 4, 1),
+        (2, 8, 2, 1),
+        (4, 4, 1, 1),
+        (1, 8, 16, 4),
+        (8, 4, 2, 2),
+        (16, 1, 1, 1),
+        (1, 2, 2, 2),
+    ];
+    for (i, &(nc, warps, mt, row_warps)) in shapes.iter().enumerate() {
+        for j in 0..2 {
+            let v = 2 * i + j;
+            let c = &layers[v % layers.len()];
+            let g = *c.lin.geometry();
+            let ks = [1u32, 2, 4][v % 3];
+            let splits = [1u32, 5, 13][(v / 3) % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
+            let dtype = if j == 0 { Dtype::Bfloat16 } else { Dtype::Float32 };
+            let cfg = CudaDownConfig {
+                nc,
+                mt,
+                ks,
+                warps,
+                splits,
+                stages: 4,
+                bytesum_mma: false,
+                bias_fold: false,
+                prefetch: false,
+                pack_fma: false,
+                row_warps,
+            };
+            // Shorter steps where the longest do not fit the shared memory (k 8, f32).
+            let Some(cfg) =
+                [ks, 2, 1].into_iter().find_map(|ks| CudaDownConfig { ks, ..cfg }.with_deepest_ring(&g, dtype))
+            else {
+                panic!("{cfg:?} fits no steps of {g} with {dtype}");
+            };
+            n += 1;
+            for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
+                check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
+            }
+        }
+    }
+    assert_eq!(n, 2 * shapes.len());
 }
 
 #[test]

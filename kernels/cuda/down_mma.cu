@@ -45,12 +45,23 @@
 // earlier, B tiles are built two steps ahead in three slots). It costs registers; it pays where
 // warps would otherwise start every step stalled on shared memory.
 //
+// With ROW_WARPS > 0 (staged) the step is decoded into shared memory first and multiplied from
+// there: every thread decodes runs of 8 consecutive positions of one step row (y as exact f16,
+// one 16-byte store each) into an A tile [16 KS][TILE], and after a second barrier the warps,
+// ROW_WARPS along the pass's rows by WARPS / ROW_WARPS along the positions, each multiply their
+// 2D part of the block's output (A fragments by ldmatrix.trans, B fragments as above). The
+// decode then costs the same whatever the rows, its registers are not held next to the
+// accumulators' live ranges of a fragment layout, and each warp's MMAs reuse both operands;
+// the price is the A tile's store and reload and a second barrier per step. It takes the dp4a
+// decode without the bias fold, prefetch or IMAD pack.
+//
 // Activations and scales are loaded 8 at a time (16-byte loads for 16-bit activations) where R
 // is a multiple of 8 and both pointers are 16-byte aligned, one at a time otherwise.
 //
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
-// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES.
+// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES,
+// ROW_WARPS (0: decode into fragments; else the staged warps along the rows).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA. Template type: T (activation dtype).
   const int M = x_shape[0];
@@ -82,12 +93,23 @@
   static_assert(TILE % 256 == 0 || 256 % TILE == 0, "a block covers whole coded blocks or a part of one");
   static_assert(!PACK_FMA || (BIAS_FOLD && !BYTESUM_MMA), "PACK_FMA packs the dp4a decode's biased pairs");
   static_assert(THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
+  constexpr bool STAGED = ROW_WARPS > 0;
+  constexpr int WGM = STAGED ? ROW_WARPS : 1;     // warps along the rows (staged)
+  constexpr int WGN = WARPS / WGM;                // warps along the positions (staged)
+  constexpr int NCW = STAGED ? NC * WGM : NC;     // 16-position sub-tiles per warp
+  constexpr int MTW = MT / WGM;                   // 8-row tiles per warp
+  static_assert(!STAGED || (WARPS % WGM == 0 && MT % WGM == 0), "staged warps tile the block's output");
+  static_assert(!STAGED || (!BYTESUM_MMA && !BIAS_FOLD && !PREFETCH && !PACK_FMA), "staged: dp4a decode of y");
 
   __shared__ __align__(16) unsigned ring[STAGES][STEP_ROWS][A_PITCH];
   constexpr int B_SLOTS = PREFETCH ? 3 : 2;      // B tiles in flight
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
   static_assert(!PREFETCH || KS == 1, "PREFETCH pipelines 16-row steps");
   __shared__ __align__(16) __half b_tile[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
+  // Staged: the step's decoded code values, [step row][position] (+8 halfs: conflict-free
+  // ldmatrix rows).
+  constexpr int A_TILE_PITCH = TILE + 8;
+  __shared__ __align__(16) __half a_tile[STAGED ? STEP_ROWS : 1][STAGED ? A_TILE_PITCH : 8];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -113,6 +135,24 @@
   for (int i = 0; i < 4; ++i) decode_row[i] = BYTESUM_MMA ? q + 4 * i : 2 * q + (i & 1) + 8 * (i >> 1);
   // Block selector of the byte-sum MMA: B[k][n] = 1 where k / 4 == n.
   const unsigned selector[2] = {g == q ? 0x01010101u : 0u, g == q + 4 ? 0x01010101u : 0u};
+  // Staged decode plan: thread `tid` decodes positions [8 grp, 8 grp + 8) of the tile in step
+  // rows tid / GROUPS + u * UNIT_ROWS (THREADS is a multiple of GROUPS: the same runs every
+  // step), read like a fragment lane's with NPOS = 8.
+  constexpr int GROUPS = TILE / 8;
+  constexpr int UNITS = STEP_ROWS * GROUPS / THREADS;
+  constexpr int UNIT_ROWS = THREADS / GROUPS;
+  constexpr int SPAN8 = 8 * K + L - K;
+  constexpr bool ALIGNED8 = (8 * K) % 32 == 0;
+  constexpr int NWR8 = (SPAN8 + 31) / 32;
+  constexpr int NWL8 = ALIGNED8 ? NWR8 : NWR8 + 1;
+  static_assert(!STAGED || (THREADS % GROUPS == 0 && (STEP_ROWS * GROUPS) % THREADS == 0), "staged decode runs");
+  const int grp = tid % GROUPS, unit_row = tid / GROUPS;
+  const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // in the block's first coded block
+  const int run_bit0 = (256 - run_pos % 256 - 8) * K;
+  const int run_off = run_bit0 & 31;
+  int run_word_at[NWL8];
+#pragma unroll
+  for (int j = 0; j < NWL8; ++j) run_word_at[j] = run_pos / 256 * WPB + ((run_bit0 >> 5) + j) % WPB;
 
   // Per-thread copy plan, fixed for the whole split: chunk u of every step goes to the same ring
   // offset from a source that moves 16 rows per step (rows past R are zero-filled, not read).
@@ -222,40 +262,44 @@
       }
     }
   };
-  float acc[NC][MT][4];
+  float acc[NCW][MTW][4];
   float bias_acc[MT][4];
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
+  for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) bias_acc[t][e] = 0.0f;
 #pragma unroll
-    for (int s = 0; s < NC; ++s)
+  for (int t = 0; t < MTW; ++t) {
+#pragma unroll
+    for (int s = 0; s < NCW; ++s)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[s][t][e] = 0.0f;
   }
 
   // Step pieces: B fragments of a B tile slot, this lane's code bits of a ring slot, and the
   // decode + MMAs of one step from those registers.
-  auto read_b_fragments = [&](int bslot, int chunk, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2]) {
+  // B fragments of the 8-row tiles [t0, t0 + MTW) of the pass (and the f32 residue tiles), into
+  // the first MTW entries (MTW == MT but for the staged warps).
+  auto read_b_fragments = [&](int bslot, int chunk, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2], int t0) {
+    constexpr int NT = MTW;
     const int col = 16 * chunk + (lane >> 3 & 1) * 8;
-    // B fragments for every 8-row tile (and the f32 residue tiles).
 #pragma unroll
-    for (int t = 0; t < MT; t += 2) {
+    for (int t = 0; t < NT; t += 2) {
       const int mat = lane >> 3, row = lane & 7;
-      if (t + 1 < MT) {
+      if (t + 1 < NT) {
         unsigned r[4];
-        trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][0][8 * (t + (mat >> 1)) + row][col]);
+        trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][0][8 * (t0 + t + (mat >> 1)) + row][col]);
         b_hi[t][0] = r[0], b_hi[t][1] = r[1], b_hi[t + 1][0] = r[2], b_hi[t + 1][1] = r[3];
         if (SPLIT_X) {
-          trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t + (mat >> 1)) + row][col]);
+          trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t0 + t + (mat >> 1)) + row][col]);
           b_lo[t][0] = r[0], b_lo[t][1] = r[1], b_lo[t + 1][0] = r[2], b_lo[t + 1][1] = r[3];
         }
       } else {
         unsigned r[2];
-        trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][0][8 * t + row][col]);
+        trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][0][8 * (t0 + t) + row][col]);
         b_hi[t][0] = r[0], b_hi[t][1] = r[1];
         if (SPLIT_X) {
-          trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * t + row][col]);
+          trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t0 + t) + row][col]);
           b_lo[t][0] = r[0], b_lo[t][1] = r[1];
         }
       }
@@ -305,8 +349,10 @@
         a[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1), lift)
                         : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
       }
+      // MTW == MT here (the fragment decode); the bound keeps the staged build's unused copy of
+      // this lambda inside acc.
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
+      for (int t = 0; t < MTW; ++t) {
         trellis_cuda::mma_16816(acc[s][t], a, b_hi[t]);
         if (SPLIT_X) trellis_cuda::mma_16816(acc[s][t], a, b_lo[t]);
       }
@@ -317,6 +363,47 @@
       for (int t = 0; t < MT; ++t) {
         trellis_cuda::mma_16816(bias_acc[t], ones, b_hi[t]);
         if (SPLIT_X) trellis_cuda::mma_16816(bias_acc[t], ones, b_lo[t]);
+      }
+    }
+  };
+
+  // Staged: decode the step's codes of ring slot `slot` into the A tile.
+  auto decode_to_tile = [&](int slot) {
+#pragma unroll
+    for (int u = 0; u < UNITS; ++u) {
+      const int row = unit_row + u * UNIT_ROWS;
+      const unsigned* src = ring[slot][row];
+      unsigned raw[NWL8], w[NWR8];
+#pragma unroll
+      for (int j = 0; j < NWL8; ++j) raw[j] = src[run_word_at[j]];
+#pragma unroll
+      for (int j = 0; j < NWR8; ++j) w[j] = ALIGNED8 ? raw[j] : __funnelshift_r(raw[j], raw[j + 1], run_off);
+      // Position 8 grp + j of the run sits at realigned bit (7 - j) K.
+      uint4 y;
+      y.x = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 7 * K), trellis_cuda::window<L>(w, 6 * K));
+      y.y = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 5 * K), trellis_cuda::window<L>(w, 4 * K));
+      y.z = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 3 * K), trellis_cuda::window<L>(w, 2 * K));
+      y.w = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, K), trellis_cuda::window<L>(w, 0));
+      *reinterpret_cast<uint4*>(&a_tile[row][8 * grp]) = y;
+    }
+  };
+  // Staged: this warp's MMAs of chunk `chunk` of the A tile against B tile slot `bslot`. Warp
+  // (wn, wm) covers positions [16 NCW wn, 16 NCW (wn + 1)) of the tile and 8-row tiles
+  // [MTW wm, MTW (wm + 1)) of the pass; A sub-tile s row i is position 16 NCW wn + 16 s + i.
+  const int warp_n = warp % WGN, warp_m = warp / WGN;
+  auto multiply_tile = [&](int bslot, int chunk) {
+    unsigned b_hi[MT][2], b_lo[MT][2];
+    read_b_fragments(bslot, chunk, b_hi, b_lo, MTW * warp_m);
+    const int mat = lane >> 3;
+    const __half* a_src = &a_tile[16 * chunk + (lane & 7) + 8 * (mat >> 1)][16 * NCW * warp_n + 8 * (mat & 1)];
+#pragma unroll
+    for (int s = 0; s < NCW; ++s) {
+      unsigned a[4];
+      trellis_cuda::ldmatrix_x4_trans(a, a_src + 16 * s);
+#pragma unroll
+      for (int t = 0; t < MTW; ++t) {
+        trellis_cuda::mma_16816(acc[s][t], a, b_hi[t]);
+        if (SPLIT_X) trellis_cuda::mma_16816(acc[s][t], a, b_lo[t]);
       }
     }
   };
@@ -347,12 +434,20 @@
       __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
       if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
       trellis_cuda::cp_async_commit();
+      if constexpr (STAGED) {
+        // The A tile was last read in step i - 1, before this step's first barrier.
+        decode_to_tile(i % STAGES);
+        __syncthreads();  // the step's A tile is visible
 #pragma unroll
-      for (int c = 0; c < KS; ++c) {
-        unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-        read_b_fragments(i % B_SLOTS, c, b_hi, b_lo);
-        read_code_bits(i % STAGES, c, w);
-        decode_and_multiply(w, b_hi, b_lo);
+        for (int c = 0; c < KS; ++c) multiply_tile(i % B_SLOTS, c);
+      } else {
+#pragma unroll
+        for (int c = 0; c < KS; ++c) {
+          unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
+          read_b_fragments(i % B_SLOTS, c, b_hi, b_lo, 0);
+          read_code_bits(i % STAGES, c, w);
+          decode_and_multiply(w, b_hi, b_lo);
+        }
       }
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
       if (i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
@@ -366,7 +461,7 @@
     __syncthreads();  // step 0's codes and B tiles 0 and 1 are visible
     // With steps == 0 (a split past the last row) these read slots nothing wrote; the values are
     // never used. Guarding them changed the register allocation of the measured kernel.
-    read_b_fragments(0, 0, b_hi, b_lo);
+    read_b_fragments(0, 0, b_hi, b_lo, 0);
     read_code_bits(0, 0, w);
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
@@ -379,7 +474,7 @@
       trellis_cuda::cp_async_commit();
       unsigned w_next[4][NWR], b_hi_next[MT][2], b_lo_next[MT][2];
       if (i + 1 < steps) {
-        read_b_fragments((i + 1) % B_SLOTS, 0, b_hi_next, b_lo_next);
+        read_b_fragments((i + 1) % B_SLOTS, 0, b_hi_next, b_lo_next, 0);
         read_code_bits((i + 1) % STAGES, 0, w_next);
       }
       decode_and_multiply(w, b_hi, b_lo);
@@ -396,19 +491,35 @@
   }
   trellis_cuda::cp_async_wait<0>();
 
-  // Write this warp's partial sums: d0/d2 are (m = 8t + 2q, positions j0/j0 + 1), d1/d3 the
-  // same positions of m + 1, so each pair is one 8-byte store.
-  const size_t col0 = (size_t)(first_block + cb) * 256 + p0;
+  if constexpr (STAGED) {
+    // d0/d1 are (position 16 s + g of the warp's columns, rows m and m + 1), d2/d3 the same
+    // rows at position + 8: 8 lanes of a q store 32 contiguous bytes.
+    const size_t col0 = (size_t)first_block * 256 + blockIdx.y % PARTS * TILE + 16 * NCW * warp_n + g;
 #pragma unroll
-  for (int t = 0; t < MT; ++t) {
-    const int m = m_base + 8 * t + 2 * q;
+    for (int t = 0; t < MTW; ++t) {
+      const int m = m_base + 8 * (MTW * warp_m + t) + 2 * q;
 #pragma unroll
-    for (int s = 0; s < NC; ++s) {
-      float d[4];
+      for (int s = 0; s < NCW; ++s) {
+        float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 16 * s;
+        if (m < M) out[0] = acc[s][t][0] * TRELLIS_RCP, out[8] = acc[s][t][2] * TRELLIS_RCP;
+        if (m + 1 < M) out[(size_t)SPLITS * C] = acc[s][t][1] * TRELLIS_RCP, out[(size_t)SPLITS * C + 8] = acc[s][t][3] * TRELLIS_RCP;
+      }
+    }
+  } else {
+    // Write this warp's partial sums: d0/d2 are (m = 8t + 2q, positions j0/j0 + 1), d1/d3 the
+    // same positions of m + 1, so each pair is one 8-byte store.
+    const size_t col0 = (size_t)(first_block + cb) * 256 + p0;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP;
-      float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 2 * s;
-      if (m < M) *reinterpret_cast<float2*>(out) = make_float2(d[0], d[2]);
-      if (m + 1 < M) *reinterpret_cast<float2*>(out + (size_t)SPLITS * C) = make_float2(d[1], d[3]);
+    for (int t = 0; t < MT; ++t) {
+      const int m = m_base + 8 * t + 2 * q;
+#pragma unroll
+      for (int s = 0; s < NC; ++s) {
+        float d[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP;
+        float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 2 * s;
+        if (m < M) *reinterpret_cast<float2*>(out) = make_float2(d[0], d[2]);
+        if (m + 1 < M) *reinterpret_cast<float2*>(out + (size_t)SPLITS * C) = make_float2(d[1], d[3]);
+      }
     }
   }

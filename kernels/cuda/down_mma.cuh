@@ -92,4 +92,13 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
                : "r"(s));
 }
 
+// ldmatrix_x4 with each 8x8 matrix transposed: lane 4 g + q receives rows 2q, 2q + 1 of column g
+// of each (the A fragment of a tile stored K-major, [k][position]).
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
 }  // namespace trellis_cuda

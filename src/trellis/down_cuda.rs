@@ -57,6 +57,13 @@ pub struct CudaDownConfig {
     /// fold (`bytesum_mma` false, `bias_fold` true); like the fold it applies to 16-bit
     /// activations only. It costs registers at wide tiles.
     pub pack_fma: bool,
+    /// 0: each warp decodes its weights straight into its MMA fragments. Otherwise the staged
+    /// kernel: the block decodes each step into a shared-memory tile first (every weight once,
+    /// with the dp4a decode), then its warps, `row_warps` along the pass's rows by
+    /// `warps / row_warps` along the positions, multiply their parts of the output from there.
+    /// Needs `bytesum_mma`, `bias_fold`, `prefetch` and `pack_fma` off, and `row_warps` dividing
+    /// `warps` and `mt`.
+    pub row_warps: u32,
 }
 
 /// The most static shared memory a CUDA block may declare (NVRTC refuses more).
@@ -71,7 +78,13 @@ impl CudaDownConfig {
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
         let b_slots = if self.prefetch { 3 } else { 2 };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
-        ring + b_tiles
+        let a_tile = if self.staged() { step_rows * (self.tile_positions() + 8) * 2 } else { 0 };
+        ring + b_tiles + a_tile
+    }
+
+    /// Whether the block decodes each step into shared memory first (`row_warps > 0`).
+    pub fn staged(&self) -> bool {
+        self.row_warps > 0
     }
 
     /// Output positions one thread block covers: `16 * nc * warps`.
@@ -124,7 +137,9 @@ impl CudaDownConfig {
     /// (`kernels/cuda/NOTES.md`) those took at most 105 registers; MT 5 to 8 with the bias fold
     /// took 126 to 160, 8 activations a thread loaded one at a time 132 to 168.
     fn sixteen_warp_problem(&self, g: &TrellisGeometry) -> Option<&'static str> {
-        if self.nc != 1 {
+        if self.staged() {
+            Some("16 warps cannot run the staged kernel")
+        } else if self.nc != 1 {
             Some("16 warps need nc = 1")
         } else if self.prefetch {
             Some("16 warps cannot prefetch")
@@ -169,6 +184,19 @@ impl CudaDownConfig {
         }
         if self.pack_fma && (self.bytesum_mma || !self.bias_fold) {
             invalid!("CUDA down kernel: pack_fma packs the dp4a decode's pairs with the bias fold (needs bytesum_mma false and bias_fold true)");
+        }
+        if self.staged() {
+            if self.bytesum_mma || self.bias_fold || self.prefetch || self.pack_fma {
+                invalid!("CUDA down kernel: the staged kernel (row_warps = {}) decodes with dp4a and needs bytesum_mma, bias_fold, prefetch and pack_fma off", self.row_warps);
+            }
+            if self.warps % self.row_warps != 0 || self.mt % self.row_warps != 0 {
+                invalid!(
+                    "CUDA down kernel: row_warps = {} must divide warps = {} and mt = {} (the staged warps tile the block's output)",
+                    self.row_warps,
+                    self.warps,
+                    self.mt
+                );
+            }
         }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
@@ -278,6 +306,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         bias_fold: !bytesum_mma,
         prefetch: false,
         pack_fma,
+        row_warps: 0,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
@@ -390,7 +419,8 @@ pub fn down_cuda_partials(
     .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
     .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
     .template_bool("PREFETCH", cfg.prefetch)
-    .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32);
+    .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
+    .template_int("ROW_WARPS", cfg.row_warps as i32);
     Ok(kernel()?.apply(&[x2, codes, scales], &launch)?.remove(0))
 }
 
@@ -473,6 +503,7 @@ mod tests {
             bias_fold: false,
             prefetch: false,
             pack_fma: false,
+            row_warps: 0,
         };
         let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("bytes of shared memory") && err.contains("49152"), "{err}");
@@ -544,6 +575,56 @@ mod tests {
         let err =
             CudaDownConfig { nc: 16, mt: 1, warps: 3, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("nor a divisor of the 20 coded blocks"), "{err}");
+    }
+
+    #[test]
+    fn staged_configurations_are_checked() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
+        let staged = CudaDownConfig {
+            nc: 1,
+            mt: 8,
+            ks: 2,
+            warps: 8,
+            splits: 13,
+            stages: 4,
+            bytesum_mma: false,
+            bias_fold: false,
+            prefetch: false,
+            pack_fma: false,
+            row_warps: 2,
+        };
+        staged.check(&qwen, Dtype::Bfloat16).unwrap();
+        staged.check(&qwen, Dtype::Float32).unwrap();
+        let err = |cfg: CudaDownConfig| cfg.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
+        for other in [
+            CudaDownConfig { bytesum_mma: true, ..staged },
+            CudaDownConfig { bias_fold: true, ..staged },
+            CudaDownConfig { bias_fold: true, pack_fma: true, ..staged },
+        ] {
+            assert!(err(other).contains("staged kernel (row_warps = 2) decodes with dp4a"), "{}", err(other));
+        }
+        let prefetch = CudaDownConfig { ks: 1, prefetch: true, ..staged };
+        assert!(err(prefetch).contains("staged kernel"), "{}", err(prefetch));
+        // The warps along the rows divide the warps and the 8-row tiles.
+        assert!(
+            err(CudaDownConfig { row_warps: 3, ..staged }).contains("row_warps = 3 must divide warps = 8 and mt = 8")
+        );
+        assert!(err(CudaDownConfig { mt: 2, row_warps: 4, ..staged }).contains("must divide"));
+        assert!(err(CudaDownConfig { warps: 16, ..staged }).contains("16 warps cannot run the staged kernel"));
+        // The A tile counts against the shared memory: 64-row steps of 128 positions take
+        // 17 KB on top of the ring and the B tiles.
+        let long = CudaDownConfig { ks: 4, ..staged };
+        assert!(!long.fits(&qwen, Dtype::Bfloat16));
+        assert_eq!(
+            long.shared_bytes(&qwen, false) - CudaDownConfig { row_warps: 0, ..long }.shared_bytes(&qwen, false),
+            64 * 136 * 2
+        );
+        assert_eq!(
+            CudaDownConfig { ks: 4, row_warps: 0, ..staged }
+                .with_deepest_ring(&qwen, Dtype::Bfloat16)
+                .map(|c| c.stages),
+            Some(4)
+        );
     }
 
     #[test]
