@@ -183,8 +183,8 @@ fn staged_configurations_match_the_reference() {
     if !cuda() {
         return;
     }
-    // The staged kernel (each step decoded into shared memory, then multiplied from there) on
-    // every warp tiling worth having: parts of a coded block (TILE < 256), one and two coded
+    // The staged kernel (each step decoded into shared memory, then multiplied from there, or
+    // pipelined with the prefetch) on every warp tiling worth having: parts of a coded block (TILE < 256), one and two coded
     // blocks, warps along the rows 1 to 4; cycling through the layers (k 2, 3 interleaved, 4
     // with word-aligned runs, rows not a multiple of 8, k 8 with L 16), dtypes, steps and splits.
     let layers = [
@@ -218,16 +218,19 @@ fn staged_configurations_match_the_reference() {
             let ks = [1u32, 2, 4][v % 3];
             let splits = [1u32, 5, 13][(v / 3) % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
             let dtype = if j == 0 { Dtype::Bfloat16 } else { Dtype::Float32 };
+            // Each dtype meets both loops: two barriers a step, or the next step decoded into a
+            // second A tile (prefetch), with 3 stages (codes waited for one step ahead) or 4.
+            let prefetch = (i + j) % 2 == 1;
             let cfg = CudaDownConfig {
                 nc,
                 mt,
                 ks,
                 warps,
                 splits,
-                stages: 4,
+                stages: if prefetch && i % 4 == 1 { 3 } else { 4 },
                 bytesum_mma: false,
                 bias_fold: false,
-                prefetch: false,
+                prefetch,
                 pack_fma: false,
                 row_warps,
             };

@@ -43,7 +43,9 @@
 // With PREFETCH the loop is software-pipelined: step i + 1's code bits and B fragments move
 // from shared memory into registers while step i decodes (codes are waited for one step
 // earlier, B tiles are built two steps ahead in three slots). It costs registers; it pays where
-// warps would otherwise start every step stalled on shared memory.
+// warps would otherwise start every step stalled on shared memory. In the staged kernel it
+// means the next step is decoded into a second A tile while this one multiplies (one barrier a
+// step instead of two).
 //
 // With ROW_WARPS > 0 (staged) the step is decoded into shared memory first and multiplied from
 // there: every thread decodes runs of 8 consecutive positions of one step row (y as exact f16,
@@ -52,8 +54,8 @@
 // 2D part of the block's output (A fragments by ldmatrix.trans, B fragments as above). The
 // decode then costs the same whatever the rows, its registers are not held next to the
 // accumulators' live ranges of a fragment layout, and each warp's MMAs reuse both operands;
-// the price is the A tile's store and reload and a second barrier per step. It takes the dp4a
-// decode without the bias fold, prefetch or IMAD pack.
+// the price is the A tile's store and reload and a second barrier per step (or with PREFETCH a
+// second A tile). It takes the dp4a decode without the bias fold or IMAD pack.
 //
 // Activations and scales are loaded 8 at a time (16-byte loads for 16-bit activations) where R
 // is a multiple of 8 and both pointers are 16-byte aligned, one at a time otherwise.
@@ -99,17 +101,17 @@
   constexpr int NCW = STAGED ? NC * WGM : NC;     // 16-position sub-tiles per warp
   constexpr int MTW = MT / WGM;                   // 8-row tiles per warp
   static_assert(!STAGED || (WARPS % WGM == 0 && MT % WGM == 0), "staged warps tile the block's output");
-  static_assert(!STAGED || (!BYTESUM_MMA && !BIAS_FOLD && !PREFETCH && !PACK_FMA), "staged: dp4a decode of y");
+  static_assert(!STAGED || (!BYTESUM_MMA && !BIAS_FOLD && !PACK_FMA), "staged: dp4a decode of y");
 
   __shared__ __align__(16) unsigned ring[STAGES][STEP_ROWS][A_PITCH];
-  constexpr int B_SLOTS = PREFETCH ? 3 : 2;      // B tiles in flight
+  constexpr int B_SLOTS = PREFETCH && !STAGED ? 3 : 2;  // B tiles in flight
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
-  static_assert(!PREFETCH || KS == 1, "PREFETCH pipelines 16-row steps");
+  static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
   __shared__ __align__(16) __half b_tile[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
   // Staged: the step's decoded code values, [step row][position] (+8 halfs: conflict-free
   // ldmatrix rows).
   constexpr int A_TILE_PITCH = TILE + 8;
-  __shared__ __align__(16) __half a_tile[STAGED ? STEP_ROWS : 1][STAGED ? A_TILE_PITCH : 8];
+  __shared__ __align__(16) __half a_tile[STAGED && PREFETCH ? 2 : 1][STAGED ? STEP_ROWS : 1][STAGED ? A_TILE_PITCH : 8];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -367,8 +369,8 @@
     }
   };
 
-  // Staged: decode the step's codes of ring slot `slot` into the A tile.
-  auto decode_to_tile = [&](int slot) {
+  // Staged: decode the step's codes of ring slot `slot` into A tile `aslot`.
+  auto decode_to_tile = [&](int slot, int aslot) {
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int row = unit_row + u * UNIT_ROWS;
@@ -384,18 +386,18 @@
       y.y = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 5 * K), trellis_cuda::window<L>(w, 4 * K));
       y.z = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 3 * K), trellis_cuda::window<L>(w, 2 * K));
       y.w = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, K), trellis_cuda::window<L>(w, 0));
-      *reinterpret_cast<uint4*>(&a_tile[row][8 * grp]) = y;
+      *reinterpret_cast<uint4*>(&a_tile[aslot][row][8 * grp]) = y;
     }
   };
   // Staged: this warp's MMAs of chunk `chunk` of the A tile against B tile slot `bslot`. Warp
   // (wn, wm) covers positions [16 NCW wn, 16 NCW (wn + 1)) of the tile and 8-row tiles
   // [MTW wm, MTW (wm + 1)) of the pass; A sub-tile s row i is position 16 NCW wn + 16 s + i.
   const int warp_n = warp % WGN, warp_m = warp / WGN;
-  auto multiply_tile = [&](int bslot, int chunk) {
+  auto multiply_tile = [&](int bslot, int aslot, int chunk) {
     unsigned b_hi[MT][2], b_lo[MT][2];
     read_b_fragments(bslot, chunk, b_hi, b_lo, MTW * warp_m);
     const int mat = lane >> 3;
-    const __half* a_src = &a_tile[16 * chunk + (lane & 7) + 8 * (mat >> 1)][16 * NCW * warp_n + 8 * (mat & 1)];
+    const __half* a_src = &a_tile[aslot][16 * chunk + (lane & 7) + 8 * (mat >> 1)][16 * NCW * warp_n + 8 * (mat & 1)];
 #pragma unroll
     for (int s = 0; s < NCW; ++s) {
       unsigned a[4];
@@ -420,13 +422,37 @@
     for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
     __syncthreads();  // before any thread writes its rows below
   }
-  for (int i = 0; i < (PREFETCH ? 2 : 1) && i < steps; ++i) {
+  for (int i = 0; i < (PREFETCH && !STAGED ? 2 : 1) && i < steps; ++i) {
     BLoad v;
     load_b(i, v);
     store_b(i, v);
   }
 
-  if (!PREFETCH) {
+  if constexpr (STAGED && PREFETCH) {
+    // Staged and software-pipelined: each step decodes the next step's codes into the other A
+    // tile while it multiplies its own, so one barrier per step orders both and a warp's decode
+    // and MMAs can overlap. Codes are waited for one step earlier (STAGES >= 3).
+    trellis_cuda::cp_async_wait<STAGES - 2>();
+    __syncthreads();  // step 0's codes and B tile are visible
+    decode_to_tile(0, 0);
+    for (int i = 0; i < steps; ++i) {
+      BLoad v_next;
+      if (i + 1 < steps) load_b(i + 1, v_next);
+      trellis_cuda::cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();
+      // A tile i % 2, B tile i % 2 and step i + 1's codes are visible; ring slot (i - 1) %
+      // STAGES (decoded in step i - 2) and A and B tiles (i + 1) % 2 (multiplied in step i - 1)
+      // are free.
+      __syncthreads();
+      if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+      trellis_cuda::cp_async_commit();
+      // In the last step this decodes a ring slot no step filled into a tile no step reads:
+      // unguarded, the decode and the MMAs stay one block of code the compiler interleaves.
+      decode_to_tile((i + 1) % STAGES, (i + 1) % 2);
+#pragma unroll
+      for (int c = 0; c < KS; ++c) multiply_tile(i % 2, i % 2, c);
+      if (i + 1 < steps) store_b((i + 1) % 2, v_next);
+    }
+  } else if (!PREFETCH) {
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
       if (i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
@@ -436,10 +462,10 @@
       trellis_cuda::cp_async_commit();
       if constexpr (STAGED) {
         // The A tile was last read in step i - 1, before this step's first barrier.
-        decode_to_tile(i % STAGES);
+        decode_to_tile(i % STAGES, 0);
         __syncthreads();  // the step's A tile is visible
 #pragma unroll
-        for (int c = 0; c < KS; ++c) multiply_tile(i % B_SLOTS, c);
+        for (int c = 0; c < KS; ++c) multiply_tile(i % B_SLOTS, 0, c);
       } else {
 #pragma unroll
         for (int c = 0; c < KS; ++c) {

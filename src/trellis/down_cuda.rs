@@ -50,7 +50,9 @@ pub struct CudaDownConfig {
     /// Carry y + 1534 in the fragments and subtract the bias at the end (f16/bf16 activations).
     pub bias_fold: bool,
     /// Read the next step's code bits and B fragments into registers while this step decodes
-    /// (needs `stages >= 3`; more registers).
+    /// (needs `stages >= 3` and `ks` 1; more registers). In the staged kernel: decode the next
+    /// step into a second shared-memory tile while this one multiplies (one barrier a step
+    /// instead of two; needs `stages >= 3`, any `ks`).
     pub prefetch: bool,
     /// Pack half of the dp4a decode's code pairs with an IMAD (FMA-heavy pipe) instead of a PRMT
     /// (ALU pipe), which at one row is the decode's limit. Needs the dp4a decode with the bias
@@ -61,8 +63,8 @@ pub struct CudaDownConfig {
     /// kernel: the block decodes each step into a shared-memory tile first (every weight once,
     /// with the dp4a decode), then its warps, `row_warps` along the pass's rows by
     /// `warps / row_warps` along the positions, multiply their parts of the output from there.
-    /// Needs `bytesum_mma`, `bias_fold`, `prefetch` and `pack_fma` off, and `row_warps` dividing
-    /// `warps` and `mt`.
+    /// Needs `bytesum_mma`, `bias_fold` and `pack_fma` off, and `row_warps` dividing `warps` and
+    /// `mt`.
     pub row_warps: u32,
 }
 
@@ -76,10 +78,14 @@ impl CudaDownConfig {
         let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
-        let b_slots = if self.prefetch { 3 } else { 2 };
+        let b_slots = if self.prefetch && !self.staged() { 3 } else { 2 };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
-        let a_tile = if self.staged() { step_rows * (self.tile_positions() + 8) * 2 } else { 0 };
-        ring + b_tiles + a_tile
+        let a_tiles = match (self.staged(), self.prefetch) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
+        };
+        ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2
     }
 
     /// Whether the block decodes each step into shared memory first (`row_warps > 0`).
@@ -179,15 +185,15 @@ impl CudaDownConfig {
         if self.prefetch && self.stages < 3 {
             invalid!("CUDA down kernel: prefetch needs stages >= 3 (got {})", self.stages);
         }
-        if self.prefetch && self.ks != 1 {
+        if self.prefetch && !self.staged() && self.ks != 1 {
             invalid!("CUDA down kernel: prefetch pipelines 16-row steps (ks = 1, got {})", self.ks);
         }
         if self.pack_fma && (self.bytesum_mma || !self.bias_fold) {
             invalid!("CUDA down kernel: pack_fma packs the dp4a decode's pairs with the bias fold (needs bytesum_mma false and bias_fold true)");
         }
         if self.staged() {
-            if self.bytesum_mma || self.bias_fold || self.prefetch || self.pack_fma {
-                invalid!("CUDA down kernel: the staged kernel (row_warps = {}) decodes with dp4a and needs bytesum_mma, bias_fold, prefetch and pack_fma off", self.row_warps);
+            if self.bytesum_mma || self.bias_fold || self.pack_fma {
+                invalid!("CUDA down kernel: the staged kernel (row_warps = {}) decodes with dp4a and needs bytesum_mma, bias_fold and pack_fma off", self.row_warps);
             }
             if self.warps % self.row_warps != 0 || self.mt % self.row_warps != 0 {
                 invalid!(
@@ -601,10 +607,19 @@ mod tests {
             CudaDownConfig { bias_fold: true, ..staged },
             CudaDownConfig { bias_fold: true, pack_fma: true, ..staged },
         ] {
-            assert!(err(other).contains("staged kernel (row_warps = 2) decodes with dp4a"), "{}", err(other));
+            assert!(
+                err(other).contains(
+                    "staged kernel (row_warps = 2) decodes with dp4a and needs bytesum_mma, bias_fold and pack_fma off"
+                ),
+                "{}",
+                err(other)
+            );
         }
-        let prefetch = CudaDownConfig { ks: 1, prefetch: true, ..staged };
-        assert!(err(prefetch).contains("staged kernel"), "{}", err(prefetch));
+        // The staged prefetch (a second A tile) takes any steps, and three stages.
+        let pipelined = CudaDownConfig { prefetch: true, ..staged };
+        pipelined.check(&qwen, Dtype::Bfloat16).unwrap();
+        assert_eq!(pipelined.shared_bytes(&qwen, false) - staged.shared_bytes(&qwen, false), 32 * 136 * 2);
+        assert!(err(CudaDownConfig { stages: 2, ..pipelined }).contains("prefetch needs stages >= 3"));
         // The warps along the rows divide the warps and the 8-row tiles.
         assert!(
             err(CudaDownConfig { row_warps: 3, ..staged }).contains("row_warps = 3 must divide warps = 8 and mt = 8")
