@@ -286,18 +286,19 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // over more decode. Fewer splits from 9 rows, chosen so that the blocks fill whole waves of
     // the GPU: 19 at 9-16 rows (NC 4, MT 2: three blocks per SM), 13 from 17 (16 left a partial
     // wave); MLX's fold of the partials is then shorter too.
-    // At 33-64 rows two passes of 32 rows beat one of 64 in 8-warp blocks (168 registers a
-    // thread, one block per SM) and match one in 16-warp blocks of NC 1 tiles. No plan uses the
-    // register prefetch (explicit configurations may).
-    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma) = match m {
-        0..=1 => (8, 1, 1, 2, 64, false, true),
-        2..=8 => (4, 1, 2, 1, 32, false, false),
-        9..=16 => (4, 2, 4, 1, 19, false, false),
-        17..=32 => (4, 4, 4, 1, 13, true, false),
-        33..=64 => (2, 4, 4, 1, 13, true, false),
+    // At 33-64 rows the staged kernel (the step decoded once into shared memory, then 8 warps
+    // multiply a coded block's 256 positions by 64 rows, two warps along the rows) beats two
+    // passes of 32 rows that decode every weight twice (82 against 92 µs). No plan uses the
+    // prefetch (explicit configurations may).
+    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps) = match m {
+        0..=1 => (8, 1, 1, 2, 64, false, true, 0),
+        2..=8 => (4, 1, 2, 1, 32, false, false, 0),
+        9..=16 => (4, 2, 4, 1, 19, false, false, 0),
+        17..=32 => (4, 4, 4, 1, 13, true, false, 0),
+        33..=64 => (2, 8, 2, 1, 13, false, false, 2),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls.
-        _ => (2, 16, 2, 1, 16, true, false),
+        _ => (2, 16, 2, 1, 16, true, false, 0),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -307,12 +308,12 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         splits,
         stages: 4,
         bytesum_mma,
-        // The bias fold takes one HADD2 per pair of weights off the dp4a decode; the kernel
-        // applies it to 16-bit activations only.
-        bias_fold: !bytesum_mma,
+        // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
+        // the kernel applies it to 16-bit activations only.
+        bias_fold: !bytesum_mma && row_warps == 0,
         prefetch: false,
         pack_fma,
-        row_warps: 0,
+        row_warps,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the static shared memory: fewer coded blocks
@@ -456,7 +457,11 @@ mod tests {
         let one = plan(&qwen, 1);
         assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
         assert_eq!((plan(&qwen, 32).warps, plan(&qwen, 32).ks), (4, 4));
-        assert_eq!((plan(&qwen, 64).ks, plan(&qwen, 64).stages, plan(&qwen, 64).splits), (4, 4, 13));
+        let staged = plan(&qwen, 64);
+        assert_eq!(
+            (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps),
+            (2, 8, 2, 4, 13, 2)
+        );
     }
 
     #[test]
@@ -533,8 +538,8 @@ mod tests {
     #[test]
     fn sixteen_warp_blocks_take_only_shapes_of_known_registers() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        // The 64-row plan decodes with the u8 MMA byte sums and no bias fold.
-        let one_pass = CudaDownConfig { nc: 1, mt: 8, ks: 4, warps: 16, splits: 16, ..plan(&qwen, 64) };
+        // The 32-row plan decodes with the u8 MMA byte sums and no bias fold.
+        let one_pass = CudaDownConfig { nc: 1, mt: 8, ks: 4, warps: 16, splits: 16, ..plan(&qwen, 32) };
         assert!(one_pass.bytesum_mma && !one_pass.bias_fold);
         one_pass.check(&qwen, Dtype::Bfloat16).unwrap();
         CudaDownConfig { mt: 4, bytesum_mma: false, bias_fold: true, ..one_pass }
@@ -565,7 +570,7 @@ mod tests {
     #[test]
     fn blocks_cover_whole_coded_blocks_or_a_part_of_one() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let base = CudaDownConfig { ks: 1, ..plan(&qwen, 64) };
+        let base = CudaDownConfig { ks: 1, ..plan(&qwen, 32) };
         // 20 coded blocks a row: 2 per block -> 10 column blocks; half a block -> 40.
         let two = CudaDownConfig { nc: 4, warps: 8, ..base };
         assert_eq!((two.column_blocks(&qwen), two.copied_blocks()), (10, 2));
