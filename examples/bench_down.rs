@@ -246,7 +246,7 @@ fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownCo
     let mut configs = vec![plan(g, m)];
     for &(nc, warps, mt, row_warps) in shapes {
         for &splits in splits_list {
-            // 16-row steps lost to 32-row ones by about 30 % in every shape.
+            // 16-row steps lost to 32-row ones by 20-30 % in every shape.
             for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
                 let cfg = CudaDownConfig {
                     nc,

@@ -4,8 +4,10 @@
 //! one MLX `sum` folds, then casts to the activation dtype.
 //!
 //! The kernel decodes code values straight into tensor-core fragments (exact f16 integers) and
-//! multiplies them with `mma.sync` against the activations times the row scales; see the kernel
-//! file for the work split. [`plan`] picks the configuration for a row count.
+//! multiplies them with `mma.sync` against the activations times the row scales, or (staged,
+//! [`CudaDownConfig::row_warps`]) decodes each step once into shared memory and multiplies from
+//! there; see the kernel file for the work split. [`plan`] picks the configuration for a row
+//! count.
 //!
 //! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
 //! once to dense weights and runs MLX's matmul ([`down_cuda_dense`]): the decode costs one write
@@ -349,9 +351,9 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold takes 61 µs at 32 rows, 102 µs from 33 to 64 and 182 µs
-/// (kernel alone) at 128 (one kernel at a time; see the README's benchmark section). Up to 64
-/// rows the fused kernel is ahead, and it needs no scratch.
+/// the fused kernel with MLX's fold takes 61 µs at 32 rows and about 91 µs at 64 (82 µs kernel),
+/// and its kernel alone 161 µs at 128 (one kernel at a time; see the README's benchmark
+/// section). Up to 64 rows the fused kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.

@@ -2,7 +2,7 @@
 //! `kernels/metal/down_mma_wide.metal` (the seed's `downMmaWidePass`,
 //! `downK3InterleavedMmaWidePass`, `downMmaWide`, `downK3InterleavedMmaWide`).
 //!
-//! [`down_mma`](super::down_mma)'s splits and accumulation (each output row bit for bit the same
+//! [`down_mma`]'s splits and accumulation (each output row bit for bit the same
 //! when R % 8 == 0), with every decoded B fragment feeding an MMA for `MT` blocks of 8 rows; grid
 //! z walks chunks of `8 * MT` rows. Code values come from a threadgroup half table of the `2^L`
 //! values. A [`DownPass`] (`S` sub-tiles per SIMD group, `MT` blocks) follows the layout and the
