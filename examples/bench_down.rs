@@ -248,19 +248,7 @@ fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownCo
         for &splits in splits_list {
             // 16-row steps lost to 32-row ones by 20-30 % in every shape.
             for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
-                let cfg = CudaDownConfig {
-                    nc,
-                    mt,
-                    ks,
-                    warps,
-                    splits,
-                    stages: 4,
-                    bytesum_mma: false,
-                    bias_fold: false,
-                    prefetch,
-                    pack_fma: false,
-                    row_warps,
-                };
+                let cfg = CudaDownConfig { nc, mt, ks, warps, splits, prefetch, row_warps, ..Default::default() };
                 configs.extend(cfg.with_deepest_ring(g, dtype));
             }
         }
@@ -323,12 +311,11 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                             ks,
                             warps,
                             splits,
-                            stages: 4,
                             bytesum_mma,
                             bias_fold,
                             prefetch,
                             pack_fma,
-                            row_warps: 0,
+                            ..Default::default()
                         };
                         if let Some(cfg) = cfg.with_deepest_ring(g, dtype) {
                             configs.push(cfg);

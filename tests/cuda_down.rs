@@ -127,19 +127,8 @@ fn every_configuration_matches_the_reference() {
             let ks = [1u32, 2, 4][p % 3];
             let splits = [1u32, 5, 13][p % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
             let dtype = if (p / 4) % 2 == 0 { Dtype::Float32 } else { Dtype::Bfloat16 };
-            let cfg = CudaDownConfig {
-                nc,
-                mt,
-                ks,
-                warps,
-                splits,
-                stages: 4,
-                bytesum_mma,
-                bias_fold,
-                prefetch: false,
-                pack_fma,
-                row_warps: 0,
-            };
+            let cfg =
+                CudaDownConfig { nc, mt, ks, warps, splits, bytesum_mma, bias_fold, pack_fma, ..Default::default() };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
             };
@@ -154,19 +143,8 @@ fn every_configuration_matches_the_reference() {
     for c in [&inter, &rm, &rm4, &odd] {
         let g = *c.lin.geometry();
         for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-            let one_pass = |ks| CudaDownConfig {
-                nc: 1,
-                mt: 8,
-                ks,
-                warps: 16,
-                splits: 3,
-                stages: 4,
-                bytesum_mma: true,
-                bias_fold: false,
-                prefetch: false,
-                pack_fma: false,
-                row_warps: 0,
-            };
+            let one_pass =
+                |ks| CudaDownConfig { nc: 1, mt: 8, ks, warps: 16, splits: 3, bytesum_mma: true, ..Default::default() };
             let cfg = [4, 2, 1].into_iter().find_map(|ks| one_pass(ks).with_deepest_ring(&g, dtype)).unwrap();
             n += 1;
             for m in [1, 64, 67] {
@@ -221,19 +199,8 @@ fn staged_configurations_match_the_reference() {
             // Each dtype meets both loops: two barriers a step, or the next step decoded into a
             // second A tile (prefetch), with 3 stages (codes waited for one step ahead) or 4.
             let prefetch = (i + j) % 2 == 1;
-            let cfg = CudaDownConfig {
-                nc,
-                mt,
-                ks,
-                warps,
-                splits,
-                stages: if prefetch && i % 4 == 1 { 3 } else { 4 },
-                bytesum_mma: false,
-                bias_fold: false,
-                prefetch,
-                pack_fma: false,
-                row_warps,
-            };
+            let stages = if prefetch && i % 4 == 1 { 3 } else { 4 };
+            let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, prefetch, row_warps, ..Default::default() };
             // Shorter steps where the longest do not fit the shared memory (k 8, f32).
             let Some(cfg) =
                 [ks, 2, 1].into_iter().find_map(|ks| CudaDownConfig { ks, ..cfg }.with_deepest_ring(&g, dtype))

@@ -70,6 +70,28 @@ pub struct CudaDownConfig {
     pub row_warps: u32,
 }
 
+impl Default for CudaDownConfig {
+    /// A base for explicit configurations (`CudaDownConfig { nc: 2, mt: 8, ..Default::default() }`):
+    /// NC 4 tiles in 4-warp blocks, one 8-row tile per pass, 32-row steps, 32 splits, a 4-deep
+    /// ring, the fragments' dp4a decode with no option on. It is valid for any geometry whose
+    /// row of coded blocks fits the block (see [`CudaDownConfig::check`]).
+    fn default() -> Self {
+        CudaDownConfig {
+            nc: 4,
+            mt: 1,
+            ks: 2,
+            warps: 4,
+            splits: 32,
+            stages: 4,
+            bytesum_mma: false,
+            bias_fold: false,
+            prefetch: false,
+            pack_fma: false,
+            row_warps: 0,
+        }
+    }
+}
+
 /// The most static shared memory a CUDA block may declare (NVRTC refuses more).
 const STATIC_SHARED_LIMIT: usize = 48 * 1024;
 
@@ -505,19 +527,7 @@ mod tests {
     #[test]
     fn too_much_shared_memory_is_an_error_that_says_so() {
         let g = TrellisGeometry::row_major(17408, 5120, 6, 256, 12, 0).unwrap();
-        let cfg = CudaDownConfig {
-            nc: 8,
-            mt: 4,
-            ks: 1,
-            warps: 8,
-            splits: 8,
-            stages: 4,
-            bytesum_mma: true,
-            bias_fold: false,
-            prefetch: false,
-            pack_fma: false,
-            row_warps: 0,
-        };
+        let cfg = CudaDownConfig { nc: 8, mt: 4, ks: 1, warps: 8, splits: 8, bytesum_mma: true, ..Default::default() };
         let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("bytes of shared memory") && err.contains("49152"), "{err}");
         // The fitted plan for the same M fits.
@@ -593,19 +603,7 @@ mod tests {
     #[test]
     fn staged_configurations_are_checked() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let staged = CudaDownConfig {
-            nc: 1,
-            mt: 8,
-            ks: 2,
-            warps: 8,
-            splits: 13,
-            stages: 4,
-            bytesum_mma: false,
-            bias_fold: false,
-            prefetch: false,
-            pack_fma: false,
-            row_warps: 2,
-        };
+        let staged = CudaDownConfig { nc: 1, mt: 8, warps: 8, splits: 13, row_warps: 2, ..Default::default() };
         staged.check(&qwen, Dtype::Bfloat16).unwrap();
         staged.check(&qwen, Dtype::Float32).unwrap();
         let err = |cfg: CudaDownConfig| cfg.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
