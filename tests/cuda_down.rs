@@ -117,27 +117,32 @@ fn every_configuration_matches_the_reference() {
     }
     // Blocks that cover a part of a coded block (two to eight blocks share its codes) with each
     // decode, cycling through the layers, dtypes, steps and splits as above (by `p`, which also
-    // counts the shapes that do not fit).
+    // counts the shapes that do not fit: one, a single warp loading 64-row steps of the 100-row
+    // layer one activation at a time).
     let mut p = 0usize;
+    let mut part_blocks = 0usize;
     for (nc, warps, mt) in [(1u32, 8u32, 8u32), (1, 4, 4), (2, 2, 2), (4, 1, 1), (8, 1, 2), (1, 1, 1)] {
         for (bytesum_mma, bias_fold, pack_fma) in [(true, false, false), (false, true, false), (false, true, true)] {
             p += 1;
             let c = [&inter, &rm, &rm4, &odd][p % 4];
             let g = *c.lin.geometry();
             let ks = [1u32, 2, 4][p % 3];
-            let splits = [1u32, 5, 13][p % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
-            let dtype = if (p / 4) % 2 == 0 { Dtype::Float32 } else { Dtype::Bfloat16 };
+            let splits = [1u32, 5, 13][(p / 3) % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
+            // The bias fold and the IMAD pack apply to 16-bit activations only.
+            let dtype = if bias_fold || (p / 4) % 2 == 1 { Dtype::Bfloat16 } else { Dtype::Float32 };
             let cfg =
                 CudaDownConfig { nc, mt, ks, warps, splits, bytesum_mma, bias_fold, pack_fma, ..Default::default() };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
             };
             n += 1;
+            part_blocks += 1;
             for m in [1, 8 * mt as usize + 3] {
                 check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
             }
         }
     }
+    assert_eq!(part_blocks, 17, "part-block configurations that fit");
     // The matrix meets NC 1 up to 4-row tiles; the one-pass 64-row shape of 16-warp blocks
     // (u8 MMA byte sums) runs on every layer in both dtypes, with the longest steps that fit.
     for c in [&inter, &rm, &rm4, &odd] {
@@ -172,7 +177,7 @@ fn staged_configurations_match_the_reference() {
         Case::new(100, 512, 3, CodeLayout::RowMajor),
         Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
     ];
-    let mut n = 0usize;
+    let mut loops = std::collections::BTreeSet::new();
     let shapes = [
         // (nc, warps, mt, row_warps)
         (1u32, 8u32, 8u32, 2u32),
@@ -199,7 +204,7 @@ fn staged_configurations_match_the_reference() {
             // Each dtype meets both loops: two barriers a step, or the next step decoded into a
             // second A tile (prefetch), with 3 stages (codes waited for one step ahead) or 4.
             let prefetch = (i + j) % 2 == 1;
-            let stages = if prefetch && i % 4 == 1 { 3 } else { 4 };
+            let stages = if prefetch && (i / 2) % 2 == 1 { 3 } else { 4 };
             let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, prefetch, row_warps, ..Default::default() };
             // Shorter steps where the longest do not fit the shared memory (k 8, f32).
             let Some(cfg) =
@@ -207,13 +212,19 @@ fn staged_configurations_match_the_reference() {
             else {
                 panic!("{cfg:?} fits no steps of {g} with {dtype}");
             };
-            n += 1;
+            loops.insert((dtype == Dtype::Float32, cfg.prefetch, cfg.stages));
             for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
                 check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
             }
         }
     }
-    assert_eq!(n, 2 * shapes.len());
+    // Both dtypes met the plain loop (4 stages) and the prefetch with 3 and 4 stages (the
+    // deepest ring that fits may also give the plain loop fewer stages).
+    for f32 in [false, true] {
+        for (prefetch, stages) in [(false, 4), (true, 3), (true, 4)] {
+            assert!(loops.contains(&(f32, prefetch, stages)), "(f32, prefetch, stages) met: {loops:?}");
+        }
+    }
 }
 
 #[test]

@@ -45,7 +45,7 @@
 // earlier, B tiles are built two steps ahead in three slots). It costs registers; it pays where
 // warps would otherwise start every step stalled on shared memory. In the staged kernel it
 // means the next step is decoded into a second A tile while this one multiplies (one barrier a
-// step instead of two).
+// step instead of two; codes waited for one step earlier, B tiles in two slots as without it).
 //
 // With ROW_WARPS > 0 (staged) the step is decoded into shared memory first and multiplied from
 // there: every thread decodes runs of 8 consecutive positions of one step row (y as exact f16,
@@ -445,8 +445,9 @@
       __syncthreads();
       if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
       trellis_cuda::cp_async_commit();
-      // In the last step this decodes a ring slot no step filled into a tile no step reads:
-      // unguarded, the decode and the MMAs stay one block of code the compiler interleaves.
+      // In the last step this decodes a ring slot no step filled (with fewer steps than stages,
+      // shared memory nothing wrote) into a tile no step reads: unguarded, the decode and the
+      // MMAs stay one block of code the compiler interleaves.
       decode_to_tile((i + 1) % STAGES, (i + 1) % 2);
 #pragma unroll
       for (int c = 0; c < KS; ++c) multiply_tile(i % 2, i % 2, c);

@@ -73,8 +73,9 @@ pub struct CudaDownConfig {
 impl Default for CudaDownConfig {
     /// A base for explicit configurations (`CudaDownConfig { nc: 2, mt: 8, ..Default::default() }`):
     /// NC 4 tiles in 4-warp blocks, one 8-row tile per pass, 32-row steps, 32 splits, a 4-deep
-    /// ring, the fragments' dp4a decode with no option on. It is valid for any geometry whose
-    /// row of coded blocks fits the block (see [`CudaDownConfig::check`]).
+    /// ring, the fragments' dp4a decode with no option on. Whether a configuration built on it
+    /// fits a geometry (enough input rows for its splits, its coded blocks, its shared memory)
+    /// is for [`CudaDownConfig::check`] to say.
     fn default() -> Self {
         CudaDownConfig {
             nc: 4,
@@ -96,8 +97,8 @@ impl Default for CudaDownConfig {
 const STATIC_SHARED_LIMIT: usize = 48 * 1024;
 
 impl CudaDownConfig {
-    /// The kernel's static shared memory: the code ring and the B tiles (`split_x`: f32
-    /// activations, carried as two f16 tiles).
+    /// The kernel's static shared memory: the code ring, the B tiles (`split_x`: f32
+    /// activations, carried as two f16 tiles) and the staged kernel's A tiles.
     fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
         let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
@@ -299,7 +300,8 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, byte sums on the tensor cores, IMAD pack), chosen by the kernel's own
+    // block, splits, byte sums on the tensor cores, IMAD pack, staged warps along the rows),
+    // chosen with bf16 activations (f32 ones follow the same plan) by the kernel's own
     // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
     // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
     // Up to 16 rows the decode is everything: small blocks hide its latency, and dp4a with the
@@ -348,6 +350,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
             || cfg.shared_bytes(g, dtype == Dtype::Float32) > STATIC_SHARED_LIMIT)
     {
         cfg.warps /= 2;
+        // The staged warps along the rows must still divide the warps (all powers of two).
+        cfg.row_warps = cfg.row_warps.min(cfg.warps);
     }
     let with_steps = |ks: u32, stages: u32| CudaDownConfig {
         ks,
@@ -373,9 +377,10 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold takes 61 µs at 32 rows and about 91 µs at 64 (82 µs kernel),
-/// and its kernel alone 161 µs at 128 (one kernel at a time; see the README's benchmark
-/// section). Up to 64 rows the fused kernel is ahead, and it needs no scratch.
+/// the fused kernel with MLX's fold takes 61 µs at 32 rows and about 91 µs at 64 (82 µs kernel,
+/// staged), and alone at 128 rows the fragment kernel takes 216 µs and the staged one, in two
+/// passes of 64 rows, 161 µs (one kernel at a time; see the README's benchmark section). Up to
+/// 64 rows the fused kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
