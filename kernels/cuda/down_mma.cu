@@ -71,10 +71,8 @@
   const unsigned lift = 65536u + ((unsigned)M >> 31);
   constexpr int WPB = 8 * K;                      // words per coded block
   constexpr int NPOS = 2 * NC;                    // positions per lane
-  constexpr int SPAN = NPOS * K + L - K;          // bits per lane and row
-  constexpr bool ALIGNED = (NPOS * K) % 32 == 0;  // lane runs start on a word
-  constexpr int NWR = (SPAN + 31) / 32;           // realigned words per row
-  constexpr int NWL = ALIGNED ? NWR : NWR + 1;    // words read per row
+  using LaneRun = trellis_cuda::CodeRun<K, L, NPOS>;
+  constexpr int NWR = LaneRun::NWR;               // realigned words per row
   constexpr int TILE = 16 * NC * WARPS;           // output positions per thread block
   constexpr int PARTS = TILE < 256 ? 256 / TILE : 1;  // thread blocks per coded block
   constexpr int CB = TILE < 256 ? 1 : TILE / 256;     // coded blocks copied per thread block
@@ -127,11 +125,7 @@
   const int tile_pos = blockIdx.y % PARTS * TILE + warp * 16 * NC;
   const int cb = tile_pos / 256;
   const int p0 = tile_pos % 256 + g * NPOS;
-  const int bit0 = (256 - p0 - NPOS) * K;
-  const int off = bit0 & 31;
-  int word_at[NWL];
-#pragma unroll
-  for (int j = 0; j < NWL; ++j) word_at[j] = cb * WPB + ((bit0 >> 5) + j) % WPB;
+  const LaneRun lane_run(cb, p0);
   int decode_row[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) decode_row[i] = BYTESUM_MMA ? q + 4 * i : 2 * q + (i & 1) + 8 * (i >> 1);
@@ -139,22 +133,15 @@
   const unsigned selector[2] = {g == q ? 0x01010101u : 0u, g == q + 4 ? 0x01010101u : 0u};
   // Staged decode plan: thread `tid` decodes positions [8 grp, 8 grp + 8) of the tile in step
   // rows tid / GROUPS + u * UNIT_ROWS (THREADS is a multiple of GROUPS: the same runs every
-  // step), read like a fragment lane's with NPOS = 8.
+  // step), read like a fragment lane's run with NPOS = 8.
   constexpr int GROUPS = TILE / 8;
   constexpr int UNITS = STEP_ROWS * GROUPS / THREADS;
   constexpr int UNIT_ROWS = THREADS / GROUPS;
-  constexpr int SPAN8 = 8 * K + L - K;
-  constexpr bool ALIGNED8 = (8 * K) % 32 == 0;
-  constexpr int NWR8 = (SPAN8 + 31) / 32;
-  constexpr int NWL8 = ALIGNED8 ? NWR8 : NWR8 + 1;
+  using StagedRun = trellis_cuda::CodeRun<K, L, 8>;
   static_assert(!STAGED || (THREADS % GROUPS == 0 && (STEP_ROWS * GROUPS) % THREADS == 0), "staged decode runs");
   const int grp = tid % GROUPS, unit_row = tid / GROUPS;
-  const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // in the block's first coded block
-  const int run_bit0 = (256 - run_pos % 256 - 8) * K;
-  const int run_off = run_bit0 & 31;
-  int run_word_at[NWL8];
-#pragma unroll
-  for (int j = 0; j < NWL8; ++j) run_word_at[j] = run_pos / 256 * WPB + ((run_bit0 >> 5) + j) % WPB;
+  const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // from the block's first coded block
+  const StagedRun staged_run(run_pos / 256, run_pos % 256);
 
   // Per-thread copy plan, fixed for the whole split: chunk u of every step goes to the same ring
   // offset from a source that moves 16 rows per step (rows past R are zero-filled, not read).
@@ -310,14 +297,7 @@
   auto read_code_bits = [&](int slot, int chunk, unsigned (&w)[4][NWR]) {
     // This lane's bits of its four rows, realigned so that position p0 + NPOS - 1 is at bit 0.
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const unsigned* row = ring[slot][16 * chunk + decode_row[k]];
-      unsigned raw[NWL];
-#pragma unroll
-      for (int j = 0; j < NWL; ++j) raw[j] = row[word_at[j]];
-#pragma unroll
-      for (int j = 0; j < NWR; ++j) w[k][j] = ALIGNED ? raw[j] : __funnelshift_r(raw[j], raw[j + 1], off);
-    }
+    for (int k = 0; k < 4; ++k) lane_run.read(ring[slot][16 * chunk + decode_row[k]], w[k]);
   };
   auto decode_and_multiply = [&](const unsigned (&w)[4][NWR], const unsigned (&b_hi)[MT][2],
                                  const unsigned (&b_lo)[MT][2]) {
@@ -374,12 +354,8 @@
 #pragma unroll
     for (int u = 0; u < UNITS; ++u) {
       const int row = unit_row + u * UNIT_ROWS;
-      const unsigned* src = ring[slot][row];
-      unsigned raw[NWL8], w[NWR8];
-#pragma unroll
-      for (int j = 0; j < NWL8; ++j) raw[j] = src[run_word_at[j]];
-#pragma unroll
-      for (int j = 0; j < NWR8; ++j) w[j] = ALIGNED8 ? raw[j] : __funnelshift_r(raw[j], raw[j + 1], run_off);
+      unsigned w[StagedRun::NWR];
+      staged_run.read(ring[slot][row], w);
       // Position 8 grp + j of the run sits at realigned bit (7 - j) K.
       uint4 y;
       y.x = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 7 * K), trellis_cuda::window<L>(w, 6 * K));

@@ -62,6 +62,37 @@ __device__ __forceinline__ unsigned code_pair_dp4a_fma(unsigned state_lo, unsign
   return __dp4a(lcg(state_lo), 0x01010101u, sum_hi * lift + 0x64006400u);
 }
 
+// A run of NPOS consecutive positions of one row of a coded block (8 K words): the words that
+// hold its bits (plus L - K bits of the last window, wrapping around inside the block), read
+// from a ring row and realigned so that the run's last position's window starts at bit 0.
+template <int K, int L, int NPOS>
+struct CodeRun {
+  static constexpr int WPB = 8 * K;                    // words per coded block
+  static constexpr int SPAN = NPOS * K + L - K;        // bits per run
+  static constexpr bool ALIGNED = (NPOS * K) % 32 == 0;  // runs start on a word
+  static constexpr int NWR = (SPAN + 31) / 32;         // realigned words
+  static constexpr int NWL = ALIGNED ? NWR : NWR + 1;  // words read
+  int word_at[NWL];  // ring-row word of each word read
+  int off;           // bit offset of the run in the first word read
+
+  // The run starting at position `p` of coded block `cb` of a ring row.
+  __device__ __forceinline__ CodeRun(int cb, int p) {
+    const int bit0 = (256 - p - NPOS) * K;
+    off = bit0 & 31;
+#pragma unroll
+    for (int j = 0; j < NWL; ++j) word_at[j] = cb * WPB + ((bit0 >> 5) + j) % WPB;
+  }
+
+  // The run's bits in `row`, realigned: position p + NPOS - 1 - i's window starts at bit i K.
+  __device__ __forceinline__ void read(const unsigned* row, unsigned (&w)[NWR]) const {
+    unsigned raw[NWL];
+#pragma unroll
+    for (int j = 0; j < NWL; ++j) raw[j] = row[word_at[j]];
+#pragma unroll
+    for (int j = 0; j < NWR; ++j) w[j] = ALIGNED ? raw[j] : __funnelshift_r(raw[j], raw[j + 1], off);
+  }
+};
+
 // 16-byte asynchronous copy global -> shared (Ampere and later) with a source size of 16 or 0
 // bytes: 0 reads nothing and zero-fills (rows past R); and its group bookkeeping.
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {
