@@ -101,15 +101,26 @@
   static_assert(!STAGED || (WARPS % WGM == 0 && MT % WGM == 0), "staged warps tile the block's output");
   static_assert(!STAGED || (!BYTESUM_MMA && !BIAS_FOLD && !PACK_FMA), "staged: dp4a decode of y");
 
-  __shared__ __align__(16) unsigned ring[STAGES][STEP_ROWS][A_PITCH];
   constexpr int B_SLOTS = PREFETCH && !STAGED ? 3 : 2;  // B tiles in flight
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
   static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
-  __shared__ __align__(16) __half b_tile[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
-  // Staged: the step's decoded code values, [step row][position] (+8 halfs: conflict-free
-  // ldmatrix rows).
+  // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
+  // A tiles of decoded code values, [step row][position] (+8 halfs: conflict-free ldmatrix
+  // rows); every part's size is a multiple of 16 bytes. The host passes exactly SHARED_TOTAL
+  // bytes (CudaDownConfig::shared_bytes), and MLX raises the kernel's limit above 48 KB. (One
+  // static array carved the same way compiles to the same instructions.)
   constexpr int A_TILE_PITCH = TILE + 8;
-  __shared__ __align__(16) __half a_tile[STAGED && PREFETCH ? 2 : 1][STAGED ? STEP_ROWS : 1][STAGED ? A_TILE_PITCH : 8];
+  constexpr int A_TILES = STAGED ? (PREFETCH ? 2 : 1) : 0;
+  using Ring = unsigned[STAGES][STEP_ROWS][A_PITCH];
+  using BTiles = __half[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
+  using ATile = __half[STEP_ROWS][A_TILE_PITCH];
+  static_assert(sizeof(Ring) % 16 == 0 && sizeof(BTiles) % 16 == 0 && sizeof(ATile) % 16 == 0, "16-byte parts");
+  constexpr size_t SHARED_TOTAL = sizeof(Ring) + sizeof(BTiles) + A_TILES * sizeof(ATile);
+  extern __shared__ __align__(16) unsigned char shared_base[];
+  (void)SHARED_TOTAL;
+  Ring& ring = *reinterpret_cast<Ring*>(shared_base);
+  BTiles& b_tile = *reinterpret_cast<BTiles*>(shared_base + sizeof(Ring));
+  ATile* a_tile = reinterpret_cast<ATile*>(shared_base + sizeof(Ring) + sizeof(BTiles));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
@@ -394,7 +405,7 @@
     trellis_cuda::cp_async_commit();
   }
   if (m_base + B_ROWS > M) {
-    constexpr int WORDS = sizeof(b_tile) / 16;
+    constexpr int WORDS = sizeof(BTiles) / 16;
     for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
     __syncthreads();  // before any thread writes its rows below
   }
