@@ -174,13 +174,14 @@ fn main() -> Result<()> {
             } else {
                 let cfg = plan(&g, m);
                 format!(
-                    "nc{} mt{} ks{} w{} s{}{}",
+                    "nc{} mt{} ks{} w{} s{}{}{}",
                     cfg.nc,
                     cfg.mt,
                     cfg.ks,
                     cfg.warps,
                     cfg.splits,
-                    if cfg.prefetch { " pf" } else { "" }
+                    if cfg.prefetch { " pf" } else { "" },
+                    if cfg.staged() { format!(" staged rw{}", cfg.row_warps) } else { String::new() }
                 )
             };
             let _ = writeln!(

@@ -19,7 +19,7 @@
 # (`mlx-cuda-13==0.32.2`) exports the same API, so putting its lib/ first on LD_LIBRARY_PATH
 # (the binaries' run path is DT_RUNPATH, which LD_LIBRARY_PATH overrides) runs them on the GPU.
 # MLX compiles custom kernels with NVRTC at first use and caches them under MLX_PTX_CACHE_DIR.
-# On an H200 `run` takes about 11 minutes, most of it the CUDA down tests (about 5.5 minutes).
+# On an H200 `run` takes about 15 minutes, most of it the CUDA down tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=target/cuda-bundle
@@ -80,15 +80,18 @@ run | tests | bench | profile | latency)
     exit $status
   fi
   # Every step has a time limit: a hung GPU call must not eat the machine.
+  # The CUDA down tests compile a few hundred kernels (NVRTC, at first use): their tests run
+  # side by side (TEST_THREADS, 8 by default; about 7 minutes on an H200 with 8).
   [ "$step" = bench ] || for t in foundation kernels cuda_down trellis_core encoder encoder_cuda; do
     echo "== test_$t"
-    timeout 600 "$bundle/test_$t" --test-threads 1 2>&1 | tee "$out/test_$t.txt" | grep -E "^test |test result" || status=1
+    timeout 1200 "$bundle/test_$t" --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_$t.txt" |
+      grep -E "^test |test result" || status=1
   done
   # The same with MLX's f32 matmul in f32 (MLX_ENABLE_TF32=0): the generic path's f32 gate is
   # then 1e-5 instead of TF32's.
   [ "$step" = bench ] || for t in foundation trellis_core; do
     echo "== test_$t, MLX_ENABLE_TF32=0"
-    MLX_ENABLE_TF32=0 timeout 600 "$bundle/test_$t" --test-threads 1 2>&1 | tee "$out/test_${t}_f32.txt" |
+    MLX_ENABLE_TF32=0 timeout 600 "$bundle/test_$t" --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_${t}_f32.txt" |
       grep -E "^test |test result" || status=1
   done
   [ "$step" = tests ] && exit $status

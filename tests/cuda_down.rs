@@ -28,27 +28,45 @@ fn check_on(c: &Case, x: &MlxArray, xr: &[f64], gate: f64, what: &str, f: Forwar
     assert!(err < gate, "{what} {} M {m} {dtype}: relErr {err:.3e}", c.g());
 }
 
-#[test]
-fn planned_kernel_matches_the_reference_on_small_shapes() {
+/// The planned dispatch on one small layer at 1-128 rows, in f32, f16 and bf16. One test per
+/// layer, so that the test harness runs the layers (their kernel compiles) side by side.
+fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layout: CodeLayout) {
     if !cuda() {
         return;
     }
-    for (rows, cols, k, layout) in [
-        (64, 512, 2, CodeLayout::RowMajor),
-        (200, 512, 3, CodeLayout::RowMajor),
-        (520, 1024, 4, CodeLayout::RowMajor),
-        (136, 1024, 3, CodeLayout::K3Interleaved),
-        // Rows not a multiple of 8: activations load one at a time.
-        (76, 768, 3, CodeLayout::RowMajor),
-    ] {
-        let c = Case::new(rows, cols, k, layout);
-        for m in [1, 2, 3, 8, 9, 16, 17, 31, 40, 64, 65, 100, 128] {
-            // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
-            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
-            }
+    let c = Case::new(rows, cols, k, layout);
+    for m in [1, 2, 3, 8, 9, 16, 17, 31, 40, 64, 65, 100, 128] {
+        // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
         }
     }
+}
+
+#[test]
+fn planned_kernel_matches_the_reference_k2_row_major() {
+    planned_dispatch_matches_the_reference(64, 512, 2, CodeLayout::RowMajor);
+}
+
+#[test]
+fn planned_kernel_matches_the_reference_k3_row_major() {
+    planned_dispatch_matches_the_reference(200, 512, 3, CodeLayout::RowMajor);
+}
+
+#[test]
+fn planned_kernel_matches_the_reference_k4_row_major() {
+    planned_dispatch_matches_the_reference(520, 1024, 4, CodeLayout::RowMajor);
+}
+
+#[test]
+fn planned_kernel_matches_the_reference_k3_interleaved() {
+    planned_dispatch_matches_the_reference(136, 1024, 3, CodeLayout::K3Interleaved);
+}
+
+#[test]
+fn planned_kernel_matches_the_reference_rows_not_a_multiple_of_8() {
+    // Activations load one at a time.
+    planned_dispatch_matches_the_reference(76, 768, 3, CodeLayout::RowMajor);
 }
 
 #[test]

@@ -100,9 +100,15 @@ impl Default for CudaDownConfig {
 /// GPU's limit fails at launch with MLX's error.
 const SHARED_LIMIT: usize = 227 * 1024;
 
-/// The shared memory the planned configurations keep to: the 48 KB every CUDA GPU gives a block
-/// without opting in, where the plans were measured.
+/// The shared memory the planned fragment-decode configurations keep to: the 48 KB every CUDA
+/// GPU gives a block without opting in, where they were measured (up to five of their blocks
+/// share an SM).
 const PLAN_SHARED_BUDGET: usize = 48 * 1024;
+
+/// The shared memory the planned staged configurations keep to: their blocks run two to an SM
+/// (128 registers a thread), and two blocks of 96 KB fit Hopper's 228 KB. The planned staged
+/// prefetch takes 58 KB with bf16 activations at k = 3.
+const STAGED_PLAN_SHARED_BUDGET: usize = 96 * 1024;
 
 impl CudaDownConfig {
     /// The kernel's shared memory: the code ring, the B tiles (`split_x`: f32 activations,
@@ -119,6 +125,15 @@ impl CudaDownConfig {
             (true, true) => 2,
         };
         ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2
+    }
+
+    /// The shared memory a planned configuration of this kind keeps to.
+    fn plan_shared_budget(&self) -> usize {
+        if self.staged() {
+            STAGED_PLAN_SHARED_BUDGET
+        } else {
+            PLAN_SHARED_BUDGET
+        }
     }
 
     /// Whether the block decodes each step into shared memory first (`row_warps > 0`).
@@ -322,8 +337,9 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // wave); MLX's fold of the partials is then shorter too.
     // At 33-64 rows the staged kernel (the step decoded once into shared memory, then 8 warps
     // multiply a coded block's 256 positions by 64 rows, two warps along the rows) beats two
-    // passes of 32 rows that decode every weight twice (82 against 92 µs). No plan uses the
-    // prefetch (explicit configurations may).
+    // passes of 32 rows that decode every weight twice (82 against 92 µs), and with its
+    // prefetch (the next step decoded into a second A tile, one barrier a step: 58 KB of
+    // shared memory) it takes 77.7 µs against 80.5 without.
     let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps) = match m {
         0..=1 => (8, 1, 1, 2, 64, false, true, 0),
         2..=8 => (4, 1, 2, 1, 32, false, false, 0),
@@ -334,6 +350,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // activations and explicit calls.
         _ => (2, 16, 2, 1, 16, true, false, 0),
     };
+    let staged = row_warps > 0;
     let mut cfg = CudaDownConfig {
         nc,
         mt,
@@ -344,36 +361,39 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         bytesum_mma,
         // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
         // the kernel applies it to 16-bit activations only.
-        bias_fold: !bytesum_mma && row_warps == 0,
-        prefetch: false,
+        bias_fold: !bytesum_mma && !staged,
+        prefetch: staged,
         pack_fma,
         row_warps,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
-    // (k >= 5) or f32 activations must still fit PLAN_SHARED_BUDGET: fewer coded blocks
-    // per block first, then a shallower ring, shorter steps (rows that are not a multiple of 8
-    // also need a step's rows to divide the block's threads). No more splits than steps.
+    // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
+    // first, then a shallower ring, shorter steps (rows that are not a multiple of 8 also need a
+    // step's rows to divide the block's threads), then no prefetch. No more splits than steps.
     while cfg.copied_blocks() > 1
         && (g.blocks_per_row() % cfg.copied_blocks() != 0
-            || cfg.shared_bytes(g, dtype == Dtype::Float32) > PLAN_SHARED_BUDGET)
+            || cfg.shared_bytes(g, dtype == Dtype::Float32) > cfg.plan_shared_budget())
     {
         cfg.warps /= 2;
         // The staged warps along the rows must still divide the warps (all powers of two).
         cfg.row_warps = cfg.row_warps.min(cfg.warps);
     }
-    let with_steps = |ks: u32, stages: u32| CudaDownConfig {
+    let with_steps = |prefetch: bool, ks: u32, stages: u32| CudaDownConfig {
         ks,
         stages,
+        prefetch,
         splits: cfg.splits.min(g.rows.div_ceil(16 * ks as usize) as u32),
         ..cfg
     };
-    let shorter_steps = std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2));
-    shorter_steps
-        .flat_map(|ks| (2..=cfg.stages).rev().map(move |stages| (ks, stages)))
-        .map(|(ks, stages)| with_steps(ks, stages))
-        .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= PLAN_SHARED_BUDGET)
+    let shorter_steps = || std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2));
+    [cfg.prefetch, false]
+        .into_iter()
+        .flat_map(|prefetch| shorter_steps().map(move |ks| (prefetch, ks)))
+        .flat_map(|(prefetch, ks)| (2..=cfg.stages).rev().map(move |stages| (prefetch, ks, stages)))
+        .map(|(prefetch, ks, stages)| with_steps(prefetch, ks, stages))
+        .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= c.plan_shared_budget())
         // No fit leaves the planned configuration, whose check then names the problem.
-        .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
+        .unwrap_or_else(|| with_steps(cfg.prefetch, cfg.ks, cfg.stages))
 }
 
 /// The kernel registered with `shared_memory` bytes of dynamic shared memory, one per size
@@ -495,7 +515,11 @@ mod tests {
                 for m in 1..=200 {
                     let cfg = plan_for(&g, m, dtype);
                     cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{g} M {m} {dtype}: {cfg:?}: {e:#}"));
-                    assert!(!(cfg.prefetch && dtype == Dtype::Float32), "{g} M {m}: f32 prefetch");
+                    // The fragment kernel's prefetch holds a second B fragment set in registers,
+                    // which f32 activations double; the staged prefetch's second step is in shared
+                    // memory (f32 at the Qwen shape: 154 registers with it, 158 without).
+                    let register_prefetch = cfg.prefetch && !cfg.staged();
+                    assert!(!(register_prefetch && dtype == Dtype::Float32), "{g} M {m}: f32 prefetch");
                 }
             }
         }
@@ -505,8 +529,8 @@ mod tests {
         assert_eq!((plan(&qwen, 32).warps, plan(&qwen, 32).ks), (4, 4));
         let staged = plan(&qwen, 64);
         assert_eq!(
-            (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps),
-            (2, 8, 2, 4, 13, 2)
+            (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps, staged.prefetch),
+            (2, 8, 2, 4, 13, 2, true)
         );
     }
 
@@ -553,8 +577,8 @@ mod tests {
         let cfg = CudaDownConfig { nc: 16, warps: 8, ks: 4, stages: 2, ..Default::default() };
         let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("bytes of shared memory") && err.contains("232448"), "{err}");
-        // Above 48 KB is allowed (dynamic shared memory), but the plans keep to 48 KB, where
-        // they were measured, for every row count and dtype.
+        // Above 48 KB is allowed (dynamic shared memory), but the plans keep to their budgets,
+        // where they were measured, for every row count and dtype.
         let big = CudaDownConfig { nc: 8, mt: 4, ks: 1, warps: 8, splits: 8, bytesum_mma: true, ..Default::default() };
         assert!(big.shared_bytes(&g, false) > PLAN_SHARED_BUDGET);
         big.check(&g, Dtype::Bfloat16).unwrap();
@@ -562,8 +586,35 @@ mod tests {
             for m in [1, 8, 16, 32, 64, 128] {
                 let cfg = plan_for(&g, m, dtype);
                 cfg.check(&g, dtype).unwrap();
-                assert!(cfg.shared_bytes(&g, dtype == Dtype::Float32) <= PLAN_SHARED_BUDGET, "M {m} {dtype}: {cfg:?}");
+                assert!(
+                    cfg.shared_bytes(&g, dtype == Dtype::Float32) <= cfg.plan_shared_budget(),
+                    "M {m} {dtype}: {cfg:?}"
+                );
             }
+        }
+    }
+
+    #[test]
+    fn the_staged_plan_prefetches_within_its_budget() {
+        // 33-64 rows: the staged kernel with its prefetch (a second A tile), 58 KB of shared
+        // memory at the Qwen shape, and it fits the staged budget for every code width and dtype.
+        for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
+            let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
+            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+                for m in [33, 64] {
+                    let cfg = plan_for(&g, m, dtype);
+                    assert!(cfg.staged() && cfg.prefetch && cfg.ks == 2 && cfg.stages == 4, "k {k} {dtype}: {cfg:?}");
+                    let bytes = cfg.shared_bytes(&g, dtype == Dtype::Float32);
+                    assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} {dtype}: {bytes}");
+                }
+            }
+        }
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
+        assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 58368);
+        // Fragment plans keep to 48 KB and never prefetch.
+        for m in [1, 8, 16, 32, 128] {
+            let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
+            assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= PLAN_SHARED_BUDGET, "{cfg:?}");
         }
     }
 
