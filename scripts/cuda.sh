@@ -81,7 +81,7 @@ run | tests | bench | profile | latency)
   fi
   # Every step has a time limit: a hung GPU call must not eat the machine.
   # The CUDA down tests compile a few hundred kernels (NVRTC, at first use): their tests run
-  # side by side (TEST_THREADS, 8 by default; about 7 minutes on an H200 with 8).
+  # side by side (TEST_THREADS, 8 by default; over 9 minutes on an H200 with 16).
   [ "$step" = bench ] || for t in foundation kernels cuda_down trellis_core encoder encoder_cuda; do
     echo "== test_$t"
     timeout 1200 "$bundle/test_$t" --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_$t.txt" |
