@@ -219,7 +219,7 @@ impl CudaDownConfig {
 
     /// An error naming the first reason this configuration cannot run `g` with `dtype`
     /// activations: a field out of range, a block width that does not divide the coded blocks,
-    /// more splits than steps, or more static shared memory than a block may declare.
+    /// more splits than steps, or more shared memory than a block may take (227 KB).
     pub fn check(&self, g: &TrellisGeometry, dtype: Dtype) -> Result<()> {
         if ![1, 2, 4, 8, 16].contains(&self.nc) {
             invalid!("CUDA down kernel: nc = {} must be 1, 2, 4, 8 or 16", self.nc);
