@@ -106,18 +106,15 @@
   static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
   // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
   // A tiles of decoded code values, [step row][position] (+8 halfs: conflict-free ldmatrix
-  // rows); every part's size is a multiple of 16 bytes. The host passes exactly SHARED_TOTAL
-  // bytes (CudaDownConfig::shared_bytes), and MLX raises the kernel's limit above 48 KB. (One
-  // static array carved the same way compiles to the same instructions.)
+  // rows: two tiles with PREFETCH); every part's size is a multiple of 16 bytes. The host
+  // passes the parts' total (CudaDownConfig::shared_bytes), and MLX raises the kernel's limit
+  // above 48 KB. (One static array carved the same way compiles to the same instructions.)
   constexpr int A_TILE_PITCH = TILE + 8;
-  constexpr int A_TILES = STAGED ? (PREFETCH ? 2 : 1) : 0;
   using Ring = unsigned[STAGES][STEP_ROWS][A_PITCH];
   using BTiles = __half[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
   using ATile = __half[STEP_ROWS][A_TILE_PITCH];
   static_assert(sizeof(Ring) % 16 == 0 && sizeof(BTiles) % 16 == 0 && sizeof(ATile) % 16 == 0, "16-byte parts");
-  constexpr size_t SHARED_TOTAL = sizeof(Ring) + sizeof(BTiles) + A_TILES * sizeof(ATile);
   extern __shared__ __align__(16) unsigned char shared_base[];
-  (void)SHARED_TOTAL;
   Ring& ring = *reinterpret_cast<Ring*>(shared_base);
   BTiles& b_tile = *reinterpret_cast<BTiles*>(shared_base + sizeof(Ring));
   ATile* a_tile = reinterpret_cast<ATile*>(shared_base + sizeof(Ring) + sizeof(BTiles));
