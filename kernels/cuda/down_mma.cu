@@ -198,55 +198,59 @@
   }
   // 16-byte loads need 16-byte aligned rows: MLX's buffers are, a view into one may not be.
   const bool vector_loads = VW == 8 && ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(scales)) & 15) == 0;
-  // Step `i`'s activations and scales as loaded (this thread's share of the B tile); store_b
-  // multiplies and converts them. The arithmetic stays out of load_b on purpose: next to the
-  // loads it would wait for them at the top of the step instead of after the decode.
+  // Step `i`'s activations and scales as loaded (this thread's share of the B tile), held in the
+  // 16-byte words a vector load returns (activations and f16 scales packed as in memory);
+  // store_b unpacks, multiplies and converts them. Nothing in load_b reads a loaded register:
+  // in-order issue waits at the first instruction that does, and next to the loads that is a
+  // full global-memory latency at the top of every step instead of one hidden by the decode.
+  // That holds for unpacking too: with one register per value here, the compiler joined the
+  // two load paths below by unpacking the vector loads' words right after them (NVRTC, sm_90,
+  // 18-41 instructions after the loads in the 16-, 32- and 64-row plans). Loads one at a time
+  // write their values into the same words, so the paths join without unpacking.
+  constexpr int X_WORDS = (VW * (int)sizeof(T) + 15) / 16;  // 16-byte words of a load's activations
   struct BLoad {
-    T x[B_PER_THREAD][VW];
-    __half s[VW];
+    uint4 x[B_PER_THREAD][X_WORDS];
+    uint4 s;  // VW f16 scales
   };
   auto load_b = [&](int i, BLoad& v) {
     // Only threads with live rows read scales: with few rows most threads have none, and their
     // scale reads would cost more L1 traffic than the activations themselves.
     const int r = b_any ? r_begin + b_kk + STEP_ROWS * i : R;  // every load's first step row
+    const uint4 zero = make_uint4(0, 0, 0, 0);
     if (vector_loads) {
       // R % 8 == 0 here, so 8 rows starting at a multiple of 8 are all in or all out.
-      struct alignas(16) H8 {
-        __half h[8];
-      };
-      struct alignas(16) TV {  // 16 or 32 bytes, read as 16-byte words
-        T t[VW];
-      };
-      const H8 s = r < R ? *reinterpret_cast<const H8*>(scales + r) : H8{};
-#pragma unroll
-      for (int j = 0; j < VW; ++j) v.s[j] = s.h[j % 8];
+      v.s = r < R ? *reinterpret_cast<const uint4*>(scales + r) : zero;
 #pragma unroll
       for (int u = 0; u < B_PER_THREAD; ++u) {
-        const TV t = b_row[u] + STEP_ROWS * i < R ? *reinterpret_cast<const TV*>(b_x[u] + STEP_ROWS * i) : TV{};
+        const uint4* src = reinterpret_cast<const uint4*>(b_x[u] + STEP_ROWS * i);
 #pragma unroll
-        for (int j = 0; j < VW; ++j) v.x[u][j] = t.t[j];
+        for (int w = 0; w < X_WORDS; ++w) v.x[u][w] = b_row[u] + STEP_ROWS * i < R ? src[w] : zero;
       }
     } else {
+      __half* s = reinterpret_cast<__half*>(&v.s);
 #pragma unroll
-      for (int j = 0; j < VW; ++j) v.s[j] = r + j < R ? scales[r + j] : __half(0.0f);
+      for (int j = 0; j < VW; ++j) s[j] = r + j < R ? scales[r + j] : __half(0.0f);
 #pragma unroll
-      for (int u = 0; u < B_PER_THREAD; ++u)
+      for (int u = 0; u < B_PER_THREAD; ++u) {
+        T* xs = reinterpret_cast<T*>(v.x[u]);
 #pragma unroll
-        for (int j = 0; j < VW; ++j)
-          v.x[u][j] = b_row[u] + STEP_ROWS * i + j < R ? b_x[u][STEP_ROWS * i + j] : T(0.0f);
+        for (int j = 0; j < VW; ++j) xs[j] = b_row[u] + STEP_ROWS * i + j < R ? b_x[u][STEP_ROWS * i + j] : T(0.0f);
+      }
     }
   };
   auto store_b = [&](int slot, const BLoad& v) {
+    const __half* s = reinterpret_cast<const __half*>(&v.s);
 #pragma unroll
     for (int u = 0; u < B_PER_THREAD; ++u) {
       const int e = b_lane + u * THREADS;
       if (b_live[u]) {
+        const T* xs = reinterpret_cast<const T*>(v.x[u]);
         alignas(16) __half hi[VW], lo[VW];  // read back as one uint4 when VW == 8
 #pragma unroll
         for (int j = 0; j < VW; ++j) {
-          const float xs = float(v.x[u][j]) * __half2float(v.s[j]);
-          hi[j] = __float2half_rn(xs);
-          lo[j] = __float2half_rn(xs - __half2float(hi[j]));
+          const float xv = float(xs[j]) * __half2float(s[j]);
+          hi[j] = __float2half_rn(xv);
+          lo[j] = __float2half_rn(xv - __half2float(hi[j]));
         }
         __half* row = &b_tile[slot][0][e / (STEP_ROWS / VW)][b_kk];
         if (VW == 8) {
