@@ -333,13 +333,15 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // the ALU pipe limits the decode, so half of the code pairs are packed on FMA-heavy instead
     // (`pack_fma`). Steps of 32 or 64 input rows spread each step's barrier, copies and B tile
     // over more decode. Fewer splits from 9 rows, chosen so that the blocks fill whole waves of
-    // the GPU: 19 at 9-16 rows (NC 4, MT 2: three blocks per SM), 13 from 17 (16 left a partial
+    // the GPU: 19 at 9-16 rows (NC 4, MT 2: 380 blocks, one wave at three or four blocks per
+    // SM; 26 splits, a full wave of four, took the same 37.7 µs), 13 from 17 (16 left a partial
     // wave); MLX's fold of the partials is then shorter too.
     // At 33-64 rows the staged kernel (the step decoded once into shared memory, then 8 warps
     // multiply a coded block's 256 positions by 64 rows, two warps along the rows) beats two
     // passes of 32 rows that decode every weight twice (82 against 92 µs), and with its
     // prefetch (the next step decoded into a second A tile, one barrier a step: 58 KB of
-    // shared memory) it takes 77.7 µs against 80.5 without.
+    // shared memory) it took 77.7 µs against 80.5 without; 67.5-68.1 µs since the activations
+    // stay packed until the B tile is stored (64-row steps came within 2.5 %, not adopted).
     let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps) = match m {
         0..=1 => (8, 1, 1, 2, 64, false, true, 0),
         2..=8 => (4, 1, 2, 1, 32, false, false, 0),
