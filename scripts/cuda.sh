@@ -8,6 +8,9 @@
 #   scripts/cuda.sh tests   # only the tests of `run`
 #   scripts/cuda.sh bench   # only the encoder and the benchmark of `run`
 #   scripts/cuda.sh profile [M]  # Nsight Compute on one fused down kernel at M rows (default 1)
+#   scripts/cuda.sh ab BASE ROWS...  # the planned fused kernel alone at each row count: this
+#                                # bundle's bench_down against BASE (another build's bench_down),
+#                                # alternating, two runs each (Nsight Compute; $out/ab.txt)
 #   scripts/cuda.sh latency [contenders|sweep]  # every kernel's own duration (Nsight Compute,
 #                                # one at a time): the benchmark's contenders and the fused
 #                                # kernel's configurations (both unless one is named; SWEEP_ROWS
@@ -40,7 +43,7 @@ for line in sys.stdin:
   cp target/release/examples/{bench_down,qwen_down,quantize_layer} "$bundle/"
   ls -l "$bundle"
   ;;
-run | tests | bench | profile | latency)
+run | tests | bench | profile | latency | ab)
   out="${OUT:-$bundle/out}"
   mkdir -p "$out"
   export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-/tmp/mlx-trellis-ptx}"
@@ -59,6 +62,20 @@ run | tests | bench | profile | latency)
     timeout 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page raw --csv >"$out/profile_m${m}_raw.csv" 2>&1 || status=1
     timeout 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page source --csv --print-source sass \
       >"$out/profile_m${m}_sass.csv" 2>&1 || status=1
+    exit $status
+  fi
+  if [ "$step" = ab ]; then
+    # Builds compared on the same machine in the same minutes: run-to-run drift of a few per
+    # cent would otherwise hide the change.
+    base="${2:?usage: scripts/cuda.sh ab BASE_BENCH_DOWN ROWS...}"
+    shift 2
+    for m in "$@"; do for run in 1 2; do for build in base this; do
+      bin="$bundle/bench_down"; [ "$build" = base ] && bin="$base"
+      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
+        --page raw --kernel-name regex:down_mma "$bin" --paths --rows "$m" --bits 3 --calls 1 --evals 3 \
+        >"$out/ab_m${m}_${build}_$run.csv" 2>/dev/null || status=1
+    done; done; done
+    python3 scripts/ncu_durations.py "$out"/ab_m*.csv | tee "$out/ab.txt"
     exit $status
   fi
   if [ "$step" = latency ]; then
@@ -103,7 +120,7 @@ run | tests | bench | profile | latency)
   exit $status
   ;;
 *)
-  echo "usage: scripts/cuda.sh build | run | tests | bench | profile [M] | latency" >&2
+  echo "usage: scripts/cuda.sh build | run | tests | bench | profile [M] | latency | ab BASE ROWS..." >&2
   exit 2
   ;;
 esac
