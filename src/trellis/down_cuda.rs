@@ -415,8 +415,8 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold and the cast takes 62 µs at 32 rows and 86 µs at 64 (78 µs
-/// kernel, staged with its prefetch), and alone at 128 rows the fragment kernel takes 216 µs and
+/// the fused kernel with MLX's fold and the cast takes 56 µs at 32 rows and 76 µs at 64 (68 µs
+/// kernel, staged with its prefetch), and alone at 128 rows the fragment kernel took 216 µs and
 /// the staged one, in two passes of 64 rows, 152 µs (one kernel at a time; see the README's
 /// benchmark section). Up to 64 rows the fused kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
