@@ -49,7 +49,15 @@ run | tests | bench | profile | latency | ab)
   export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-/tmp/mlx-trellis-ptx}"
   status=0
   step="$1"
-  ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}" # Nsight Compute: profile, latency
+  ncu="${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}" # Nsight Compute: profile, latency, ab
+  # durations SECONDS CSV [NCU_ARGS...] BENCH_DOWN [ARGS...]: each kernel launch's own duration
+  # (one at a time, clocks as the GPU sets them) into CSV, for scripts/ncu_durations.py.
+  durations() {
+    local limit=$1 csv=$2
+    shift 2
+    timeout "$limit" "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+      --print-units base --csv --page raw "$@" >"$csv" 2>/dev/null
+  }
   if [ "$step" = profile ]; then
     # Every launch of the fused kernel after three warm-up ones is the planned configuration at
     # M rows (bench_down --paths times it first); the report and a text summary go to $out.
@@ -71,9 +79,8 @@ run | tests | bench | profile | latency | ab)
     shift 2
     for m in "$@"; do for run in 1 2; do for build in base this; do
       bin="$bundle/bench_down"; [ "$build" = base ] && bin="$base"
-      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
-        --page raw --kernel-name regex:down_mma "$bin" --paths --rows "$m" --bits 3 --calls 1 --evals 3 \
-        >"$out/ab_m${m}_${build}_$run.csv" 2>/dev/null || status=1
+      durations 100 "$out/ab_m${m}_${build}_$run.csv" --kernel-name regex:down_mma \
+        "$bin" --paths --rows "$m" --bits 3 --calls 1 --evals 3 || status=1
     done; done; done
     python3 scripts/ncu_durations.py "$out"/ab_m*.csv | tee "$out/ab.txt"
     exit $status
@@ -84,14 +91,11 @@ run | tests | bench | profile | latency | ab)
     # kernel in full. Nsight Compute serialises launches and reports each one's duration.
     part="${2:-both}"
     [ "$part" = sweep ] || for m in 1 8 16 32 64 128; do
-      timeout 100 "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
-        --page raw "$bundle/bench_down" --rows "$m" --bits 3 --calls 1 --evals 3 >"$out/latency_m$m.csv" 2>/dev/null ||
-        status=1
+      durations 100 "$out/latency_m$m.csv" "$bundle/bench_down" --rows "$m" --bits 3 --calls 1 --evals 3 || status=1
     done
     [ "$part" = contenders ] || for m in ${SWEEP_ROWS:-1 8 16 32 64 128}; do
-      timeout "${SWEEP_TIMEOUT:-280}" "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-units base --csv \
-        --page raw --kernel-name regex:down_mma "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 \
-        --evals 1 ${SWEEP_ARGS:-} >"$out/latency_sweep_m$m.csv" 2>/dev/null || status=1
+      durations "${SWEEP_TIMEOUT:-280}" "$out/latency_sweep_m$m.csv" --kernel-name regex:down_mma \
+        "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 --evals 1 ${SWEEP_ARGS:-} || status=1
     done
     python3 scripts/ncu_durations.py "$out"/latency_*.csv | tee "$out/latency.txt"
     exit $status
