@@ -106,8 +106,8 @@ const SHARED_LIMIT: usize = 227 * 1024;
 const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 
 /// The shared memory the planned staged configurations keep to: their blocks run two to an SM
-/// (128 registers a thread), and two blocks of 96 KB fit Hopper's 228 KB. The planned staged
-/// prefetch takes 58 KB with bf16 activations at k = 3.
+/// (128 registers a thread), and two blocks of 96 KB fit Hopper's 228 KB. The planned 64-row
+/// steps take 79 KB with bf16 activations at k = 3.
 const STAGED_PLAN_SHARED_BUDGET: usize = 96 * 1024;
 
 impl CudaDownConfig {
@@ -341,13 +341,15 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // passes of 32 rows that decode every weight twice (82 against 92 µs), and with its
     // prefetch (the next step decoded into a second A tile, one barrier a step: 58 KB of
     // shared memory) it took 77.7 µs against 80.5 without; 67.5-68.1 µs since the activations
-    // stay packed until the B tile is stored (64-row steps came within 2.5 %, not adopted).
+    // stay packed until the B tile is stored. 64-row steps without the prefetch (79 KB, two
+    // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
+    // are the plan.
     let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps) = match m {
         0..=1 => (8, 1, 1, 2, 64, false, true, 0),
         2..=8 => (4, 1, 2, 1, 32, false, false, 0),
         9..=16 => (4, 2, 4, 1, 19, false, false, 0),
         17..=32 => (4, 4, 4, 1, 13, true, false, 0),
-        33..=64 => (2, 8, 2, 1, 13, false, false, 2),
+        33..=64 => (2, 8, 4, 1, 13, false, false, 2),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls.
         _ => (2, 16, 2, 1, 16, true, false, 0),
@@ -364,7 +366,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
         // the kernel applies it to 16-bit activations only.
         bias_fold: !bytesum_mma && !staged,
-        prefetch: staged,
+        prefetch: false,
         pack_fma,
         row_warps,
     };
@@ -415,10 +417,10 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold and the cast takes 56 µs at 32 rows and 76 µs at 64 (68 µs
-/// kernel, staged with its prefetch), and alone at 128 rows the fragment kernel took 216 µs and
-/// the staged one, in two passes of 64 rows, 152 µs (one kernel at a time; see the README's
-/// benchmark section). Up to 64 rows the fused kernel is ahead, and it needs no scratch.
+/// the fused kernel with MLX's fold and the cast takes 56 µs at 32 rows and 74.5 µs at 64
+/// (66.4 µs kernel, staged in 64-row steps), and alone at 128 rows the fragment kernel took
+/// 216 µs and the staged one, in two passes of 64-row steps, about 128 µs before its fold and
+/// cast (one kernel at a time; see the README's benchmark section). Up to 64 rows the fused kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
@@ -532,7 +534,7 @@ mod tests {
         let staged = plan(&qwen, 64);
         assert_eq!(
             (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps, staged.prefetch),
-            (2, 8, 2, 4, 13, 2, true)
+            (2, 8, 4, 4, 13, 2, false)
         );
     }
 
@@ -597,22 +599,24 @@ mod tests {
     }
 
     #[test]
-    fn the_staged_plan_prefetches_within_its_budget() {
-        // 33-64 rows: the staged kernel with its prefetch (a second A tile), 58 KB of shared
-        // memory at the Qwen shape, and it fits the staged budget for every code width and dtype.
+    fn the_staged_plan_fits_its_budget() {
+        // 33-64 rows: the staged kernel in 64-row steps without the prefetch, 79 KB of shared
+        // memory at the Qwen shape; shallower rings or shorter steps fit the staged budget for
+        // every code width and dtype.
         for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
             let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
             for dtype in [Dtype::Float32, Dtype::Bfloat16] {
                 for m in [33, 64] {
                     let cfg = plan_for(&g, m, dtype);
-                    assert!(cfg.staged() && cfg.prefetch && cfg.ks == 2 && cfg.stages == 4, "k {k} {dtype}: {cfg:?}");
+                    assert!(cfg.staged() && !cfg.prefetch, "k {k} {dtype}: {cfg:?}");
                     let bytes = cfg.shared_bytes(&g, dtype == Dtype::Float32);
                     assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} {dtype}: {bytes}");
                 }
             }
         }
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 58368);
+        let planned = plan_for(&qwen, 64, Dtype::Bfloat16);
+        assert_eq!((planned.ks, planned.stages, planned.shared_bytes(&qwen, false)), (4, 4, 80896));
         // Fragment plans keep to 48 KB and never prefetch.
         for m in [1, 8, 16, 32, 128] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
