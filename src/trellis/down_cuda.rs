@@ -390,9 +390,11 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         ..cfg
     };
     let shorter_steps = || std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2));
-    [cfg.prefetch, false]
-        .into_iter()
-        .flat_map(|prefetch| shorter_steps().map(move |ks| (prefetch, ks)))
+    // A plan that prefetches may drop the prefetch to fit; one that does not tries each shape once.
+    let prefetch_options: &[bool] = if cfg.prefetch { &[true, false] } else { &[false] };
+    prefetch_options
+        .iter()
+        .flat_map(|&prefetch| shorter_steps().map(move |ks| (prefetch, ks)))
         .flat_map(|(prefetch, ks)| (2..=cfg.stages).rev().map(move |stages| (prefetch, ks, stages)))
         .map(|(prefetch, ks, stages)| with_steps(prefetch, ks, stages))
         .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= c.plan_shared_budget())
@@ -420,7 +422,8 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
 /// the fused kernel with MLX's fold and the cast takes 56 µs at 32 rows and 74.5 µs at 64
 /// (66.4 µs kernel, staged in 64-row steps), and alone at 128 rows the fragment kernel took
 /// 216 µs and the staged one, in two passes of 64-row steps, about 128 µs before its fold and
-/// cast (one kernel at a time; see the README's benchmark section). Up to 64 rows the fused kernel is ahead, and it needs no scratch.
+/// cast (one kernel at a time; see the README's benchmark section). Up to 64 rows the fused
+/// kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
