@@ -83,13 +83,23 @@ struct CodeRun {
     for (int j = 0; j < NWL; ++j) word_at[j] = cb * WPB + ((bit0 >> 5) + j) % WPB;
   }
 
-  // The run's bits in `row`, realigned: position p + NPOS - 1 - i's window starts at bit i K.
-  __device__ __forceinline__ void read(const unsigned* row, unsigned (&w)[NWR]) const {
-    unsigned raw[NWL];
+  // The words of the run in `row`, as stored (shared-memory loads only).
+  __device__ __forceinline__ void load(const unsigned* row, unsigned (&raw)[NWL]) const {
 #pragma unroll
     for (int j = 0; j < NWL; ++j) raw[j] = row[word_at[j]];
+  }
+
+  // Loaded words realigned: position p + NPOS - 1 - i's window starts at bit i K.
+  __device__ __forceinline__ void realign(const unsigned (&raw)[NWL], unsigned (&w)[NWR]) const {
 #pragma unroll
     for (int j = 0; j < NWR; ++j) w[j] = ALIGNED ? raw[j] : __funnelshift_r(raw[j], raw[j + 1], off);
+  }
+
+  // The run's bits in `row`, realigned (load, then realign).
+  __device__ __forceinline__ void read(const unsigned* row, unsigned (&w)[NWR]) const {
+    unsigned raw[NWL];
+    load(row, raw);
+    realign(raw, w);
   }
 };
 
