@@ -462,17 +462,25 @@
       // each share's fragment reads come ahead of a run's integer work, which issues while the
       // tensor cores multiply; with the whole decode first and the MMAs after it, the MMAs
       // waited for their fragment reads at the end of every step (Nsight Compute source view).
+      // Share u is sub-tiles [u G / UNITS, (u + 1) G / UNITS) of the G = KS NCW; the loop over a
+      // share runs to a constant bound (the largest share), so that it unrolls whatever the
+      // shapes: with the share's own bounds in the loop, NVRTC left it rolled where a share
+      // held many sub-tiles, and indexed the fragments and accumulators in local memory.
       constexpr int MMA_GROUPS = KS * NCW;
+      constexpr int SHARE = (MMA_GROUPS + UNITS - 1) / UNITS;
       unsigned a[MMA_GROUPS][4], b_hi[KS][MT][2], b_lo[KS][MT][2];
       StagedWords raw;
       load_unit((i + 1) % STAGES, 0, raw);
 #pragma unroll
       for (int u = 0; u < UNITS; ++u) {
 #pragma unroll
-        for (int j = u * MMA_GROUPS / UNITS; j < (u + 1) * MMA_GROUPS / UNITS; ++j) {
-          if (j % NCW == 0) read_b_fragments(i % 2, j / NCW, b_hi[j / NCW], b_lo[j / NCW], MTW * warp_m);
-          read_a_fragment(i % 2, j / NCW, j % NCW, a[j]);
-          multiply_sub_tile(a[j], j % NCW, b_hi[j / NCW], b_lo[j / NCW]);
+        for (int n = 0; n < SHARE; ++n) {
+          const int j = u * MMA_GROUPS / UNITS + n;
+          if (j < (u + 1) * MMA_GROUPS / UNITS) {
+            if (j % NCW == 0) read_b_fragments(i % 2, j / NCW, b_hi[j / NCW], b_lo[j / NCW], MTW * warp_m);
+            read_a_fragment(i % 2, j / NCW, j % NCW, a[j]);
+            multiply_sub_tile(a[j], j % NCW, b_hi[j / NCW], b_lo[j / NCW]);
+          }
         }
         load_unit((i + 1) % STAGES, u + 1, raw);
         decode_unit(raw[u], u, (i + 1) % 2);
