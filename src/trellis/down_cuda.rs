@@ -106,9 +106,10 @@ const SHARED_LIMIT: usize = 227 * 1024;
 const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 
 /// The shared memory the planned staged configurations keep to: their blocks run two to an SM
-/// (128 registers a thread), and two blocks of 96 KB fit Hopper's 228 KB. The planned 64-row
-/// steps take 79 KB with bf16 activations at k = 3.
-const STAGED_PLAN_SHARED_BUDGET: usize = 96 * 1024;
+/// (128 registers a thread), and two blocks of 112 KB (each with the 1 KB the GPU reserves per
+/// block) fit Hopper's 228 KB. The planned 64-row steps take 79 KB with bf16 activations at
+/// k = 3, the 32-row plan's 64-row steps with the prefetch 103 KB.
+const STAGED_PLAN_SHARED_BUDGET: usize = 112 * 1024;
 
 impl CudaDownConfig {
     /// The kernel's shared memory: the code ring, the B tiles (`split_x`: f32 activations,
@@ -343,16 +344,18 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // shared memory) it took 77.7 µs against 80.5 without; 67.5-68.1 µs since the activations
     // stay packed until the B tile is stored. 64-row steps without the prefetch (79 KB, two
     // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
-    // are the plan.
-    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps) = match m {
-        0..=1 => (8, 1, 1, 2, 64, false, true, 0),
-        2..=8 => (4, 1, 2, 1, 32, false, false, 0),
-        9..=16 => (4, 2, 4, 1, 19, false, false, 0),
-        17..=32 => (4, 4, 4, 1, 13, true, false, 0),
-        33..=64 => (2, 8, 4, 1, 13, false, false, 2),
+    // are the plan. At 17-32 rows the staged kernel runs 64-row steps with its prefetch (103 KB,
+    // one row warp): with the step's MMAs interleaved with the decode runs it took 47.8 µs
+    // against the fragment kernel's 48.8 in one sweep (NOT YET CONFIRMED BY AN A/B).
+    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps, prefetch) = match m {
+        0..=1 => (8, 1, 1, 2, 64, false, true, 0, false),
+        2..=8 => (4, 1, 2, 1, 32, false, false, 0, false),
+        9..=16 => (4, 2, 4, 1, 19, false, false, 0, false),
+        17..=32 => (2, 4, 4, 1, 13, false, false, 1, true),
+        33..=64 => (2, 8, 4, 1, 13, false, false, 2, false),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls.
-        _ => (2, 16, 2, 1, 16, true, false, 0),
+        _ => (2, 16, 2, 1, 16, true, false, 0, false),
     };
     let staged = row_warps > 0;
     let mut cfg = CudaDownConfig {
@@ -366,7 +369,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
         // the kernel applies it to 16-bit activations only.
         bias_fold: !bytesum_mma && !staged,
-        prefetch: false,
+        prefetch,
         pack_fma,
         row_warps,
     };
@@ -508,6 +511,12 @@ pub fn down_cuda_partials(
 mod tests {
     use super::*;
 
+    /// The fragment kernel with the u8 MMA byte sums in 4-warp blocks of 4 8-row tiles (the
+    /// 32-row plan before the staged kernel took those rows), a base for explicit shapes.
+    fn u8_mma_fragments() -> CudaDownConfig {
+        CudaDownConfig { mt: 4, ks: 4, splits: 13, bytesum_mma: true, ..Default::default() }
+    }
+
     #[test]
     fn every_planned_configuration_is_valid() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
@@ -533,7 +542,11 @@ mod tests {
         // The measured plan is unchanged where it fits (k <= 4).
         let one = plan(&qwen, 1);
         assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
-        assert_eq!((plan(&qwen, 32).warps, plan(&qwen, 32).ks), (4, 4));
+        let staged32 = plan(&qwen, 32);
+        assert_eq!(
+            (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.prefetch),
+            (2, 4, 4, 8, 1, true)
+        );
         let staged = plan(&qwen, 64);
         assert_eq!(
             (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps, staged.prefetch),
@@ -603,15 +616,16 @@ mod tests {
 
     #[test]
     fn the_staged_plan_fits_its_budget() {
-        // 33-64 rows: the staged kernel in 64-row steps without the prefetch, 79 KB of shared
-        // memory at the Qwen shape; shallower rings or shorter steps fit the staged budget for
-        // every code width and dtype.
+        // 17-64 rows: the staged kernel in 64-row steps, with the prefetch up to 32 rows (103 KB
+        // of shared memory at the Qwen shape) and without it above (79 KB); shallower rings,
+        // shorter steps or no prefetch fit the staged budget for every code width and dtype.
         for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
             let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
             for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-                for m in [33, 64] {
+                for m in [17, 32, 33, 64] {
                     let cfg = plan_for(&g, m, dtype);
-                    assert!(cfg.staged() && !cfg.prefetch, "k {k} {dtype}: {cfg:?}");
+                    assert!(cfg.staged(), "k {k} {dtype}: {cfg:?}");
+                    assert!(cfg.prefetch == (m <= 32), "k {k} {dtype} M {m}: {cfg:?}");
                     let bytes = cfg.shared_bytes(&g, dtype == Dtype::Float32);
                     assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} {dtype}: {bytes}");
                 }
@@ -620,8 +634,10 @@ mod tests {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
         let planned = plan_for(&qwen, 64, Dtype::Bfloat16);
         assert_eq!((planned.ks, planned.stages, planned.shared_bytes(&qwen, false)), (4, 4, 80896));
+        let planned = plan_for(&qwen, 32, Dtype::Bfloat16);
+        assert_eq!((planned.ks, planned.stages, planned.shared_bytes(&qwen, false)), (4, 4, 105472));
         // Fragment plans keep to 48 KB and never prefetch.
-        for m in [1, 8, 16, 32, 128] {
+        for m in [1, 8, 16, 128] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
             assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= PLAN_SHARED_BUDGET, "{cfg:?}");
         }
@@ -644,7 +660,7 @@ mod tests {
     fn sixteen_warp_blocks_take_only_shapes_of_known_registers() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
         // The 32-row plan decodes with the u8 MMA byte sums and no bias fold.
-        let one_pass = CudaDownConfig { nc: 1, mt: 8, ks: 4, warps: 16, splits: 16, ..plan(&qwen, 32) };
+        let one_pass = CudaDownConfig { nc: 1, mt: 8, ks: 4, warps: 16, splits: 16, ..u8_mma_fragments() };
         assert!(one_pass.bytesum_mma && !one_pass.bias_fold);
         one_pass.check(&qwen, Dtype::Bfloat16).unwrap();
         CudaDownConfig { mt: 4, bytesum_mma: false, bias_fold: true, ..one_pass }
@@ -675,7 +691,7 @@ mod tests {
     #[test]
     fn blocks_cover_whole_coded_blocks_or_a_part_of_one() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let base = CudaDownConfig { ks: 1, ..plan(&qwen, 32) };
+        let base = CudaDownConfig { ks: 1, ..u8_mma_fragments() };
         // 20 coded blocks a row: 2 per block -> 10 column blocks; half a block -> 40.
         let two = CudaDownConfig { nc: 4, warps: 8, ..base };
         assert_eq!((two.column_blocks(&qwen), two.copied_blocks()), (10, 2));
