@@ -11,6 +11,8 @@
 //! target/release/examples/bench_down [--rows 1,2,4,8,16,32,64,128] [--json out.json]
 //! target/release/examples/bench_down --sweep      # time kernel configurations instead
 //! target/release/examples/bench_down --sweep --staged  # the staged kernel's, and the plan
+//! target/release/examples/bench_down --sweep --specialized  # the staged kernel's with producer
+//!                                                           # warps, and the plan
 //! target/release/examples/bench_down --paths      # the fused kernel against the dense path
 //! ```
 
@@ -35,6 +37,7 @@ struct Args {
     json: Option<String>,
     sweep: bool,
     staged: bool,
+    specialized: bool,
     probe: bool,
     paths: bool,
     layouts: Vec<(u32, CodeLayout)>,
@@ -48,6 +51,7 @@ fn parse() -> Result<Args> {
         json: None,
         sweep: false,
         staged: false,
+        specialized: false,
         probe: false,
         paths: false,
         layouts: vec![(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)],
@@ -62,6 +66,7 @@ fn parse() -> Result<Args> {
             "--json" => a.json = Some(v()?),
             "--sweep" => a.sweep = true,
             "--staged" => a.staged = true,
+            "--specialized" => a.specialized = true,
             "--probe" => a.probe = true,
             "--paths" => a.paths = true,
             "--bits" => {
@@ -174,14 +179,15 @@ fn main() -> Result<()> {
             } else {
                 let cfg = plan(&g, m);
                 format!(
-                    "nc{} mt{} ks{} w{} s{}{}{}",
+                    "nc{} mt{} ks{} w{} s{}{}{}{}",
                     cfg.nc,
                     cfg.mt,
                     cfg.ks,
                     cfg.warps,
                     cfg.splits,
                     if cfg.prefetch { " pf" } else { "" },
-                    if cfg.staged() { format!(" staged rw{}", cfg.row_warps) } else { String::new() }
+                    if cfg.staged() { format!(" staged rw{}", cfg.row_warps) } else { String::new() },
+                    if cfg.specialized() { format!(" p{}", cfg.producers) } else { String::new() }
                 )
             };
             let _ = writeln!(
@@ -203,7 +209,7 @@ fn main() -> Result<()> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | producers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -223,7 +229,13 @@ fn main() -> Result<()> {
 /// Every configuration worth trying at `m` rows, timed and checked against the reference `want`.
 fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
     let g = *layer.lin.geometry();
-    let configs = if args.staged { staged_configs(&g, x.dtype(), m) } else { fragment_configs(&g, x.dtype(), m) };
+    let configs = if args.specialized {
+        specialized_configs(&g, x.dtype(), m)
+    } else if args.staged {
+        staged_configs(&g, x.dtype(), m)
+    } else {
+        fragment_configs(&g, x.dtype(), m)
+    };
     time_configs(layer, x, m, want, args, table, configs)
 }
 
@@ -250,6 +262,35 @@ fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownCo
             // 16-row steps lost to 32-row ones by 20-30 % in every shape.
             for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
                 let cfg = CudaDownConfig { nc, mt, ks, warps, splits, prefetch, row_warps, ..Default::default() };
+                configs.extend(cfg.with_deepest_ring(g, dtype));
+            }
+        }
+    }
+    configs
+}
+
+/// The staged kernel's configurations with producer warps worth trying at `m` rows, and the
+/// plan: (sub-tiles per warp, multiplying warps, 8-row tiles per pass, warps along the rows) in
+/// one pass (two at 128), with 2, 4 or 8 producer warps, two or three A tiles (`prefetch`), steps
+/// of 32 or 64 rows, and the splits of the plan's whole waves.
+fn specialized_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
+    let shapes: &[(u32, u32, u32, u32)] = match m {
+        0..=8 => &[(4, 4, 1, 1), (8, 2, 1, 1), (2, 8, 1, 1)],
+        9..=16 => &[(4, 4, 2, 1), (8, 2, 2, 1), (4, 4, 2, 2), (2, 8, 2, 1)],
+        17..=32 => &[(4, 4, 4, 1), (4, 4, 4, 2), (8, 2, 4, 1), (2, 8, 4, 1)],
+        _ => &[(2, 8, 8, 2), (2, 8, 8, 4), (2, 8, 8, 1), (1, 8, 8, 2)],
+    };
+    let splits = match m {
+        0..=8 => 32,
+        9..=16 => 19,
+        _ => 13,
+    };
+    let mut configs = vec![plan(g, m)];
+    for &(nc, warps, mt, row_warps) in shapes {
+        for producers in [2, 4, 8] {
+            for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
+                let cfg =
+                    CudaDownConfig { nc, mt, ks, warps, splits, prefetch, row_warps, producers, ..Default::default() };
                 configs.extend(cfg.with_deepest_ring(g, dtype));
             }
         }
@@ -361,7 +402,7 @@ fn time_configs(
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -374,6 +415,7 @@ fn time_configs(
             cfg.prefetch,
             cfg.pack_fma,
             cfg.row_warps,
+            cfg.producers,
             kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);

@@ -122,6 +122,7 @@ fn every_configuration_matches_the_reference() {
                 prefetch,
                 pack_fma,
                 row_warps: 0,
+                producers: 0,
             };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
@@ -241,6 +242,53 @@ fn staged_configurations_match_the_reference() {
     for f32 in [false, true] {
         for (prefetch, stages) in [(false, 4), (true, 3), (true, 4)] {
             assert!(loops.contains(&(f32, prefetch, stages)), "(f32, prefetch, stages) met: {loops:?}");
+        }
+    }
+}
+
+#[test]
+fn specialized_configurations_match_the_reference() {
+    if !cuda() {
+        return;
+    }
+    // Producer warps: the staged kernel's decode on warps of its own, handing A tiles to the
+    // multiplying warps through named barriers. Blocks of 6 to 16 warps (above 8 the register
+    // rule applies), whole coded blocks and parts of one, two or three A tiles (prefetch), ring
+    // depths 3 and 4, steps of 16 to 64 rows, splits that do not divide the steps, every layout
+    // and k, f32 and bf16; each at one row, one short of a pass and past one pass.
+    let layers = [
+        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
+        Case::new(200, 1024, 2, CodeLayout::RowMajor),
+        Case::new(88, 512, 4, CodeLayout::RowMajor),
+        Case::new(100, 512, 3, CodeLayout::RowMajor),
+        Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
+    ];
+    let f32 = Dtype::Float32;
+    let bf16 = Dtype::Bfloat16;
+    let cases = [
+        // (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages, prefetch)
+        (0, bf16, 2u32, 8u32, 8u32, 2u32, 8u32, 4u32, 5u32, 4u32, false),
+        (1, f32, 2, 8, 4, 1, 8, 4, 1, 3, true),
+        (2, bf16, 2, 8, 8, 4, 4, 2, 13, 4, true),
+        (3, bf16, 2, 4, 4, 2, 4, 2, 5, 4, false),
+        (4, f32, 4, 4, 2, 1, 4, 1, 3, 4, false),
+        (0, f32, 1, 4, 4, 2, 2, 2, 13, 3, true),
+        (1, bf16, 2, 8, 8, 2, 8, 2, 13, 3, true),
+        (2, f32, 2, 8, 4, 1, 4, 4, 1, 4, false),
+        (4, bf16, 2, 8, 8, 2, 8, 4, 2, 4, true),
+        (3, f32, 4, 4, 2, 1, 2, 2, 4, 3, false),
+    ];
+    for (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages, prefetch) in cases {
+        let c = &layers[layer];
+        let g = *c.lin.geometry();
+        let splits = splits.min(g.rows.div_ceil(16 * ks as usize) as u32);
+        let cfg =
+            CudaDownConfig { nc, mt, ks, warps, splits, stages, prefetch, row_warps, producers, ..Default::default() };
+        if let Err(e) = cfg.check(&g, dtype) {
+            panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}");
+        }
+        for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
+            check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
         }
     }
 }

@@ -57,13 +57,24 @@
 // the price is the A tile's store and reload and a second barrier per step (or with PREFETCH a
 // second A tile). It takes the dp4a decode without the bias fold or IMAD pack.
 //
+// With PRODUCERS > 0 (staged only) the block's warps specialise: its WARPS warps (the
+// consumers) build the B tiles and multiply, PRODUCERS more warps copy the codes and decode
+// them into a ring of A tiles (two, three with PREFETCH), and named barriers hand each tile
+// over (full: the producers arrive, the consumers wait; empty: the other way). The decode then
+// runs on some warps while the MMAs run on others, with no block-wide barrier: in the plain
+// staged kernel every warp of a block decodes, then every warp multiplies, and with two blocks
+// per SM the ALU and tensor pipes take turns rather than overlap. MLX compiles without launch
+// bounds, so a thread keeps the consumers' registers whatever its role; the host's check
+// allows the shapes whose register count fits (CudaDownConfig::check).
+//
 // Activations and scales are loaded 8 at a time (16-byte loads for 16-bit activations) where R
 // is a multiple of 8 and both pointers are 16-byte aligned, one at a time otherwise.
 //
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
 // warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES,
-// ROW_WARPS (0: decode into fragments; else the staged warps along the rows).
+// ROW_WARPS (0: decode into fragments; else the staged warps along the rows), PRODUCERS
+// (staged: 0, or the decoding warps added to the WARPS multiplying ones).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA. Template type: T (activation dtype).
   const int M = x_shape[0];
@@ -100,6 +111,12 @@
   constexpr int MTW = MT / WGM;                   // 8-row tiles per warp
   static_assert(!STAGED || (WARPS % WGM == 0 && MT % WGM == 0), "staged warps tile the block's output");
   static_assert(!STAGED || (!BYTESUM_MMA && !BIAS_FOLD && !PACK_FMA), "staged: dp4a decode of y");
+  constexpr bool SPECIALIZED = PRODUCERS > 0;
+  static_assert(!SPECIALIZED || STAGED, "producer warps feed the staged kernel's A tiles");
+  // Threads that copy the codes and decode them: the producers, or every thread. Producer
+  // thread ptid is thread WARPS * 32 + ptid of the block; the consumers keep thread ids
+  // 0..THREADS (their warp tiling and B plan are the plain kernel's).
+  constexpr int P_THREADS = SPECIALIZED ? 32 * PRODUCERS : THREADS;
 
   constexpr int B_SLOTS = PREFETCH && !STAGED ? 3 : 2;  // B tiles in flight
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
@@ -120,6 +137,7 @@
   ATile* a_tile = reinterpret_cast<ATile*>(shared_base + sizeof(Ring) + sizeof(BTiles));
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int ptid = SPECIALIZED ? tid - THREADS : tid;  // producer thread (negative: a consumer)
   const int g = lane >> 2, q = lane & 3;
   const int split = blockIdx.z % SPLITS, pass = blockIdx.z / SPLITS;
   const int first_block = blockIdx.y / PARTS * CB;
@@ -139,28 +157,28 @@
   for (int i = 0; i < 4; ++i) decode_row[i] = BYTESUM_MMA ? q + 4 * i : 2 * q + (i & 1) + 8 * (i >> 1);
   // Block selector of the byte-sum MMA: B[k][n] = 1 where k / 4 == n.
   const unsigned selector[2] = {g == q ? 0x01010101u : 0u, g == q + 4 ? 0x01010101u : 0u};
-  // Staged decode plan: thread `tid` decodes positions [8 grp, 8 grp + 8) of the tile in step
-  // rows tid / GROUPS + u * UNIT_ROWS (THREADS is a multiple of GROUPS: the same runs every
-  // step), read like a fragment lane's run with NPOS = 8.
+  // Staged decode plan: producer thread `ptid` decodes positions [8 grp, 8 grp + 8) of the tile
+  // in step rows ptid / GROUPS + u * UNIT_ROWS (P_THREADS is a multiple of GROUPS: the same runs
+  // every step), read like a fragment lane's run with NPOS = 8.
   constexpr int GROUPS = TILE / 8;
-  constexpr int UNITS = STEP_ROWS * GROUPS / THREADS;
-  constexpr int UNIT_ROWS = THREADS / GROUPS;
+  constexpr int UNITS = STEP_ROWS * GROUPS / P_THREADS;
+  constexpr int UNIT_ROWS = P_THREADS / GROUPS;
   using StagedRun = trellis_cuda::CodeRun<K, L, 8>;
-  static_assert(!STAGED || (THREADS % GROUPS == 0 && (STEP_ROWS * GROUPS) % THREADS == 0), "staged decode runs");
-  const int grp = tid % GROUPS, unit_row = tid / GROUPS;
+  static_assert(!STAGED || (P_THREADS % GROUPS == 0 && (STEP_ROWS * GROUPS) % P_THREADS == 0), "staged decode runs");
+  const int grp = ptid % GROUPS, unit_row = ptid / GROUPS;
   const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // from the block's first coded block
   const StagedRun staged_run(run_pos / 256, run_pos % 256);
 
-  // Per-thread copy plan, fixed for the whole split: chunk u of every step goes to the same ring
+  // Per-producer-thread copy plan, fixed for the whole split: chunk u of every step goes to the same ring
   // offset from a source that moves 16 rows per step (rows past R are zero-filled, not read).
   constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / 256) * WPB;  // words between consecutive rows
-  constexpr int COPIES = (CHUNKS + THREADS - 1) / THREADS;
+  constexpr int COPIES = (CHUNKS + P_THREADS - 1) / P_THREADS;
   const int r_begin = step_begin * STEP_ROWS;
   const uint32_t* copy_src[COPIES];
   int copy_dst[COPIES], copy_row[COPIES];
 #pragma unroll
   for (int u = 0; u < COPIES; ++u) {
-    const int c = tid + u * THREADS;
+    const int c = ptid + u * P_THREADS;
     const int row = c / (CB * (WPB / 4)), rest = c % (CB * (WPB / 4));
     const int b = rest / (WPB / 4), j = rest % (WPB / 4), blk = first_block + b;
     copy_row[u] = c < CHUNKS ? r_begin + row : R;  // R: never read
@@ -171,7 +189,7 @@
   auto copy_codes = [&](int i, int slot) {
 #pragma unroll
     for (int u = 0; u < COPIES; ++u) {
-      if (tid + u * THREADS < CHUNKS)
+      if (ptid + u * P_THREADS < CHUNKS)
         trellis_cuda::cp_async16_zfill(&ring[slot][0][0] + copy_dst[u],
                                        copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE, copy_row[u] + STEP_ROWS * i < R);
     }
@@ -420,23 +438,79 @@
 
   // Prologue: STAGES - 1 steps of codes in flight; the rows of the B tiles past M zeroed; the
   // first B tile (two with PREFETCH) built.
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) {
-    if (i < steps) copy_codes(i, i);
-    trellis_cuda::cp_async_commit();
-  }
-  if (m_base + B_ROWS > M) {
+  auto zero_b_tiles = [&]() {
     constexpr int WORDS = sizeof(BTiles) / 16;
     for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
-    __syncthreads();  // before any thread writes its rows below
-  }
-  for (int i = 0; i < (PREFETCH && !STAGED ? 2 : 1) && i < steps; ++i) {
-    BLoad v;
-    load_b(i, v);
-    store_b(i, v);
+  };
+  if constexpr (!SPECIALIZED) {
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+      if (i < steps) copy_codes(i, i);
+      trellis_cuda::cp_async_commit();
+    }
+    if (m_base + B_ROWS > M) {
+      zero_b_tiles();
+      __syncthreads();  // before any thread writes its rows below
+    }
+    for (int i = 0; i < (PREFETCH && !STAGED ? 2 : 1) && i < steps; ++i) {
+      BLoad v;
+      load_b(i, v);
+      store_b(i, v);
+    }
   }
 
-  if constexpr (STAGED && PREFETCH) {
+  if constexpr (SPECIALIZED) {
+    // Named barriers (0 is __syncthreads): the producers' own, the consumers' own, and per A
+    // tile a full and an empty one, which count every thread of the block (one side waits,
+    // the other arrives).
+    constexpr int A_SLOTS = PREFETCH ? 3 : 2;
+    constexpr int PRODUCER_BAR = 1, CONSUMER_BAR = 2, FULL_BAR = 3, EMPTY_BAR = 3 + A_SLOTS;
+    constexpr int ALL = THREADS + P_THREADS;
+    if (warp >= WARPS) {
+      // Producers: STAGES - 1 steps of codes in flight, then each step decoded into the next A
+      // tile once the consumers are done with it.
+#pragma unroll
+      for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < steps) copy_codes(i, i);
+        trellis_cuda::cp_async_commit();
+      }
+      for (int i = 0; i < steps; ++i) {
+        trellis_cuda::cp_async_wait<STAGES - 2>();
+        // Step i's codes are visible to every producer; ring slot (i - 1) % STAGES, decoded in
+        // step i - 1, is free.
+        trellis_cuda::named_sync(PRODUCER_BAR, P_THREADS);
+        if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+        trellis_cuda::cp_async_commit();
+        // A tile i % A_SLOTS was last multiplied in step i - A_SLOTS.
+        if (i >= A_SLOTS) trellis_cuda::named_sync(EMPTY_BAR + i % A_SLOTS, ALL);
+        decode_to_tile(i % STAGES, i % A_SLOTS);
+        trellis_cuda::named_arrive(FULL_BAR + i % A_SLOTS, ALL);
+      }
+      trellis_cuda::cp_async_wait<0>();
+      return;
+    }
+    // Consumers: the B tiles, built a step ahead, and the MMAs.
+    if (m_base + B_ROWS > M) {
+      zero_b_tiles();
+      trellis_cuda::named_sync(CONSUMER_BAR, THREADS);  // before any consumer writes its rows below
+    }
+    if (steps > 0) {
+      BLoad v;
+      load_b(0, v);
+      store_b(0, v);
+    }
+    for (int i = 0; i < steps; ++i) {
+      BLoad v_next;
+      if (i + 1 < steps) load_b(i + 1, v_next);
+      // A tile i % A_SLOTS holds step i; every consumer has stored B tile i % 2 and finished
+      // step i - 1 (so B tile (i + 1) % 2 is free).
+      trellis_cuda::named_sync(FULL_BAR + i % A_SLOTS, ALL);
+#pragma unroll
+      for (int c = 0; c < KS; ++c) multiply_tile(i % 2, i % A_SLOTS, c);
+      if (i + A_SLOTS < steps) trellis_cuda::named_arrive(EMPTY_BAR + i % A_SLOTS, ALL);
+      if (i + 1 < steps) store_b((i + 1) % 2, v_next);
+    }
+  } else if constexpr (STAGED && PREFETCH) {
     // Staged and software-pipelined: each step decodes the next step's codes into the other A
     // tile while it multiplies its own, so one barrier per step orders both and a warp's decode
     // and MMAs can overlap. Codes are waited for one step earlier (STAGES >= 3).

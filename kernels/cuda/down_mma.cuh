@@ -142,4 +142,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(s));
 }
 
+// Named barriers (ids 1 to 15; 0 is __syncthreads's) for warps that hand work to each other:
+// `threads` counts every thread taking part, those that wait (named_sync) and those that only
+// arrive (named_arrive, which does not wait). Writes before either are visible to the waiting
+// threads once the barrier completes.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace trellis_cuda

@@ -69,6 +69,13 @@ pub struct CudaDownConfig {
     /// Needs `bytesum_mma`, `bias_fold` and `pack_fma` off, and `row_warps` dividing `warps` and
     /// `mt`.
     pub row_warps: u32,
+    /// Staged kernel only: 0, or warps added to the block that copy the codes and decode them
+    /// into a ring of shared-memory A tiles (two, three with `prefetch`), while the block's
+    /// `warps` build the B tiles and multiply. Named barriers hand each tile over, so the
+    /// decode (integer pipes) and the MMAs (tensor pipe) run at the same time on different
+    /// warps instead of taking turns. The block then has `warps + producers` warps; see
+    /// [`CudaDownConfig::check`] for the shapes whose registers fit.
+    pub producers: u32,
 }
 
 impl Default for CudaDownConfig {
@@ -90,6 +97,7 @@ impl Default for CudaDownConfig {
             prefetch: false,
             pack_fma: false,
             row_warps: 0,
+            producers: 0,
         }
     }
 }
@@ -106,9 +114,9 @@ const SHARED_LIMIT: usize = 227 * 1024;
 const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 
 /// The shared memory the planned staged configurations keep to: their blocks run two to an SM
-/// (128 registers a thread), and two blocks of 112 KB (each with the 1 KB the GPU reserves per
-/// block) fit Hopper's 228 KB. The planned 64-row steps take 79 KB with bf16 activations at
-/// k = 3, the 32-row plan's 64-row steps with the prefetch 103 KB.
+/// (128 registers a thread, 8 warps), and two blocks of 112 KB (each with the 1 KB the GPU
+/// reserves per block) fit Hopper's 228 KB. With bf16 activations at k = 3 the planned 64-row
+/// steps take 79 KB at 64 rows, and 103 KB at 32 rows (two A tiles for the producer warps).
 const STAGED_PLAN_SHARED_BUDGET: usize = 112 * 1024;
 
 impl CudaDownConfig {
@@ -120,10 +128,11 @@ impl CudaDownConfig {
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
         let b_slots = if self.prefetch && !self.staged() { 3 } else { 2 };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
-        let a_tiles = match (self.staged(), self.prefetch) {
-            (false, _) => 0,
-            (true, false) => 1,
-            (true, true) => 2,
+        let a_tiles = match (self.staged(), self.specialized(), self.prefetch) {
+            (false, _, _) => 0,
+            (true, false, false) => 1,
+            (true, false, true) | (true, true, false) => 2,
+            (true, true, true) => 3,
         };
         ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2
     }
@@ -140,6 +149,16 @@ impl CudaDownConfig {
     /// Whether the block decodes each step into shared memory first (`row_warps > 0`).
     pub fn staged(&self) -> bool {
         self.row_warps > 0
+    }
+
+    /// Whether producer warps decode while the others multiply (`producers > 0`).
+    pub fn specialized(&self) -> bool {
+        self.producers > 0
+    }
+
+    /// Warps per thread block: the multiplying `warps` and the `producers`.
+    pub fn block_warps(&self) -> u32 {
+        self.warps + self.producers
     }
 
     /// Output positions one thread block covers: `16 * nc * warps`.
@@ -207,6 +226,36 @@ impl CudaDownConfig {
         }
     }
 
+    /// Why producer warps cannot run this configuration on `g` with `dtype` activations, if they
+    /// cannot. They feed the staged kernel; each decodes whole runs of 8 positions of the same
+    /// step rows every step. A block of more than 8 warps leaves a thread at most 170 registers
+    /// (12 warps) or 128 (16), and MLX compiles custom kernels without launch bounds, so only
+    /// shapes whose register count is known are allowed there: 16-bit activations loaded 8 at a
+    /// time, at most 64 accumulators a thread (`nc * mt <= 16`) and 8-row tiles per pass
+    /// `mt <= 8`; f32 ones (two B tiles) with `nc * mt <= 8`. In a survey under NVRTC for
+    /// `sm_90` (`kernels/cuda/NOTES.md`) those took at most 128 registers.
+    fn producer_problem(&self, g: &TrellisGeometry, dtype: Dtype) -> Option<&'static str> {
+        let groups = 2 * self.nc * self.warps; // runs of 8 positions across the tile
+        let runs = 16 * self.ks * groups; // runs per step
+        if !self.staged() {
+            Some("producer warps feed the staged kernel (row_warps > 0)")
+        } else if !(1..=8).contains(&self.producers) || self.warps > 8 {
+            Some("producer warps take 1 to 8 warps beside at most 8 multiplying ones")
+        } else if (32 * self.producers) % groups != 0 || runs % (32 * self.producers) != 0 {
+            Some("the producer warps' threads must split a step's decode runs evenly")
+        } else if self.block_warps() <= 8 {
+            None
+        } else if self.activations_per_load(g) != 8 {
+            Some("blocks of more than 8 warps need activations loaded 8 at a time (rows a multiple of 8)")
+        } else if dtype == Dtype::Float32 && self.nc * self.mt > 8 {
+            Some("blocks of more than 8 warps with f32 activations need nc * mt <= 8")
+        } else if self.nc * self.mt > 16 || self.mt > 8 {
+            Some("blocks of more than 8 warps need nc * mt <= 16 and mt <= 8")
+        } else {
+            None
+        }
+    }
+
     /// Whether this configuration can run `g` with `dtype` activations (see [`Self::check`]).
     pub fn fits(&self, g: &TrellisGeometry, dtype: Dtype) -> bool {
         self.check(g, dtype).is_ok()
@@ -250,6 +299,18 @@ impl CudaDownConfig {
                     self.row_warps,
                     self.warps,
                     self.mt
+                );
+            }
+        }
+        if self.specialized() {
+            if let Some(problem) = self.producer_problem(g, dtype) {
+                invalid!(
+                    "CUDA down kernel: {problem} (producers = {}, warps = {}, nc = {}, mt = {}, ks = {}, {g}, {dtype} activations)",
+                    self.producers,
+                    self.warps,
+                    self.nc,
+                    self.mt,
+                    self.ks
                 );
             }
         }
@@ -344,18 +405,22 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // shared memory) it took 77.7 µs against 80.5 without; 67.5-68.1 µs since the activations
     // stay packed until the B tile is stored. 64-row steps without the prefetch (79 KB, two
     // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
-    // are the plan. At 17-32 rows the staged kernel runs 64-row steps with its prefetch (103 KB,
-    // one row warp): with the step's MMAs interleaved with the decode runs it took 47.8 µs
-    // against the fragment kernel's 48.8 in one sweep (NOT YET CONFIRMED BY AN A/B).
-    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps, prefetch) = match m {
-        0..=1 => (8, 1, 1, 2, 64, false, true, 0, false),
-        2..=8 => (4, 1, 2, 1, 32, false, false, 0, false),
-        9..=16 => (4, 2, 4, 1, 19, false, false, 0, false),
-        17..=32 => (2, 4, 4, 1, 13, false, false, 1, true),
-        33..=64 => (2, 8, 4, 1, 13, false, false, 2, false),
+    // are the plan. At 17-32 rows the staged kernel with producer warps: 4 warps multiply 256
+    // positions by 32 rows while 4 more decode 64-row steps into two A tiles (106 KB, 128
+    // registers, two blocks of 8 warps per SM); the decode and the MMAs then overlap, and it
+    // took 41.8 µs (two sweeps) against 47.6-47.8 for the plain staged kernel with its prefetch
+    // and 48.7 for the fragment kernel. At 8, 16 and 64 rows producer warps lost (35.2 against
+    // 33.9 µs, 39.2 against 37.9, 66.6 against 64.5): with few rows the fragment decode needs no
+    // A tile, and at 64 rows the 16-warp blocks that hold the accumulators run one per SM.
+    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps, prefetch, producers) = match m {
+        0..=1 => (8, 1, 1, 2, 64, false, true, 0, false, 0),
+        2..=8 => (4, 1, 2, 1, 32, false, false, 0, false, 0),
+        9..=16 => (4, 2, 4, 1, 19, false, false, 0, false, 0),
+        17..=32 => (4, 4, 4, 1, 13, false, false, 1, false, 4),
+        33..=64 => (2, 8, 4, 1, 13, false, false, 2, false, 0),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls.
-        _ => (2, 16, 2, 1, 16, true, false, 0, false),
+        _ => (2, 16, 2, 1, 16, true, false, 0, false, 0),
     };
     let staged = row_warps > 0;
     let mut cfg = CudaDownConfig {
@@ -372,6 +437,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         prefetch,
         pack_fma,
         row_warps,
+        producers,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -480,29 +546,28 @@ pub fn down_cuda_partials(
     cfg.check(g, dtype)?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
     let ctas = cfg.column_blocks(g);
-    let launch = LaunchConfig::new(
-        [32 * cfg.warps as usize, ctas, cfg.splits as usize * passes],
-        [32 * cfg.warps as usize, 1, 1],
-    )
-    .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
-    .template_dtype("T", dtype)
-    .template_int("R", int("CUDA down kernel", g.rows)?)
-    .template_int("C", int("CUDA down kernel", g.cols)?)
-    .template_int("K", g.k as i32)
-    .template_int("L", g.l as i32)
-    .template_int("NC", cfg.nc as i32)
-    .template_int("MT", cfg.mt as i32)
-    .template_int("KS", cfg.ks as i32)
-    .template_int("WARPS", cfg.warps as i32)
-    .template_int("SPLITS", cfg.splits as i32)
-    .template_int("STAGES", cfg.stages as i32)
-    .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
-    .template_bool("SPLIT_X", dtype == Dtype::Float32)
-    .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
-    .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
-    .template_bool("PREFETCH", cfg.prefetch)
-    .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
-    .template_int("ROW_WARPS", cfg.row_warps as i32);
+    let threads = 32 * cfg.block_warps() as usize;
+    let launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1])
+        .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
+        .template_dtype("T", dtype)
+        .template_int("R", int("CUDA down kernel", g.rows)?)
+        .template_int("C", int("CUDA down kernel", g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("NC", cfg.nc as i32)
+        .template_int("MT", cfg.mt as i32)
+        .template_int("KS", cfg.ks as i32)
+        .template_int("WARPS", cfg.warps as i32)
+        .template_int("SPLITS", cfg.splits as i32)
+        .template_int("STAGES", cfg.stages as i32)
+        .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
+        .template_bool("SPLIT_X", dtype == Dtype::Float32)
+        .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
+        .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
+        .template_bool("PREFETCH", cfg.prefetch)
+        .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
+        .template_int("ROW_WARPS", cfg.row_warps as i32)
+        .template_int("PRODUCERS", cfg.producers as i32);
     let shared = cfg.shared_bytes(g, dtype == Dtype::Float32);
     Ok(kernel(shared)?.apply(&[x2, codes, scales], &launch)?.remove(0))
 }
@@ -544,9 +609,10 @@ mod tests {
         assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
         let staged32 = plan(&qwen, 32);
         assert_eq!(
-            (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.prefetch),
-            (2, 4, 4, 8, 1, true)
+            (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.producers),
+            (4, 4, 4, 4, 1, 4)
         );
+        assert!(!staged32.prefetch && staged32.block_warps() == 8);
         let staged = plan(&qwen, 64);
         assert_eq!(
             (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps, staged.prefetch),
@@ -616,16 +682,16 @@ mod tests {
 
     #[test]
     fn the_staged_plan_fits_its_budget() {
-        // 17-64 rows: the staged kernel in 64-row steps, with the prefetch up to 32 rows (103 KB
-        // of shared memory at the Qwen shape) and without it above (79 KB); shallower rings,
-        // shorter steps or no prefetch fit the staged budget for every code width and dtype.
+        // 17-64 rows: the staged kernel in 64-row steps, with producer warps and two A tiles up
+        // to 32 rows (103 KB of shared memory at the Qwen shape) and one A tile above (79 KB);
+        // shallower rings or shorter steps fit the staged budget for every code width and dtype.
         for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
             let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
             for dtype in [Dtype::Float32, Dtype::Bfloat16] {
                 for m in [17, 32, 33, 64] {
                     let cfg = plan_for(&g, m, dtype);
                     assert!(cfg.staged(), "k {k} {dtype}: {cfg:?}");
-                    assert!(cfg.prefetch == (m <= 32), "k {k} {dtype} M {m}: {cfg:?}");
+                    assert!(!cfg.prefetch && cfg.specialized() == (m <= 32), "k {k} {dtype} M {m}: {cfg:?}");
                     let bytes = cfg.shared_bytes(&g, dtype == Dtype::Float32);
                     assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} {dtype}: {bytes}");
                 }
@@ -707,6 +773,41 @@ mod tests {
         let err =
             CudaDownConfig { nc: 16, mt: 1, warps: 3, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("nor a divisor of the 20 coded blocks"), "{err}");
+    }
+
+    #[test]
+    fn producer_warps_are_checked() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
+        let staged = CudaDownConfig { nc: 2, mt: 8, ks: 4, warps: 8, splits: 13, row_warps: 2, ..Default::default() };
+        let fed = CudaDownConfig { producers: 8, ..staged };
+        fed.check(&qwen, Dtype::Bfloat16).unwrap();
+        assert_eq!(fed.block_warps(), 16);
+        // Two A tiles, three with the prefetch; the plain staged kernel has one (two with it).
+        let a_tile = 64 * (256 + 8) * 2;
+        assert_eq!(fed.shared_bytes(&qwen, false) - staged.shared_bytes(&qwen, false), a_tile);
+        let three = CudaDownConfig { prefetch: true, ..fed };
+        assert_eq!(three.shared_bytes(&qwen, false) - staged.shared_bytes(&qwen, false), 2 * a_tile);
+        let err = |cfg: CudaDownConfig, g: &TrellisGeometry, dtype: Dtype| cfg.check(g, dtype).unwrap_err().to_string();
+        let bf16 = Dtype::Bfloat16;
+        let fragments = CudaDownConfig { producers: 4, ..u8_mma_fragments() };
+        assert!(err(fragments, &qwen, bf16).contains("producer warps feed the staged kernel"));
+        assert!(err(CudaDownConfig { producers: 9, ..fed }, &qwen, bf16).contains("1 to 8 warps"));
+        // 3 producer warps (96 threads) cannot split 32 runs of 8 positions a step row.
+        assert!(err(CudaDownConfig { producers: 3, ..fed }, &qwen, bf16).contains("split a step's decode runs evenly"));
+        // Above 8 warps only shapes whose registers are known: not f32 at nc * mt 16, not one
+        // activation a load (rows not a multiple of 8), not 16 8-row tiles.
+        let f32_err = err(fed, &qwen, Dtype::Float32);
+        assert!(f32_err.contains("f32 activations need nc * mt <= 8"), "{f32_err}");
+        CudaDownConfig { mt: 4, row_warps: 1, ..fed }.check(&qwen, Dtype::Float32).unwrap();
+        let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
+        let odd_fed = CudaDownConfig { splits: 1, ..fed };
+        assert!(err(odd_fed, &odd, bf16).contains("activations loaded 8 at a time"), "{}", err(odd_fed, &odd, bf16));
+        let wide = CudaDownConfig { nc: 1, mt: 16, row_warps: 4, ..fed };
+        assert!(err(wide, &qwen, bf16).contains("nc * mt <= 16 and mt <= 8"), "{}", err(wide, &qwen, bf16));
+        // Up to 8 warps in all, any registers fit: f32 at nc * mt 16, one activation a load.
+        let small = CudaDownConfig { nc: 4, warps: 4, mt: 4, row_warps: 1, producers: 4, ..staged };
+        small.check(&qwen, Dtype::Float32).unwrap();
+        CudaDownConfig { ks: 2, splits: 1, ..small }.check(&odd, bf16).unwrap();
     }
 
     #[test]
