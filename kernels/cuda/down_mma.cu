@@ -169,8 +169,9 @@
   const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // from the block's first coded block
   const StagedRun staged_run(run_pos / 256, run_pos % 256);
 
-  // Per-producer-thread copy plan, fixed for the whole split: chunk u of every step goes to the same ring
-  // offset from a source that moves 16 rows per step (rows past R are zero-filled, not read).
+  // Per-producer-thread copy plan, fixed for the whole split: chunk u of every step goes to the
+  // same ring offset from a source that moves 16 rows per step (rows past R are zero-filled, not
+  // read).
   constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / 256) * WPB;  // words between consecutive rows
   constexpr int COPIES = (CHUNKS + P_THREADS - 1) / P_THREADS;
   const int r_begin = step_begin * STEP_ROWS;

@@ -6,8 +6,9 @@
 //! The kernel decodes code values straight into tensor-core fragments (exact f16 integers) and
 //! multiplies them with `mma.sync` against the activations times the row scales, or (staged,
 //! [`CudaDownConfig::row_warps`]) decodes each step once into shared memory and multiplies from
-//! there; see the kernel file for the work split. [`plan`] picks the configuration for a row
-//! count.
+//! there, optionally on warps of its own that hand the decoded tiles to the multiplying ones
+//! ([`CudaDownConfig::producers`]); see the kernel file for the work split. [`plan`] picks the
+//! configuration for a row count.
 //!
 //! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
 //! once to dense weights and runs MLX's matmul ([`down_cuda_dense`]): the decode costs one write
@@ -488,8 +489,8 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold and the cast takes 56 µs at 32 rows and 74.5 µs at 64
-/// (66.4 µs kernel, staged in 64-row steps), and alone at 128 rows the fragment kernel took
+/// the fused kernel with MLX's fold and the cast takes 49.1 µs at 32 rows (producer warps) and
+/// 72.5 µs at 64 (64.7 µs kernel, staged in 64-row steps), and alone at 128 rows the fragment kernel took
 /// 216 µs and the staged one, in two passes of 64-row steps, about 128 µs before its fold and
 /// cast (one kernel at a time; see the README's benchmark section). Up to 64 rows the fused
 /// kernel is ahead, and it needs no scratch.
