@@ -180,22 +180,29 @@ fn every_configuration_matches_the_reference() {
     assert!(per_nc.len() == 5 && per_nc.values().all(|&k| k >= 5), "configurations per NC: {per_nc:?}");
 }
 
+/// The small layers the staged kernel's tests cycle through: k 2, 3 interleaved and row-major
+/// (100 rows: not a multiple of 8, activations one at a time), 4 (word-aligned runs), 8 with L 16.
+fn staged_layers() -> [Case; 5] {
+    [
+        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
+        Case::new(200, 1024, 2, CodeLayout::RowMajor),
+        Case::new(88, 512, 4, CodeLayout::RowMajor),
+        Case::new(100, 512, 3, CodeLayout::RowMajor),
+        Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
+    ]
+}
+
 #[test]
 fn staged_configurations_match_the_reference() {
     if !cuda() {
         return;
     }
     // The staged kernel (each step decoded into shared memory, then multiplied from there, or
-    // pipelined with the prefetch) on every warp tiling worth having: parts of a coded block (TILE < 256), one and two coded
-    // blocks, warps along the rows 1 to 4; cycling through the layers (k 2, 3 interleaved, 4
-    // with word-aligned runs, rows not a multiple of 8, k 8 with L 16), dtypes, steps and splits.
-    let layers = [
-        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
-        Case::new(200, 1024, 2, CodeLayout::RowMajor),
-        Case::new(88, 512, 4, CodeLayout::RowMajor),
-        Case::new(100, 512, 3, CodeLayout::RowMajor),
-        Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
-    ];
+    // pipelined with the prefetch) on every warp tiling worth having: parts of a coded block
+    // (TILE < 256), one and two coded blocks, warps along the rows 1 to 4; cycling through the
+    // layers (k 2, 3 interleaved, 4 with word-aligned runs, rows not a multiple of 8, k 8 with
+    // L 16), dtypes, steps and splits.
+    let layers = staged_layers();
     let mut loops = std::collections::BTreeSet::new();
     let shapes = [
         // (nc, warps, mt, row_warps)
@@ -256,13 +263,7 @@ fn specialized_configurations_match_the_reference() {
     // rule applies), whole coded blocks and parts of one, two or three A tiles (prefetch), ring
     // depths 3 and 4, steps of 16 to 64 rows, splits that do not divide the steps, every layout
     // and k, f32 and bf16; each at one row, one short of a pass and past one pass.
-    let layers = [
-        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
-        Case::new(200, 1024, 2, CodeLayout::RowMajor),
-        Case::new(88, 512, 4, CodeLayout::RowMajor),
-        Case::new(100, 512, 3, CodeLayout::RowMajor),
-        Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
-    ];
+    let layers = staged_layers();
     let f32 = Dtype::Float32;
     let bf16 = Dtype::Bfloat16;
     let cases = [
@@ -277,6 +278,12 @@ fn specialized_configurations_match_the_reference() {
         (2, f32, 2, 8, 4, 1, 4, 4, 1, 4, false),
         (4, bf16, 2, 8, 8, 2, 8, 4, 2, 4, true),
         (3, f32, 4, 4, 2, 1, 2, 2, 4, 3, false),
+        // One split of 13 steps: the handover's steady state (producers waiting for tiles the
+        // consumers release, the ring wrapping around) with two and three A tiles, and 6 steps
+        // with a 2-deep ring.
+        (0, bf16, 4, 4, 4, 1, 4, 1, 1, 4, false),
+        (1, bf16, 4, 4, 4, 1, 4, 1, 1, 3, true),
+        (2, f32, 4, 4, 2, 1, 4, 1, 1, 2, false),
     ];
     for (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages, prefetch) in cases {
         let c = &layers[layer];
@@ -327,7 +334,7 @@ fn qwen_sized_layers_match_the_reference() {
         (3, CodeLayout::RowMajor),
     ] {
         let c = Case::new(17408, 5120, k, layout);
-        for m in [1, 7, 8, 16, DENSE_MIN_ROWS - 1, DENSE_MIN_ROWS, 128] {
+        for m in [1, 7, 8, 16, 32, DENSE_MIN_ROWS - 1, DENSE_MIN_ROWS, 128] {
             if uses_dense(m, Dtype::Bfloat16) {
                 println!("plan M {m}: dense weights and MLX's matmul");
             } else {

@@ -123,7 +123,8 @@
   static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
   // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
   // A tiles of decoded code values, [step row][position] (+8 halfs: conflict-free ldmatrix
-  // rows: two tiles with PREFETCH); every part's size is a multiple of 16 bytes. The host
+  // rows: two tiles with PREFETCH; with producer warps two, or three with PREFETCH); every
+  // part's size is a multiple of 16 bytes. The host
   // passes the parts' total (CudaDownConfig::shared_bytes), and MLX raises the kernel's limit
   // above 48 KB. (One static array carved the same way compiles to the same instructions.)
   constexpr int A_TILE_PITCH = TILE + 8;

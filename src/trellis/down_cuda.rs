@@ -229,12 +229,13 @@ impl CudaDownConfig {
 
     /// Why producer warps cannot run this configuration on `g` with `dtype` activations, if they
     /// cannot. They feed the staged kernel; each decodes whole runs of 8 positions of the same
-    /// step rows every step. A block of more than 8 warps leaves a thread at most 170 registers
+    /// step rows every step. A block of more than 8 warps leaves a thread at most 168 registers
     /// (12 warps) or 128 (16), and MLX compiles custom kernels without launch bounds, so only
     /// shapes whose register count is known are allowed there: 16-bit activations loaded 8 at a
     /// time, at most 64 accumulators a thread (`nc * mt <= 16`) and 8-row tiles per pass
     /// `mt <= 8`; f32 ones (two B tiles) with `nc * mt <= 8`. In a survey under NVRTC for
-    /// `sm_90` (`kernels/cuda/NOTES.md`) those took at most 128 registers.
+    /// `sm_90` (`kernels/cuda/NOTES.md`) those took at most 128 registers, all that 16 warps
+    /// leave.
     fn producer_problem(&self, g: &TrellisGeometry, dtype: Dtype) -> Option<&'static str> {
         let groups = 2 * self.nc * self.warps; // runs of 8 positions across the tile
         let runs = 16 * self.ks * groups; // runs per step
@@ -303,18 +304,6 @@ impl CudaDownConfig {
                 );
             }
         }
-        if self.specialized() {
-            if let Some(problem) = self.producer_problem(g, dtype) {
-                invalid!(
-                    "CUDA down kernel: {problem} (producers = {}, warps = {}, nc = {}, mt = {}, ks = {}, {g}, {dtype} activations)",
-                    self.producers,
-                    self.warps,
-                    self.nc,
-                    self.mt,
-                    self.ks
-                );
-            }
-        }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
         if self.activations_per_load(g) == 1 && (32 * self.warps) % (16 * self.ks) != 0 {
@@ -333,6 +322,18 @@ impl CudaDownConfig {
                 self.splits,
                 self.stages
             );
+        }
+        if self.specialized() {
+            if let Some(problem) = self.producer_problem(g, dtype) {
+                invalid!(
+                    "CUDA down kernel: {problem} (producers = {}, warps = {}, nc = {}, mt = {}, ks = {}, {g}, {dtype} activations)",
+                    self.producers,
+                    self.warps,
+                    self.nc,
+                    self.mt,
+                    self.ks
+                );
+            }
         }
         if self.warps == 16 {
             if let Some(problem) = self.sixteen_warp_problem(g) {
@@ -386,7 +387,8 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, byte sums on the tensor cores, IMAD pack, staged warps along the rows),
+    // block, splits, byte sums on the tensor cores, IMAD pack, staged warps along the rows, the
+    // staged prefetch, producer warps),
     // chosen with bf16 activations (f32 ones follow the same plan) by the kernel's own
     // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
     // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
@@ -407,7 +409,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // stay packed until the B tile is stored. 64-row steps without the prefetch (79 KB, two
     // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
     // are the plan. At 17-32 rows the staged kernel with producer warps: 4 warps multiply 256
-    // positions by 32 rows while 4 more decode 64-row steps into two A tiles (106 KB, 128
+    // positions by 32 rows while 4 more decode 64-row steps into two A tiles (103 KB, 128
     // registers, two blocks of 8 warps per SM); the decode and the MMAs then overlap, and it
     // took 41.8 µs (two sweeps) against 47.6-47.8 for the plain staged kernel with its prefetch
     // and 48.7 for the fragment kernel. At 8, 16 and 64 rows producer warps lost (35.2 against
@@ -726,7 +728,7 @@ mod tests {
     #[test]
     fn sixteen_warp_blocks_take_only_shapes_of_known_registers() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        // The 32-row plan decodes with the u8 MMA byte sums and no bias fold.
+        // The u8 MMA byte sums without the bias fold (the 32-row plan before the staged kernel).
         let one_pass = CudaDownConfig { nc: 1, mt: 8, ks: 4, warps: 16, splits: 16, ..u8_mma_fragments() };
         assert!(one_pass.bytesum_mma && !one_pass.bias_fold);
         one_pass.check(&qwen, Dtype::Bfloat16).unwrap();
@@ -793,7 +795,8 @@ mod tests {
         let fragments = CudaDownConfig { producers: 4, ..u8_mma_fragments() };
         assert!(err(fragments, &qwen, bf16).contains("producer warps feed the staged kernel"));
         assert!(err(CudaDownConfig { producers: 9, ..fed }, &qwen, bf16).contains("1 to 8 warps"));
-        // 3 producer warps (96 threads) cannot split 32 runs of 8 positions a step row.
+        assert!(err(CudaDownConfig { warps: 0, ..fed }, &qwen, bf16).contains("0 warps (1 to 8, or 16)"));
+        // 3 producer warps (96 threads) cannot split a step's 64 x 32 runs of 8 positions evenly.
         assert!(err(CudaDownConfig { producers: 3, ..fed }, &qwen, bf16).contains("split a step's decode runs evenly"));
         // Above 8 warps only shapes whose registers are known: not f32 at nc * mt 16, not one
         // activation a load (rows not a multiple of 8), not 16 8-row tiles.
