@@ -440,16 +440,19 @@
 
   // Prologue: STAGES - 1 steps of codes in flight; the rows of the B tiles past M zeroed; the
   // first B tile (two with PREFETCH) built.
-  auto zero_b_tiles = [&]() {
-    constexpr int WORDS = sizeof(BTiles) / 16;
-    for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
-  };
-  if constexpr (!SPECIALIZED) {
+  auto prime_ring = [&]() {
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
       if (i < steps) copy_codes(i, i);
       trellis_cuda::cp_async_commit();
     }
+  };
+  auto zero_b_tiles = [&]() {
+    constexpr int WORDS = sizeof(BTiles) / 16;
+    for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
+  };
+  if constexpr (!SPECIALIZED) {
+    prime_ring();
     if (m_base + B_ROWS > M) {
       zero_b_tiles();
       __syncthreads();  // before any thread writes its rows below
@@ -471,11 +474,7 @@
     if (warp >= WARPS) {
       // Producers: STAGES - 1 steps of codes in flight, then each step decoded into the next A
       // tile once the consumers are done with it.
-#pragma unroll
-      for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < steps) copy_codes(i, i);
-        trellis_cuda::cp_async_commit();
-      }
+      prime_ring();
       for (int i = 0; i < steps; ++i) {
         trellis_cuda::cp_async_wait<STAGES - 2>();
         // Step i's codes are visible to every producer; ring slot (i - 1) % STAGES, decoded in
