@@ -256,13 +256,39 @@ fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownCo
         9..=16 => &[19, 26],
         _ => &[13, 26],
     };
+    staged_grid(g, dtype, m, shapes, splits_list, &[0])
+}
+
+/// The plan at `m` rows, then every staged shape (sub-tiles per warp, warps, 8-row tiles per
+/// pass, warps along the rows) with each of the splits and producer warps, in steps of 32 and 64
+/// rows (16-row steps lost to 32-row ones by 20-30 % in every shape), with and without the
+/// prefetch, each with the deepest ring that fits.
+fn staged_grid(
+    g: &TrellisGeometry,
+    dtype: Dtype,
+    m: usize,
+    shapes: &[(u32, u32, u32, u32)],
+    splits_list: &[u32],
+    producers_list: &[u32],
+) -> Vec<CudaDownConfig> {
     let mut configs = vec![plan(g, m)];
     for &(nc, warps, mt, row_warps) in shapes {
         for &splits in splits_list {
-            // 16-row steps lost to 32-row ones by 20-30 % in every shape.
-            for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
-                let cfg = CudaDownConfig { nc, mt, ks, warps, splits, prefetch, row_warps, ..Default::default() };
-                configs.extend(cfg.with_deepest_ring(g, dtype));
+            for &producers in producers_list {
+                for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
+                    let cfg = CudaDownConfig {
+                        nc,
+                        mt,
+                        ks,
+                        warps,
+                        splits,
+                        prefetch,
+                        row_warps,
+                        producers,
+                        ..Default::default()
+                    };
+                    configs.extend(cfg.with_deepest_ring(g, dtype));
+                }
             }
         }
     }
@@ -285,17 +311,7 @@ fn specialized_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaD
         9..=16 => 19,
         _ => 13,
     };
-    let mut configs = vec![plan(g, m)];
-    for &(nc, warps, mt, row_warps) in shapes {
-        for producers in [2, 4, 8] {
-            for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
-                let cfg =
-                    CudaDownConfig { nc, mt, ks, warps, splits, prefetch, row_warps, producers, ..Default::default() };
-                configs.extend(cfg.with_deepest_ring(g, dtype));
-            }
-        }
-    }
-    configs
+    staged_grid(g, dtype, m, shapes, &[splits], &[2, 4, 8])
 }
 
 /// The fragment-decode kernel's configurations worth trying at `m` rows.
