@@ -14,6 +14,7 @@
 //! target/release/examples/bench_down --sweep --specialized  # the staged kernel's with producer
 //!                                                           # warps, and the plan
 //! target/release/examples/bench_down --paths      # the fused kernel against the dense path
+//! target/release/examples/bench_down --probe --rows 1  # where one queued call's time goes
 //! ```
 
 use std::fmt::Write as _;
@@ -488,6 +489,30 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     let small_kernel = time(args.calls, args.evals, &|| {
         down_cuda_partials(&xs, small_lin.codes(), small_lin.scales(), small_lin.geometry(), small_cfg)
     })?;
+    // No-op kernels shaped like the planned one (its inputs and partials, 20 x SPLITS blocks of
+    // 128 threads as the 1- and 32-row plans launch): what one queued launch of that shape costs
+    // with a short source, with and without dynamic shared memory.
+    let shaped_noop = |shared: usize| -> Result<(f64, f64)> {
+        let noop = CudaKernel::new(
+            KernelSource::new(
+                &format!("bench_noop_shaped_{shared}"),
+                &["x", "codes", "scales"],
+                &["partial"],
+                "if (threadIdx.x == 0 && blockIdx.x + blockIdx.y + blockIdx.z == 0) partial[0] = float(codes[0]);",
+            ),
+            shared,
+        )?;
+        let launch = LaunchConfig::new([128, 20, cfg.splits as usize], [128, 1, 1])
+            .output(&[m, cfg.splits as usize, OUT], Dtype::Float32);
+        time(args.calls, args.evals, &|| {
+            Ok(noop.apply(&[x, layer.lin.codes(), layer.lin.scales()], &launch)?.remove(0))
+        })
+    };
+    let (shaped, shaped_40k, shaped_100k) = (shaped_noop(0)?, shaped_noop(40960)?, shaped_noop(102400)?);
+    println!(
+        "probe {} M={m}: no-op kernels shaped like the plan (3 inputs, [{m}, {}, {OUT}] f32 partials, 20 x {} blocks): {:.1} us, with 40 KB dynamic shared memory {:.1}, with 100 KB {:.1}",
+        layer.name, cfg.splits, cfg.splits, shaped.0, shaped_40k.0, shaped_100k.0
+    );
     let build = {
         let t = Instant::now();
         for _ in 0..100 {
