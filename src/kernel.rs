@@ -456,13 +456,71 @@ impl CudaKernel {
     /// Applies the kernel to `inputs` on the current stream; returns the (lazy) outputs.
     pub fn apply(&self, inputs: &[&MlxArray], cfg: &LaunchConfig) -> Result<Vec<MlxArray>> {
         cfg.validate(&self.source, inputs.len(), "CUDA")?;
-        let config = CudaConfig::build(cfg)?;
-        apply_kernel("CUDA", &self.source.name, inputs, |outs, ins, stream| {
+        self.apply_prepared(inputs, &self.prepare(cfg)?)
+    }
+
+    /// Checks `cfg` against this kernel and converts it for MLX once, for a configuration
+    /// applied many times ([`CudaKernel::apply_prepared`]); converting it at every call costs a
+    /// few µs of host time with many template arguments.
+    pub fn prepare(&self, cfg: &LaunchConfig) -> Result<CudaLaunch> {
+        cfg.validate(&self.source, self.source.input_names.len(), "CUDA")?;
+        Ok(CudaLaunch {
+            config: CudaConfig::build(cfg)?,
+            input_names: self.source.input_names.clone(),
+            output_names: self.source.output_names.clone(),
+        })
+    }
+
+    /// [`CudaKernel::apply`] with a configuration prepared for a kernel with this kernel's
+    /// argument names.
+    pub fn apply_prepared(&self, inputs: &[&MlxArray], launch: &CudaLaunch) -> Result<Vec<MlxArray>> {
+        let name = &self.source.name;
+        if launch.input_names != self.source.input_names || launch.output_names != self.source.output_names {
+            invalid!(
+                "CUDA kernel {name:?}: launch prepared for arguments {:?} -> {:?}, the kernel takes {:?} -> {:?}",
+                launch.input_names,
+                launch.output_names,
+                self.source.input_names,
+                self.source.output_names
+            );
+        }
+        if inputs.len() != self.source.input_names.len() {
+            invalid!(
+                "CUDA kernel {name:?}: {} inputs given for {} input names {:?}",
+                inputs.len(),
+                self.source.input_names.len(),
+                self.source.input_names
+            );
+        }
+        apply_kernel("CUDA", name, inputs, |outs, ins, stream| {
             // SAFETY: all handles are live for the call; `outs` is a live vector to fill.
-            unsafe { sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, config.raw, stream) }
+            unsafe { sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, launch.config.raw, stream) }
         })
     }
 }
+
+/// A [`LaunchConfig`] checked and converted for MLX once ([`CudaKernel::prepare`]); it serves
+/// any kernel with the same argument names.
+pub struct CudaLaunch {
+    config: CudaConfig,
+    input_names: Vec<String>,
+    output_names: Vec<String>,
+}
+
+impl std::fmt::Debug for CudaLaunch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaLaunch")
+            .field("input_names", &self.input_names)
+            .field("output_names", &self.output_names)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the mlx-c configuration is never changed after `prepare`: `mlx_fast_cuda_kernel_apply`
+// copies what it reads from it, so it may be shared across threads and freed on any of them.
+unsafe impl Send for CudaLaunch {}
+// SAFETY: as above; only `apply_prepared` reads it, through `&self`.
+unsafe impl Sync for CudaLaunch {}
 
 /// Runs one kernel application `f(outputs, inputs, stream)` on the current stream and returns
 /// its outputs, naming the kernel in any error.

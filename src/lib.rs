@@ -50,7 +50,7 @@ pub use device::{active_memory, backend, clear_cache, seed, Backend, Device, Dev
 pub use dtype::{Dtype, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
-pub use kernel::{CudaKernel, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
+pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
 #[cfg(feature = "metal-sim")]
 pub use sim::MetalSimScope;

@@ -41,6 +41,16 @@ fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layo
             check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
         }
     }
+    // Later calls reuse the first call's prepared launch (one per geometry, configuration, row
+    // count and dtype): the same sums, bit for bit.
+    for m in [1, 17, 40] {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            let (x, xr) = c.x(m, dtype);
+            let forward: Forward = &|x| c.lin.forward_with(x, Path::Auto);
+            assert_eq!(c.run("repeat", &x, forward), c.run("repeat", &x, forward), "{} M {m} {dtype}", c.g());
+            check_on(&c, &x, &xr, gate(dtype), "repeated dispatch", forward);
+        }
+    }
 }
 
 #[test]

@@ -97,6 +97,9 @@ fn a_trivial_cuda_kernel_runs_on_cuda() {
             .template_int("N", n as i32)
             .template_int("SCALE", scale);
         let out = k.apply(&[&x], &cfg).unwrap().remove(0);
+        // The same launch prepared once and applied twice.
+        let launch = k.prepare(&cfg).unwrap();
+        let prepared: Vec<MlxArray> = (0..2).map(|_| k.apply_prepared(&[&x], &launch).unwrap().remove(0)).collect();
         let got = out.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
         let xs = x.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
         for (i, (g, xv)) in got.iter().zip(&xs).enumerate() {
@@ -104,5 +107,45 @@ fn a_trivial_cuda_kernel_runs_on_cuda() {
             let want = if dtype == Dtype::Bfloat16 { half::bf16::from_f32(want).to_f32() } else { want };
             assert_eq!(*g, want, "{dtype} element {i}");
         }
+        for p in &prepared {
+            assert_eq!(p.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap(), got, "{dtype}, prepared launch");
+        }
     }
+}
+
+/// A prepared launch is checked once, when prepared, and serves only kernels with its argument
+/// names.
+#[test]
+fn a_prepared_cuda_launch_is_checked() {
+    if backend() != Backend::Cuda {
+        println!("skipped: no CUDA back-end in this MLX build ({})", backend());
+        return;
+    }
+    let k = CudaKernel::new(axpb_source(), 0).unwrap();
+    let cfg = LaunchConfig::new([4, 1, 1], [4, 1, 1])
+        .output(&[4], Dtype::Float32)
+        .template_dtype("T", Dtype::Float32)
+        .template_int("N", 4)
+        .template_int("SCALE", 2);
+    let no_outputs = LaunchConfig::new([4, 1, 1], [4, 1, 1]);
+    let err = k.prepare(&no_outputs).unwrap_err();
+    assert!(format!("{err:#}").contains("0 outputs configured for 1 output names"), "{err:#}");
+    let launch = k.prepare(&cfg).unwrap();
+    let other = CudaKernel::new(
+        KernelSource::new(
+            "mlx_trellis_test_copy",
+            &["src"],
+            &["out"],
+            "if (threadIdx.x < 4) out[threadIdx.x] = src[threadIdx.x];",
+        ),
+        0,
+    )
+    .unwrap();
+    let x = MlxArray::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    let err = other.apply_prepared(&[&x], &launch).unwrap_err();
+    assert!(format!("{err:#}").contains("launch prepared for arguments [\"inp\"] -> [\"out\"]"), "{err:#}");
+    let err = k.apply_prepared(&[&x, &x], &launch).unwrap_err();
+    assert!(format!("{err:#}").contains("2 inputs given for 1 input names"), "{err:#}");
+    let y = k.apply_prepared(&[&x], &launch).unwrap().remove(0);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![3.0, 5.0, 7.0, 9.0]);
 }
