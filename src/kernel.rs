@@ -4,7 +4,8 @@
 //! As in MLX, a kernel is only a *body*: MLX generates the signature from the input and output
 //! names, the arrays' types and the template arguments (see MLX's `metal_kernel` and
 //! `cuda_kernel`). A kernel object is built once ([`MetalKernel::new`], [`CudaKernel::new`]) and
-//! applied many times with a [`LaunchConfig`]; each application returns lazy output arrays.
+//! applied many times with a [`LaunchConfig`]; each application returns lazy output arrays. A CUDA
+//! launch applied many times can be checked and converted once ([`CudaKernel::prepare`]).
 //!
 //! Custom kernels never run on MLX's CPU back-end. A Metal kernel can be *created* anywhere and
 //! fails at apply without Metal; a CUDA kernel fails at creation on a build without CUDA. With the
