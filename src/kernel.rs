@@ -85,6 +85,21 @@ impl KernelSource {
     }
 }
 
+impl KernelSource {
+    /// Checks that `inputs` arrays are given for the kernel's input names.
+    fn check_input_count(&self, inputs: usize, backend: &str) -> Result<()> {
+        if inputs != self.input_names.len() {
+            invalid!(
+                "{backend} kernel {:?}: {inputs} inputs given for {} input names {:?}",
+                self.name,
+                self.input_names.len(),
+                self.input_names
+            );
+        }
+        Ok(())
+    }
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
@@ -176,13 +191,7 @@ impl LaunchConfig {
     /// Checks the configuration against the kernel it is applied to.
     fn validate(&self, source: &KernelSource, inputs: usize, backend: &str) -> Result<()> {
         let name = &source.name;
-        if inputs != source.input_names.len() {
-            invalid!(
-                "{backend} kernel {name:?}: {inputs} inputs given for {} input names {:?}",
-                source.input_names.len(),
-                source.input_names
-            );
-        }
+        source.check_input_count(inputs, backend)?;
         if self.outputs.len() != source.output_names.len() {
             invalid!(
                 "{backend} kernel {name:?}: {} outputs configured for {} output names {:?}",
@@ -487,14 +496,7 @@ impl CudaKernel {
                 self.source.output_names
             );
         }
-        if inputs.len() != self.source.input_names.len() {
-            invalid!(
-                "CUDA kernel {name:?}: {} inputs given for {} input names {:?}",
-                inputs.len(),
-                self.source.input_names.len(),
-                self.source.input_names
-            );
-        }
+        self.source.check_input_count(inputs.len(), "CUDA")?;
         self.apply_config(inputs, &launch.config)
     }
 
