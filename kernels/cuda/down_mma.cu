@@ -77,6 +77,14 @@
 // (staged: 0, or the decoding warps added to the WARPS multiplying ones).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA. Template type: T (activation dtype).
+//
+// Two sources. Code only the fragment decode compiles (ROW_WARPS == 0) sits under
+// `#if !TRELLIS_DOWN_STAGED`, code only the staged one compiles under `#if TRELLIS_DOWN_STAGED`.
+// No compiler ever sees the macro: the library registers the file twice, each time without the
+// other decode's sections (src/trellis/launch.rs, source_variant), because MLX's CUDA back-end
+// hashes a kernel's whole source at every launch. Removing them removes only `if constexpr`
+// branches the variant discards, so each variant compiles to the same instructions as the whole
+// file.
   const int M = x_shape[0];
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
@@ -148,6 +156,8 @@
   const int step_begin = (int)((long long)split * STEPS / SPLITS);
   const int steps = (int)((long long)(split + 1) * STEPS / SPLITS) - step_begin;
 
+#if !TRELLIS_DOWN_STAGED
+  static_assert(!STAGED, "the fragment decode's source");
   // This lane's tile: coded block `cb` of the block's CB, positions [p0, p0 + NPOS).
   const int tile_pos = blockIdx.y % PARTS * TILE + warp * 16 * NC;
   const int cb = tile_pos / 256;
@@ -158,6 +168,8 @@
   for (int i = 0; i < 4; ++i) decode_row[i] = BYTESUM_MMA ? q + 4 * i : 2 * q + (i & 1) + 8 * (i >> 1);
   // Block selector of the byte-sum MMA: B[k][n] = 1 where k / 4 == n.
   const unsigned selector[2] = {g == q ? 0x01010101u : 0u, g == q + 4 ? 0x01010101u : 0u};
+#else
+  static_assert(STAGED, "the staged decode's source");
   // Staged decode plan: producer thread `ptid` decodes positions [8 grp, 8 grp + 8) of the tile
   // in step rows ptid / GROUPS + u * UNIT_ROWS (P_THREADS is a multiple of GROUPS: the same runs
   // every step), read like a fragment lane's run with NPOS = 8.
@@ -169,6 +181,7 @@
   const int grp = ptid % GROUPS, unit_row = ptid / GROUPS;
   const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // from the block's first coded block
   const StagedRun staged_run(run_pos / 256, run_pos % 256);
+#endif
 
   // Per-producer-thread copy plan, fixed for the whole split: chunk u of every step goes to the
   // same ring offset from a source that moves 16 rows per step (rows past R are zero-filled, not
@@ -326,6 +339,7 @@
       }
     }
   };
+#if !TRELLIS_DOWN_STAGED
   auto read_code_bits = [&](int slot, int chunk, unsigned (&w)[4][NWR]) {
     // This lane's bits of its four rows, realigned so that position p0 + NPOS - 1 is at bit 0.
 #pragma unroll
@@ -380,7 +394,7 @@
       }
     }
   };
-
+#else
   // Staged decode of a ring slot into an A tile, run (unit) by run: each run's code words are
   // read from the ring one run ahead of its decode. In source order the compiler keeps a ring
   // load after an A-tile store written before it (both index the one dynamic shared array at
@@ -437,6 +451,7 @@
       multiply_sub_tile(a, s, b_hi, b_lo);
     }
   };
+#endif
 
   // Prologue: STAGES - 1 steps of codes in flight; the rows of the B tiles past M zeroed; the
   // first B tile (two with PREFETCH) built.
@@ -464,6 +479,7 @@
     }
   }
 
+#if TRELLIS_DOWN_STAGED
   if constexpr (SPECIALIZED) {
     // Named barriers (0 is __syncthreads): the producers' own, the consumers' own, and per A
     // tile a full and an empty one, which count every thread of the block (one side waits,
@@ -511,7 +527,7 @@
       if (i + A_SLOTS < steps) trellis_cuda::named_arrive(EMPTY_BAR + i % A_SLOTS, ALL);
       if (i + 1 < steps) store_b((i + 1) % 2, v_next);
     }
-  } else if constexpr (STAGED && PREFETCH) {
+  } else if constexpr (PREFETCH) {
     // Staged and software-pipelined: each step decodes the next step's codes into the other A
     // tile while it multiplies its own, so one barrier per step orders both and a warp's decode
     // and MMAs can overlap. Codes are waited for one step earlier (STAGES >= 3).
@@ -562,7 +578,9 @@
       }
       if (i + 1 < steps) store_b((i + 1) % 2, v_next);
     }
-  } else if (!PREFETCH) {
+  } else
+#endif
+  if (!PREFETCH) {
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
       if (i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
@@ -570,24 +588,25 @@
       __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
       if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
       trellis_cuda::cp_async_commit();
-      if constexpr (STAGED) {
-        // The A tile was last read in step i - 1, before this step's first barrier.
-        decode_to_tile(i % STAGES, 0);
-        __syncthreads();  // the step's A tile is visible
+#if TRELLIS_DOWN_STAGED
+      // The A tile was last read in step i - 1, before this step's first barrier.
+      decode_to_tile(i % STAGES, 0);
+      __syncthreads();  // the step's A tile is visible
 #pragma unroll
-        for (int c = 0; c < KS; ++c) multiply_tile(i % B_SLOTS, 0, c);
-      } else {
+      for (int c = 0; c < KS; ++c) multiply_tile(i % B_SLOTS, 0, c);
+#else
 #pragma unroll
-        for (int c = 0; c < KS; ++c) {
-          unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-          read_b_fragments(i % B_SLOTS, c, b_hi, b_lo, 0);
-          read_code_bits(i % STAGES, c, w);
-          decode_and_multiply(w, b_hi, b_lo);
-        }
+      for (int c = 0; c < KS; ++c) {
+        unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
+        read_b_fragments(i % B_SLOTS, c, b_hi, b_lo, 0);
+        read_code_bits(i % STAGES, c, w);
+        decode_and_multiply(w, b_hi, b_lo);
       }
+#endif
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
       if (i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
     }
+#if !TRELLIS_DOWN_STAGED
   } else {
     // Software-pipelined: step i + 1's code bits and B fragments are read from shared memory
     // into registers while step i decodes, so no step starts by waiting on shared memory. Codes
@@ -624,10 +643,12 @@
 #pragma unroll
         for (int h = 0; h < 2; ++h) b_hi[t][h] = b_hi_next[t][h], b_lo[t][h] = b_lo_next[t][h];
     }
+#endif
   }
   trellis_cuda::cp_async_wait<0>();
 
-  if constexpr (STAGED) {
+#if TRELLIS_DOWN_STAGED
+  {
     // d0/d1 are (position 16 s + g of the warp's columns, rows m and m + 1), d2/d3 the same
     // rows at position + 8: 8 lanes of a q store 32 contiguous bytes.
     const size_t col0 = (size_t)first_block * 256 + blockIdx.y % PARTS * TILE + 16 * NCW * warp_n + g;
@@ -641,7 +662,9 @@
         if (m + 1 < M) out[(size_t)SPLITS * C] = acc[s][t][1] * TRELLIS_RCP, out[(size_t)SPLITS * C + 8] = acc[s][t][3] * TRELLIS_RCP;
       }
     }
-  } else {
+  }
+#else
+  {
     // Write this warp's partial sums: d0/d2 are (m = 8t + 2q, positions j0/j0 + 1), d1/d3 the
     // same positions of m + 1, so each pair is one 8-byte store.
     const size_t col0 = (size_t)(first_block + cb) * 256 + p0;
@@ -659,3 +682,4 @@
       }
     }
   }
+#endif

@@ -1,5 +1,6 @@
 // Helpers of the CUDA down-projection kernel (down_mma.cu). Placed after codebook.cuh, before
-// MLX's `namespace mlx::core::cu`, so everything here lives in `trellis_cuda`.
+// MLX's `namespace mlx::core::cu`, so everything here lives in `trellis_cuda`. Helpers of one
+// decode only sit in its `TRELLIS_DOWN_STAGED` sections (see down_mma.cu).
 #pragma once
 
 namespace trellis_cuda {
@@ -15,6 +16,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+#if !TRELLIS_DOWN_STAGED
 // Byte sums on the tensor cores: m16n8k32, u8 x u8, s32 accumulators. With B the block
 // selector (B[k][n] = 1 where k / 4 == n) each output D[row][n] is the byte sum of the A
 // register that holds k-group n of that row; starting from C = 0x6400 it is directly the f16
@@ -26,6 +28,7 @@ __device__ __forceinline__ void mma_bytesum(unsigned (&d)[4], const unsigned (&a
       : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0x6400u));
 }
+#endif
 
 // Packs two biased f16 code values (low 16 bits each) into an f16x2 of y + 1534 (UNBIAS false)
 // or of y (UNBIAS true), both exact.
@@ -50,6 +53,7 @@ __device__ __forceinline__ unsigned code_pair_dp4a(unsigned state_lo, unsigned s
   return code_pair<UNBIAS>(y_biased_f16(state_lo), y_biased_f16(state_hi));
 }
 
+#if !TRELLIS_DOWN_STAGED
 // The same f16x2 as code_pair_dp4a<false> without the PRMT: the high state's byte sum, times
 // 65536 by an IMAD, is the accumulator of the low state's dp4a. The PRMT issues on the ALU pipe
 // and the IMAD on FMA-heavy; at one row the ALU pipe is the decode's limit, so the kernel packs
@@ -61,6 +65,7 @@ __device__ __forceinline__ unsigned code_pair_dp4a_fma(unsigned state_lo, unsign
   const unsigned sum_hi = __dp4a(lcg(state_hi), 0x01010101u, 0u);
   return __dp4a(lcg(state_lo), 0x01010101u, sum_hi * lift + 0x64006400u);
 }
+#endif
 
 // A run of NPOS consecutive positions of one row of a coded block (8 K words): the words that
 // hold its bits (plus L - K bits of the last window, wrapping around inside the block), read
@@ -133,6 +138,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
                : "r"(s));
 }
 
+#if TRELLIS_DOWN_STAGED
 // ldmatrix_x4 with each 8x8 matrix transposed: lane 4 g + q receives rows 2q, 2q + 1 of column g
 // of each (the A fragment of a tile stored K-major, [k][position]).
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
@@ -153,5 +159,6 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+#endif
 
 }  // namespace trellis_cuda

@@ -18,6 +18,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
+use anyhow::Context;
+
 use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
@@ -26,7 +28,7 @@ use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use super::codebook::CUDA_HEADER;
 use super::expand_cuda::down_cuda_dense;
 use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{cached_cuda_kernel, check_operands, int};
+use super::launch::{cached_cuda_kernel, check_operands, int, source_variant};
 
 const SOURCE: &str = include_str!("../../kernels/cuda/down_mma.cu");
 const HEADER: &str = include_str!("../../kernels/cuda/down_mma.cuh");
@@ -474,18 +476,37 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         .unwrap_or_else(|| with_steps(cfg.prefetch, cfg.ks, cfg.stages))
 }
 
-/// The kernel registered with `shared_memory` bytes of dynamic shared memory, one per size
-/// (MLX takes the size when a kernel is registered; it is a function of the template arguments,
-/// so each compiled instantiation always launches with the same size).
-fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
-    static KERNELS: Mutex<BTreeMap<usize, &'static OnceLock<CudaKernel>>> = Mutex::new(BTreeMap::new());
+/// The body and header of one decode's source (`staged`: the staged decode, else the fragment
+/// one): the kernel files without the other decode's `TRELLIS_DOWN_STAGED` sections, cut once.
+fn variant_source(staged: bool) -> Result<&'static (String, String)> {
+    static SOURCES: [OnceLock<(String, String)>; 2] = [OnceLock::new(), OnceLock::new()];
+    let cell = &SOURCES[usize::from(staged)];
+    if let Some(texts) = cell.get() {
+        return Ok(texts);
+    }
+    let cut = |text: &str, file: &str| {
+        source_variant(text, "TRELLIS_DOWN_STAGED", staged).with_context(|| format!("CUDA down kernel source {file}"))
+    };
+    let texts = (cut(SOURCE, "down_mma.cu")?, cut(HEADER, "down_mma.cuh")?);
+    Ok(cell.get_or_init(|| texts))
+}
+
+/// The kernel of one decode (`staged` or the fragment one) registered with `shared_memory`
+/// bytes of dynamic shared memory, one per decode and size (MLX takes the size when a kernel is
+/// registered; it is a function of the template arguments, so each compiled instantiation
+/// always launches with the same size).
+fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
+    type Cells = BTreeMap<(bool, usize), &'static OnceLock<CudaKernel>>;
+    static KERNELS: Mutex<Cells> = Mutex::new(BTreeMap::new());
     let cell = *KERNELS
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .entry(shared_memory)
+        .entry((staged, shared_memory))
         .or_insert_with(|| Box::leak(Box::new(OnceLock::new())));
+    let (body, header) = variant_source(staged)?;
     let io: (&[&str], &[&str]) = (&["x", "codes", "scales"], &["partial"]);
-    cached_cuda_kernel(cell, "mlx_trellis_down_mma", io, SOURCE, &[CUDA_HEADER, HEADER], shared_memory)
+    let name = if staged { "mlx_trellis_down_mma_staged" } else { "mlx_trellis_down_mma" };
+    cached_cuda_kernel(cell, name, io, body, &[CUDA_HEADER, header], shared_memory)
 }
 
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
@@ -568,7 +589,7 @@ fn prepared_launch(
         return Ok((kernel, Arc::clone(launch)));
     }
     cfg.check(g, dtype)?;
-    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32))?;
+    let kernel = kernel(cfg.staged(), cfg.shared_bytes(g, dtype == Dtype::Float32))?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
     let ctas = cfg.column_blocks(g);
     let threads = 32 * cfg.block_warps() as usize;
@@ -648,6 +669,25 @@ mod tests {
             (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps, staged.prefetch),
             (2, 8, 4, 4, 13, 2, false)
         );
+    }
+
+    #[test]
+    fn each_decode_registers_only_its_own_sections() {
+        let (fragment, staged) = (variant_source(false).unwrap(), variant_source(true).unwrap());
+        for (text, file) in [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh")] {
+            assert!(text.contains("TRELLIS_DOWN_STAGED"), "{file} has no sections");
+        }
+        for ((body, header), own, other) in [
+            (fragment, ["decode_and_multiply", "mma_bytesum"], ["decode_to_tile", "named_sync"]),
+            (staged, ["decode_to_tile", "named_sync"], ["decode_and_multiply", "mma_bytesum"]),
+        ] {
+            let text = format!("{header}{body}");
+            let mut code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
+            assert!(code.all(|l| !l.contains("TRELLIS_DOWN_STAGED")));
+            assert!(own.iter().all(|f| text.contains(f)) && !other.iter().any(|f| text.contains(f)), "{own:?}");
+            // Both decodes share the copies, the B tiles and the code runs.
+            assert!(text.contains("auto store_b") && text.contains("struct CodeRun"));
+        }
     }
 
     #[test]

@@ -36,6 +36,75 @@ pub(crate) fn kernel_section(file: &'static str, name: &str) -> &'static str {
     &rest[..rest.find("// ---- kernel ").unwrap_or(rest.len())]
 }
 
+/// `text` with the sections of one variant: the lines between `#if FLAG` and its `#else` or
+/// `#endif` are kept where `on`, those between `#if !FLAG` and its `#else` or `#endif` where not,
+/// and the other branch the other way; the flag's own directives are removed. Other
+/// conditionals pass through as written (and nest). `FLAG` is never defined for a compiler:
+/// registering each variant as its own text keeps out of it what the variant never compiles
+/// (MLX's CUDA back-end hashes a kernel's whole source at every launch). Fails, naming the line,
+/// on an `#elif` or a second `#else` of the flag, any other directive that names it, or an
+/// unbalanced `#if` / `#endif`.
+pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String> {
+    /// An open conditional: the flag's (and whether its current branch is kept), or another.
+    enum Open {
+        Flag { keep: bool, seen_else: bool },
+        Other,
+    }
+    let mut open: Vec<Open> = Vec::new();
+    let mut out = String::with_capacity(text.len());
+    for (n, line) in text.lines().enumerate() {
+        // Other conditionals never decide what is kept: only the flag's.
+        let kept = open.iter().all(|o| !matches!(o, Open::Flag { keep: false, .. }));
+        let Some(directive) = line.trim_start().strip_prefix('#') else {
+            if kept {
+                out.push_str(line);
+                out.push('\n');
+            }
+            continue;
+        };
+        // The directive's words, without a trailing `//` comment.
+        let words: Vec<&str> = directive.split("//").next().unwrap_or("").split_whitespace().collect();
+        let at = || format!("line {}: {line:?}", n + 1);
+        let names_flag = words.iter().any(|w| w.contains(flag));
+        match words.first().copied() {
+            Some("if") if words.len() == 2 && (words[1] == flag || words[1].strip_prefix('!') == Some(flag)) => {
+                open.push(Open::Flag { keep: (words[1] == flag) == on, seen_else: false });
+                continue;
+            }
+            Some(kw @ ("else" | "elif" | "elifdef" | "elifndef" | "endif")) => match open.last_mut() {
+                None => invalid!("{flag}: #{kw} without #if at {}", at()),
+                Some(Open::Flag { keep, seen_else }) => {
+                    match (kw, words.len(), *seen_else) {
+                        ("else", 1, false) => (*keep, *seen_else) = (!*keep, true),
+                        ("endif", 1, _) => {
+                            open.pop();
+                        }
+                        _ => invalid!("{flag}: only one plain #else, then #endif, close `#if {flag}` ({})", at()),
+                    }
+                    continue;
+                }
+                Some(Open::Other) if kw == "endif" => {
+                    open.pop();
+                }
+                Some(Open::Other) => {}
+            },
+            Some("if" | "ifdef" | "ifndef") => open.push(Open::Other),
+            _ => {}
+        }
+        if names_flag {
+            invalid!("{flag}: only `#if {flag}`, `#if !{flag}`, `#else` and `#endif` select a variant ({})", at());
+        }
+        if kept {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !open.is_empty() {
+        invalid!("{flag}: {} conditional(s) left open at the end of the text", open.len());
+    }
+    Ok(out)
+}
+
 /// The kernel in `cell`, built on first use from `body()` and the concatenated `headers` (so a
 /// cached call neither cuts a section nor joins text). Its name is `base` plus an FNV hash of the
 /// text, because MLX caches compiled kernels by name.
@@ -153,4 +222,60 @@ pub(crate) fn apply_and_fold(
 ) -> Result<MlxArray> {
     let partial = kernel.apply(&[x2, codes, scales], launch)?.remove(0);
     partial.sum_axes(&[1], false)?.astype(x2.dtype())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FLAG: &str = "VARIANT_B";
+
+    #[test]
+    fn a_source_variant_keeps_its_sections_and_other_conditionals() {
+        let text = "common 1\n\
+                    #if VARIANT_B\n\
+                    b only\n\
+                    #ifdef OTHER\n\
+                    b and other\n\
+                    #else\n\
+                    b not other\n\
+                    #endif\n\
+                    #else  // VARIANT_B\n\
+                    a only\n\
+                    #if !VARIANT_B\n\
+                    a again\n\
+                    #endif\n\
+                    #endif\n\
+                    #if !VARIANT_B\n\
+                    \x20 a, indented\n\
+                    #endif  // !VARIANT_B\n\
+                    common 2\n";
+        assert_eq!(
+            source_variant(text, FLAG, true).unwrap(),
+            "common 1\nb only\n#ifdef OTHER\nb and other\n#else\nb not other\n#endif\ncommon 2\n"
+        );
+        assert_eq!(source_variant(text, FLAG, false).unwrap(), "common 1\na only\na again\n  a, indented\ncommon 2\n");
+        // A flag section nested in the other variant's section is never kept.
+        let nested = "#if VARIANT_B\n#if !VARIANT_B\nnever\n#endif\nb\n#endif\n";
+        assert_eq!(source_variant(nested, FLAG, true).unwrap(), "b\n");
+        assert_eq!(source_variant(nested, FLAG, false).unwrap(), "");
+    }
+
+    #[test]
+    fn a_malformed_variant_section_is_an_error_naming_the_line() {
+        for (text, needle) in [
+            ("#if VARIANT_B\n#elif X\n#endif\n", "line 2"),
+            ("#if VARIANT_B\n#else\n#else\n#endif\n", "line 3"),
+            ("#if VARIANT_B && X\n#endif\n", "line 1"),
+            ("#ifdef VARIANT_B\n#endif\n", "line 1"),
+            ("#if X\n#elif VARIANT_B\n#endif\n", "line 2"),
+            ("#define VARIANT_B 1\n", "line 1"),
+            ("#endif\n", "line 1"),
+            ("#if VARIANT_B\nx\n", "left open"),
+            ("#if X\n", "left open"),
+        ] {
+            let err = source_variant(text, FLAG, true).unwrap_err().to_string();
+            assert!(err.contains(FLAG) && err.contains(needle), "{text:?}: {err}");
+        }
+    }
 }
