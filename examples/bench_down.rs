@@ -13,6 +13,8 @@
 //! target/release/examples/bench_down --sweep --staged  # the staged kernel's, and the plan
 //! target/release/examples/bench_down --sweep --specialized  # the staged kernel's with producer
 //!                                                           # warps, and the plan
+//! target/release/examples/bench_down --sweep --configs "nc8 mt1 ks1 w4 s52 fold pack; ..."
+//!                                                 # the plan and these configurations
 //! target/release/examples/bench_down --paths      # the fused kernel against the dense path
 //! target/release/examples/bench_down --probe --rows 1  # where one queued call's time goes
 //! ```
@@ -39,6 +41,8 @@ struct Args {
     sweep: bool,
     staged: bool,
     specialized: bool,
+    /// Explicit configurations for `--sweep` (`--configs`).
+    configs: Vec<CudaDownConfig>,
     probe: bool,
     paths: bool,
     layouts: Vec<(u32, CodeLayout)>,
@@ -53,6 +57,7 @@ fn parse() -> Result<Args> {
         sweep: false,
         staged: false,
         specialized: false,
+        configs: Vec::new(),
         probe: false,
         paths: false,
         layouts: vec![(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)],
@@ -68,6 +73,7 @@ fn parse() -> Result<Args> {
             "--sweep" => a.sweep = true,
             "--staged" => a.staged = true,
             "--specialized" => a.specialized = true,
+            "--configs" => a.configs = parse_configs(&v()?)?,
             "--probe" => a.probe = true,
             "--paths" => a.paths = true,
             "--bits" => {
@@ -230,7 +236,9 @@ fn main() -> Result<()> {
 /// Every configuration worth trying at `m` rows, timed and checked against the reference `want`.
 fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
     let g = *layer.lin.geometry();
-    let configs = if args.specialized {
+    let configs = if !args.configs.is_empty() {
+        std::iter::once(plan(&g, m)).chain(args.configs.iter().copied()).collect()
+    } else if args.specialized {
         specialized_configs(&g, x.dtype(), m)
     } else if args.staged {
         staged_configs(&g, x.dtype(), m)
@@ -238,6 +246,39 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
         fragment_configs(&g, x.dtype(), m)
     };
     time_configs(layer, x, m, want, args, table, configs)
+}
+
+/// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
+/// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), `rwN` (row warps), `pN` (producer
+/// warps), and the flags `mma` (u8 MMA byte sums), `fold` (bias fold), `pack` (IMAD pack) and
+/// `prefetch`.
+fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
+    let mut configs = Vec::new();
+    for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut c = CudaDownConfig::default();
+        for token in spec.split_whitespace() {
+            let number = |prefix: &str| -> Result<u32> {
+                token[prefix.len()..].parse().with_context(|| format!("--configs: {token:?} in {spec:?}"))
+            };
+            match token {
+                "mma" => c.bytesum_mma = true,
+                "fold" => c.bias_fold = true,
+                "pack" => c.pack_fma = true,
+                "prefetch" => c.prefetch = true,
+                _ if token.starts_with("nc") => c.nc = number("nc")?,
+                _ if token.starts_with("mt") => c.mt = number("mt")?,
+                _ if token.starts_with("ks") => c.ks = number("ks")?,
+                _ if token.starts_with("st") => c.stages = number("st")?,
+                _ if token.starts_with("rw") => c.row_warps = number("rw")?,
+                _ if token.starts_with('w') => c.warps = number("w")?,
+                _ if token.starts_with('s') => c.splits = number("s")?,
+                _ if token.starts_with('p') => c.producers = number("p")?,
+                _ => bail!("--configs: unknown field {token:?} in {spec:?}"),
+            }
+        }
+        configs.push(c);
+    }
+    Ok(configs)
 }
 
 /// The staged kernel's configurations worth trying at `m` rows, and the plan to compare with:

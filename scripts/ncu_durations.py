@@ -15,7 +15,7 @@ import sys
 
 # The activation dtype's name (bfloat16_t, float16_t, float) and then the template ints and bools.
 CONFIG = re.compile(
-    r"down_mma_[0-9a-f]+_[a-z0-9_]*?_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_([tf])_([tf])_([tf])_([tf])_([tf])(?:_([tf]))?(?:_(\d+))?(?:_(\d+))?"
+    r"down_mma(?:_staged)?_[0-9a-f]+_[a-z0-9_]*?_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_([tf])_([tf])_([tf])_([tf])_([tf])(?:_([tf]))?(?:_(\d+))?(?:_(\d+))?"
 )
 
 
