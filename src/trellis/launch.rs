@@ -38,8 +38,10 @@ pub(crate) fn kernel_section(file: &'static str, name: &str) -> &'static str {
 
 /// `text` with the sections of one variant: the lines between `#if FLAG` and its `#else` or
 /// `#endif` are kept where `on`, those between `#if !FLAG` and its `#else` or `#endif` where not,
-/// and the other branch the other way; the flag's own directives are removed. Other
-/// conditionals pass through as written (and nest). `FLAG` is never defined for a compiler:
+/// and the other branch the other way; the flag's own directives and the lines cut become empty
+/// lines, so every line keeps its number (compaction drops them). Other conditionals pass
+/// through as written (and nest). Lines are read one by one: a directive inside a block comment
+/// counts too. `FLAG` is never defined for a compiler:
 /// registering each variant as its own text keeps out of it what the variant never compiles
 /// (MLX's CUDA back-end hashes a kernel's whole source at every launch). Fails, naming the line,
 /// on an `#elif` or a second `#else` of the flag, any other directive that names it, or an
@@ -56,10 +58,8 @@ pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String>
         // Other conditionals never decide what is kept: only the flag's.
         let kept = open.iter().all(|o| !matches!(o, Open::Flag { keep: false, .. }));
         let Some(directive) = line.trim_start().strip_prefix('#') else {
-            if kept {
-                out.push_str(line);
-                out.push('\n');
-            }
+            out.push_str(if kept { line } else { "" });
+            out.push('\n');
             continue;
         };
         // The directive's words, without a trailing `//` comment.
@@ -69,6 +69,7 @@ pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String>
         match words.first().copied() {
             Some("if") if words.len() == 2 && (words[1] == flag || words[1].strip_prefix('!') == Some(flag)) => {
                 open.push(Open::Flag { keep: (words[1] == flag) == on, seen_else: false });
+                out.push('\n');
                 continue;
             }
             Some(kw @ ("else" | "elif" | "elifdef" | "elifndef" | "endif")) => match open.last_mut() {
@@ -81,6 +82,7 @@ pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String>
                         }
                         _ => invalid!("{flag}: only one plain #else, then #endif, close `#if {flag}` ({})", at()),
                     }
+                    out.push('\n');
                     continue;
                 }
                 Some(Open::Other) if kw == "endif" => {
@@ -94,10 +96,8 @@ pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String>
         if names_flag {
             invalid!("{flag}: only `#if {flag}`, `#if !{flag}`, `#else` and `#endif` select a variant ({})", at());
         }
-        if kept {
-            out.push_str(line);
-            out.push('\n');
-        }
+        out.push_str(if kept { line } else { "" });
+        out.push('\n');
     }
     if !open.is_empty() {
         invalid!("{flag}: {} conditional(s) left open at the end of the text", open.len());
@@ -250,15 +250,19 @@ mod tests {
                     \x20 a, indented\n\
                     #endif  // !VARIANT_B\n\
                     common 2\n";
-        assert_eq!(
-            source_variant(text, FLAG, true).unwrap(),
-            "common 1\nb only\n#ifdef OTHER\nb and other\n#else\nb not other\n#endif\ncommon 2\n"
-        );
-        assert_eq!(source_variant(text, FLAG, false).unwrap(), "common 1\na only\na again\n  a, indented\ncommon 2\n");
+        // Cut lines stay as empty lines: every kept line keeps its number.
+        let b = source_variant(text, FLAG, true).unwrap();
+        let a = source_variant(text, FLAG, false).unwrap();
+        assert_eq!((b.lines().count(), a.lines().count()), (text.lines().count(), text.lines().count()));
+        let non_empty = |t: &str| t.lines().filter(|l| !l.is_empty()).collect::<Vec<_>>().join("\n");
+        assert_eq!(non_empty(&b), "common 1\nb only\n#ifdef OTHER\nb and other\n#else\nb not other\n#endif\ncommon 2");
+        assert_eq!(non_empty(&a), "common 1\na only\na again\n  a, indented\ncommon 2");
+        assert_eq!(b.lines().nth(2), Some("b only"));
+        assert_eq!(a.lines().nth(15), Some("  a, indented"));
         // A flag section nested in the other variant's section is never kept.
         let nested = "#if VARIANT_B\n#if !VARIANT_B\nnever\n#endif\nb\n#endif\n";
-        assert_eq!(source_variant(nested, FLAG, true).unwrap(), "b\n");
-        assert_eq!(source_variant(nested, FLAG, false).unwrap(), "");
+        assert_eq!(source_variant(nested, FLAG, true).unwrap(), "\n\n\n\nb\n\n");
+        assert_eq!(source_variant(nested, FLAG, false).unwrap(), "\n".repeat(6));
     }
 
     #[test]
