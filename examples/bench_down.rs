@@ -87,6 +87,9 @@ fn parse() -> Result<Args> {
             other => bail!("unknown option {other}"),
         }
     }
+    if !a.configs.is_empty() && !a.sweep {
+        bail!("--configs lists configurations for --sweep");
+    }
     Ok(a)
 }
 
@@ -277,6 +280,9 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
             }
         }
         configs.push(c);
+    }
+    if configs.is_empty() {
+        bail!("--configs: no configuration in {text:?}");
     }
     Ok(configs)
 }

@@ -582,7 +582,7 @@ fn compact_cuda_source(text: &str) -> String {
 const KEEP_CUDA_SOURCE: &str = "MLX_TRELLIS_KEEP_CUDA_SOURCE";
 
 /// [`compact_cuda_source`]'s work: `None` where the text leaves the plain subset.
-fn compact_plain_cpp(text: &str) -> Option<String> {
+pub(crate) fn compact_plain_cpp(text: &str) -> Option<String> {
     let ends_with_backslash = |line: &str| line.trim_end_matches([' ', '\t', '\x0b', '\x0c']).ends_with('\\');
     if text.contains('\r') || text.contains("R\"") || text.contains("__LINE__") || text.lines().any(ends_with_backslash)
     {

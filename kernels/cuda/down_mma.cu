@@ -82,12 +82,14 @@
 // `#if !TRELLIS_DOWN_STAGED`, code only the staged one compiles under `#if TRELLIS_DOWN_STAGED`.
 // No compiler ever sees the macro: the library registers the file twice, each time without the
 // other decode's sections (src/trellis/launch.rs, source_variant), because MLX's CUDA back-end
-// hashes a kernel's whole source at every launch. Removing them removes only `if constexpr`
-// branches the variant discards, so each variant compiles to the same instructions as the whole
-// file.
+// hashes a kernel's whole source at every launch. The sections hold `if constexpr` branches a
+// variant discards and lambdas, locals and helpers it never uses; for every planned shape each
+// variant compiles to the same instructions as the file did with both decodes (NOTES, v13).
   const int M = x_shape[0];
+#if !TRELLIS_DOWN_STAGED
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
+#endif
   constexpr int WPB = 8 * K;                      // words per coded block
   constexpr int NPOS = 2 * NC;                    // positions per lane
   using LaneRun = trellis_cuda::CodeRun<K, L, NPOS>;
@@ -177,7 +179,7 @@
   constexpr int UNITS = STEP_ROWS * GROUPS / P_THREADS;
   constexpr int UNIT_ROWS = P_THREADS / GROUPS;
   using StagedRun = trellis_cuda::CodeRun<K, L, 8>;
-  static_assert(!STAGED || (P_THREADS % GROUPS == 0 && (STEP_ROWS * GROUPS) % P_THREADS == 0), "staged decode runs");
+  static_assert(P_THREADS % GROUPS == 0 && (STEP_ROWS * GROUPS) % P_THREADS == 0, "staged decode runs");
   const int grp = ptid % GROUPS, unit_row = ptid / GROUPS;
   const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // from the block's first coded block
   const StagedRun staged_run(run_pos / 256, run_pos % 256);
@@ -297,11 +299,13 @@
     }
   };
   float acc[NCW][MTW][4];
+#if !TRELLIS_DOWN_STAGED
   float bias_acc[MT][4];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) bias_acc[t][e] = 0.0f;
+#endif
 #pragma unroll
   for (int t = 0; t < MTW; ++t) {
 #pragma unroll
@@ -377,8 +381,7 @@
         a[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1), lift)
                         : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
       }
-      // MTW == MT here (the fragment decode); the bound keeps the staged build's unused copy of
-      // this lambda inside acc.
+      // MTW == MT in the fragment decode.
 #pragma unroll
       for (int t = 0; t < MTW; ++t) {
         trellis_cuda::mma_16816(acc[s][t], a, b_hi[t]);

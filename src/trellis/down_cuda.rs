@@ -687,6 +687,10 @@ mod tests {
             assert!(own.iter().all(|f| text.contains(f)) && !other.iter().any(|f| text.contains(f)), "{own:?}");
             // Both decodes share the copies, the B tiles and the code runs.
             assert!(text.contains("auto store_b") && text.contains("struct CodeRun"));
+            // Registered compacted (text outside the compactor's plain subset would go as written).
+            assert!(
+                crate::kernel::compact_plain_cpp(body).is_some() && crate::kernel::compact_plain_cpp(header).is_some()
+            );
         }
     }
 

@@ -40,12 +40,16 @@ pub(crate) fn kernel_section(file: &'static str, name: &str) -> &'static str {
 /// `#endif` are kept where `on`, those between `#if !FLAG` and its `#else` or `#endif` where not,
 /// and the other branch the other way; the flag's own directives and the lines cut become empty
 /// lines, so every line keeps its number (compaction drops them). Other conditionals pass
-/// through as written (and nest). Lines are read one by one: a directive inside a block comment
-/// counts too. `FLAG` is never defined for a compiler:
-/// registering each variant as its own text keeps out of it what the variant never compiles
-/// (MLX's CUDA back-end hashes a kernel's whole source at every launch). Fails, naming the line,
-/// on an `#elif` or a second `#else` of the flag, any other directive that names it, or an
-/// unbalanced `#if` / `#endif`.
+/// through as written (and nest). `FLAG` is never defined for a compiler: registering each
+/// variant as its own text keeps out of it what the variant never compiles (MLX's CUDA back-end
+/// hashes a kernel's whole source at every launch).
+///
+/// Lines are read one by one, with no comment state, so the text must keep to a plain form, and
+/// anything else is an error naming the line: no carriage returns or line continuations, no
+/// directive after a block comment on its line, the flag named only by `#if FLAG` or
+/// `#if !FLAG` (or in a `//` comment), one plain `#else` at most and a matching `#endif` for
+/// each. A directive inside a block comment counts, and a block comment must not span a
+/// section's edge.
 pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String> {
     /// An open conditional: the flag's (and whether its current branch is kept), or another.
     enum Open {
@@ -54,25 +58,41 @@ pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String>
     }
     let mut open: Vec<Open> = Vec::new();
     let mut out = String::with_capacity(text.len());
-    for (n, line) in text.lines().enumerate() {
+    for (n, line) in text.split('\n').enumerate() {
+        let at = || format!("line {}: {line:?}", n + 1);
+        if line.contains('\r') || line.trim_end_matches([' ', '\t']).ends_with('\\') {
+            invalid!("{flag}: carriage returns and line continuations are not read ({})", at());
+        }
+        let code = line.split("//").next().unwrap_or("").trim();
+        if code.starts_with("/*") && code.split_once("*/").is_some_and(|(_, rest)| rest.trim_start().starts_with('#')) {
+            invalid!("{flag}: a directive after a comment is not read ({})", at());
+        }
         // Other conditionals never decide what is kept: only the flag's.
         let kept = open.iter().all(|o| !matches!(o, Open::Flag { keep: false, .. }));
-        let Some(directive) = line.trim_start().strip_prefix('#') else {
+        let keep_line = |out: &mut String, kept: bool| {
             out.push_str(if kept { line } else { "" });
             out.push('\n');
+        };
+        let Some(directive) = code.strip_prefix('#') else {
+            if code.contains(flag) {
+                invalid!("{flag}: named outside a directive ({})", at());
+            }
+            keep_line(&mut out, kept);
             continue;
         };
-        // The directive's words, without a trailing `//` comment.
-        let words: Vec<&str> = directive.split("//").next().unwrap_or("").split_whitespace().collect();
-        let at = || format!("line {}: {line:?}", n + 1);
+        // The directive's keyword (`#if!X` is `if` and `!X`) and its other words.
+        let directive = directive.trim_start();
+        let split = directive.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(directive.len());
+        let (keyword, rest) = directive.split_at(split);
+        let words: Vec<&str> = std::iter::once(keyword).chain(rest.split_whitespace()).collect();
         let names_flag = words.iter().any(|w| w.contains(flag));
-        match words.first().copied() {
-            Some("if") if words.len() == 2 && (words[1] == flag || words[1].strip_prefix('!') == Some(flag)) => {
+        match keyword {
+            "if" if words.len() == 2 && (words[1] == flag || words[1].strip_prefix('!') == Some(flag)) => {
                 open.push(Open::Flag { keep: (words[1] == flag) == on, seen_else: false });
                 out.push('\n');
                 continue;
             }
-            Some(kw @ ("else" | "elif" | "elifdef" | "elifndef" | "endif")) => match open.last_mut() {
+            kw @ ("else" | "elif" | "elifdef" | "elifndef" | "endif") => match open.last_mut() {
                 None => invalid!("{flag}: #{kw} without #if at {}", at()),
                 Some(Open::Flag { keep, seen_else }) => {
                     match (kw, words.len(), *seen_else) {
@@ -90,18 +110,19 @@ pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String>
                 }
                 Some(Open::Other) => {}
             },
-            Some("if" | "ifdef" | "ifndef") => open.push(Open::Other),
+            "if" | "ifdef" | "ifndef" => open.push(Open::Other),
             _ => {}
         }
         if names_flag {
             invalid!("{flag}: only `#if {flag}`, `#if !{flag}`, `#else` and `#endif` select a variant ({})", at());
         }
-        out.push_str(if kept { line } else { "" });
-        out.push('\n');
+        keep_line(&mut out, kept);
     }
     if !open.is_empty() {
         invalid!("{flag}: {} conditional(s) left open at the end of the text", open.len());
     }
+    // `split` saw one line more than the text's newlines: drop the newline added after it.
+    out.pop();
     Ok(out)
 }
 
@@ -277,6 +298,12 @@ mod tests {
             ("#endif\n", "line 1"),
             ("#if VARIANT_B\nx\n", "left open"),
             ("#if X\n", "left open"),
+            ("#if!VARIANT_B && X\n#endif\n", "line 1"),
+            ("#if(VARIANT_B)\n#endif\n", "line 1"),
+            ("#if X \\\n || VARIANT_B\n#endif\n", "line 1"),
+            ("#if VARIANT_B\r\n#endif\n", "line 1"),
+            ("#if VARIANT_B\n/* c */ #endif\n", "line 2"),
+            ("int x = VARIANT_B;\n", "line 1"),
         ] {
             let err = source_variant(text, FLAG, true).unwrap_err().to_string();
             assert!(err.contains(FLAG) && err.contains(needle), "{text:?}: {err}");
