@@ -83,9 +83,7 @@ impl KernelSource {
         }
         Ok(())
     }
-}
 
-impl KernelSource {
     /// Checks that `inputs` arrays are given for the kernel's input names.
     fn check_input_count(&self, inputs: usize, backend: &str) -> Result<()> {
         if inputs != self.input_names.len() {
@@ -475,6 +473,7 @@ impl CudaKernel {
     /// applied many times ([`CudaKernel::apply_prepared`]); converting it at every call costs a
     /// few µs of host time with many template arguments.
     pub fn prepare(&self, cfg: &LaunchConfig) -> Result<CudaLaunch> {
+        // No inputs yet: `apply_prepared` checks their count at each call.
         cfg.validate(&self.source, self.source.input_names.len(), "CUDA")?;
         Ok(CudaLaunch {
             config: CudaConfig::build(cfg)?,
