@@ -35,7 +35,7 @@ fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layo
         return;
     }
     let c = Case::new(rows, cols, k, layout);
-    for m in [1, 2, 3, 8, 9, 16, 17, 31, 40, 64, 65, 100, 128] {
+    for m in [1, 2, 3, 8, 9, 16, 17, 31, 33, 40, 50, 64, 65, 100, 128] {
         // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
@@ -294,6 +294,8 @@ fn specialized_configurations_match_the_reference() {
         (0, bf16, 4, 4, 4, 1, 4, 1, 1, 4, false),
         (1, bf16, 4, 4, 4, 1, 4, 1, 1, 3, true),
         (2, f32, 4, 4, 2, 1, 4, 1, 1, 2, false),
+        // The 17-24-row plan's pass of three 8-row tiles.
+        (3, bf16, 4, 4, 3, 1, 4, 4, 13, 4, false),
     ];
     for (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages, prefetch) in cases {
         let c = &layers[layer];

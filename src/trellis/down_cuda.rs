@@ -119,7 +119,7 @@ const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 /// The shared memory the planned staged configurations keep to: their blocks run two to an SM
 /// (128 registers a thread, 8 warps), and two blocks of 112 KB (each with the 1 KB the GPU
 /// reserves per block) fit Hopper's 228 KB. With bf16 activations at k = 3 the planned 64-row
-/// steps take 79 KB at 64 rows, and 103 KB at 32 rows (two A tiles for the producer warps).
+/// steps take 103 KB at 32 rows (two A tiles for the producer warps).
 const STAGED_PLAN_SHARED_BUDGET: usize = 112 * 1024;
 
 impl CudaDownConfig {
@@ -410,24 +410,32 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // shared memory) it took 77.7 µs against 80.5 without; 67.5-68.1 µs since the activations
     // stay packed until the B tile is stored. 64-row steps without the prefetch (79 KB, two
     // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
-    // are the plan. At 17-32 rows the staged kernel with producer warps: 4 warps multiply 256
+    // were the plan until the fragment decode below overtook them. At 17-32 rows the staged kernel with producer warps: 4 warps multiply 256
     // positions by 32 rows while 4 more decode 64-row steps into two A tiles (103 KB, 128
     // registers, two blocks of 8 warps per SM); the decode and the MMAs then overlap, and it
     // took 41.8 µs (two sweeps) against 47.6-47.8 for the plain staged kernel with its prefetch
-    // and 48.7 for the fragment kernel. At 8, 16 and 64 rows producer warps lost (35.2 against
+    // and 48.7 for the fragment kernel; at 17-24 rows a pass of 24 rows (MT 3) takes 39.3-39.7 µs
+    // against 41.0-41.4 for 32. At 8, 16 and 64 rows producer warps lost (35.2 against
     // 33.9 µs, 39.2 against 37.9, 66.6 against 64.5): with few rows the fragment decode needs no
     // A tile, and at 64 rows the 16-warp blocks that hold the accumulators run one per SM.
-    let (nc, mt, ks, blocks, splits, bytesum_mma, pack_fma, row_warps, prefetch, producers) = match m {
-        0..=1 => (8, 1, 1, 2, 64, false, true, 0, false, 0),
-        2..=8 => (4, 1, 2, 1, 32, false, false, 0, false, 0),
-        9..=16 => (4, 2, 4, 1, 19, false, false, 0, false, 0),
-        17..=32 => (4, 4, 4, 1, 13, false, false, 1, false, 4),
-        33..=64 => (2, 8, 4, 1, 13, false, false, 2, false, 0),
+    // At 33-64 rows the fragment decode in one pass of 8-warp blocks (NC 2, 64-row steps, no bias
+    // fold) has taken over from the staged kernel since its activations stay packed until the B
+    // tile is stored: 128 registers (two blocks per SM), each weight decoded once into the
+    // registers that multiply it, half the shared-memory traffic of an A tile. Its pass holds
+    // just the call's rows (MT = M / 8 rounded up, one kernel per MT): 60.7 µs at 64 rows and
+    // 53.0 at 48 against the staged kernel's 64.6 and 61.7. The bias fold's accumulators would
+    // take it to 168 registers.
+    let (nc, mt, ks, blocks, splits, bias_fold, bytesum_mma, pack_fma, row_warps, prefetch, producers) = match m {
+        0..=1 => (8, 1, 1, 2, 64, true, false, true, 0, false, 0),
+        2..=8 => (4, 1, 2, 1, 32, true, false, false, 0, false, 0),
+        9..=16 => (4, 2, 4, 1, 19, true, false, false, 0, false, 0),
+        17..=32 => (4, m.div_ceil(8) as u32, 4, 1, 13, false, false, false, 1, false, 4),
+        33..=64 => (2, m.div_ceil(8) as u32, 4, 1, 13, false, false, false, 0, false, 0),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
-        // activations and explicit calls.
-        _ => (2, 16, 2, 1, 16, true, false, 0, false, 0),
+        // activations and explicit calls: passes of the 64-row shape (119.4 µs at 128 rows
+        // against 138.8 for one pass of 16-row tiles with the u8 MMA byte sums).
+        _ => (2, 8, 4, 1, 13, false, false, false, 0, false, 0),
     };
-    let staged = row_warps > 0;
     let mut cfg = CudaDownConfig {
         nc,
         mt,
@@ -438,7 +446,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         bytesum_mma,
         // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
         // the kernel applies it to 16-bit activations only.
-        bias_fold: !bytesum_mma && !staged,
+        bias_fold,
         prefetch,
         pack_fma,
         row_warps,
@@ -513,10 +521,10 @@ fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
 /// the fused kernel with MLX's fold and the cast takes 49.1 µs at 32 rows (producer warps) and
-/// 72.5 µs at 64 (64.7 µs kernel, staged in 64-row steps), and alone at 128 rows the fragment kernel took
-/// 216 µs and the staged one, in two passes of 64-row steps, about 128 µs before its fold and
-/// cast (one kernel at a time; see the README's benchmark section). Up to 64 rows the fused
-/// kernel is ahead, and it needs no scratch.
+/// 69.2 µs at 64 (61.0 µs kernel, one pass of the fragment decode), and alone at 128 rows two
+/// passes of that shape take 119 µs before the fold of 128 rows and the cast (one kernel at a
+/// time; see the README's benchmark section). Up to 64 rows the fused kernel is ahead, and it
+/// needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
@@ -664,10 +672,10 @@ mod tests {
             (4, 4, 4, 4, 1, 4)
         );
         assert!(!staged32.prefetch && staged32.block_warps() == 8);
-        let staged = plan(&qwen, 64);
+        let wide = plan(&qwen, 64);
         assert_eq!(
-            (staged.nc, staged.mt, staged.ks, staged.stages, staged.splits, staged.row_warps, staged.prefetch),
-            (2, 8, 4, 4, 13, 2, false)
+            (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
+            (2, 8, 4, 4, 13, 8, 0, false)
         );
     }
 
@@ -756,30 +764,32 @@ mod tests {
 
     #[test]
     fn the_staged_plan_fits_its_budget() {
-        // 17-64 rows: the staged kernel in 64-row steps, with producer warps and two A tiles up
-        // to 32 rows (103 KB of shared memory at the Qwen shape) and one A tile above (79 KB);
-        // shallower rings or shorter steps fit the staged budget for every code width and dtype.
+        // 17-32 rows: the staged kernel with producer warps in 64-row steps and two A tiles (103
+        // KB of shared memory at the Qwen shape); shallower rings or shorter steps fit the staged
+        // budget for every code width and dtype.
         for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
             let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
             for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-                for m in [17, 32, 33, 64] {
+                for m in [17, 32] {
                     let cfg = plan_for(&g, m, dtype);
-                    assert!(cfg.staged(), "k {k} {dtype}: {cfg:?}");
-                    assert!(!cfg.prefetch && cfg.specialized() == (m <= 32), "k {k} {dtype} M {m}: {cfg:?}");
+                    assert!(cfg.staged() && cfg.specialized() && !cfg.prefetch, "k {k} {dtype} M {m}: {cfg:?}");
                     let bytes = cfg.shared_bytes(&g, dtype == Dtype::Float32);
                     assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} {dtype}: {bytes}");
                 }
             }
         }
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let planned = plan_for(&qwen, 64, Dtype::Bfloat16);
-        assert_eq!((planned.ks, planned.stages, planned.shared_bytes(&qwen, false)), (4, 4, 80896));
         let planned = plan_for(&qwen, 32, Dtype::Bfloat16);
         assert_eq!((planned.ks, planned.stages, planned.shared_bytes(&qwen, false)), (4, 4, 105472));
-        // Fragment plans keep to 48 KB and never prefetch.
-        for m in [1, 8, 16, 128] {
+        // Fragment plans keep to 48 KB and never prefetch; from 33 rows a pass holds just the
+        // call's rows, without the bias fold, in 64-row steps of 8-warp blocks.
+        for m in [1, 8, 16, 33, 48, 64, 128] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
             assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= PLAN_SHARED_BUDGET, "{cfg:?}");
+            if m > 32 {
+                let mt = if m <= 64 { m.div_ceil(8) as u32 } else { 8 };
+                assert_eq!((cfg.nc, cfg.mt, cfg.ks, cfg.warps, cfg.bias_fold), (2, mt, 4, 8, false), "M {m}: {cfg:?}");
+            }
         }
     }
 
