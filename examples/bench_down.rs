@@ -368,16 +368,18 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     // (sub-tiles per warp, 8-row tiles per pass, warps per block) worth trying at this M: the
     // neighbourhood of the measured plan (wider sweeps of the other fields found nothing better
     // there). Blocks of fewer than 16 warps' worth of sub-tiles cover a part of a coded block.
-    let shapes: &[(u32, u32, &[u32])] = match m {
+    // One pass of just the call's rows (the plan from 33 rows).
+    let exact = m.div_ceil(8).clamp(1, 8) as u32;
+    let shapes: Vec<(u32, u32, &[u32])> = match m {
         // NC 4: more, smaller warps' worth of registers (NC 16 lost at every M up to 8).
-        0..=8 => &[(4, 1, &[2, 4, 8]), (8, 1, &[1, 2, 4])],
-        9..=16 => &[(4, 2, &[2, 4, 8]), (8, 2, &[1, 2, 4])],
+        0..=8 => vec![(4, 1, &[2, 4, 8]), (8, 1, &[1, 2, 4])],
+        9..=16 => vec![(4, 2, &[2, 4, 8]), (8, 2, &[1, 2, 4])],
         // NC 1: 16-warp blocks of one coded block, or 8 warps and two blocks per coded block.
-        17..=32 => &[(4, 4, &[2, 4, 8]), (1, 4, &[8, 16])],
-        // MT 4: two passes of 32 rows, for blocks small enough to run two per SM; MT 8: one pass
+        17..=32 => vec![(4, 4, &[2, 4, 8]), (1, 4, &[8, 16])],
+        // NC 2 in one pass (the plan), MT 4: two passes of 32 rows; MT 8 of NC 1 tiles: one pass
         // of 64 rows in blocks of NC 1 tiles, two per coded block or one.
-        33..=64 => &[(2, 4, &[8, 16]), (1, 8, &[4, 8, 16])],
-        _ => &[(2, 8, &[8, 16]), (2, 16, &[8, 16])],
+        33..=64 => vec![(2, exact, &[4, 8]), (2, 4, &[8, 16]), (1, 8, &[4, 8, 16])],
+        _ => vec![(2, 8, &[8, 16]), (2, 16, &[8, 16])],
     };
     // MLX's fold of the partials grows with the splits (17 µs alone at 64 rows and 32 splits),
     // and so do the partials the kernel writes, so fewer splits are worth a slightly longer
@@ -392,21 +394,22 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     };
     // (byte sums on the tensor cores, bias fold, register prefetch, IMAD pack): up to 16 rows
     // dp4a with the bias fold, at one row also with half of its pairs packed by an IMAD (it lost
-    // at 8 and 16 rows); at 17-32 rows both decodes, dp4a also with the IMAD pack; to 64 the u8
-    // MMA (the planned decode there); above, the u8 MMA with and without the prefetch.
+    // at 8 and 16 rows); at 17-32 rows both decodes, dp4a also with the IMAD pack; from 33 rows
+    // dp4a without the bias fold (the plan: the fold's accumulators would not fit 128
+    // registers) and the u8 MMA, above 64 also with the prefetch.
     let variants: &[(bool, bool, bool, bool)] = match m {
         0..=1 => &[(false, true, false, false), (false, true, false, true)],
         2..=16 => &[(false, true, false, false)],
         17..=32 => &[(true, false, false, false), (false, true, false, false), (false, true, false, true)],
-        33..=64 => &[(true, false, false, false)],
-        _ => &[(true, false, false, false), (true, false, true, false)],
+        33..=64 => &[(false, false, false, false), (true, false, false, false)],
+        _ => &[(false, false, false, false), (true, false, false, false), (true, false, true, false)],
     };
     // Steps of 16 rows lost at every M above 8, steps of 64 at every M up to 8.
     let ks_list: &[u32] = match m {
         0..=8 => &[1, 2],
         _ => &[2, 4],
     };
-    for &(nc, mt, warps_list) in shapes {
+    for &(nc, mt, warps_list) in &shapes {
         for &warps in warps_list {
             for &splits in splits_list {
                 for &(bytesum_mma, bias_fold, prefetch, pack_fma) in variants {
