@@ -410,8 +410,9 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // shared memory) it took 77.7 µs against 80.5 without; 67.5-68.1 µs since the activations
     // stay packed until the B tile is stored. 64-row steps without the prefetch (79 KB, two
     // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
-    // were the plan until the fragment decode below overtook them. At 17-32 rows the staged kernel with producer warps: 4 warps multiply 256
-    // positions by 32 rows while 4 more decode 64-row steps into two A tiles (103 KB, 128
+    // were the plan until the fragment decode below overtook them. At 17-32 rows the staged
+    // kernel with producer warps: 4 warps multiply 256 positions by 32 rows while 4 more decode
+    // 64-row steps into two A tiles (103 KB, 128
     // registers, two blocks of 8 warps per SM); the decode and the MMAs then overlap, and it
     // took 41.8 µs (two sweeps) against 47.6-47.8 for the plain staged kernel with its prefetch
     // and 48.7 for the fragment kernel; at 17-24 rows a pass of 24 rows (MT 3) takes 39.3-39.7 µs
