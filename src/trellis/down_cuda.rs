@@ -389,8 +389,7 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, byte sums on the tensor cores, IMAD pack, staged warps along the rows, the
-    // staged prefetch, producer warps),
+    // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps),
     // chosen with bf16 activations (f32 ones follow the same plan) by the kernel's own
     // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
     // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
@@ -412,8 +411,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
     // were the plan until the fragment decode below overtook them. At 17-32 rows the staged
     // kernel with producer warps: 4 warps multiply 256 positions by 32 rows while 4 more decode
-    // 64-row steps into two A tiles (103 KB, 128
-    // registers, two blocks of 8 warps per SM); the decode and the MMAs then overlap, and it
+    // 64-row steps into two A tiles (103 KB, 128 registers, two blocks of 8 warps per SM); the
+    // decode and the MMAs then overlap, and it
     // took 41.8 µs (two sweeps) against 47.6-47.8 for the plain staged kernel with its prefetch
     // and 48.7 for the fragment kernel; at 17-24 rows a pass of 24 rows (MT 3) takes 39.3-39.7 µs
     // against 41.0-41.4 for 32. At 8, 16 and 64 rows producer warps lost (35.2 against
@@ -425,17 +424,17 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // registers that multiply it, half the shared-memory traffic of an A tile. Its pass holds
     // just the call's rows (MT = M / 8 rounded up, one kernel per MT): 60.7 µs at 64 rows and
     // 53.0 at 48 against the staged kernel's 64.6 and 61.7. The bias fold's accumulators would
-    // take it to 168 registers.
-    let (nc, mt, ks, blocks, splits, bias_fold, bytesum_mma, pack_fma, row_warps, prefetch, producers) = match m {
-        0..=1 => (8, 1, 1, 2, 64, true, false, true, 0, false, 0),
-        2..=8 => (4, 1, 2, 1, 32, true, false, false, 0, false, 0),
-        9..=16 => (4, 2, 4, 1, 19, true, false, false, 0, false, 0),
-        17..=32 => (4, m.div_ceil(8) as u32, 4, 1, 13, false, false, false, 1, false, 4),
-        33..=64 => (2, m.div_ceil(8) as u32, 4, 1, 13, false, false, false, 0, false, 0),
+    // take it to 168 registers. No plan uses the u8 MMA byte sums or a prefetch any more.
+    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers) = match m {
+        0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0),
+        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0),
+        9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0),
+        17..=32 => (4, m.div_ceil(8) as u32, 4, 1, 13, false, false, 1, 4),
+        33..=64 => (2, m.div_ceil(8) as u32, 4, 1, 13, false, false, 0, 0),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls: passes of the 64-row shape (119.4 µs at 128 rows
         // against 138.8 for one pass of 16-row tiles with the u8 MMA byte sums).
-        _ => (2, 8, 4, 1, 13, false, false, false, 0, false, 0),
+        _ => (2, 8, 4, 1, 13, false, false, 0, 0),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -444,11 +443,11 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         warps: 16 * blocks / nc,
         splits,
         stages: 4,
-        bytesum_mma,
+        bytesum_mma: false,
         // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
         // the kernel applies it to 16-bit activations only.
         bias_fold,
-        prefetch,
+        prefetch: false,
         pack_fma,
         row_warps,
         producers,
@@ -456,7 +455,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
     // first, then a shallower ring, shorter steps (rows that are not a multiple of 8 also need a
-    // step's rows to divide the block's threads), then no prefetch. No more splits than steps.
+    // step's rows to divide the block's threads). No more splits than steps.
     while cfg.copied_blocks() > 1
         && (g.blocks_per_row() % cfg.copied_blocks() != 0
             || cfg.shared_bytes(g, dtype == Dtype::Float32) > cfg.plan_shared_budget())
@@ -465,24 +464,17 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // The staged warps along the rows must still divide the warps (all powers of two).
         cfg.row_warps = cfg.row_warps.min(cfg.warps);
     }
-    let with_steps = |prefetch: bool, ks: u32, stages: u32| CudaDownConfig {
+    let with_steps = |ks: u32, stages: u32| CudaDownConfig {
         ks,
         stages,
-        prefetch,
         splits: cfg.splits.min(g.rows.div_ceil(16 * ks as usize) as u32),
         ..cfg
     };
-    let shorter_steps = || std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2));
-    // A plan that prefetches may drop the prefetch to fit; one that does not tries each shape once.
-    let prefetch_options: &[bool] = if cfg.prefetch { &[true, false] } else { &[false] };
-    prefetch_options
-        .iter()
-        .flat_map(|&prefetch| shorter_steps().map(move |ks| (prefetch, ks)))
-        .flat_map(|(prefetch, ks)| (2..=cfg.stages).rev().map(move |stages| (prefetch, ks, stages)))
-        .map(|(prefetch, ks, stages)| with_steps(prefetch, ks, stages))
+    std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2))
+        .flat_map(|ks| (2..=cfg.stages).rev().map(move |stages| with_steps(ks, stages)))
         .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= c.plan_shared_budget())
         // No fit leaves the planned configuration, whose check then names the problem.
-        .unwrap_or_else(|| with_steps(cfg.prefetch, cfg.ks, cfg.stages))
+        .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
 }
 
 /// The body and header of one decode's source (`staged`: the staged decode, else the fragment
