@@ -133,6 +133,7 @@ fn every_configuration_matches_the_reference() {
                 pack_fma,
                 row_warps: 0,
                 producers: 0,
+                prescaled: false,
             };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
@@ -313,6 +314,69 @@ fn specialized_configurations_match_the_reference() {
 }
 
 #[test]
+fn prescaled_configurations_match_the_reference() {
+    // B tiles from the pre-pass kernel (x * scale as f16, the f32 residues as more rows), streamed
+    // into the ring with the codes: the planned shapes (one row with the IMAD pack, 2-8 and 9-16
+    // rows with the bias fold, 17-64 rows in 8-warp blocks) and others: 16-warp blocks with the u8
+    // MMA byte sums, parts of a coded block, ring depths 2 to 6, steps of 16 to 64 rows, splits
+    // that do not divide the steps; every layer (100 input rows: not a multiple of 8, so the
+    // pre-pass loads one activation at a time and pads the rows), f32, f16 and bf16; each at one
+    // row, one short of a pass and past one pass.
+    // The configurations are checked on every back-end; they run where CUDA is.
+    let layers = staged_layers();
+    let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
+    let cases = [
+        // (layer, dtype, nc, warps, mt, ks, splits, stages, bytesum_mma, bias_fold, pack_fma)
+        (0, bf16, 2u32, 8u32, 8u32, 4u32, 5u32, 4u32, false, false, false),
+        (1, f32, 2, 8, 4, 4, 1, 3, false, false, false),
+        (2, bf16, 4, 4, 1, 2, 13, 4, false, true, false),
+        (3, f16, 4, 4, 2, 4, 3, 4, false, true, false),
+        (4, bf16, 8, 2, 1, 1, 2, 2, false, true, true),
+        (0, f32, 1, 16, 8, 2, 13, 4, true, false, false),
+        (1, bf16, 2, 8, 3, 4, 13, 4, false, false, false),
+        (2, f32, 1, 4, 4, 1, 5, 6, false, false, false),
+        (3, bf16, 2, 2, 2, 1, 1, 3, true, false, false),
+        (4, f32, 2, 8, 6, 2, 4, 4, false, false, false),
+        (3, f32, 2, 8, 5, 4, 2, 4, false, false, false),
+        (0, f16, 8, 4, 1, 1, 13, 5, false, true, true),
+    ];
+    let configs: Vec<_> = cases
+        .into_iter()
+        .map(|(layer, dtype, nc, warps, mt, ks, splits, stages, bytesum_mma, bias_fold, pack_fma)| {
+            let g = *layers[layer].lin.geometry();
+            let splits = splits.min(g.rows.div_ceil(16 * ks as usize) as u32);
+            let cfg = CudaDownConfig {
+                nc,
+                mt,
+                ks,
+                warps,
+                splits,
+                stages,
+                bytesum_mma,
+                bias_fold,
+                pack_fma,
+                prescaled: true,
+                ..Default::default()
+            };
+            if let Err(e) = cfg.check(&g, dtype) {
+                panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}");
+            }
+            (layer, dtype, cfg)
+        })
+        .collect();
+    if !cuda() {
+        return;
+    }
+    for (layer, dtype, cfg) in configs {
+        let (c, mt) = (&layers[layer], cfg.mt);
+        let g = *c.lin.geometry();
+        for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
+            check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
+        }
+    }
+}
+
+#[test]
 fn activations_off_16_byte_alignment_load_one_at_a_time() {
     if !cuda() {
         return;
@@ -330,6 +394,13 @@ fn activations_off_16_byte_alignment_load_one_at_a_time() {
             padded.eval().unwrap();
             let view = padded.slice(&[2], &[(2 + m * rows) as i32], &[1]).unwrap().reshape(&[m, rows]).unwrap();
             check_on(&c, &view, &xr, gate(dtype), "offset view", &|x| c.lin.forward_with(x, Path::Cuda));
+            // The pre-pass kernel loads the view one activation at a time too.
+            let g = *c.lin.geometry();
+            let cfg =
+                CudaDownConfig { nc: 2, mt: 4, ks: 4, warps: 8, splits: 5, prescaled: true, ..Default::default() };
+            check_on(&c, &view, &xr, gate(dtype), "offset view, prescaled", &|x| {
+                down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg)
+            });
         }
     }
 }

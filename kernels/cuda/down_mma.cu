@@ -70,13 +70,22 @@
 // Activations and scales are loaded 8 at a time (16-byte loads for 16-bit activations) where R
 // is a multiple of 8 and both pointers are 16-byte aligned, one at a time otherwise.
 //
+// With PRESCALED (fragment decode only) the B tiles come ready-made: `x` is then the output of
+// prescale.cu, x * scale as f16 ([M, R_PAD], with the f32 residues as M more rows), and each
+// step's B tile streams into a slot of its own next to the step's codes in the ring, with the
+// same cp.async round. The block then neither loads nor converts activations. At 64 rows that
+// work (two 16-byte loads held in registers across the step, their conversion and stores) cost
+// 10 of the kernel's 61 µs (NOTES, v15), where the decode itself hides behind the MMAs; the
+// pre-pass kernel costs about 2 µs.
+//
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
 // warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES,
 // ROW_WARPS (0: decode into fragments; else the staged warps along the rows), PRODUCERS
 // (staged: 0, or the decoding warps added to the WARPS multiplying ones).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
-// BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA. Template type: T (activation dtype).
+// BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA, PRESCALED. Template type: T (activation dtype;
+// f16 with PRESCALED).
 //
 // Two sources. Code only the fragment decode compiles (ROW_WARPS == 0) sits under
 // `#if !TRELLIS_DOWN_STAGED`, code only the staged one compiles under `#if TRELLIS_DOWN_STAGED`.
@@ -85,7 +94,7 @@
 // hashes a kernel's whole source at every launch. The sections hold `if constexpr` branches a
 // variant discards and lambdas, locals and helpers it never uses; for every planned shape each
 // variant compiles to the same instructions as the file did with both decodes (NOTES, v13).
-  const int M = x_shape[0];
+  const int M = PRESCALED && SPLIT_X ? x_shape[0] / 2 : x_shape[0];
 #if !TRELLIS_DOWN_STAGED
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
@@ -113,7 +122,7 @@
   constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
   static_assert(TILE % 256 == 0 || 256 % TILE == 0, "a block covers whole coded blocks or a part of one");
   static_assert(!PACK_FMA || (BIAS_FOLD && !BYTESUM_MMA), "PACK_FMA packs the dp4a decode's biased pairs");
-  static_assert(THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
+  static_assert(PRESCALED || THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
   constexpr bool STAGED = ROW_WARPS > 0;
   constexpr int WGM = STAGED ? ROW_WARPS : 1;     // warps along the rows (staged)
   constexpr int WGN = WARPS / WGM;                // warps along the positions (staged)
@@ -128,7 +137,10 @@
   // 0..THREADS (their warp tiling and B plan are the plain kernel's).
   constexpr int P_THREADS = SPECIALIZED ? 32 * PRODUCERS : THREADS;
 
-  constexpr int B_SLOTS = PREFETCH && !STAGED ? 3 : 2;  // B tiles in flight
+  // B tiles in flight: with PRESCALED one per ring slot, copied with the slot's codes.
+  constexpr int B_SLOTS = PRESCALED ? STAGES : PREFETCH && !STAGED ? 3 : 2;
+  static_assert(!PRESCALED || (!STAGED && !PREFETCH), "PRESCALED streams the fragment decode's B tiles");
+  constexpr int R_PAD = (R + 63) / 64 * 64;  // prescaled rows: whole steps of any KS
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
   static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
   // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
@@ -203,12 +215,34 @@
     copy_src[u] = codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + row) * 48 + (blk & 1) * 24
                                       : ((size_t)(r_begin + row) * (C / 256) + blk) * WPB) + 4 * j;
   }
+  // With PRESCALED, copy u of a step's B tile is 8 prescaled activations: row m_base + row of
+  // set `set` (the f32 residues are set 1), from step row 8 j. Rows past M are never copied
+  // (they are zeroed once), and the prescaled rows are padded with zeros to whole steps. Offsets
+  // in halfs (the host keeps the prescaled array below 2^31 elements): source -1 copies nothing.
+  constexpr int B_SETS = SPLIT_X ? 2 : 1;
+  constexpr int B_CHUNKS = PRESCALED ? B_SETS * B_ROWS * (STEP_ROWS / 8) : 0;
+  constexpr int B_COPIES = (B_CHUNKS + P_THREADS - 1) / P_THREADS;
+  int b_copy_src[B_COPIES > 0 ? B_COPIES : 1], b_copy_dst[B_COPIES > 0 ? B_COPIES : 1];
+#pragma unroll
+  for (int u = 0; u < B_COPIES; ++u) {
+    const int c = ptid + u * P_THREADS;
+    const int set = c / (B_ROWS * (STEP_ROWS / 8)), rest = c % (B_ROWS * (STEP_ROWS / 8));
+    const int row = rest / (STEP_ROWS / 8), j = rest % (STEP_ROWS / 8);
+    b_copy_src[u] = c < B_CHUNKS && m_base + row < M ? (set * M + m_base + row) * R_PAD + r_begin + 8 * j : -1;
+    b_copy_dst[u] = (set * B_ROWS + row) * B_PITCH + 8 * j;
+  }
+  // Step i's codes, and with PRESCALED its B tile, into ring slot `slot`.
   auto copy_codes = [&](int i, int slot) {
 #pragma unroll
     for (int u = 0; u < COPIES; ++u) {
       if (ptid + u * P_THREADS < CHUNKS)
         trellis_cuda::cp_async16_zfill(&ring[slot][0][0] + copy_dst[u],
                                        copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE, copy_row[u] + STEP_ROWS * i < R);
+    }
+#pragma unroll
+    for (int u = 0; u < B_COPIES; ++u) {
+      if (b_copy_src[u] >= 0)
+        trellis_cuda::cp_async16_zfill(&b_tile[slot][0][0][0] + b_copy_dst[u], x + b_copy_src[u] + STEP_ROWS * i, true);
     }
   };
   // Per-thread B plan: load e = b_lane + u * THREADS of every step is VW activations (row
@@ -469,7 +503,14 @@
     constexpr int WORDS = sizeof(BTiles) / 16;
     for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
   };
-  if constexpr (!SPECIALIZED) {
+  if constexpr (PRESCALED) {
+    // The B tiles' rows past M are zeroed before any copy into the rows below M is issued.
+    if (m_base + B_ROWS > M) {
+      zero_b_tiles();
+      __syncthreads();
+    }
+    prime_ring();
+  } else if constexpr (!SPECIALIZED) {
     prime_ring();
     if (m_base + B_ROWS > M) {
       zero_b_tiles();
@@ -586,7 +627,7 @@
   if (!PREFETCH) {
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
-      if (i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
+      if (!PRESCALED && i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
       trellis_cuda::cp_async_wait<STAGES - 2>();
       __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
       if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
@@ -607,7 +648,7 @@
       }
 #endif
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
-      if (i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
+      if (!PRESCALED && i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
     }
 #if !TRELLIS_DOWN_STAGED
   } else {

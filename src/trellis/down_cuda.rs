@@ -32,6 +32,10 @@ use super::launch::{cached_cuda_kernel, check_operands, int, source_variant};
 
 const SOURCE: &str = include_str!("../../kernels/cuda/down_mma.cu");
 const HEADER: &str = include_str!("../../kernels/cuda/down_mma.cuh");
+const PRESCALE_SOURCE: &str = include_str!("../../kernels/cuda/prescale.cu");
+
+/// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
+const PRESCALED_ROW_MULTIPLE: usize = 64;
 
 /// How one call of the CUDA down kernel is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,6 +83,13 @@ pub struct CudaDownConfig {
     /// warps instead of taking turns. The block then has `warps + producers` warps; see
     /// [`CudaDownConfig::check`] for the shapes whose registers fit.
     pub producers: u32,
+    /// Fragment decode only: the B operand (activations times the row scales, as f16) comes
+    /// from a pre-pass kernel (`kernels/cuda/prescale.cu`) and streams into the code ring with
+    /// the codes, one B tile per ring slot, instead of every thread block loading and converting
+    /// the activations of each step itself. It costs one more kernel per call (about 2 µs) and
+    /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
+    /// tiles large (33 rows and more). Needs `row_warps` 0 and `prefetch` off.
+    pub prescaled: bool,
 }
 
 impl Default for CudaDownConfig {
@@ -101,6 +112,7 @@ impl Default for CudaDownConfig {
             pack_fma: false,
             row_warps: 0,
             producers: 0,
+            prescaled: false,
         }
     }
 }
@@ -129,7 +141,13 @@ impl CudaDownConfig {
         let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
-        let b_slots = if self.prefetch && !self.staged() { 3 } else { 2 };
+        let b_slots = if self.prescaled {
+            self.stages as usize
+        } else if self.prefetch && !self.staged() {
+            3
+        } else {
+            2
+        };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
         let a_tiles = match (self.staged(), self.specialized(), self.prefetch) {
             (false, _, _) => 0,
@@ -140,9 +158,10 @@ impl CudaDownConfig {
         ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2
     }
 
-    /// The shared memory a planned configuration of this kind keeps to.
+    /// The shared memory a planned configuration of this kind keeps to: prescaled B tiles in
+    /// 8-warp blocks (two per SM, like the staged kernel's) take one B tile per ring slot.
     fn plan_shared_budget(&self) -> usize {
-        if self.staged() {
+        if self.staged() || (self.prescaled && self.warps >= 8) {
             STAGED_PLAN_SHARED_BUDGET
         } else {
             PLAN_SHARED_BUDGET
@@ -293,6 +312,9 @@ impl CudaDownConfig {
         if self.pack_fma && (self.bytesum_mma || !self.bias_fold) {
             invalid!("CUDA down kernel: pack_fma packs the dp4a decode's pairs with the bias fold (needs bytesum_mma false and bias_fold true)");
         }
+        if self.prescaled && (self.staged() || self.prefetch) {
+            invalid!("CUDA down kernel: prescaled B tiles stream into the fragment decode without its prefetch (needs row_warps 0 and prefetch off)");
+        }
         if self.staged() {
             if self.bytesum_mma || self.bias_fold || self.pack_fma {
                 invalid!("CUDA down kernel: the staged kernel (row_warps = {}) decodes with dp4a and needs bytesum_mma, bias_fold and pack_fma off", self.row_warps);
@@ -308,7 +330,7 @@ impl CudaDownConfig {
         }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
-        if self.activations_per_load(g) == 1 && (32 * self.warps) % (16 * self.ks) != 0 {
+        if !self.prescaled && self.activations_per_load(g) == 1 && (32 * self.warps) % (16 * self.ks) != 0 {
             invalid!(
                 "CUDA down kernel: {} warps cannot load steps of {} rows of {g} one activation at a time",
                 self.warps,
@@ -389,7 +411,8 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// shape; see the README's benchmark section), fitted to the geometry.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps),
+    // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps,
+    // prescaled B tiles),
     // chosen with bf16 activations (f32 ones follow the same plan) by the kernel's own
     // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
     // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
@@ -425,16 +448,24 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // just the call's rows (MT = M / 8 rounded up, one kernel per MT): 60.7 µs at 64 rows and
     // 53.0 at 48 against the staged kernel's 64.6 and 61.7. The bias fold's accumulators would
     // take it to 168 registers. No plan uses the u8 MMA byte sums or a prefetch any more.
-    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers) = match m {
-        0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0),
-        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0),
-        9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0),
-        17..=32 => (4, m.div_ceil(8) as u32, 4, 1, 13, false, false, 1, 4),
-        33..=64 => (2, m.div_ceil(8) as u32, 4, 1, 13, false, false, 0, 0),
+    // At 2-8 and 33-64 rows the B tiles come from the pre-pass kernel (`prescaled`): with them
+    // the kernel alone took 30.1 against 34.1 µs at 8 rows, 42.0 against 49.2 at 40 and 53.3
+    // against 61.2 at 64, for 2.0-2.9 µs of pre-pass (the 64-row kernel's decode hides behind
+    // its MMAs; the B tile's loads and conversions did not). At one row (27.1 + 1.9 against
+    // 28.4), 16 (35.9 + 2.1 against 37.6) and 32 (39.7 + 2.5 in 8-warp blocks against 41.7 for
+    // the producer warps) it did not pay, and at 24 rows it was within noise (36.2 + 2.5
+    // against 39.4). f32 activations keep their B tiles in the kernel: the prescaled residue
+    // tiles took the 64-row shape to 146 registers (one block per SM).
+    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers, prescaled) = match m {
+        0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0, false),
+        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0, true),
+        9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0, false),
+        17..=32 => (4, m.div_ceil(8) as u32, 4, 1, 13, false, false, 1, 4, false),
+        33..=64 => (2, m.div_ceil(8) as u32, 4, 1, 13, false, false, 0, 0, true),
         // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
         // activations and explicit calls: passes of the 64-row shape (119.4 µs at 128 rows
         // against 138.8 for one pass of 16-row tiles with the u8 MMA byte sums).
-        _ => (2, 8, 4, 1, 13, false, false, 0, 0),
+        _ => (2, 8, 4, 1, 13, false, false, 0, 0, false),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -451,6 +482,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         pack_fma,
         row_warps,
         producers,
+        prescaled: prescaled && dtype != Dtype::Float32,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -567,27 +599,43 @@ pub fn down_cuda_partials(
 ) -> Result<MlxArray> {
     require_supported(g)?;
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
-    let (kernel, launch) = prepared_launch(g, cfg, m, x2.dtype())?;
-    Ok(kernel.apply_prepared(&[x2, codes, scales], &launch)?.remove(0))
+    let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
+    let b = match &prepared.prescale {
+        Some((prescale, launch)) => {
+            prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?.remove(0)
+        }
+        None => x2.clone(),
+    };
+    Ok(prepared.kernel.apply_prepared(&[&b, codes, scales], &prepared.launch)?.remove(0))
+}
+
+/// The pre-pass kernel of prescaled configurations (`kernels/cuda/prescale.cu`).
+fn prescale_kernel() -> Result<&'static CudaKernel> {
+    static KERNEL: OnceLock<CudaKernel> = OnceLock::new();
+    let io: (&[&str], &[&str]) = (&["x", "scales"], &["x_scaled"]);
+    cached_cuda_kernel(&KERNEL, "mlx_trellis_prescale", io, PRESCALE_SOURCE, &[], 0)
+}
+
+/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel, and for a
+/// prescaled configuration the pre-pass whose output it reads in place of the activations.
+struct PreparedDown {
+    kernel: &'static CudaKernel,
+    launch: Arc<CudaLaunch>,
+    prescale: Option<(&'static CudaKernel, Arc<CudaLaunch>)>,
 }
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
 /// per geometry, configuration, row count and dtype: a model makes the same few calls many
 /// times, and building the 19 template arguments at every call cost about 4 µs of host time.
-fn prepared_launch(
-    g: &TrellisGeometry,
-    cfg: CudaDownConfig,
-    m: usize,
-    dtype: Dtype,
-) -> Result<(&'static CudaKernel, Arc<CudaLaunch>)> {
-    type Launches = HashMap<(TrellisGeometry, CudaDownConfig, usize, Dtype), (&'static CudaKernel, Arc<CudaLaunch>)>;
+fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> Result<Arc<PreparedDown>> {
+    type Launches = HashMap<(TrellisGeometry, CudaDownConfig, usize, Dtype), Arc<PreparedDown>>;
     // Bounded: a runner that calls with many row counts rebuilds from scratch now and then.
     const MAX_LAUNCHES: usize = 1024;
     static LAUNCHES: OnceLock<Mutex<Launches>> = OnceLock::new();
     let launches = LAUNCHES.get_or_init(Default::default);
     let key = (*g, cfg, m, dtype);
-    if let Some((kernel, launch)) = launches.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-        return Ok((kernel, Arc::clone(launch)));
+    if let Some(prepared) = launches.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return Ok(Arc::clone(prepared));
     }
     cfg.check(g, dtype)?;
     let kernel = kernel(cfg.staged(), cfg.shared_bytes(g, dtype == Dtype::Float32))?;
@@ -596,7 +644,8 @@ fn prepared_launch(
     let threads = 32 * cfg.block_warps() as usize;
     let launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1])
         .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
-        .template_dtype("T", dtype)
+        // Prescaled activations are f16 whatever the call's dtype.
+        .template_dtype("T", if cfg.prescaled { Dtype::Float16 } else { dtype })
         .template_int("R", int("CUDA down kernel", g.rows)?)
         .template_int("C", int("CUDA down kernel", g.cols)?)
         .template_int("K", g.k as i32)
@@ -614,14 +663,35 @@ fn prepared_launch(
         .template_bool("PREFETCH", cfg.prefetch)
         .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
         .template_int("ROW_WARPS", cfg.row_warps as i32)
-        .template_int("PRODUCERS", cfg.producers as i32);
+        .template_int("PRODUCERS", cfg.producers as i32)
+        .template_bool("PRESCALED", cfg.prescaled);
     let launch = Arc::new(kernel.prepare(&launch)?);
+    let prescale = if cfg.prescaled {
+        let row_pad = g.rows.next_multiple_of(PRESCALED_ROW_MULTIPLE);
+        let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
+        // The kernel indexes the prescaled activations with 32-bit offsets.
+        if sets * m * row_pad > i32::MAX as usize {
+            invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles ({sets} x {m} x {row_pad} f16 values; at most 2^31 - 1)");
+        }
+        // A thread converts 8 activations (see prescale.cu).
+        let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
+            .output(&[sets * m, row_pad], Dtype::Float16)
+            .template_dtype("T", dtype)
+            .template_int("R", int("CUDA prescale kernel", g.rows)?)
+            .template_int("R_PAD", int("CUDA prescale kernel", row_pad)?)
+            .template_bool("SPLIT_X", dtype == Dtype::Float32);
+        let kernel = prescale_kernel()?;
+        Some((kernel, Arc::new(kernel.prepare(&pre)?)))
+    } else {
+        None
+    };
+    let prepared = Arc::new(PreparedDown { kernel, launch, prescale });
     let mut launches = launches.lock().unwrap_or_else(PoisonError::into_inner);
     if launches.len() >= MAX_LAUNCHES {
         launches.clear();
     }
-    launches.insert(key, (kernel, Arc::clone(&launch)));
-    Ok((kernel, launch))
+    launches.insert(key, Arc::clone(&prepared));
+    Ok(prepared)
 }
 
 #[cfg(test)]
@@ -670,6 +740,11 @@ mod tests {
             (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
             (2, 8, 4, 4, 13, 8, 0, false)
         );
+        // Prescaled B tiles at 2-8 and 33-64 rows of 16-bit activations only.
+        for (m, prescaled) in [(1, false), (2, true), (8, true), (9, false), (32, false), (33, true), (64, true)] {
+            assert_eq!(plan(&qwen, m).prescaled, prescaled, "M {m}");
+            assert!(!plan_for(&qwen, m, Dtype::Float32).prescaled, "M {m} f32");
+        }
     }
 
     #[test]
@@ -774,15 +849,38 @@ mod tests {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
         let planned = plan_for(&qwen, 32, Dtype::Bfloat16);
         assert_eq!((planned.ks, planned.stages, planned.shared_bytes(&qwen, false)), (4, 4, 105472));
-        // Fragment plans keep to 48 KB and never prefetch; from 33 rows a pass holds just the
-        // call's rows, without the bias fold, in 64-row steps of 8-warp blocks.
+        assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536);
+        // Fragment plans never prefetch and keep to 48 KB, but for prescaled B tiles in 8-warp
+        // blocks (one B tile per ring slot: 64 KB at 64 rows); from 33 rows a pass holds just
+        // the call's rows, without the bias fold, in 64-row steps of 8-warp blocks.
         for m in [1, 8, 16, 33, 48, 64, 128] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
-            assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= PLAN_SHARED_BUDGET, "{cfg:?}");
+            let budget = if cfg.prescaled && cfg.warps >= 8 { STAGED_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
+            assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
             if m > 32 {
                 let mt = if m <= 64 { m.div_ceil(8) as u32 } else { 8 };
                 assert_eq!((cfg.nc, cfg.mt, cfg.ks, cfg.warps, cfg.bias_fold), (2, mt, 4, 8, false), "M {m}: {cfg:?}");
             }
+        }
+    }
+
+    #[test]
+    fn prescaled_b_tiles_need_the_fragment_decode_without_its_prefetch() {
+        let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
+        let prescaled = CudaDownConfig { prescaled: true, ..plan(&g, 40) };
+        prescaled.check(&g, Dtype::Float32).unwrap();
+        // One B tile per ring slot instead of two.
+        let plain = CudaDownConfig { prescaled: false, ..prescaled };
+        let b_tile = 8 * prescaled.mt as usize * (16 * prescaled.ks as usize + 8) * 2;
+        assert_eq!(
+            prescaled.shared_bytes(&g, false) - plain.shared_bytes(&g, false),
+            (prescaled.stages as usize - 2) * b_tile
+        );
+        let staged = CudaDownConfig { row_warps: 2, ..prescaled };
+        let prefetch = CudaDownConfig { prefetch: true, ks: 1, ..prescaled };
+        for cfg in [staged, prefetch] {
+            let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+            assert!(err.contains("prescaled B tiles stream into the fragment decode"), "{err}");
         }
     }
 
