@@ -45,6 +45,10 @@ struct Args {
     configs: Vec<CudaDownConfig>,
     probe: bool,
     paths: bool,
+    /// `--folds`: MLX's fold of partials in candidate layouts (no trellis kernel).
+    folds: bool,
+    /// Split counts for `--folds`.
+    fold_splits: Vec<usize>,
     layouts: Vec<(u32, CodeLayout)>,
 }
 
@@ -60,6 +64,8 @@ fn parse() -> Result<Args> {
         configs: Vec::new(),
         probe: false,
         paths: false,
+        folds: false,
+        fold_splits: vec![13, 19, 26, 32, 40, 48, 64],
         layouts: vec![(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)],
     };
     let mut it = std::env::args().skip(1);
@@ -76,6 +82,10 @@ fn parse() -> Result<Args> {
             "--configs" => a.configs = parse_configs(&v()?)?,
             "--probe" => a.probe = true,
             "--paths" => a.paths = true,
+            "--folds" => a.folds = true,
+            "--splits" => {
+                a.fold_splits = v()?.split(',').map(|s| s.parse().context("--splits")).collect::<Result<_>>()?
+            }
             "--bits" => {
                 a.layouts = match v()?.as_str() {
                     "3" => vec![(3, CodeLayout::K3Interleaved)],
@@ -146,6 +156,9 @@ fn main() -> Result<()> {
         bail!("bench_down times the CUDA kernels; this MLX build's back-end is {}", backend());
     }
     let max_m = *args.rows.iter().max().context("no rows")?;
+    if args.folds {
+        return folds(&args);
+    }
     let mut table = String::new();
     let mut json = String::from("[\n");
     for &(k, layout) in &args.layouts {
@@ -195,7 +208,13 @@ fn main() -> Result<()> {
                     cfg.ks,
                     cfg.warps,
                     cfg.splits,
-                    if cfg.prefetch { " pf" } else { "" },
+                    if cfg.prefetch {
+                        " pf"
+                    } else if cfg.prescaled {
+                        " prescaled"
+                    } else {
+                        ""
+                    },
                     if cfg.staged() { format!(" staged rw{}", cfg.row_warps) } else { String::new() },
                     if cfg.specialized() { format!(" p{}", cfg.producers) } else { String::new() }
                 )
@@ -219,7 +238,7 @@ fn main() -> Result<()> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | producers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | producers | prescaled | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -253,8 +272,8 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
 /// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), `rwN` (row warps), `pN` (producer
-/// warps), and the flags `mma` (u8 MMA byte sums), `fold` (bias fold), `pack` (IMAD pack) and
-/// `prefetch`.
+/// warps), and the flags `mma` (u8 MMA byte sums), `fold` (bias fold), `pack` (IMAD pack),
+/// `prefetch` and `prescaled` (B tiles from the pre-pass kernel).
 fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     let mut configs = Vec::new();
     for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -268,6 +287,7 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
                 "fold" => c.bias_fold = true,
                 "pack" => c.pack_fma = true,
                 "prefetch" => c.prefetch = true,
+                "prescaled" => c.prescaled = true,
                 _ if token.starts_with("nc") => c.nc = number("nc")?,
                 _ if token.starts_with("mt") => c.mt = number("mt")?,
                 _ if token.starts_with("ks") => c.ks = number("ks")?,
@@ -429,6 +449,13 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                         if let Some(cfg) = cfg.with_deepest_ring(g, dtype) {
                             configs.push(cfg);
                         }
+                        // B tiles from the pre-pass kernel (planned at 2-8 and 33-64 rows).
+                        let prescaled = CudaDownConfig { prescaled: true, ..cfg };
+                        if matches!(m, 2..=64) && !prefetch {
+                            if let Some(cfg) = prescaled.with_deepest_ring(g, dtype) {
+                                configs.push(cfg);
+                            }
+                        }
                     }
                 }
             }
@@ -469,7 +496,7 @@ fn time_configs(
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -483,6 +510,7 @@ fn time_configs(
             cfg.pack_fma,
             cfg.row_warps,
             cfg.producers,
+            cfg.prescaled,
             kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
@@ -574,5 +602,49 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
         "probe {} M={m} {cfg:?}: full {:.1} us, kernel only {:.1}, kernel on {small_rows} rows {:.1}, fold {:.1}, no-op kernel {:.1}, graph build (host) {build:.1} us/call",
         layer.name, full.0, kernel.0, small_kernel.0, fold.0, tiny.0
     );
+    Ok(())
+}
+
+/// MLX's fold of f32 partials (`sum` over the splits, then the cast to bf16) in candidate
+/// layouts, `[M, S, C]` (the kernel's) and others, for each row count and split count. Each
+/// candidate's launches follow a one-thread marker kernel named after it, so that a profiler's
+/// serialised durations can be attributed (`ncu --kernel-name regex:'fold_|reduce|copy|Cast'`).
+fn folds(args: &Args) -> Result<()> {
+    use mlx_trellis::{random, CudaKernel, KernelSource, LaunchConfig};
+    println!("| M | splits | layout | reduced axes | call median us | call best us |\n|---|---|---|---|---|---|");
+    let mut index = 0;
+    for &m in &args.rows {
+        for &s in &args.fold_splits {
+            let mut candidates: Vec<(String, Vec<usize>, Vec<i32>)> = vec![
+                ("[M, S, C]".into(), vec![m, s, OUT], vec![1]),
+                ("[S, M, C]".into(), vec![s, m, OUT], vec![0]),
+                ("[M, C, S]".into(), vec![m, OUT, s], vec![2]),
+            ];
+            for s1 in [2, 4] {
+                if s % s1 == 0 {
+                    candidates.push((format!("[{s1}, M, S/{s1}, C]"), vec![s1, m, s / s1, OUT], vec![0, 2]));
+                }
+            }
+            for (layout, shape, axes) in candidates {
+                let partial = random::normal(&shape, Dtype::Float32, 0.0, 1.0, 5)?;
+                partial.eval()?;
+                let marker = CudaKernel::new(
+                    KernelSource::new(
+                        &format!("fold_marker_{index}"),
+                        &["inp"],
+                        &["out"],
+                        "if (threadIdx.x == 0) out[0] = inp[0];",
+                    ),
+                    0,
+                )?;
+                index += 1;
+                let mark =
+                    marker.apply(&[&partial], &LaunchConfig::new([1, 1, 1], [1, 1, 1]).output(&[1], Dtype::Float32))?;
+                mark[0].eval()?;
+                let t = time(args.calls, args.evals, &|| partial.sum_axes(&axes, false)?.astype(Dtype::Bfloat16))?;
+                println!("| {m} | {s} | {layout} | {axes:?} | {:.1} | {:.1} | marker {} |", t.0, t.1, index - 1);
+            }
+        }
+    }
     Ok(())
 }
