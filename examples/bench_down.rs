@@ -17,6 +17,8 @@
 //!                                                 # the plan and these configurations
 //! target/release/examples/bench_down --paths      # the fused kernel against the dense path
 //! target/release/examples/bench_down --probe --rows 1  # where one queued call's time goes
+//! target/release/examples/bench_down --folds [--splits 13,32]  # MLX's fold of partials in
+//!                                                              # candidate layouts
 //! ```
 
 use std::fmt::Write as _;
@@ -99,6 +101,9 @@ fn parse() -> Result<Args> {
     }
     if !a.configs.is_empty() && !a.sweep {
         bail!("--configs lists configurations for --sweep");
+    }
+    if a.fold_splits.contains(&0) {
+        bail!("--splits: split counts start at 1");
     }
     Ok(a)
 }

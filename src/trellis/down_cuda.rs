@@ -7,8 +7,10 @@
 //! multiplies them with `mma.sync` against the activations times the row scales, or (staged,
 //! [`CudaDownConfig::row_warps`]) decodes each step once into shared memory and multiplies from
 //! there, optionally on warps of its own that hand the decoded tiles to the multiplying ones
-//! ([`CudaDownConfig::producers`]); see the kernel file for the work split. [`plan`] picks the
-//! configuration for a row count.
+//! ([`CudaDownConfig::producers`]); see the kernel file for the work split. With
+//! [`CudaDownConfig::prescaled`] a pre-pass kernel (`kernels/cuda/prescale.cu`) first writes the
+//! activations times the row scales as f16, and the kernel streams them in with the codes.
+//! [`plan`] picks the configuration for a row count.
 //!
 //! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
 //! once to dense weights and runs MLX's matmul ([`down_cuda_dense`]): the decode costs one write
@@ -448,17 +450,20 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // just the call's rows (MT = M / 8 rounded up, one kernel per MT): 60.7 µs at 64 rows and
     // 53.0 at 48 against the staged kernel's 64.6 and 61.7. The bias fold's accumulators would
     // take it to 168 registers. No plan uses the u8 MMA byte sums or a prefetch any more.
-    // At 2-8 and 33-64 rows the B tiles come from the pre-pass kernel (`prescaled`): with them
-    // the kernel alone took 30.1 against 34.1 µs at 8 rows, 42.0 against 49.2 at 40 and 53.3
-    // against 61.2 at 64, for 2.0-2.9 µs of pre-pass (the 64-row kernel's decode hides behind
-    // its MMAs; the B tile's loads and conversions did not). At one row (27.1 + 1.9 against
-    // 28.4), 16 (35.9 + 2.1 against 37.6) and 32 (39.7 + 2.5 in 8-warp blocks against 41.7 for
-    // the producer warps) it did not pay, and at 24 rows it was within noise (36.2 + 2.5
-    // against 39.4). f32 activations keep their B tiles in the kernel: the prescaled residue
-    // tiles took the 64-row shape to 146 registers (one block per SM).
+    // At 33-64 rows the B tiles come from the pre-pass kernel (`prescaled`): with them the
+    // kernel alone took 42.0 against 49.2 µs at 40 rows and 53.3 against 61.2 at 64, for 2.6-2.9
+    // µs of pre-pass (the 64-row kernel's decode hides behind its MMAs; the B tile's loads and
+    // conversions did not). At one row (27.1 + 1.9 against 28.4), 16 (35.9 + 2.1 against 37.6)
+    // and 32 (39.7 + 2.5 in 8-warp blocks against 41.7 for the producer warps) it did not pay,
+    // and at 24 rows it was within noise (36.2 + 2.5 against 39.4). At 2-8 rows it saved 2 µs
+    // alone (30.1 + 2.0 against 34.1 at 8 rows), but the queued calls, where the extra launch
+    // costs host time, came out 5-9 µs slower at 4 and 8 rows (within the noise of earlier
+    // runs, but not a gain), so those rows keep their B tiles in the kernel. f32 activations
+    // keep them too: the prescaled residue tiles took the 64-row shape to 146 registers (one
+    // block per SM).
     let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers, prescaled) = match m {
         0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0, false),
-        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0, true),
+        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0, false),
         9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0, false),
         17..=32 => (4, m.div_ceil(8) as u32, 4, 1, 13, false, false, 1, 4, false),
         33..=64 => (2, m.div_ceil(8) as u32, 4, 1, 13, false, false, 0, 0, true),
@@ -546,9 +551,9 @@ fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
 /// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
 /// the fused kernel with MLX's fold and the cast takes 49.1 µs at 32 rows (producer warps) and
-/// 69.2 µs at 64 (61.0 µs kernel, one pass of the fragment decode), and alone at 128 rows two
-/// passes of that shape take 119 µs before the fold of 128 rows and the cast (one kernel at a
-/// time; see the README's benchmark section). Up to 64 rows the fused kernel is ahead, and it
+/// 64.5 µs at 64 (one pass of the fragment decode, 53.5 µs after a 3.1 µs pre-pass), and alone
+/// at 128 rows two passes of the 64-row shape (before prescaled B tiles) take 119 µs before the
+/// fold of 128 rows and the cast (one kernel at a time; see the README's benchmark section). Up to 64 rows the fused kernel is ahead, and it
 /// needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
@@ -740,8 +745,8 @@ mod tests {
             (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
             (2, 8, 4, 4, 13, 8, 0, false)
         );
-        // Prescaled B tiles at 2-8 and 33-64 rows of 16-bit activations only.
-        for (m, prescaled) in [(1, false), (2, true), (8, true), (9, false), (32, false), (33, true), (64, true)] {
+        // Prescaled B tiles at 33-64 rows of 16-bit activations only.
+        for (m, prescaled) in [(1, false), (8, false), (16, false), (32, false), (33, true), (64, true), (65, false)] {
             assert_eq!(plan(&qwen, m).prescaled, prescaled, "M {m}");
             assert!(!plan_for(&qwen, m, Dtype::Float32).prescaled, "M {m} f32");
         }
