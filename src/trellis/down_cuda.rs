@@ -88,7 +88,7 @@ pub struct CudaDownConfig {
     /// Fragment decode only: the B operand (activations times the row scales, as f16) comes
     /// from a pre-pass kernel (`kernels/cuda/prescale.cu`) and streams into the code ring with
     /// the codes, one B tile per ring slot, instead of every thread block loading and converting
-    /// the activations of each step itself. It costs one more kernel per call (about 2 µs) and
+    /// the activations of each step itself. It costs one more kernel per call (2-3 µs) and
     /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
     /// tiles large (33 rows and more). Needs `row_warps` 0 and `prefetch` off.
     pub prescaled: bool,
@@ -553,8 +553,8 @@ fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
 /// the fused kernel with MLX's fold and the cast takes 49.1 µs at 32 rows (producer warps) and
 /// 64.5 µs at 64 (one pass of the fragment decode, 53.5 µs after a 3.1 µs pre-pass), and alone
 /// at 128 rows two passes of the 64-row shape (before prescaled B tiles) take 119 µs before the
-/// fold of 128 rows and the cast (one kernel at a time; see the README's benchmark section). Up to 64 rows the fused kernel is ahead, and it
-/// needs no scratch.
+/// fold of 128 rows and the cast (one kernel at a time; see the README's benchmark section). Up
+/// to 64 rows the fused kernel is ahead, and it needs no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
