@@ -643,6 +643,14 @@ fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dt
         return Ok(Arc::clone(prepared));
     }
     cfg.check(g, dtype)?;
+    // Prescaled activations: [sets * m, row_pad] f16 (the f32 residues are the second set).
+    let row_pad = g.rows.next_multiple_of(PRESCALED_ROW_MULTIPLE);
+    let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
+    // The kernel indexes them with 32-bit offsets, and the pre-pass runs one grid row per
+    // activation row (CUDA's grid y is at most 65535).
+    if cfg.prescaled && (sets * m * row_pad > i32::MAX as usize || m > 65535) {
+        invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {sets} x {m} x {row_pad} here)");
+    }
     let kernel = kernel(cfg.staged(), cfg.shared_bytes(g, dtype == Dtype::Float32))?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
     let ctas = cfg.column_blocks(g);
@@ -672,12 +680,6 @@ fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dt
         .template_bool("PRESCALED", cfg.prescaled);
     let launch = Arc::new(kernel.prepare(&launch)?);
     let prescale = if cfg.prescaled {
-        let row_pad = g.rows.next_multiple_of(PRESCALED_ROW_MULTIPLE);
-        let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
-        // The kernel indexes the prescaled activations with 32-bit offsets.
-        if sets * m * row_pad > i32::MAX as usize {
-            invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles ({sets} x {m} x {row_pad} f16 values; at most 2^31 - 1)");
-        }
         // A thread converts 8 activations (see prescale.cu).
         let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
             .output(&[sets * m, row_pad], Dtype::Float16)
@@ -887,6 +889,16 @@ mod tests {
             let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
             assert!(err.contains("prescaled B tiles stream into the fragment decode"), "{err}");
         }
+    }
+
+    #[test]
+    fn too_many_rows_for_prescaled_b_tiles_is_an_error_that_says_so() {
+        // Caught while the launch is prepared, before anything runs (so on every back-end).
+        let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
+        let cfg = CudaDownConfig { nc: 2, mt: 8, ks: 1, warps: 8, splits: 1, prescaled: true, ..Default::default() };
+        cfg.check(&g, Dtype::Float32).unwrap();
+        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32).err().expect("65536 rows").to_string();
+        assert!(err.contains("too many for prescaled B tiles") && err.contains("65536 rows"), "{err}");
     }
 
     #[test]
