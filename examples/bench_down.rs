@@ -612,12 +612,20 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
 
 /// MLX's fold of f32 partials (`sum` over the splits, then the cast to bf16) in candidate
 /// layouts, `[M, S, C]` (the kernel's) and others, for each row count and split count. Each
-/// candidate's launches follow a one-thread marker kernel named after it, so that a profiler's
-/// serialised durations can be attributed (`ncu --kernel-name regex:'fold_|reduce|copy|Cast'`).
+/// candidate's launches follow a launch of a one-thread marker kernel (`fold_marker`, its N-th
+/// launch before table row N), so that a profiler's serialised durations can be attributed.
 fn folds(args: &Args) -> Result<()> {
     use mlx_trellis::{random, CudaKernel, KernelSource, LaunchConfig};
-    println!("| M | splits | layout | reduced axes | call median us | call best us |\n|---|---|---|---|---|---|");
-    let mut index = 0;
+    // One marker kernel for every candidate: its N-th launch precedes row N's kernels.
+    let marker = CudaKernel::new(
+        KernelSource::new("fold_marker", &["inp"], &["out"], "if (threadIdx.x == 0) out[0] = inp[0];"),
+        0,
+    )?;
+    let mark = LaunchConfig::new([1, 1, 1], [1, 1, 1]).output(&[1], Dtype::Float32);
+    println!(
+        "| M | splits | layout | reduced axes | call median us | call best us | row |\n|---|---|---|---|---|---|---|"
+    );
+    let mut row = 0;
     for &m in &args.rows {
         for &s in &args.fold_splits {
             let mut candidates: Vec<(String, Vec<usize>, Vec<i32>)> = vec![
@@ -633,21 +641,10 @@ fn folds(args: &Args) -> Result<()> {
             for (layout, shape, axes) in candidates {
                 let partial = random::normal(&shape, Dtype::Float32, 0.0, 1.0, 5)?;
                 partial.eval()?;
-                let marker = CudaKernel::new(
-                    KernelSource::new(
-                        &format!("fold_marker_{index}"),
-                        &["inp"],
-                        &["out"],
-                        "if (threadIdx.x == 0) out[0] = inp[0];",
-                    ),
-                    0,
-                )?;
-                index += 1;
-                let mark =
-                    marker.apply(&[&partial], &LaunchConfig::new([1, 1, 1], [1, 1, 1]).output(&[1], Dtype::Float32))?;
-                mark[0].eval()?;
+                marker.apply(&[&partial], &mark)?[0].eval()?;
                 let t = time(args.calls, args.evals, &|| partial.sum_axes(&axes, false)?.astype(Dtype::Bfloat16))?;
-                println!("| {m} | {s} | {layout} | {axes:?} | {:.1} | {:.1} | marker {} |", t.0, t.1, index - 1);
+                println!("| {m} | {s} | {layout} | {axes:?} | {:.1} | {:.1} | {row} |", t.0, t.1);
+                row += 1;
             }
         }
     }
