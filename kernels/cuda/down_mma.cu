@@ -140,7 +140,9 @@
   // B tiles in flight: with PRESCALED one per ring slot, copied with the slot's codes.
   constexpr int B_SLOTS = PRESCALED ? STAGES : PREFETCH && !STAGED ? 3 : 2;
   static_assert(!PRESCALED || (!STAGED && !PREFETCH), "PRESCALED streams the fragment decode's B tiles");
-  constexpr int R_PAD = (R + 63) / 64 * 64;  // prescaled rows: whole steps of any KS
+  // Prescaled rows are padded to whole steps of any KS: the host's PRESCALED_ROW_MULTIPLE (64,
+  // down_cuda.rs), which also sizes prescale.cu's output.
+  constexpr int R_PAD = (R + 63) / 64 * 64;
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
   static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
   // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
