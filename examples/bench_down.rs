@@ -278,7 +278,7 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
 /// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), `rwN` (row warps), `pN` (producer
 /// warps), and the flags `mma` (u8 MMA byte sums), `fold` (bias fold), `pack` (IMAD pack),
-/// `prefetch` and `prescaled` (B tiles from the pre-pass kernel).
+/// `prefetch`, `prescaled` (B tiles from the pre-pass kernel) and `mbar` (its ring on mbarriers).
 fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     let mut configs = Vec::new();
     for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -293,6 +293,7 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
                 "pack" => c.pack_fma = true,
                 "prefetch" => c.prefetch = true,
                 "prescaled" => c.prescaled = true,
+                "mbar" => c.mbarriers = true,
                 _ if token.starts_with("nc") => c.nc = number("nc")?,
                 _ if token.starts_with("mt") => c.mt = number("mt")?,
                 _ if token.starts_with("ks") => c.ks = number("ks")?,

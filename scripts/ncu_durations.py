@@ -15,7 +15,7 @@ import sys
 
 # The activation dtype's name (bfloat16_t, float16_t, float) and then the template ints and bools.
 CONFIG = re.compile(
-    r"down_mma(?:_staged)?_[0-9a-f]+_[a-z0-9_]*?_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_([tf])_([tf])_([tf])_([tf])_([tf])(?:_([tf]))?(?:_(\d+))?(?:_(\d+))?(?:_([tf]))?"
+    r"down_mma(?:_staged)?_[0-9a-f]+_[a-z0-9_]*?_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_([tf])_([tf])_([tf])_([tf])_([tf])(?:_([tf]))?(?:_(\d+))?(?:_(\d+))?(?:_([tf]))?(?:_([tf]))?"
 )
 
 
@@ -23,12 +23,12 @@ def label(name):
     m = CONFIG.search(name)
     if not m:
         return re.sub(r"\(.*", "", name).replace("void ", "")[:90]
-    _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, mma, bias, pf, pack, row_warps, producers, prescaled = m.groups()
+    _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, mma, bias, pf, pack, row_warps, producers, prescaled, mbarriers = m.groups()
     decode = ("u8 mma" if mma == "t" else "dp4a") + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
     staged = f" staged, {row_warps} row warps" if row_warps and row_warps != "0" else ""
     if producers and producers != "0":
         staged += f", {producers} producer warps"
-    return f"trellis k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}" + (" prefetch" if pf == "t" else "") + (" prescaled" if prescaled == "t" else "") + staged
+    return f"trellis k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}" + (" prefetch" if pf == "t" else "") + (" prescaled" if prescaled == "t" else "") + (" mbarriers" if mbarriers == "t" else "") + staged
 
 
 for path in sys.argv[1:]:

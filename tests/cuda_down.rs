@@ -134,6 +134,7 @@ fn every_configuration_matches_the_reference() {
                 row_warps: 0,
                 producers: 0,
                 prescaled: false,
+                mbarriers: false,
             };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
@@ -364,10 +365,22 @@ fn prescaled_configurations_match_the_reference() {
             (layer, dtype, cfg)
         })
         .collect();
+    // Every other case also with its ring on mbarriers (3 stages or more), warps drifting apart.
+    let with_mbarriers: Vec<_> = configs
+        .iter()
+        .enumerate()
+        .filter(|(i, (_, _, cfg))| i % 2 == 0 && cfg.stages >= 3)
+        .map(|(_, &(layer, dtype, cfg))| (layer, dtype, CudaDownConfig { mbarriers: true, ..cfg }))
+        .collect();
+    for (layer, dtype, cfg) in &with_mbarriers {
+        let g = layers[*layer].lin.geometry();
+        cfg.check(g, *dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
+    }
+    assert_eq!(with_mbarriers.len(), 5);
     if !cuda() {
         return;
     }
-    for (layer, dtype, cfg) in configs {
+    for (layer, dtype, cfg) in configs.into_iter().chain(with_mbarriers) {
         let (c, mt) = (&layers[layer], cfg.mt);
         let g = *c.lin.geometry();
         for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {

@@ -84,8 +84,9 @@
 // ROW_WARPS (0: decode into fragments; else the staged warps along the rows), PRODUCERS
 // (staged: 0, or the decoding warps added to the WARPS multiplying ones).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
-// BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA, PRESCALED. Template type: T (activation dtype;
-// f16 with PRESCALED).
+// BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
+// by per-slot mbarriers instead of a block barrier per step). Template type: T (activation
+// dtype; f16 with PRESCALED).
 //
 // Two sources. Code only the fragment decode compiles (ROW_WARPS == 0) sits under
 // `#if !TRELLIS_DOWN_STAGED`, code only the staged one compiles under `#if TRELLIS_DOWN_STAGED`.
@@ -143,6 +144,7 @@
   // Prescaled rows are padded to whole steps of any KS: the host's PRESCALED_ROW_MULTIPLE (64,
   // down_cuda.rs), which also sizes prescale.cu's output.
   constexpr int R_PAD = (R + 63) / 64 * 64;
+  static_assert(!MBARRIERS || (PRESCALED && STAGES >= 3), "MBARRIERS runs the prescaled ring, 3 stages or more");
   static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
   static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
   // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
@@ -160,6 +162,9 @@
   Ring& ring = *reinterpret_cast<Ring*>(shared_base);
   BTiles& b_tile = *reinterpret_cast<BTiles*>(shared_base + sizeof(Ring));
   ATile* a_tile = reinterpret_cast<ATile*>(shared_base + sizeof(Ring) + sizeof(BTiles));
+  // With MBARRIERS (no A tiles): per ring slot a "full" and an "empty" mbarrier.
+  unsigned long long* full_bar = reinterpret_cast<unsigned long long*>(shared_base + sizeof(Ring) + sizeof(BTiles));
+  unsigned long long* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int ptid = SPECIALIZED ? tid - THREADS : tid;  // producer thread (negative: a consumer)
@@ -505,6 +510,26 @@
     constexpr int WORDS = sizeof(BTiles) / 16;
     for (int j = tid; j < WORDS; j += THREADS) reinterpret_cast<uint4*>(&b_tile[0][0][0][0])[j] = make_uint4(0, 0, 0, 0);
   };
+  // With MBARRIERS the ring runs STAGES - 2 steps ahead: step i + STAGES - 2 refills the slot of
+  // step i - 2, so warps may drift up to two steps apart.
+  constexpr int MBAR_LEAD = STAGES - 2;
+#if !TRELLIS_DOWN_STAGED
+  if constexpr (MBARRIERS) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < STAGES; ++s) trellis_cuda::mbar_init(&full_bar[s], THREADS), trellis_cuda::mbar_init(&empty_bar[s], THREADS);
+    }
+    if (m_base + B_ROWS > M) zero_b_tiles();
+    __syncthreads();  // the mbarriers and the zeroed rows, before any copy or wait
+#pragma unroll
+    for (int i = 0; i < MBAR_LEAD; ++i) {
+      if (i < steps) {
+        copy_codes(i, i);
+        trellis_cuda::mbar_arrive_on_copies(&full_bar[i]);
+      }
+    }
+  } else
+#endif
   if constexpr (PRESCALED) {
     // The B tiles' rows past M are zeroed before any copy into the rows below M is issued.
     if (m_base + B_ROWS > M) {
@@ -623,6 +648,29 @@
         decode_unit(raw[u], u, (i + 1) % 2);
       }
       if (i + 1 < steps) store_b((i + 1) % 2, v_next);
+    }
+  } else
+#endif
+#if !TRELLIS_DOWN_STAGED
+  if constexpr (MBARRIERS) {
+    // No block barrier: a thread waits for its step's slot to be full (every thread's copies
+    // landed) and, before refilling a slot, for every thread to have released it.
+    for (int i = 0; i < steps; ++i) {
+      const int j = i + MBAR_LEAD;
+      if (j < steps) {
+        if (j >= STAGES) trellis_cuda::mbar_wait(&empty_bar[j % STAGES], (unsigned)(j / STAGES - 1) & 1u);
+        copy_codes(j, j % STAGES);
+        trellis_cuda::mbar_arrive_on_copies(&full_bar[j % STAGES]);
+      }
+      trellis_cuda::mbar_wait(&full_bar[i % STAGES], (unsigned)(i / STAGES) & 1u);
+#pragma unroll
+      for (int c = 0; c < KS; ++c) {
+        unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
+        read_b_fragments(i % STAGES, c, b_hi, b_lo, 0);
+        read_code_bits(i % STAGES, c, w);
+        decode_and_multiply(w, b_hi, b_lo);
+      }
+      trellis_cuda::mbar_arrive(&empty_bar[i % STAGES]);
     }
   } else
 #endif

@@ -138,6 +138,37 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
                : "r"(s));
 }
 
+#if !TRELLIS_DOWN_STAGED
+// mbarriers in shared memory (sm_80 and later) for the fragment decode's MBARRIERS ring: init
+// with the count of arrivals that complete a phase; an arrive by this thread; an arrive that
+// fires once this thread's earlier cp.async copies have landed (noinc: it counts against the
+// init count); and a wait for the phase of the given parity to complete.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(s), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(s) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive_on_copies(unsigned long long* bar) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(s) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n .reg .pred done;\n"
+      "WAIT_%=:\n mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(s),
+      "r"(parity)
+      : "memory");
+}
+#endif
+
 #if TRELLIS_DOWN_STAGED
 // ldmatrix_x4 with each 8x8 matrix transposed: lane 4 g + q receives rows 2q, 2q + 1 of column g
 // of each (the A fragment of a tile stored K-major, [k][position]).

@@ -92,6 +92,11 @@ pub struct CudaDownConfig {
     /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
     /// tiles large (33 rows and more). Needs `row_warps` 0 and `prefetch` off.
     pub prescaled: bool,
+    /// With `prescaled`: the code ring is synchronised by an mbarrier pair per slot instead of
+    /// a block barrier per step. A warp waits only for its own step's data, and before it
+    /// refills a slot for every warp to have released it; the ring runs `stages - 2` steps ahead,
+    /// so warps may drift up to two steps apart. Needs `stages >= 3`.
+    pub mbarriers: bool,
 }
 
 impl Default for CudaDownConfig {
@@ -115,6 +120,7 @@ impl Default for CudaDownConfig {
             row_warps: 0,
             producers: 0,
             prescaled: false,
+            mbarriers: false,
         }
     }
 }
@@ -157,7 +163,8 @@ impl CudaDownConfig {
             (true, false, true) | (true, true, false) => 2,
             (true, true, true) => 3,
         };
-        ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2
+        let mbarriers = if self.mbarriers { 2 * self.stages as usize * 8 } else { 0 };
+        ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2 + mbarriers
     }
 
     /// The shared memory a planned configuration of this kind keeps to: prescaled B tiles in
@@ -313,6 +320,9 @@ impl CudaDownConfig {
         }
         if self.pack_fma && (self.bytesum_mma || !self.bias_fold) {
             invalid!("CUDA down kernel: pack_fma packs the dp4a decode's pairs with the bias fold (needs bytesum_mma false and bias_fold true)");
+        }
+        if self.mbarriers && (!self.prescaled || self.stages < 3) {
+            invalid!("CUDA down kernel: mbarriers synchronise the prescaled ring (needs prescaled and stages >= 3, got {} stages)", self.stages);
         }
         if self.prescaled && (self.staged() || self.prefetch) {
             invalid!("CUDA down kernel: prescaled B tiles stream into the fragment decode without its prefetch (needs row_warps 0 and prefetch off)");
@@ -488,6 +498,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         row_warps,
         producers,
         prescaled: prescaled && dtype != Dtype::Float32,
+        mbarriers: false,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -677,7 +688,8 @@ fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dt
         .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
         .template_int("ROW_WARPS", cfg.row_warps as i32)
         .template_int("PRODUCERS", cfg.producers as i32)
-        .template_bool("PRESCALED", cfg.prescaled);
+        .template_bool("PRESCALED", cfg.prescaled)
+        .template_bool("MBARRIERS", cfg.mbarriers);
     let launch = Arc::new(kernel.prepare(&launch)?);
     let prescale = if cfg.prescaled {
         // A thread converts 8 activations (see prescale.cu).
@@ -883,6 +895,17 @@ mod tests {
             prescaled.shared_bytes(&g, false) - plain.shared_bytes(&g, false),
             (prescaled.stages as usize - 2) * b_tile
         );
+        // Its ring on mbarriers: a pair of 8-byte mbarriers per slot, 3 stages or more.
+        let mbarriers = CudaDownConfig { mbarriers: true, ..prescaled };
+        mbarriers.check(&g, Dtype::Bfloat16).unwrap();
+        assert_eq!(
+            mbarriers.shared_bytes(&g, false) - prescaled.shared_bytes(&g, false),
+            16 * prescaled.stages as usize
+        );
+        for cfg in [CudaDownConfig { prescaled: false, ..mbarriers }, CudaDownConfig { stages: 2, ..mbarriers }] {
+            let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+            assert!(err.contains("mbarriers synchronise the prescaled ring"), "{err}");
+        }
         let staged = CudaDownConfig { row_warps: 2, ..prescaled };
         let prefetch = CudaDownConfig { prefetch: true, ks: 1, ..prescaled };
         for cfg in [staged, prefetch] {
