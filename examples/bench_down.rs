@@ -215,6 +215,8 @@ fn main() -> Result<()> {
                     cfg.splits,
                     if cfg.prefetch {
                         " pf"
+                    } else if cfg.prescaled && cfg.mbarriers {
+                        " prescaled mbar"
                     } else if cfg.prescaled {
                         " prescaled"
                     } else {
@@ -455,11 +457,15 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                         if let Some(cfg) = cfg.with_deepest_ring(g, dtype) {
                             configs.push(cfg);
                         }
-                        // B tiles from the pre-pass kernel (planned at 2-8 and 33-64 rows).
+                        // B tiles from the pre-pass kernel, with a block barrier per step and
+                        // on an mbarrier ring (the plan from 17 rows).
                         let prescaled = CudaDownConfig { prescaled: true, ..cfg };
-                        if matches!(m, 2..=64) && !prefetch {
+                        if m >= 2 && !prefetch {
                             if let Some(cfg) = prescaled.with_deepest_ring(g, dtype) {
                                 configs.push(cfg);
+                                if cfg.stages >= 3 {
+                                    configs.push(CudaDownConfig { mbarriers: true, ..cfg });
+                                }
                             }
                         }
                     }

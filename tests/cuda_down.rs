@@ -35,7 +35,7 @@ fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layo
         return;
     }
     let c = Case::new(rows, cols, k, layout);
-    for m in [1, 2, 3, 8, 9, 16, 17, 31, 33, 40, 50, 64, 65, 100, 128] {
+    for m in [1, 2, 3, 8, 9, 16, 17, 31, 33, 40, 50, 64, 65, 100, 128, DENSE_MIN_ROWS] {
         // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
@@ -433,7 +433,7 @@ fn qwen_sized_layers_match_the_reference() {
         (3, CodeLayout::RowMajor),
     ] {
         let c = Case::new(17408, 5120, k, layout);
-        for m in [1, 7, 8, 16, 32, DENSE_MIN_ROWS - 1, DENSE_MIN_ROWS, 128] {
+        for m in [1, 7, 8, 16, 24, 64, 100, DENSE_MIN_ROWS - 1, DENSE_MIN_ROWS] {
             if uses_dense(m, Dtype::Bfloat16) {
                 println!("plan M {m}: dense weights and MLX's matmul");
             } else {

@@ -424,63 +424,46 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
     // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps,
-    // prescaled B tiles),
-    // chosen with bf16 activations (f32 ones follow the same plan) by the kernel's own
+    // prescaled B tiles on an mbarrier ring), chosen with bf16 activations by the kernel's own
     // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
     // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
+    // kernels/cuda/NOTES.md keeps the measurements behind each choice and the plans they replaced.
     // Up to 16 rows the decode is everything: small blocks hide its latency, and dp4a with the
     // bias fold beats the u8 MMA byte sums, whose fixed latency a warp waits out; 4-warp blocks
     // of narrow tiles (72 registers a thread at 2-8 rows) beat fewer, wider warps. At one row
     // the ALU pipe limits the decode, so half of the code pairs are packed on FMA-heavy instead
-    // (`pack_fma`). Steps of 32 or 64 input rows spread each step's barrier, copies and B tile
-    // over more decode. Fewer splits from 9 rows, chosen so that the blocks fill whole waves of
-    // the GPU: 19 at 9-16 rows (NC 4, MT 2: 380 blocks, one wave at three or four blocks per
-    // SM; 26 splits, a full wave of four, took the same 37.7 µs), 13 from 17 (16 left a partial
-    // wave); MLX's fold of the partials is then shorter too.
-    // At 33-64 rows the staged kernel (the step decoded once into shared memory, then 8 warps
-    // multiply a coded block's 256 positions by 64 rows, two warps along the rows) beats two
-    // passes of 32 rows that decode every weight twice (82 against 92 µs), and with its
-    // prefetch (the next step decoded into a second A tile, one barrier a step: 58 KB of
-    // shared memory) it took 77.7 µs against 80.5 without; 67.5-68.1 µs since the activations
-    // stay packed until the B tile is stored. 64-row steps without the prefetch (79 KB, two
-    // blocks per SM) then took 66.4-66.7 µs against 67.9-68.0 in an A/B of the two plans, and
-    // were the plan until the fragment decode below overtook them. At 17-32 rows the staged
-    // kernel with producer warps: 4 warps multiply 256 positions by 32 rows while 4 more decode
-    // 64-row steps into two A tiles (103 KB, 128 registers, two blocks of 8 warps per SM); the
-    // decode and the MMAs then overlap, and it
-    // took 41.8 µs (two sweeps) against 47.6-47.8 for the plain staged kernel with its prefetch
-    // and 48.7 for the fragment kernel; at 17-24 rows a pass of 24 rows (MT 3) takes 39.3-39.7 µs
-    // against 41.0-41.4 for 32. At 8, 16 and 64 rows producer warps lost (35.2 against
-    // 33.9 µs, 39.2 against 37.9, 66.6 against 64.5): with few rows the fragment decode needs no
-    // A tile, and at 64 rows the 16-warp blocks that hold the accumulators run one per SM.
-    // At 33-64 rows the fragment decode in one pass of 8-warp blocks (NC 2, 64-row steps, no bias
-    // fold) has taken over from the staged kernel since its activations stay packed until the B
-    // tile is stored: 128 registers (two blocks per SM), each weight decoded once into the
-    // registers that multiply it, half the shared-memory traffic of an A tile. Its pass holds
-    // just the call's rows (MT = M / 8 rounded up, one kernel per MT): 60.7 µs at 64 rows and
-    // 53.0 at 48 against the staged kernel's 64.6 and 61.7. The bias fold's accumulators would
-    // take it to 168 registers. No plan uses the u8 MMA byte sums or a prefetch any more.
-    // At 33-64 rows the B tiles come from the pre-pass kernel (`prescaled`): with them the
-    // kernel alone took 42.0 against 49.2 µs at 40 rows and 53.3 against 61.2 at 64, for 2.6-2.9
-    // µs of pre-pass (the 64-row kernel's decode hides behind its MMAs; the B tile's loads and
-    // conversions did not). At one row (27.1 + 1.9 against 28.4), 16 (35.9 + 2.1 against 37.6)
-    // and 32 (39.7 + 2.5 in 8-warp blocks against 41.7 for the producer warps) it did not pay,
-    // and at 24 rows it was within noise (36.2 + 2.5 against 39.4). At 2-8 rows it saved 2 µs
-    // alone (30.1 + 2.0 against 34.1 at 8 rows), but the queued calls, where the extra launch
-    // costs host time, came out 5-9 µs slower at 4 and 8 rows (within the noise of earlier
-    // runs, but not a gain), so those rows keep their B tiles in the kernel. f32 activations
-    // keep them too: the prescaled residue tiles took the 64-row shape to 146 registers (one
-    // block per SM).
+    // (`pack_fma`). Steps of 32 or 64 input rows spread each step's barrier and copies over more
+    // decode. Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU: 19 at
+    // 9-16 rows (380 blocks, one wave at three or four blocks per SM), 13 from 17; MLX's fold of
+    // the partials is then shorter too. Prescaled B tiles saved about 2 µs alone at 1-16 rows,
+    // no more than their pre-pass costs (and queued, its launch lost more at 4 and 8 rows).
+    // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks (NC 2, 128
+    // registers, two blocks per SM, no bias fold: its accumulators would take 168) decode each
+    // weight once into the registers that multiply it, with the B tiles from the pre-pass
+    // kernel streamed into the code ring (`prescaled`) and the ring on mbarriers (`mbarriers`),
+    // so that the warps drift apart and their decode and MMA phases overlap. Kernel alone, k 3:
+    // 35.6 µs at 24 rows and 38.0 at 32 (+ 2.2-2.4 µs of pre-pass) against 39.6 and 41.7 for
+    // the staged kernel with producer warps; 48.3 at 64 rows against 53.4 with a block barrier
+    // per step and 61.2 with the B tiles built in the block. A pass holds just the call's rows
+    // (MT = M / 8 rounded up, one kernel per MT); above 64 rows passes of up to 64 share the
+    // rows evenly (72 rows: two passes of 40, not 64 + 8), 94.3-95.9 µs at 128 rows.
+    // f32 activations keep the B tiles in the block (the prescaled residue tiles took the 64-row
+    // shape to 146 registers, one block per SM) and at 17-32 rows the staged kernel with
+    // producer warps: 4 warps multiply while 4 more decode 64-row steps into two A tiles.
+    let tiles = m.div_ceil(8).max(1);
+    let pass_tiles = tiles.div_ceil(tiles.div_ceil(8)) as u32; // 8-row tiles a pass, passes of up to 8
     let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers, prescaled) = match m {
         0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0, false),
         2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0, false),
         9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0, false),
-        17..=32 => (4, m.div_ceil(8) as u32, 4, 1, 13, false, false, 1, 4, false),
-        33..=64 => (2, m.div_ceil(8) as u32, 4, 1, 13, false, false, 0, 0, true),
-        // 16-bit activations take the dense path from DENSE_MIN_ROWS, so this serves f32
-        // activations and explicit calls: passes of the 64-row shape (119.4 µs at 128 rows
-        // against 138.8 for one pass of 16-row tiles with the u8 MMA byte sums).
-        _ => (2, 8, 4, 1, 13, false, false, 0, 0, false),
+        // f32 activations keep the producer warps here (their prescaled residue tiles would
+        // double the B tiles).
+        17..=32 if dtype == Dtype::Float32 => (4, tiles as u32, 4, 1, 13, false, false, 1, 4, false),
+        17..=64 => (2, tiles as u32, 4, 1, 13, false, false, 0, 0, true),
+        // Up to DENSE_MIN_ROWS rows of 16-bit activations, f32 ones, and explicit calls (f32:
+        // two passes of 64 rows took 119.4 µs at 128 rows against 138.8 for one pass of 16-row
+        // tiles with the u8 MMA byte sums).
+        _ => (2, pass_tiles, 4, 1, 13, false, false, 0, 0, true),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -498,7 +481,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         row_warps,
         producers,
         prescaled: prescaled && dtype != Dtype::Float32,
-        mbarriers: false,
+        mbarriers: prescaled && dtype != Dtype::Float32,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -515,6 +498,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     let with_steps = |ks: u32, stages: u32| CudaDownConfig {
         ks,
         stages,
+        // The mbarrier ring needs 3 stages; a shallower ring keeps the block barrier.
+        mbarriers: cfg.mbarriers && stages >= 3,
         splits: cfg.splits.min(g.rows.div_ceil(16 * ks as usize) as u32),
         ..cfg
     };
@@ -560,16 +545,16 @@ fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
 
 /// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
 /// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
-/// the matmul and cuBLAS's split-K reduction take about 62 + 53 + 5 µs whatever the row count;
-/// the fused kernel with MLX's fold and the cast takes 49.1 µs at 32 rows (producer warps) and
-/// 64.5 µs at 64 (one pass of the fragment decode, 53.5 µs after a 3.1 µs pre-pass), and alone
-/// at 128 rows two passes of the 64-row shape (before prescaled B tiles) take 119 µs before the
-/// fold of 128 rows and the cast (one kernel at a time; see the README's benchmark section). Up
-/// to 64 rows the fused kernel is ahead, and it needs no scratch.
+/// the matmul and cuBLAS's split-K reduction take about 62 + 54 + 5 µs whatever the row count;
+/// the fused call (pre-pass, kernel in passes of up to 64 rows, MLX's fold and the cast) took
+/// 91.2 µs at 72 rows, 96.2 at 96 and 112.8 at 128 against 119.9-122.4 for the dense path, and
+/// 139.8 against 121.8 at 144 (`bench_down --paths` under Nsight Compute, one kernel at a time;
+/// see the README's benchmark section). Up to 128 rows the fused kernel is ahead, and it needs
+/// no scratch.
 /// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
 /// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
 /// by default, below the f32 accuracy the fused kernel keeps.
-pub const DENSE_MIN_ROWS: usize = 65;
+pub const DENSE_MIN_ROWS: usize = 129;
 
 /// Whether [`down_cuda`] takes the dense path for `m` rows of `dtype` activations.
 pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
@@ -748,7 +733,7 @@ mod tests {
         // The measured plan is unchanged where it fits (k <= 4).
         let one = plan(&qwen, 1);
         assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
-        let staged32 = plan(&qwen, 32);
+        let staged32 = plan_for(&qwen, 32, Dtype::Float32);
         assert_eq!(
             (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.producers),
             (4, 4, 4, 4, 1, 4)
@@ -759,10 +744,25 @@ mod tests {
             (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
             (2, 8, 4, 4, 13, 8, 0, false)
         );
-        // Prescaled B tiles at 33-64 rows of 16-bit activations only.
-        for (m, prescaled) in [(1, false), (8, false), (16, false), (32, false), (33, true), (64, true), (65, false)] {
-            assert_eq!(plan(&qwen, m).prescaled, prescaled, "M {m}");
-            assert!(!plan_for(&qwen, m, Dtype::Float32).prescaled, "M {m} f32");
+        // Prescaled B tiles on an mbarrier ring from 17 rows of 16-bit activations only, in
+        // passes that share the rows evenly above 64.
+        for (m, prescaled, mt) in [
+            (1, false, 1),
+            (8, false, 1),
+            (16, false, 2),
+            (17, true, 3),
+            (32, true, 4),
+            (33, true, 5),
+            (64, true, 8),
+            (72, true, 5),
+            (96, true, 6),
+            (128, true, 8),
+            (200, true, 7),
+        ] {
+            let cfg = plan(&qwen, m);
+            assert_eq!((cfg.prescaled, cfg.mbarriers, cfg.mt), (prescaled, prescaled, mt), "M {m}");
+            let f32 = plan_for(&qwen, m, Dtype::Float32);
+            assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
         }
     }
 
@@ -851,12 +851,12 @@ mod tests {
 
     #[test]
     fn the_staged_plan_fits_its_budget() {
-        // 17-32 rows: the staged kernel with producer warps in 64-row steps and two A tiles (103
-        // KB of shared memory at the Qwen shape); shallower rings or shorter steps fit the staged
-        // budget for every code width and dtype.
+        // 17-32 rows of f32 activations: the staged kernel with producer warps in 64-row steps
+        // and two A tiles; shallower rings or shorter steps fit the staged budget for every code
+        // width.
         for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
             let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
-            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            for dtype in [Dtype::Float32] {
                 for m in [17, 32] {
                     let cfg = plan_for(&g, m, dtype);
                     assert!(cfg.staged() && cfg.specialized() && !cfg.prefetch, "k {k} {dtype} M {m}: {cfg:?}");
@@ -866,18 +866,20 @@ mod tests {
             }
         }
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let planned = plan_for(&qwen, 32, Dtype::Bfloat16);
-        assert_eq!((planned.ks, planned.stages, planned.shared_bytes(&qwen, false)), (4, 4, 105472));
-        assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536);
+        let planned = plan_for(&qwen, 32, Dtype::Float32);
+        assert_eq!((planned.ks, planned.stages), (4, 4));
+        // The prescaled 64-row plan: four ring slots of codes and B tiles, and their mbarriers.
+        assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536 + 4 * 16);
         // Fragment plans never prefetch and keep to 48 KB, but for prescaled B tiles in 8-warp
-        // blocks (one B tile per ring slot: 64 KB at 64 rows); from 33 rows a pass holds just
-        // the call's rows, without the bias fold, in 64-row steps of 8-warp blocks.
-        for m in [1, 8, 16, 33, 48, 64, 128] {
+        // blocks (one B tile per ring slot); from 17 rows a pass holds just the call's rows (or
+        // an even share of them), without the bias fold, in 64-row steps of 8-warp blocks.
+        for m in [1, 8, 16, 17, 32, 33, 48, 64, 72, 128] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
             let budget = if cfg.prescaled && cfg.warps >= 8 { STAGED_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
             assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
-            if m > 32 {
-                let mt = if m <= 64 { m.div_ceil(8) as u32 } else { 8 };
+            if m > 16 {
+                let tiles = m.div_ceil(8);
+                let mt = tiles.div_ceil(tiles.div_ceil(8)) as u32;
                 assert_eq!((cfg.nc, cfg.mt, cfg.ks, cfg.warps, cfg.bias_fold), (2, mt, 4, 8, false), "M {m}: {cfg:?}");
             }
         }
@@ -886,7 +888,7 @@ mod tests {
     #[test]
     fn prescaled_b_tiles_need_the_fragment_decode_without_its_prefetch() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
-        let prescaled = CudaDownConfig { prescaled: true, ..plan(&g, 40) };
+        let prescaled = CudaDownConfig { prescaled: true, mbarriers: false, ..plan(&g, 40) };
         prescaled.check(&g, Dtype::Float32).unwrap();
         // One B tile per ring slot instead of two.
         let plain = CudaDownConfig { prescaled: false, ..prescaled };
