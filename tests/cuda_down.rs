@@ -116,7 +116,7 @@ fn every_configuration_matches_the_reference() {
             let blocks = [1u32, 2, 4][n % 3].min(g.blocks_per_row() as u32);
             // NC 1 tiles run in 16-warp blocks (one coded block); other shapes in 1 to 8 warps.
             let warps = if nc == 1 { 16 } else { (16 * blocks / nc).clamp(1, 8) };
-            let splits = [1u32, 5, 13][n % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
+            let splits = [1u32, 5, 13][n % 3];
             // (n / 4) % 2: every layer meets both dtypes (n % 2 would pair them with n % 4).
             // The IMAD pack applies to 16-bit activations only, so it always gets bf16.
             let dtype = if (n / 4) % 2 == 0 && !pack_fma { Dtype::Float32 } else { Dtype::Bfloat16 };
@@ -136,6 +136,7 @@ fn every_configuration_matches_the_reference() {
                 prescaled: false,
                 mbarriers: false,
             };
+            let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
             };
@@ -158,11 +159,12 @@ fn every_configuration_matches_the_reference() {
             let c = [&inter, &rm, &rm4, &odd][p % 4];
             let g = *c.lin.geometry();
             let ks = [1u32, 2, 4][p % 3];
-            let splits = [1u32, 5, 13][(p / 3) % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
+            let splits = [1u32, 5, 13][(p / 3) % 3];
             // The bias fold and the IMAD pack apply to 16-bit activations only.
             let dtype = if bias_fold || (p / 4) % 2 == 1 { Dtype::Bfloat16 } else { Dtype::Float32 };
             let cfg =
                 CudaDownConfig { nc, mt, ks, warps, splits, bytesum_mma, bias_fold, pack_fma, ..Default::default() };
+            let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
             };
@@ -237,13 +239,14 @@ fn staged_configurations_match_the_reference() {
             let c = &layers[v % layers.len()];
             let g = *c.lin.geometry();
             let ks = [1u32, 2, 4][v % 3];
-            let splits = [1u32, 5, 13][(v / 3) % 3].min(g.rows.div_ceil(16 * ks as usize) as u32);
+            let splits = [1u32, 5, 13][(v / 3) % 3];
             let dtype = if j == 0 { Dtype::Bfloat16 } else { Dtype::Float32 };
             // Each dtype meets both loops: two barriers a step, or the next step decoded into a
             // second A tile (prefetch), with 3 stages (codes waited for one step ahead) or 4.
             let prefetch = (i + j) % 2 == 1;
             let stages = if prefetch && (i / 2) % 2 == 1 { 3 } else { 4 };
             let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, prefetch, row_warps, ..Default::default() };
+            let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             // Shorter steps where the longest do not fit the shared memory (k 8, f32).
             let Some(cfg) =
                 [ks, 2, 1].into_iter().find_map(|ks| CudaDownConfig { ks, ..cfg }.with_deepest_ring(&g, dtype))
@@ -302,9 +305,9 @@ fn specialized_configurations_match_the_reference() {
     for (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages, prefetch) in cases {
         let c = &layers[layer];
         let g = *c.lin.geometry();
-        let splits = splits.min(g.rows.div_ceil(16 * ks as usize) as u32);
         let cfg =
             CudaDownConfig { nc, mt, ks, warps, splits, stages, prefetch, row_warps, producers, ..Default::default() };
+        let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
         if let Err(e) = cfg.check(&g, dtype) {
             panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}");
         }
@@ -345,7 +348,6 @@ fn prescaled_configurations_match_the_reference() {
         .into_iter()
         .map(|(layer, dtype, nc, warps, mt, ks, splits, stages, bytesum_mma, bias_fold, pack_fma)| {
             let g = *layers[layer].lin.geometry();
-            let splits = splits.min(g.rows.div_ceil(16 * ks as usize) as u32);
             let cfg = CudaDownConfig {
                 nc,
                 mt,
@@ -359,6 +361,7 @@ fn prescaled_configurations_match_the_reference() {
                 prescaled: true,
                 ..Default::default()
             };
+            let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             if let Err(e) = cfg.check(&g, dtype) {
                 panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}");
             }

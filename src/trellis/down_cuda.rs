@@ -88,9 +88,9 @@ pub struct CudaDownConfig {
     /// Fragment decode only: the B operand (activations times the row scales, as f16) comes
     /// from a pre-pass kernel (`kernels/cuda/prescale.cu`) and streams into the code ring with
     /// the codes, one B tile per ring slot, instead of every thread block loading and converting
-    /// the activations of each step itself. It costs one more kernel per call (2-3 µs) and
+    /// the activations of each step itself. It costs one more kernel per call (2-4 µs) and
     /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
-    /// tiles large (33 rows and more). Needs `row_warps` 0 and `prefetch` off.
+    /// tiles large (17 rows and more, with `mbarriers`). Needs `row_warps` 0 and `prefetch` off.
     pub prescaled: bool,
     /// With `prescaled`: the code ring is synchronised by an mbarrier pair per slot instead of
     /// a block barrier per step. A warp waits only for its own step's data, and before it
@@ -136,10 +136,11 @@ const SHARED_LIMIT: usize = 227 * 1024;
 /// share an SM).
 const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 
-/// The shared memory the planned staged configurations keep to: their blocks run two to an SM
-/// (128 registers a thread, 8 warps), and two blocks of 112 KB (each with the 1 KB the GPU
-/// reserves per block) fit Hopper's 228 KB. With bf16 activations at k = 3 the planned 64-row
-/// steps take 103 KB at 32 rows (two A tiles for the producer warps).
+/// The shared memory the planned staged and prescaled 8-warp configurations keep to: their
+/// blocks run two to an SM (128 registers a thread, 8 warps), and two blocks of 112 KB (each with
+/// the 1 KB the GPU reserves per block) fit Hopper's 228 KB. At k = 3 the producer-warp shape's
+/// 64-row steps take 103 KB at 32 rows with 16-bit activations (two A tiles), and the prescaled
+/// 64-row plan 64 KB (one B tile per ring slot).
 const STAGED_PLAN_SHARED_BUDGET: usize = 112 * 1024;
 
 impl CudaDownConfig {
@@ -190,6 +191,11 @@ impl CudaDownConfig {
     /// Warps per thread block: the multiplying `warps` and the `producers`.
     pub fn block_warps(&self) -> u32 {
         self.warps + self.producers
+    }
+
+    /// The steps of `16 * ks` input rows that `g`'s rows take: the most splits there can be.
+    pub fn input_steps(&self, g: &TrellisGeometry) -> u32 {
+        g.rows.div_ceil(16 * self.ks as usize) as u32
     }
 
     /// Output positions one thread block covers: `16 * nc * warps`.
@@ -387,9 +393,8 @@ impl CudaDownConfig {
                 g.blocks_per_row()
             );
         }
-        let step_rows = 16 * self.ks as usize;
-        if self.splits as usize > g.rows.div_ceil(step_rows) {
-            invalid!("CUDA down kernel: {} splits for {} input rows ({step_rows}-row steps)", self.splits, g.rows);
+        if self.splits > self.input_steps(g) {
+            invalid!("CUDA down kernel: {} splits for {} input rows ({}-row steps)", self.splits, g.rows, 16 * self.ks);
         }
         let shared = self.shared_bytes(g, dtype == Dtype::Float32);
         if shared > SHARED_LIMIT {
@@ -495,13 +500,10 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // The staged warps along the rows must still divide the warps (all powers of two).
         cfg.row_warps = cfg.row_warps.min(cfg.warps);
     }
-    let with_steps = |ks: u32, stages: u32| CudaDownConfig {
-        ks,
-        stages,
+    let with_steps = |ks: u32, stages: u32| {
         // The mbarrier ring needs 3 stages; a shallower ring keeps the block barrier.
-        mbarriers: cfg.mbarriers && stages >= 3,
-        splits: cfg.splits.min(g.rows.div_ceil(16 * ks as usize) as u32),
-        ..cfg
+        let c = CudaDownConfig { ks, stages, mbarriers: cfg.mbarriers && stages >= 3, ..cfg };
+        CudaDownConfig { splits: c.splits.min(c.input_steps(g)), ..c }
     };
     std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2))
         .flat_map(|ks| (2..=cfg.stages).rev().map(move |stages| with_steps(ks, stages)))
