@@ -1,6 +1,9 @@
 //! Custom-kernel wrappers: misuse caught in Rust, MLX's back-end errors as values, and a trivial
 //! kernel that runs for real where its back-end exists.
 
+mod common;
+
+use common::cuda;
 use mlx_trellis::{backend, Backend, CudaKernel, Dtype, KernelSource, LaunchConfig, MetalKernel, MlxArray};
 
 fn scale_source() -> KernelSource {
@@ -69,6 +72,15 @@ fn axpb_source() -> KernelSource {
     KernelSource::new("mlx_trellis_test_axpb", &["inp"], &["out"], AXPB_CUDA)
 }
 
+/// [`axpb_source`]'s launch over `n` elements of `dtype` in blocks of `block` threads.
+fn axpb_launch(n: usize, block: usize, dtype: Dtype, scale: i32) -> LaunchConfig {
+    LaunchConfig::new([n, 1, 1], [block, 1, 1])
+        .output(&[n], dtype)
+        .template_dtype("T", dtype)
+        .template_int("N", n as i32)
+        .template_int("SCALE", scale)
+}
+
 #[test]
 fn a_cuda_kernel_without_cuda_is_an_error_at_creation() {
     if backend() == Backend::Cuda {
@@ -82,8 +94,7 @@ fn a_cuda_kernel_without_cuda_is_an_error_at_creation() {
 /// An elementwise kernel with a template dtype and int, run for real on MLX's CUDA back-end.
 #[test]
 fn a_trivial_cuda_kernel_runs_on_cuda() {
-    if backend() != Backend::Cuda {
-        println!("skipped: no CUDA back-end in this MLX build ({})", backend());
+    if !cuda() {
         return;
     }
     let k = CudaKernel::new(axpb_source(), 0).unwrap();
@@ -91,11 +102,7 @@ fn a_trivial_cuda_kernel_runs_on_cuda() {
     let values: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
     for (dtype, scale) in [(Dtype::Float32, 3), (Dtype::Bfloat16, 5)] {
         let x = MlxArray::from_slice(&values, &[n]).unwrap().astype(dtype).unwrap();
-        let cfg = LaunchConfig::new([n, 1, 1], [256, 1, 1])
-            .output(&[n], dtype)
-            .template_dtype("T", dtype)
-            .template_int("N", n as i32)
-            .template_int("SCALE", scale);
+        let cfg = axpb_launch(n, 256, dtype, scale);
         let out = k.apply(&[&x], &cfg).unwrap().remove(0);
         // The same launch prepared once and applied twice.
         let launch = k.prepare(&cfg).unwrap();
@@ -117,16 +124,11 @@ fn a_trivial_cuda_kernel_runs_on_cuda() {
 /// names.
 #[test]
 fn a_prepared_cuda_launch_is_checked() {
-    if backend() != Backend::Cuda {
-        println!("skipped: no CUDA back-end in this MLX build ({})", backend());
+    if !cuda() {
         return;
     }
     let k = CudaKernel::new(axpb_source(), 0).unwrap();
-    let cfg = LaunchConfig::new([4, 1, 1], [4, 1, 1])
-        .output(&[4], Dtype::Float32)
-        .template_dtype("T", Dtype::Float32)
-        .template_int("N", 4)
-        .template_int("SCALE", 2);
+    let cfg = axpb_launch(4, 4, Dtype::Float32, 2);
     let no_outputs = LaunchConfig::new([4, 1, 1], [4, 1, 1]);
     let err = k.prepare(&no_outputs).unwrap_err();
     assert!(format!("{err:#}").contains("0 outputs configured for 1 output names"), "{err:#}");
