@@ -245,7 +245,7 @@ fn main() -> Result<()> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | producers | prescaled | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | producers | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -396,14 +396,15 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     // (sub-tiles per warp, 8-row tiles per pass, warps per block) worth trying at this M: the
     // neighbourhood of the measured plan (wider sweeps of the other fields found nothing better
     // there). Blocks of fewer than 16 warps' worth of sub-tiles cover a part of a coded block.
-    // One pass of just the call's rows (the plan from 33 rows).
+    // One pass of just the call's rows (the plan from 17 rows).
     let exact = m.div_ceil(8).clamp(1, 8) as u32;
     let shapes: Vec<(u32, u32, &[u32])> = match m {
         // NC 4: more, smaller warps' worth of registers (NC 16 lost at every M up to 8).
         0..=8 => vec![(4, 1, &[2, 4, 8]), (8, 1, &[1, 2, 4])],
         9..=16 => vec![(4, 2, &[2, 4, 8]), (8, 2, &[1, 2, 4])],
-        // NC 1: 16-warp blocks of one coded block, or 8 warps and two blocks per coded block.
-        17..=32 => vec![(4, 4, &[2, 4, 8]), (1, 4, &[8, 16])],
+        // NC 2 in one pass of 8 warps (the plan); NC 1: 16-warp blocks of one coded block, or 8
+        // warps and two blocks per coded block.
+        17..=32 => vec![(2, exact, &[8]), (4, 4, &[2, 4, 8]), (1, 4, &[8, 16])],
         // NC 2 in one pass (the plan), MT 4: two passes of 32 rows; MT 8 of NC 1 tiles: one pass
         // of 64 rows in blocks of NC 1 tiles, two per coded block or one.
         33..=64 => vec![(2, exact, &[4, 8]), (2, 4, &[8, 16]), (1, 8, &[4, 8, 16])],
@@ -508,7 +509,7 @@ fn time_configs(
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -523,6 +524,7 @@ fn time_configs(
             cfg.row_warps,
             cfg.producers,
             cfg.prescaled,
+            cfg.mbarriers,
             kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
