@@ -25,11 +25,11 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::down_cuda::{down_cuda_partials, down_cuda_with, plan, uses_dense, CudaDownConfig};
-use mlx_trellis::trellis::expand_cuda::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::down::{down_cuda_partials, down_cuda_with, plan, uses_dense, CudaDownConfig};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, Path, TrellisGeometry, TrellisLinear};
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear};
 use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
 
 const IN: usize = 17408;
@@ -109,9 +109,9 @@ fn parse() -> Result<Args> {
 }
 
 /// Median and best per-call microseconds of `f`, `calls` calls queued per evaluation.
-fn time(calls: usize, evals: usize, f: &dyn Fn() -> Result<MlxArray>) -> Result<(f64, f64)> {
+fn time(calls: usize, evals: usize, f: &dyn Fn() -> mlx_trellis::Result<MlxArray>) -> Result<(f64, f64)> {
     let run = || -> Result<f64> {
-        let outs = (0..calls).map(|_| f()).collect::<Result<Vec<_>>>()?;
+        let outs = (0..calls).map(|_| f()).collect::<mlx_trellis::Result<Vec<_>>>()?;
         let refs: Vec<&MlxArray> = outs.iter().collect();
         let t = Instant::now();
         eval_all(&refs)?;
@@ -190,9 +190,9 @@ fn main() -> Result<()> {
                 paths(&layer, &x, m, want, &args, &mut table)?;
                 continue;
             }
-            let y = layer.lin.forward_with(&x, Path::Cuda)?;
+            let y = layer.lin.forward_with(&x, ForwardPath::Cuda)?;
             let err = rel_err(&to_f64(&y)?, want);
-            let ours = time(args.calls, args.evals, &|| layer.lin.forward_with(&x, Path::Cuda))?;
+            let ours = time(args.calls, args.evals, &|| layer.lin.forward_with(&x, ForwardPath::Cuda))?;
             let wt = layer.dense.t()?;
             let bf16 = time(args.calls, args.evals, &|| x.matmul(&wt))?;
             let q4 = time(args.calls, args.evals, &|| {
@@ -558,7 +558,7 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     use mlx_trellis::{CudaKernel, KernelSource, LaunchConfig};
     let g = *layer.lin.geometry();
     let cfg = plan(&g, m);
-    let full = time(args.calls, args.evals, &|| layer.lin.forward_with(x, Path::Cuda))?;
+    let full = time(args.calls, args.evals, &|| layer.lin.forward_with(x, ForwardPath::Cuda))?;
     let kernel =
         time(args.calls, args.evals, &|| down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg))?;
     let partial = down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg)?;
@@ -608,7 +608,7 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     let build = {
         let t = Instant::now();
         for _ in 0..100 {
-            let _ = layer.lin.forward_with(x, Path::Cuda)?;
+            let _ = layer.lin.forward_with(x, ForwardPath::Cuda)?;
         }
         t.elapsed().as_secs_f64() * 1e4
     };

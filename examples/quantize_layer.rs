@@ -37,7 +37,7 @@ use anyhow::{bail, Context, Result};
 use mlx_trellis::trellis::encoder::{encode, encode_with_progress, stored_from_linear, EncoderBackend, EncoderConfig};
 use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, HostLayer, Path, TrellisLinear};
+use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear};
 use mlx_trellis::{load_safetensors, Dtype, MlxArray};
 
 const QWEN_OUT: usize = 5120;
@@ -292,7 +292,7 @@ fn run() -> Result<bool> {
         let g = *linear.geometry();
         let x = gaussian(CHECK_ROWS * g.in_features(), o.seed ^ 0xC0FFEE);
         let xa = MlxArray::from_slice(&x, &[CHECK_ROWS, g.in_features()])?;
-        let y = linear.forward_with(&xa, Path::Generic)?.astype(Dtype::Float32)?.to_vec::<f32>()?;
+        let y = linear.forward_with(&xa, ForwardPath::Generic)?.astype(Dtype::Float32)?.to_vec::<f32>()?;
         let y: Vec<f64> = y.into_iter().map(f64::from).collect();
         let want_decoded = dense_forward(&x, CHECK_ROWS, &decoded, rows, cols, o.axis);
         let want_dense = dense_forward(&x, CHECK_ROWS, &stored, rows, cols, o.axis);

@@ -27,7 +27,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use mlx_trellis::trellis::reference::{forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_layer, Artifact, CodeLayout, Path, TrellisLinear};
+use mlx_trellis::trellis::{synthetic_layer, Artifact, CodeLayout, ForwardPath, TrellisLinear};
 use mlx_trellis::{backend, load_safetensors, save_safetensors, Dtype, MlxArray};
 
 const IN_FEATURES: usize = 17408;
@@ -38,7 +38,7 @@ struct Options {
     module: Option<String>,
     x: Option<String>,
     out: Option<String>,
-    path: Path,
+    path: ForwardPath,
     rows: Vec<usize>,
     bits: Option<u32>,
     seed: u64,
@@ -51,7 +51,7 @@ fn parse_args() -> Result<Options> {
         module: None,
         x: None,
         out: None,
-        path: Path::Auto,
+        path: ForwardPath::Auto,
         rows: vec![1, 2, 4, 8],
         bits: None,
         seed: 0,
@@ -107,10 +107,10 @@ fn progress(msg: &str) {
 }
 
 /// Runs `f` and reports how long it took.
-fn step<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+fn step<T, E: Into<anyhow::Error>>(what: &str, f: impl FnOnce() -> std::result::Result<T, E>) -> Result<T> {
     progress(&format!("{what} ..."));
     let t = Instant::now();
-    let v = f()?;
+    let v = f().map_err(Into::into)?;
     progress(&format!("{what}: {:.2} s", t.elapsed().as_secs_f64()));
     Ok(v)
 }
@@ -172,13 +172,14 @@ fn run_given_x(o: &Options, layer: &TrellisLinear, x_file: &str) -> Result<bool>
         bail!("{x_file}: x is {}, expected float32 or bfloat16", x.dtype());
     }
     let m = x.shape()[0];
-    let y = step(&format!("running {} rows by the {} path", m, o.path), || {
+    let y = step(&format!("running {} rows by the {} path", m, o.path), || -> mlx_trellis::Result<_> {
         let y = layer.forward_with(&x, o.path)?;
         y.eval()?;
         Ok(y)
     })?;
     let host = layer.to_host()?;
-    let want = step("f64 reference", || forward_f64(&to_f64(&x)?, m, &host.codes, &host.scales, g))?;
+    let want =
+        step("f64 reference", || -> Result<_> { Ok(forward_f64(&to_f64(&x)?, m, &host.codes, &host.scales, g)?) })?;
     let err = rel_err(&to_f64(&y)?, &want);
     let ok = err < gate(x.dtype());
     println!("| M | layout | path | relErr | gate |\n|---|---|---|---|---|");
@@ -225,22 +226,26 @@ fn run() -> Result<bool> {
         let x_all = MlxArray::from_slice(&xs, &[max_m, g.in_features()])?.astype(Dtype::Bfloat16)?;
         let host = layer.to_host()?;
         // One reference run for the largest M serves every M (rows are independent).
-        let want = step(&format!("f64 reference for {} ({} rows)", layout_name(layer), max_m), || {
-            forward_f64(&to_f64(&x_all)?, max_m, &host.codes, &host.scales, g)
+        let want = step(&format!("f64 reference for {} ({} rows)", layout_name(layer), max_m), || -> Result<_> {
+            Ok(forward_f64(&to_f64(&x_all)?, max_m, &host.codes, &host.scales, g)?)
         })?;
         for &m in &o.rows {
             let x = x_all.slice(&[0, 0], &[m as i32, g.in_features() as i32], &[1, 1])?;
             x.eval()?;
-            let path = if o.path == Path::Auto { layer.best_path() } else { o.path };
+            let path = if o.path == ForwardPath::Auto { layer.best_path() } else { o.path };
             // On the GPU the first call compiles kernels and warms caches and is not timed; on
             // the CPU (seconds per call) the first call is the timing.
-            let slow = backend() == mlx_trellis::Backend::Cpu || matches!(path, Path::Reference | Path::MetalSim);
+            let slow = backend() == mlx_trellis::Backend::Cpu
+                || matches!(path, ForwardPath::Reference | ForwardPath::MetalSim);
             let first = Instant::now();
-            let y = step(&format!("{} M = {m}: first call by the {path} path", layout_name(layer)), || {
-                let y = layer.forward_with(&x, path)?;
-                y.eval()?;
-                Ok(y)
-            })?;
+            let y = step(
+                &format!("{} M = {m}: first call by the {path} path", layout_name(layer)),
+                || -> mlx_trellis::Result<_> {
+                    let y = layer.forward_with(&x, path)?;
+                    y.eval()?;
+                    Ok(y)
+                },
+            )?;
             let mut times = vec![first.elapsed().as_secs_f64() * 1e3];
             let err = rel_err(&to_f64(&y)?, &want[..m * g.out_features()]);
             let ok = err < gate(Dtype::Bfloat16);

@@ -9,7 +9,8 @@ use mlx_sys as sys;
 
 use crate::device::with_current;
 use crate::dtype::{Dtype, Element};
-use crate::error::{call, call_value, invalid, Error, Result};
+use crate::error::{invalid, Error, Result};
+use crate::ffi::{call, call_value};
 
 /// One MLX array: owns one `mlx_array` handle.
 ///

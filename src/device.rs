@@ -12,7 +12,8 @@ use std::marker::PhantomData;
 
 use mlx_sys as sys;
 
-use crate::error::{call, call_value, Result};
+use crate::error::Result;
+use crate::ffi::{call, call_value};
 
 /// A kind of device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

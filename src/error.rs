@@ -1,150 +1,226 @@
-//! Errors, and the one funnel through which every mlx-c call reports failure.
+//! [`Error`]: every failure the library reports, as an enum a model runner can match on.
 //!
-//! mlx-c reports a failure by calling a process-global handler and returning a non-zero status
-//! (or an empty handle / null pointer from functions that return values). Its default handler
-//! prints the message and calls `exit(-1)`. [`call`] and [`call_value`] install this crate's
-//! handler once, before the first call, which stores the message in a thread-local slot; the
-//! funnel then turns the status (or the presence of a message) into an [`Error`].
+//! Failures MLX reports keep MLX's message ([`Error::Mlx`]); calls this crate refuses before
+//! reaching MLX are [`Error::InvalidArgument`]; a geometry, layout, dtype or row count that the
+//! chosen kernels do not serve is [`Error::Unserved`], so a caller can fall back to another path;
+//! files are [`Error::Io`] and [`Error::Artifact`], naming the file and, where known, the tensor or
+//! key. [`Error::Context`] adds what was being done; [`Error::root`] and [`Error::kind`] see
+//! through it. `Error` implements [`std::error::Error`], so `anyhow` users keep `?` and context.
 
-use std::cell::RefCell;
-use std::ffi::{c_char, c_int, c_void, CStr};
 use std::fmt;
-use std::sync::Once;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-/// The API's result type: an [`anyhow::Result`] whose root cause is an [`Error`] where the failure
-/// came from MLX or from a check in this crate.
-pub type Result<T> = anyhow::Result<T>;
+/// The library's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// What kind of failure an [`Error`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What kind of failure an [`Error`] is at its root (see [`Error::kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// MLX (through mlx-c) reported the failure; the message is MLX's.
+    /// [`Error::Mlx`].
     Mlx,
-    /// This crate refused a call before reaching MLX (wrong length, dtype, shape, argument).
+    /// [`Error::InvalidArgument`].
     InvalidArgument,
+    /// [`Error::Unserved`].
+    Unserved,
+    /// [`Error::Io`].
+    Io,
+    /// [`Error::Artifact`].
+    Artifact,
 }
 
 /// A failure reported by MLX or caught by this crate's own checks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Error {
-    kind: ErrorKind,
-    message: String,
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Error {
+    /// MLX (through mlx-c) reported the failure; the message is MLX's.
+    Mlx {
+        /// MLX's message.
+        message: String,
+    },
+    /// A call this crate refused before reaching MLX: a wrong length, dtype, shape or value.
+    InvalidArgument {
+        /// What was wrong.
+        message: String,
+    },
+    /// A geometry, layout, dtype or row count that the requested kernels do not serve. Nothing
+    /// ran; another path (for example [`ForwardPath::Generic`](crate::trellis::ForwardPath)) can.
+    Unserved {
+        /// What is not served, and by which kernels.
+        message: String,
+    },
+    /// Reading or writing a file failed.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: Arc<std::io::Error>,
+    },
+    /// A model artifact (config, index or safetensors file) is malformed or lacks something.
+    Artifact {
+        /// The file.
+        file: PathBuf,
+        /// The tensor or key concerned, where there is one.
+        key: Option<String>,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// `source`, which happened while doing `context`.
+    Context {
+        /// What was being done.
+        context: String,
+        /// The failure.
+        source: Box<Error>,
+    },
 }
 
 impl Error {
-    /// An error for a call this crate refuses before reaching MLX.
+    /// An [`Error::InvalidArgument`].
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self { kind: ErrorKind::InvalidArgument, message: message.into() }
+        Error::InvalidArgument { message: message.into() }
+    }
+
+    /// An [`Error::Unserved`].
+    pub fn unserved(message: impl Into<String>) -> Self {
+        Error::Unserved { message: message.into() }
+    }
+
+    /// An [`Error::Artifact`] about `file` (and `key`, if any).
+    pub fn artifact(file: impl AsRef<Path>, key: Option<&str>, message: impl Into<String>) -> Self {
+        Error::Artifact { file: file.as_ref().to_path_buf(), key: key.map(str::to_string), message: message.into() }
+    }
+
+    /// An [`Error::Io`] about `path`.
+    pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        Error::Io { path: path.as_ref().to_path_buf(), source: Arc::new(source) }
     }
 
     pub(crate) fn mlx(message: impl Into<String>) -> Self {
-        Self { kind: ErrorKind::Mlx, message: message.into() }
+        Error::Mlx { message: message.into() }
     }
 
-    /// What kind of failure this is.
+    /// This error with `context` (what was being done) around it.
+    pub fn context(self, context: impl fmt::Display) -> Self {
+        Error::Context { context: context.to_string(), source: Box::new(self) }
+    }
+
+    /// The error under every [`Error::Context`].
+    pub fn root(&self) -> &Error {
+        let mut e = self;
+        while let Error::Context { source, .. } = e {
+            e = source;
+        }
+        e
+    }
+
+    /// The kind of [`Error::root`].
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        match self.root() {
+            Error::Mlx { .. } => ErrorKind::Mlx,
+            Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Error::Unserved { .. } => ErrorKind::Unserved,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Artifact { .. } => ErrorKind::Artifact,
+            Error::Context { .. } => unreachable!("root() sees through every context"),
+        }
     }
 
-    /// The message (MLX's own text for [`ErrorKind::Mlx`]).
-    pub fn message(&self) -> &str {
-        &self.message
+    /// The root's own message, without contexts (MLX's text for [`Error::Mlx`]).
+    pub fn message(&self) -> String {
+        match self.root() {
+            Error::Mlx { message } | Error::InvalidArgument { message } | Error::Unserved { message } => {
+                message.clone()
+            }
+            Error::Artifact { message, .. } => message.clone(),
+            Error::Io { source, .. } => source.to_string(),
+            Error::Context { .. } => unreachable!("root() sees through every context"),
+        }
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.kind {
-            ErrorKind::Mlx => write!(f, "MLX: {}", self.message),
-            ErrorKind::InvalidArgument => f.write_str(&self.message),
+        match self {
+            Error::Mlx { message } => write!(f, "MLX: {message}"),
+            Error::InvalidArgument { message } | Error::Unserved { message } => f.write_str(message),
+            Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Artifact { file, key: Some(key), message } => write!(f, "{}: {key:?}: {message}", file.display()),
+            Error::Artifact { file, key: None, message } => write!(f, "{}: {message}", file.display()),
+            // The context's text carries its source's, so `source()` stops here (no repeats in
+            // `anyhow`'s `{:#}`).
+            Error::Context { context, source } => write!(f, "{context}: {source}"),
         }
     }
 }
 
-impl std::error::Error for Error {}
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
 
-/// Returns early with an [`ErrorKind::InvalidArgument`] error built from a format string.
+/// Context for the library's own results (`anyhow::Context`'s twin, inside the crate).
+pub(crate) trait ErrorContext<T> {
+    /// Wraps an error in [`Error::Context`].
+    fn context(self, context: impl fmt::Display) -> Result<T>;
+    /// Wraps an error in [`Error::Context`], built only on failure.
+    fn with_context<C: fmt::Display>(self, context: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T> ErrorContext<T> for Result<T> {
+    fn context(self, context: impl fmt::Display) -> Result<T> {
+        self.map_err(|e| e.context(context))
+    }
+
+    fn with_context<C: fmt::Display>(self, context: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| e.context(context()))
+    }
+}
+
+/// Returns early with an [`Error::InvalidArgument`] built from a format string.
 macro_rules! invalid {
     ($($arg:tt)*) => {
-        return Err($crate::error::Error::invalid(format!($($arg)*)).into())
+        return Err($crate::error::Error::invalid(format!($($arg)*)))
     };
 }
 pub(crate) use invalid;
 
-thread_local! {
-    /// The last message mlx-c reported on this thread and nobody has taken yet.
-    static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-extern "C" fn store_error(msg: *const c_char, _data: *mut c_void) {
-    let text = if msg.is_null() {
-        "unknown error (mlx-c passed no message)".to_string()
-    } else {
-        // SAFETY: mlx-c passes a NUL-terminated string that lives for the duration of the call.
-        unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned()
+/// Returns early with an [`Error::Unserved`] built from a format string.
+macro_rules! unserved {
+    ($($arg:tt)*) => {
+        return Err($crate::error::Error::unserved(format!($($arg)*)))
     };
-    // A handler must never unwind into C++: `try_with` cannot panic, even during thread exit.
-    let _ = LAST_ERROR.try_with(|slot| {
-        if let Ok(mut slot) = slot.try_borrow_mut() {
-            *slot = Some(text);
-        }
-    });
 }
-
-/// Installs this crate's error handler exactly once per process.
-pub(crate) fn ensure_handler() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        // SAFETY: `store_error` matches `mlx_error_handler_func`, never unwinds, and uses no data
-        // pointer, so passing null data without a destructor is sound.
-        unsafe { mlx_sys::mlx_set_error_handler(Some(store_error), std::ptr::null_mut(), None) };
-    });
-}
-
-fn take_last_error() -> Option<String> {
-    LAST_ERROR.with(|slot| slot.borrow_mut().take())
-}
-
-/// Runs one mlx-c call that returns a status: non-zero becomes an [`ErrorKind::Mlx`] error that
-/// carries MLX's message.
-pub(crate) fn call(f: impl FnOnce() -> c_int) -> std::result::Result<(), Error> {
-    ensure_handler();
-    drop(take_last_error());
-    let status = f();
-    match (status, take_last_error()) {
-        (0, None) => Ok(()),
-        (0, Some(msg)) | (_, Some(msg)) => Err(Error::mlx(msg)),
-        (status, None) => Err(Error::mlx(format!("mlx-c call failed with status {status} and no message"))),
-    }
-}
-
-/// Runs one mlx-c call that returns a value and reports failure only through the handler.
-pub(crate) fn call_value<T>(f: impl FnOnce() -> T) -> std::result::Result<T, Error> {
-    ensure_handler();
-    drop(take_last_error());
-    let value = f();
-    match take_last_error() {
-        None => Ok(value),
-        Some(msg) => Err(Error::mlx(msg)),
-    }
-}
+pub(crate) use unserved;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn display_names_the_source() {
+    fn display_names_the_source_and_kind_sees_through_context() {
         assert_eq!(Error::mlx("boom").to_string(), "MLX: boom");
         assert_eq!(Error::invalid("bad shape").to_string(), "bad shape");
-        assert_eq!(Error::invalid("x").kind(), ErrorKind::InvalidArgument);
+        let e = Error::unserved("no kernel for k = 9").context("layer down_proj").context("the MLP");
+        assert_eq!(e.to_string(), "the MLP: layer down_proj: no kernel for k = 9");
+        assert_eq!(e.kind(), ErrorKind::Unserved);
+        assert_eq!(e.message(), "no kernel for k = 9");
+        assert!(matches!(e.root(), Error::Unserved { .. }));
+        let a = Error::artifact("/m/config.json", Some("quantization"), "not an object");
+        assert_eq!(a.to_string(), "/m/config.json: \"quantization\": not an object");
+        assert_eq!(a.kind(), ErrorKind::Artifact);
     }
 
     #[test]
-    fn a_nonzero_status_without_message_is_still_an_error() {
-        let err = call(|| 3).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Mlx);
-        assert!(err.message().contains("status 3"), "{err}");
+    fn io_errors_keep_their_source_for_anyhow() {
+        let e = Error::io("/nope", std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(std::error::Error::source(&e).is_some());
+        let any = anyhow::Error::new(e.context("opening the model"));
+        assert!(format!("{any:#}").starts_with("opening the model: /nope: "), "{any:#}");
     }
 }

@@ -4,12 +4,13 @@ use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr, CString};
 use std::path::Path;
 
-use anyhow::Context;
+use crate::error::ErrorContext;
 use mlx_sys as sys;
 
 use crate::array::MlxArray;
 use crate::device::Stream;
-use crate::error::{call, invalid, Error, Result};
+use crate::error::{invalid, Error, Result};
+use crate::ffi::call;
 
 /// The tensors and the metadata of one safetensors file.
 #[derive(Debug, Default)]
@@ -82,7 +83,7 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
             let mut key: *const c_char = std::ptr::null();
             let mut value = MlxArray::empty();
             // mlx-c returns 2 at the end of the map, 1 on failure.
-            crate::error::ensure_handler();
+            crate::ffi::ensure_handler();
             // SAFETY: `key` and the value slot are valid out-pointers; `it` is live.
             let status = unsafe { sys::mlx_map_string_to_array_iterator_next(&mut key, value.raw_mut(), it) };
             match status {

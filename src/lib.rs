@@ -5,9 +5,10 @@
 //! objects) and the trellis kernels that run coded layers on Apple GPUs (Metal), NVIDIA GPUs
 //! (MLX's CUDA back-end) and, through MLX's own operations, on any CPU.
 //!
-//! Every fallible call returns [`Result`] (an [`anyhow::Result`]); failures MLX reports keep
-//! MLX's message ([`Error`]), and MLX's default handler, which would exit the process, is never
-//! reached.
+//! Every fallible call returns [`Result`], whose [`Error`] a runner can match on: MLX's own
+//! failures keep MLX's message, refused arguments, unserved geometries and artifact problems say
+//! what and where. MLX's default error handler, which would exit the process, is never reached:
+//! this crate installs its own before the first mlx-c call.
 //!
 //! ```
 //! use mlx_trellis::trellis::reference::{forward_f64, rel_err};
@@ -33,11 +34,13 @@
 //!
 //! [MLX]: https://github.com/ml-explore/mlx
 #![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod array;
 mod device;
 mod dtype;
 mod error;
+mod ffi;
 mod io;
 mod kernel;
 mod ops;

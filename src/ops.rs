@@ -9,7 +9,8 @@ use mlx_sys as sys;
 
 use crate::array::{dims, MlxArray};
 use crate::dtype::Dtype;
-use crate::error::{call, invalid, Result};
+use crate::error::{invalid, Result};
+use crate::ffi::call;
 
 macro_rules! binary_ops {
     ($($(#[$doc:meta])* $name:ident => $ffi:ident),* $(,)?) => {$(

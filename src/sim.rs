@@ -14,7 +14,7 @@ use msl_sim::{HostTensor, KernelDesc, Launch, ScalarType};
 
 use crate::array::MlxArray;
 use crate::dtype::{Dtype, Element};
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, Result};
 use crate::kernel::{LaunchConfig, MetalKernel, TemplateArg};
 
 thread_local! {
@@ -156,6 +156,6 @@ pub(crate) fn apply(kernel: &MetalKernel, inputs: &[&MlxArray], cfg: &LaunchConf
     launch.init_value = cfg.init_value;
     launch.verbose = cfg.verbose;
     let outs = msl_sim::run(&desc, &hosts, &launch)
-        .map_err(|e| anyhow::Error::new(e).context(format!("simulating Metal kernel {:?}", src.name)))?;
+        .map_err(|e| Error::mlx(format!("simulating Metal kernel {:?}: {e}", src.name)))?;
     outs.iter().map(from_host).collect()
 }

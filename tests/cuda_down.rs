@@ -1,13 +1,13 @@
 //! The CUDA down kernel against the f64 reference. Runs for real on MLX's CUDA back-end and
 //! skips (saying why) everywhere else.
 
-use mlx_trellis::trellis::down_cuda::{down_cuda_with, plan, uses_dense, CudaDownConfig, DENSE_MIN_ROWS};
-use mlx_trellis::trellis::expand_cuda::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::down::{down_cuda_with, plan, uses_dense, CudaDownConfig, DENSE_MIN_ROWS};
 mod common;
 
 use common::{cuda, f32_matmul_gate, gate, to_f64, Case};
 use mlx_trellis::trellis::reference::{expand, rel_err};
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, Path, TrellisLinear};
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
 
 type Forward<'a> = &'a dyn Fn(&MlxArray) -> mlx_trellis::Result<MlxArray>;
@@ -38,7 +38,7 @@ fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layo
     for m in [1, 2, 3, 8, 9, 16, 17, 31, 33, 40, 50, 64, 65, 100, 128, DENSE_MIN_ROWS] {
         // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-            check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, Path::Auto));
+            check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, ForwardPath::Auto));
         }
     }
     // Later calls reuse the first call's prepared launch (one per geometry, configuration, row
@@ -46,7 +46,7 @@ fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layo
     for m in [1, 17, 40] {
         for dtype in [Dtype::Float32, Dtype::Bfloat16] {
             let (x, xr) = c.x(m, dtype);
-            let forward: Forward = &|x| c.lin.forward_with(x, Path::Auto);
+            let forward: Forward = &|x| c.lin.forward_with(x, ForwardPath::Auto);
             assert_eq!(c.run("repeat", &x, forward), c.run("repeat", &x, forward), "{} M {m} {dtype}", c.g());
             check_on(&c, &x, &xr, gate(dtype), "repeated dispatch", forward);
         }
@@ -415,7 +415,7 @@ fn activations_off_16_byte_alignment_load_one_at_a_time() {
             let padded = mlx_trellis::concatenate(&[&MlxArray::zeros(&[2], dtype).unwrap(), &flat], 0).unwrap();
             padded.eval().unwrap();
             let view = padded.slice(&[2], &[(2 + m * rows) as i32], &[1]).unwrap().reshape(&[m, rows]).unwrap();
-            check_on(&c, &view, &xr, gate(dtype), "offset view", &|x| c.lin.forward_with(x, Path::Cuda));
+            check_on(&c, &view, &xr, gate(dtype), "offset view", &|x| c.lin.forward_with(x, ForwardPath::Cuda));
             // The pre-pass kernel loads the view one activation at a time too.
             check_on(&c, &view, &xr, gate(dtype), "offset view, prescaled", &|x| {
                 down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, prescaled)
@@ -442,9 +442,9 @@ fn qwen_sized_layers_match_the_reference() {
             } else {
                 println!("plan M {m}: {:?}", plan(c.lin.geometry(), m));
             }
-            check(&c, m, Dtype::Bfloat16, "qwen", &|x| c.lin.forward_with(x, Path::Cuda));
+            check(&c, m, Dtype::Bfloat16, "qwen", &|x| c.lin.forward_with(x, ForwardPath::Cuda));
         }
-        check(&c, 4, Dtype::Float32, "qwen", &|x| c.lin.forward_with(x, Path::Cuda));
+        check(&c, 4, Dtype::Float32, "qwen", &|x| c.lin.forward_with(x, ForwardPath::Cuda));
     }
 }
 
@@ -456,9 +456,9 @@ fn unsupported_geometries_fall_back_or_refuse() {
     // Axis 1 has no CUDA kernel: Auto takes the generic path, a forced CUDA path refuses.
     let host = synthetic_layer(64, 512, 2, 12, 1, CodeLayout::RowMajor, 0.02, 1).unwrap();
     let lin = TrellisLinear::from_host("up", &host).unwrap();
-    assert_eq!(lin.best_path(), Path::Generic);
+    assert_eq!(lin.best_path(), ForwardPath::Generic);
     let x = MlxArray::zeros(&[1, 512], Dtype::Float32).unwrap();
-    let err = lin.forward_with(&x, Path::Cuda).unwrap_err();
+    let err = lin.forward_with(&x, ForwardPath::Cuda).unwrap_err();
     assert!(format!("{err:#}").contains("no kernel"), "{err:#}");
 }
 

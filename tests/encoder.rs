@@ -6,9 +6,8 @@ use mlx_trellis::trellis::encoder::{
     block_path, encode, encode_linear, encode_with_progress, encode_with_search, stored_from_linear, BlockSearch,
     Encoded, EncoderConfig,
 };
-use mlx_trellis::trellis::reference::{
-    block_state, block_words, expand, forward_f64, rel_err, row_major_to_interleaved,
-};
+use mlx_trellis::trellis::format::row_major_to_interleaved;
+use mlx_trellis::trellis::reference::{block_state, block_words, expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::CodeLayout;
 

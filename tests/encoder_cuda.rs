@@ -1,10 +1,10 @@
 //! The encoder's CUDA block search gives the CPU search's bytes. Runs for real on MLX's CUDA
 //! back-end and skips (saying why) everywhere else; the error paths run everywhere.
 
+use mlx_trellis::trellis::cuda::viterbi::{self, MAX_L};
 use mlx_trellis::trellis::encoder::{encode, Encoded, EncoderBackend, EncoderConfig};
 use mlx_trellis::trellis::reference::expand;
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::viterbi_cuda::{self, MAX_L};
 use mlx_trellis::trellis::CodeLayout;
 use mlx_trellis::{backend, Backend};
 mod common;
@@ -98,7 +98,7 @@ fn auto_searches_on_cuda_only_where_it_can() {
     assert_eq!(EncoderConfig::new(3, MAX_L).searches_on_cuda(), cuda_here);
     assert!(!EncoderConfig::new(3, 16).searches_on_cuda(), "L = 16 does not fit the kernel");
     assert!(!on(EncoderConfig::new(3, 12), EncoderBackend::Cpu).searches_on_cuda());
-    assert!(viterbi_cuda::supports(3, 12) && !viterbi_cuda::supports(3, 16));
+    assert!(viterbi::supports(3, 12) && !viterbi::supports(3, 16));
 }
 
 #[test]

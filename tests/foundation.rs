@@ -175,10 +175,10 @@ fn affine_quantized_matmul_matches_its_dequantized_weights() {
     assert!(err < 0.6, "dequantization error {err}");
 }
 
-fn mlx_message(err: &anyhow::Error) -> String {
-    let root = err.root_cause().downcast_ref::<mlx_trellis::Error>().expect("root cause is the crate's Error");
-    assert_eq!(root.kind(), ErrorKind::Mlx, "{err:#}");
-    root.message().to_string()
+fn mlx_message(err: &mlx_trellis::Error) -> String {
+    assert_eq!(err.kind(), ErrorKind::Mlx, "{err}");
+    assert!(matches!(err.root(), mlx_trellis::Error::Mlx { .. }), "{err}");
+    err.message()
 }
 
 #[test]

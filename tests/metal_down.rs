@@ -16,23 +16,23 @@
 //! ints are baked per geometry), once per cache.
 #![cfg(feature = "metal-sim")]
 
-use mlx_trellis::trellis::down_factored::{down_factored_row, down_factored_rows};
-use mlx_trellis::trellis::down_k3_interleaved_factored::{
+use mlx_trellis::trellis::metal::down_factored::{down_factored_row, down_factored_rows};
+use mlx_trellis::trellis::metal::down_k3_interleaved_factored::{
     down_k3_interleaved_factored_row, down_k3_interleaved_factored_rows,
 };
-use mlx_trellis::trellis::down_mma::{down_k3_interleaved_mma, down_mma};
-use mlx_trellis::trellis::down_mma_wide::{
+use mlx_trellis::trellis::metal::down_mma::{down_k3_interleaved_mma, down_mma};
+use mlx_trellis::trellis::metal::down_mma_wide::{
     down_k3_interleaved_mma_wide, down_k3_interleaved_mma_wide_pass, down_mma_wide, down_mma_wide_pass, passes, plan,
     DownPass, DOWN_ONE_BLOCK,
 };
 mod common;
 
 use common::{gate, to_f64, Case};
+use mlx_trellis::trellis::metal::trellis_scatter::trellis_scatter;
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::trellis_scatter::trellis_scatter;
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, Path, TrellisGeometry, TrellisLinear};
-use mlx_trellis::{backend, Backend, Dtype, MetalSimScope, MlxArray, Result};
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisGeometry, TrellisLinear};
+use mlx_trellis::{backend, Backend, Dtype, ErrorKind, MetalSimScope, MlxArray, Result};
 
 /// Where the kernels run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,10 +47,10 @@ impl Mode {
         (self == Mode::Sim).then(MetalSimScope::enter)
     }
 
-    fn path(self) -> Path {
+    fn path(self) -> ForwardPath {
         match self {
-            Mode::Sim => Path::MetalSim,
-            Mode::Metal => Path::Metal,
+            Mode::Sim => ForwardPath::MetalSim,
+            Mode::Metal => ForwardPath::Metal,
         }
     }
 }
@@ -231,9 +231,9 @@ fn wide_passes_are_bit_identical(mode: Mode) {
 }
 
 fn dispatch(mode: Mode) {
-    // forward_with(Metal / MetalSim): 1 row factored, 2..3 factored rows, 4..8 MMA, more wide,
-    // and the generic path where the chosen kernel does not serve the geometry (input rows not a
-    // multiple of 8 above 8 rows; axis 1).
+    // forward_with(Metal / MetalSim): 1 row factored, 2..3 factored rows, 4..8 MMA, more wide;
+    // where the chosen kernel does not serve the call (input rows not a multiple of 8 above 8
+    // rows; axis 1) the forced path is refused as unserved, as on every back-end.
     let path = mode.path();
     let mut cases = shapes(&[(64, 512, 2, RM), (203, 1024, 3, RM), (136, 1024, 3, IL)]);
     let up = synthetic_layer(64, 512, 2, 12, 1, RM, 0.02, 9).unwrap();
@@ -244,6 +244,12 @@ fn dispatch(mode: Mode) {
             let x = MlxArray::from_slice(&gaussian(m * inf, 7 * m as u64), &[m, inf]).unwrap();
             let xr = to_f64(&x);
             let want = c.reference(&xr, m);
+            let g = c.lin.geometry();
+            if g.axis == 1 || (m > 8 && g.rows % 8 != 0) {
+                let e = c.lin.forward_with(&x, path).expect_err("an unserved call must be refused");
+                assert_eq!(e.kind(), ErrorKind::Unserved, "{path} {} M {m}: {e}", c.g());
+                continue;
+            }
             let y = c.lin.forward_with(&x, path).unwrap_or_else(|e| panic!("{path} {} M {m}: {e:#}", c.g()));
             let err = rel_err(&to_f64(&y), &want);
             println!("{path} {} M {m}: relErr {err:.2e}", c.g());
@@ -412,9 +418,9 @@ fn metal_path_without_metal_fails_clearly_and_scopes_nest() {
     let c = Case::new(64, 512, 2, RM);
     let (x, _) = c.x(1, Dtype::Float32);
     // Without a scope the kernel goes to MLX, which has no Metal here.
-    let err = error_of(c.lin.forward_with(&x, Path::Metal).and_then(|y| y.eval().map(|_| y)));
+    let err = error_of(c.lin.forward_with(&x, ForwardPath::Metal).and_then(|y| y.eval().map(|_| y)));
     assert!(err.contains("Metal"), "{err}");
-    println!("Path::Metal without Metal: {err}");
+    println!("ForwardPath::Metal without Metal: {err}");
     // Nested scopes: the simulator stays on until the outermost one ends.
     let outer = MetalSimScope::enter();
     {

@@ -1,12 +1,15 @@
 //! Trellis core: layouts, axes, the MLX expansion against the reference, forward paths and
 //! artifacts.
 
-use mlx_trellis::trellis::codebook::value_f64;
-use mlx_trellis::trellis::expand::expand_dense;
-use mlx_trellis::trellis::json::Json;
-use mlx_trellis::trellis::reference::{expand, forward_f64, interleaved_to_row_major, rel_err, state_at};
+use mlx_trellis::trellis::format::codebook::value_f64;
+use mlx_trellis::trellis::format::interleaved_to_row_major;
+use mlx_trellis::trellis::generic::expand_dense;
+use mlx_trellis::trellis::model::Json;
+use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, state_at};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_layer, write_artifact, Artifact, CodeLayout, HostLayer, Path, TrellisLinear};
+use mlx_trellis::trellis::{
+    synthetic_layer, write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear,
+};
 use mlx_trellis::{save_safetensors, Dtype, MlxArray};
 use std::collections::BTreeMap;
 
@@ -78,11 +81,11 @@ fn axis_zero_equals_the_transpose_coded_with_axis_one() {
     // The MLX paths agree with the reference for both axes.
     for h in [&h0, &h1] {
         let lin = TrellisLinear::from_host("w", h).unwrap();
-        check_forward(&lin, h, 3, Dtype::Float32, Path::Generic, f32_matmul_gate());
+        check_forward(&lin, h, 3, Dtype::Float32, ForwardPath::Generic, f32_matmul_gate());
     }
 }
 
-fn check_forward(lin: &TrellisLinear, h: &HostLayer, m: usize, dtype: Dtype, path: Path, gate: f64) {
+fn check_forward(lin: &TrellisLinear, h: &HostLayer, m: usize, dtype: Dtype, path: ForwardPath, gate: f64) {
     let g = lin.geometry();
     let xs = gaussian(m * g.in_features(), 1000 + m as u64);
     let x = MlxArray::from_slice(&xs, &[m, g.in_features()]).unwrap().astype(dtype).unwrap();
@@ -109,11 +112,11 @@ fn forward_matches_the_f64_reference() {
         let h = layer(136, 512, k, 12, axis, layout, 7 * k as u64);
         let lin = TrellisLinear::from_host("w", &h).unwrap();
         for m in [1, 2, 5, 8] {
-            check_forward(&lin, &h, m, Dtype::Float32, Path::Generic, f32_matmul_gate());
-            check_forward(&lin, &h, m, Dtype::Bfloat16, Path::Generic, 1e-2);
+            check_forward(&lin, &h, m, Dtype::Float32, ForwardPath::Generic, f32_matmul_gate());
+            check_forward(&lin, &h, m, Dtype::Bfloat16, ForwardPath::Generic, 1e-2);
         }
-        check_forward(&lin, &h, 3, Dtype::Float16, Path::Auto, 1e-2);
-        check_forward(&lin, &h, 2, Dtype::Float32, Path::Reference, 1e-6);
+        check_forward(&lin, &h, 3, Dtype::Float16, ForwardPath::Auto, 1e-2);
+        check_forward(&lin, &h, 2, Dtype::Float32, ForwardPath::Reference, 1e-6);
     }
 }
 
@@ -127,7 +130,7 @@ fn forward_keeps_leading_dimensions_and_refuses_bad_activations() {
     assert!(err.to_string().contains("have 63 features, the layer takes 64"), "{err}");
     let err = lin.forward(&MlxArray::zeros(&[2, 64], Dtype::Int32).unwrap()).unwrap_err();
     assert!(err.to_string().contains("activations are int32"), "{err}");
-    assert!("warp".parse::<Path>().unwrap_err().to_string().contains("unknown path \"warp\""));
+    assert!("warp".parse::<ForwardPath>().unwrap_err().to_string().contains("unknown path \"warp\""));
 }
 
 fn temp_dir(tag: &str) -> std::path::PathBuf {

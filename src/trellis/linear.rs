@@ -1,24 +1,29 @@
-//! [`TrellisLinear`]: one coded linear layer and the choice of how to run it.
+//! [`TrellisLinear`]: one coded linear layer, and the one place that chooses how to run it.
+//!
+//! The rule for a forced path ([`ForwardPath::Metal`], [`ForwardPath::MetalSim`],
+//! [`ForwardPath::Cuda`]) is the same on every back-end: where its kernels do not serve the
+//! layer's geometry or the call's row count, the call fails with [`Error::Unserved`] and nothing
+//! runs. [`ForwardPath::Auto`] takes the back-end's kernels where they serve the call and the
+//! [`ForwardPath::Generic`] path otherwise.
 
 use std::fmt;
 use std::str::FromStr;
 
-use anyhow::Context;
 use half::f16;
 
 use crate::array::MlxArray;
 use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
-use crate::error::{invalid, Error, Result};
+use crate::error::{invalid, unserved, Error, ErrorContext, ErrorKind, Result};
 
-use super::expand::generic_forward_f32;
-use super::geometry::TrellisGeometry;
+use super::format::{HostLayer, TrellisGeometry};
+use super::generic::generic_forward_f32;
 use super::reference::forward_f64;
-use super::synthetic::HostLayer;
+use super::{cuda, metal};
 
 /// How a forward pass is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Path {
+pub enum ForwardPath {
     /// The best path the back-end offers for this geometry and row count.
     Auto,
     /// Decode to dense f32 with MLX operations, then MLX's matmul (every back-end).
@@ -34,35 +39,42 @@ pub enum Path {
     Cuda,
 }
 
-impl Path {
+impl ForwardPath {
     /// Every path, for listings.
-    pub const ALL: [Path; 6] = [Path::Auto, Path::Generic, Path::Reference, Path::Metal, Path::MetalSim, Path::Cuda];
+    pub const ALL: [ForwardPath; 6] = [
+        ForwardPath::Auto,
+        ForwardPath::Generic,
+        ForwardPath::Reference,
+        ForwardPath::Metal,
+        ForwardPath::MetalSim,
+        ForwardPath::Cuda,
+    ];
 
     /// The path's name as the command-line tools spell it.
     pub fn name(self) -> &'static str {
         match self {
-            Path::Auto => "auto",
-            Path::Generic => "generic",
-            Path::Reference => "reference",
-            Path::Metal => "metal",
-            Path::MetalSim => "metal-sim",
-            Path::Cuda => "cuda",
+            ForwardPath::Auto => "auto",
+            ForwardPath::Generic => "generic",
+            ForwardPath::Reference => "reference",
+            ForwardPath::Metal => "metal",
+            ForwardPath::MetalSim => "metal-sim",
+            ForwardPath::Cuda => "cuda",
         }
     }
 }
 
-impl fmt::Display for Path {
+impl fmt::Display for ForwardPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl FromStr for Path {
+impl FromStr for ForwardPath {
     type Err = Error;
 
-    fn from_str(s: &str) -> std::result::Result<Path, Error> {
-        Path::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
-            let names: Vec<_> = Path::ALL.iter().map(|p| p.name()).collect();
+    fn from_str(s: &str) -> Result<ForwardPath> {
+        ForwardPath::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<_> = ForwardPath::ALL.iter().map(|p| p.name()).collect();
             Error::invalid(format!("unknown path {s:?}; expected one of {}", names.join(", ")))
         })
     }
@@ -144,28 +156,32 @@ impl TrellisLinear {
         })
     }
 
-    /// The path [`Path::Auto`] takes on this machine (the kernels then pick by row count).
-    pub fn best_path(&self) -> Path {
+    /// The path [`ForwardPath::Auto`] takes on this machine (the kernels then pick by row count).
+    pub fn best_path(&self) -> ForwardPath {
         let gpu = match backend() {
-            Backend::Metal => Path::Metal,
-            Backend::Cuda => Path::Cuda,
-            Backend::Cpu => return Path::Generic,
+            Backend::Metal => ForwardPath::Metal,
+            Backend::Cuda => ForwardPath::Cuda,
+            Backend::Cpu => return ForwardPath::Generic,
         };
-        if super::down::serves(gpu, &self.geometry) {
+        let served = match gpu {
+            ForwardPath::Cuda => cuda::down::supports(&self.geometry),
+            _ => metal::serves(&self.geometry),
+        };
+        if served {
             gpu
         } else {
-            Path::Generic
+            ForwardPath::Generic
         }
     }
 
     /// `x · W` over the last dimension of `x` (`[..., in] -> [..., out]`, in `x`'s dtype), by the
     /// best path for this back-end.
     pub fn forward(&self, x: &MlxArray) -> Result<MlxArray> {
-        self.forward_with(x, Path::Auto)
+        self.forward_with(x, ForwardPath::Auto)
     }
 
     /// `x · W` by a chosen path.
-    pub fn forward_with(&self, x: &MlxArray, path: Path) -> Result<MlxArray> {
+    pub fn forward_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let g = &self.geometry;
         let shape = x.shape();
         let Some((&inf, lead)) = shape.split_last() else {
@@ -188,14 +204,36 @@ impl TrellisLinear {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
         let x2 = x.reshape(&[m, inf])?;
-        let path = if path == Path::Auto { self.best_path() } else { path };
-        let y = match path {
-            Path::Auto => unreachable!("resolved above"),
-            Path::Generic => generic_forward_f32(&x2, &self.codes, &self.scales, g)?.astype(x.dtype())?,
-            Path::Reference => self.reference_forward(&x2, m)?.astype(x.dtype())?,
-            Path::Metal | Path::MetalSim | Path::Cuda => super::down::forward(path, &x2, &self.codes, &self.scales, g)?,
+        let (path, y) = match path {
+            ForwardPath::Auto => {
+                let best = self.best_path();
+                match self.forward_2d(&x2, m, best) {
+                    // The back-end's kernels serve the geometry but not this row count.
+                    Err(e) if e.kind() == ErrorKind::Unserved && best != ForwardPath::Generic => {
+                        (ForwardPath::Generic, self.forward_2d(&x2, m, ForwardPath::Generic))
+                    }
+                    y => (best, y),
+                }
+            }
+            path => (path, self.forward_2d(&x2, m, path)),
         };
-        y.reshape(&out_shape).with_context(|| format!("{} ({g}) by the {path} path", self.name))
+        y.and_then(|y| y.reshape(&out_shape)).with_context(|| format!("{} ({g}) by the {path} path", self.name))
+    }
+
+    /// `x2 [m, in] · W` by `path` (not `Auto`), in `x2`'s dtype.
+    fn forward_2d(&self, x2: &MlxArray, m: usize, path: ForwardPath) -> Result<MlxArray> {
+        let g = &self.geometry;
+        match path {
+            ForwardPath::Auto => unreachable!("resolved by forward_with"),
+            ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
+            ForwardPath::Reference => self.reference_forward(x2, m)?.astype(x2.dtype()),
+            ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
+                unserved!("the Metal kernels do not serve {g} (axis-0 layers)")
+            }
+            ForwardPath::Metal => metal::forward(x2, &self.codes, &self.scales, g),
+            ForwardPath::MetalSim => metal::forward_sim(x2, &self.codes, &self.scales, g),
+            ForwardPath::Cuda => cuda::down::down_cuda(x2, &self.codes, &self.scales, g),
+        }
     }
 
     /// The f64 reference on the host, returned as f32 `[m, out]`.

@@ -1,35 +1,24 @@
 //! Trellis-coded weights: the format, the reference decoder, and the paths that run coded layers.
 //!
-//! One file per concern, with the seed's names: [`geometry`], [`codebook`], [`launch`],
+//! A folder per job and per back-end: [`format`] (geometry, codebook, code layouts, host layers),
 //! [`reference`](mod@reference) (the plain-Rust decoder every kernel is checked against),
-//! [`synthetic`], [`expand`] (the generic MLX path), [`linear`] (the module and its dispatch),
-//! [`artifact`] (model directories), [`encoder`] (dense weights to codes). One file per kernel
-//! family: the seed's Metal kernels [`down_factored`], [`down_k3_interleaved_factored`],
-//! [`down_mma`], [`down_mma_wide`], their baseline [`trellis_scatter`], and the CUDA kernels
-//! [`down_cuda`] (fused decode and tensor-core multiply) and [`expand_cuda`] (dense weights for
-//! MLX's matmul when many rows share a layer).
+//! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
+//! for every back-end), [`linear`] (the module and the choice of path), [`metal`] (the seed's
+//! Metal kernel families, one file each, with the seed's names), [`cuda`] (the CUDA kernels),
+//! [`encoder`] (dense weights to codes) and [`model`] (artifacts on disk).
 
-pub mod artifact;
-pub mod codebook;
-mod down;
-pub mod down_cuda;
-pub mod down_factored;
-pub mod down_k3_interleaved_factored;
-pub mod down_mma;
-pub mod down_mma_wide;
+pub mod cuda;
 pub mod encoder;
-pub mod expand;
-pub mod expand_cuda;
-pub mod geometry;
-pub mod json;
-pub mod launch;
+pub mod format;
+pub mod generic;
 pub mod linear;
+pub mod metal;
+pub mod model;
+pub(crate) mod operands;
 pub mod reference;
 pub mod synthetic;
-pub mod trellis_scatter;
-pub mod viterbi_cuda;
 
-pub use artifact::{write_artifact, Artifact, ModuleConfig};
-pub use geometry::{CodeLayout, TrellisGeometry};
-pub use linear::{Path, TrellisLinear};
-pub use synthetic::{synthetic_layer, HostLayer};
+pub use format::{CodeLayout, HostLayer, TrellisGeometry};
+pub use linear::{ForwardPath, TrellisLinear};
+pub use model::{write_artifact, Artifact, ModuleConfig};
+pub use synthetic::synthetic_layer;

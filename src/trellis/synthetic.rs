@@ -5,8 +5,7 @@ use half::f16;
 
 use crate::error::Result;
 
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::reference::row_major_to_interleaved;
+use super::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeometry};
 
 /// A small, fast, seedable generator (SplitMix64), so synthetic data is the same on every
 /// platform and release.
@@ -46,17 +45,6 @@ impl SplitMix64 {
         let u2 = self.next_f64();
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
-}
-
-/// A coded layer held on the host: codes in the geometry's layout and one f16 scale per row.
-#[derive(Debug, Clone)]
-pub struct HostLayer {
-    /// The code words (`geometry.codes_shape()`).
-    pub codes: Vec<u32>,
-    /// One scale per stored row.
-    pub scales: Vec<f16>,
-    /// The geometry of the codes.
-    pub geometry: TrellisGeometry,
 }
 
 /// A seeded random coded layer of `rows x cols` stored weights: uniform random code words and

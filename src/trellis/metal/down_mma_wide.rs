@@ -13,19 +13,19 @@
 //! 24, 32 and 64 rows: 3-bit interleaved 0.24, 0.44, 0.64, 0.84 and 1.65 ms; 2-bit row-major
 //! 0.24, 0.40, 0.58, 0.76 and 1.49 ms (`downMma` at 8 rows 0.45 / 0.43 ms).
 
-use std::sync::OnceLock;
-
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::kernel::MetalKernel;
 
-use super::codebook::METAL_HEADER;
 use super::down_mma::{self, pass_template_ints};
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{apply_and_fold, cached_kernel, check_operands, partials_launch};
+use crate::trellis::format::codebook::METAL_HEADER;
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
+use crate::trellis::operands::check_operands;
 
-const SOURCE: &str = include_str!("../../kernels/metal/down_mma_wide.metal");
-const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_wide_state.h");
+use super::fold::{apply_and_fold, family_kernel, partials_launch};
+
+const SOURCE: &str = include_str!("../../../kernels/metal/down_mma_wide.metal");
+const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_wide_state.h");
 
 /// SIMD groups per threadgroup (as `downMma`).
 const SG_TG: usize = down_mma::SG_TG;
@@ -123,8 +123,7 @@ pub fn down_mma_wide_pass(
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMmaWide: needs row-major codes");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false, pass)
 }
 
@@ -140,8 +139,7 @@ pub fn down_k3_interleaved_mma_wide_pass(
     if g.block_interleave != 2 || g.k != 3 {
         invalid!("downK3InterleavedMmaWide: needs 3-bit block-interleaved codes");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_k3i_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true, pass)
 }
 

@@ -8,19 +8,18 @@
 //! work grows with it; [`down_cuda`](super::down_cuda::down_cuda) switches at
 //! [`DENSE_MIN_ROWS`](super::down_cuda::DENSE_MIN_ROWS).
 
-use std::sync::OnceLock;
-
 use crate::array::MlxArray;
 use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
+use crate::kernel::registry::{self, KernelKey, KernelText};
 use crate::kernel::{CudaKernel, LaunchConfig};
 
-use super::codebook::CUDA_HEADER;
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{cached_cuda_kernel, check_layer, check_operands, int};
+use crate::trellis::format::codebook::CUDA_HEADER;
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
+use crate::trellis::operands::{check_layer, check_operands, int};
 
-const SOURCE: &str = include_str!("../../kernels/cuda/expand.cu");
+const SOURCE: &str = include_str!("../../../kernels/cuda/expand.cu");
 
 /// Weights one thread writes (`NPOS` in the kernel: two 16-byte stores in 16-bit dtypes).
 const WEIGHTS_PER_THREAD: usize = 16;
@@ -32,9 +31,14 @@ pub fn supports(g: &TrellisGeometry) -> bool {
 }
 
 fn kernel() -> Result<&'static CudaKernel> {
-    static KERNEL: OnceLock<CudaKernel> = OnceLock::new();
-    let io: (&[&str], &[&str]) = (&["codes", "scales"], &["weights"]);
-    cached_cuda_kernel(&KERNEL, "mlx_trellis_expand", io, SOURCE, &[CUDA_HEADER], 0)
+    registry::cuda(KernelKey::of("expand"), || {
+        Ok(KernelText {
+            inputs: &["codes", "scales"],
+            outputs: &["weights"],
+            body: SOURCE.into(),
+            header: CUDA_HEADER.into(),
+        })
+    })
 }
 
 /// The stored matrix `[rows, cols]` as dense weights of `dtype` (f32, f16 or bf16), decoded on
@@ -84,7 +88,7 @@ pub fn down_cuda_dense(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &T
 
 #[cfg(test)]
 mod tests {
-    use crate::trellis::codebook::{value, TRELLIS_RCP, TRELLIS_SCALE};
+    use crate::trellis::format::codebook::{value, TRELLIS_RCP, TRELLIS_SCALE};
 
     /// The kernel's division, on the host: `y * rcp` and one FMA correction of its residual.
     fn kernel_value(y: f32) -> f32 {
@@ -102,7 +106,7 @@ mod tests {
             assert_eq!(kernel_value(y as f32).to_bits(), want.to_bits(), "y = {y}");
         }
         // And `value` is that quotient (state 0's y, as a spot check of the definition).
-        let y0 = crate::trellis::codebook::y(0);
+        let y0 = crate::trellis::format::codebook::y(0);
         assert_eq!(value(0), kernel_value(y0 as f32));
     }
 }

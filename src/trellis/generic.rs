@@ -7,8 +7,8 @@ use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 use crate::ops::concatenate;
 
-use super::codebook::lut1mad;
-use super::geometry::{CodeLayout, TrellisGeometry};
+use super::format::codebook::lut1mad;
+use super::format::{CodeLayout, TrellisGeometry};
 
 /// Stored rows decoded per step: bounds the temporaries (a few `[rows, cols]` u32 arrays) to
 /// about `EXPAND_CHUNK_ELEMS` elements each, whatever the layer's size.

@@ -61,17 +61,15 @@
 use std::sync::mpsc;
 use std::sync::Mutex;
 
-use anyhow::Context;
 use half::f16;
 
 use crate::device::{backend, Backend};
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, ErrorContext, Result};
 
-use super::codebook::{lut1mad, words_per_block};
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::reference::{block_state, row_major_to_interleaved};
-use super::synthetic::HostLayer;
-use super::viterbi_cuda;
+use super::cuda::viterbi as viterbi_cuda;
+use super::format::codebook::{lut1mad, words_per_block};
+use super::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeometry};
+use super::reference::block_state;
 
 /// The block length every shipped model uses and the only one the encoder accepts.
 pub const BLOCK_LEN: u32 = 256;
@@ -449,7 +447,7 @@ fn code_rows(
     );
     let threads = cfg.thread_count(rows);
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let failures: Vec<(usize, anyhow::Error)> = std::thread::scope(|scope| {
+    let failures: Vec<(usize, Error)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
                 let (work, done_tx) = (&work, done_tx.clone());

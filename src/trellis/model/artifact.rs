@@ -9,14 +9,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
 
-use anyhow::{anyhow, Context};
-
 use crate::array::MlxArray;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::io::{load_safetensors_lazy, save_safetensors};
 
 use super::json::Json;
-use super::linear::TrellisLinear;
+use crate::trellis::linear::TrellisLinear;
 
 /// The trellis parameters of one module, as its config entry states them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +39,8 @@ pub struct Artifact {
 }
 
 fn read_json(path: &FsPath) -> Result<Json> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Json::parse(&text).map_err(|e| anyhow!("{} is not valid JSON: {e}", path.display()))
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    Json::parse(&text).map_err(|e| Error::artifact(path, None, format!("is not valid JSON: {e}")))
 }
 
 fn small_int(v: Option<&Json>, what: &str, module: &str) -> Result<u32> {
@@ -84,7 +82,11 @@ impl Artifact {
     /// The quantization object (`quantization`, else `quantization_config`).
     fn quantization(&self) -> Result<&Json> {
         self.config.get("quantization").or_else(|| self.config.get("quantization_config")).ok_or_else(|| {
-            anyhow!("config.json in {} has neither \"quantization\" nor \"quantization_config\"", self.dir.display())
+            Error::artifact(
+                self.dir.join("config.json"),
+                None,
+                "has neither \"quantization\" nor \"quantization_config\"",
+            )
         })
     }
 
@@ -223,7 +225,7 @@ pub fn write_artifact(
     extra: &[(&str, Json)],
 ) -> Result<()> {
     let dir = dir.as_ref();
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let mut names = Vec::new();
     let mut quant = Vec::new();
     for (name, layer) in modules {
@@ -238,6 +240,6 @@ pub fn write_artifact(
     config.push(("quantization".into(), Json::Object(quant.clone())));
     config.push(("quantization_config".into(), Json::Object(quant)));
     let path = dir.join("config.json");
-    std::fs::write(&path, Json::Object(config).to_pretty()).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(&path, Json::Object(config).to_pretty()).map_err(|e| Error::io(&path, e))?;
     Ok(())
 }

@@ -1,43 +1,10 @@
-//! Down projections on MLX's CUDA back-end: `kernels/cuda/down_mma.cu`, registered through
-//! `mlx_fast_cuda_kernel` and applied with the template ints of a [`CudaDownConfig`]. Like the
-//! Metal kernels it writes f32 partial sums `[M, SPLITS, C]` (already scaled by 1/147.8) that
-//! one MLX `sum` folds, then casts to the activation dtype.
-//!
-//! The kernel decodes code values straight into tensor-core fragments (exact f16 integers) and
-//! multiplies them with `mma.sync` against the activations times the row scales, or (staged,
-//! [`CudaDownConfig::row_warps`]) decodes each step once into shared memory and multiplies from
-//! there, optionally on warps of its own that hand the decoded tiles to the multiplying ones
-//! ([`CudaDownConfig::producers`]); see the kernel file for the work split. With
-//! [`CudaDownConfig::prescaled`] a pre-pass kernel (`kernels/cuda/prescale.cu`) first writes the
-//! activations times the row scales as f16, and the kernel streams them in with the codes.
-//! [`plan`] picks the configuration for a row count.
-//!
-//! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
-//! once to dense weights and runs MLX's matmul ([`down_cuda_dense`]): the decode costs one write
-//! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
-//! while the fused kernel's decode-and-multiply grows with the rows.
+//! [`CudaDownConfig`]: how one call of the CUDA down kernel (`kernels/cuda/down_mma.cu`) is
+//! shaped, the shared memory each shape takes, and the checks that say whether a shape can run a
+//! geometry.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-
-use anyhow::Context;
-
-use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
-
-use super::codebook::CUDA_HEADER;
-use super::expand_cuda::down_cuda_dense;
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{cached_cuda_kernel, check_operands, int, source_variant};
-
-const SOURCE: &str = include_str!("../../kernels/cuda/down_mma.cu");
-const HEADER: &str = include_str!("../../kernels/cuda/down_mma.cuh");
-const PRESCALE_SOURCE: &str = include_str!("../../kernels/cuda/prescale.cu");
-
-/// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
-const PRESCALED_ROW_MULTIPLE: usize = 64;
+use crate::trellis::format::TrellisGeometry;
 
 /// How one call of the CUDA down kernel is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -134,19 +101,19 @@ const SHARED_LIMIT: usize = 227 * 1024;
 /// The shared memory the planned fragment-decode configurations keep to: the 48 KB every CUDA
 /// GPU gives a block without opting in, where they were measured (up to five of their blocks
 /// share an SM).
-const PLAN_SHARED_BUDGET: usize = 48 * 1024;
+pub(crate) const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 
 /// The shared memory the planned staged and prescaled 8-warp configurations keep to: their
 /// blocks run two to an SM (128 registers a thread, 8 warps), and two blocks of 112 KB (each with
 /// the 1 KB the GPU reserves per block) fit Hopper's 228 KB. At k = 3 the producer-warp shape's
 /// 64-row steps take 103 KB at 32 rows with 16-bit activations (two A tiles), and the prescaled
 /// 64-row plan 64 KB (one B tile per ring slot).
-const STAGED_PLAN_SHARED_BUDGET: usize = 112 * 1024;
+pub(crate) const STAGED_PLAN_SHARED_BUDGET: usize = 112 * 1024;
 
 impl CudaDownConfig {
     /// The kernel's shared memory: the code ring, the B tiles (`split_x`: f32 activations,
     /// carried as two f16 tiles) and the staged kernel's A tiles.
-    fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
+    pub(crate) fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
         let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
@@ -170,7 +137,7 @@ impl CudaDownConfig {
 
     /// The shared memory a planned configuration of this kind keeps to: prescaled B tiles in
     /// 8-warp blocks (two per SM, like the staged kernel's) take one B tile per ring slot.
-    fn plan_shared_budget(&self) -> usize {
+    pub(crate) fn plan_shared_budget(&self) -> usize {
         if self.staged() || (self.prescaled && self.warps >= 8) {
             STAGED_PLAN_SHARED_BUDGET
         } else {
@@ -205,12 +172,12 @@ impl CudaDownConfig {
 
     /// Coded blocks whose codes a thread block copies: the whole ones it covers, or the one its
     /// part of a coded block lies in.
-    fn copied_blocks(&self) -> usize {
+    pub(crate) fn copied_blocks(&self) -> usize {
         (self.tile_positions() / 256).max(1)
     }
 
     /// Thread blocks along the output columns of `g` (see [`Self::check`] for the tiles that fit).
-    fn column_blocks(&self, g: &TrellisGeometry) -> usize {
+    pub(crate) fn column_blocks(&self, g: &TrellisGeometry) -> usize {
         let tile = self.tile_positions();
         if tile >= 256 {
             g.blocks_per_row() / (tile / 256)
@@ -406,389 +373,15 @@ impl CudaDownConfig {
     }
 }
 
-/// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=8.
-pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
-}
-
-/// An error naming the geometry where [`supports`] says no.
-fn require_supported(g: &TrellisGeometry) -> Result<()> {
-    if !supports(g) {
-        invalid!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=8)");
-    }
-    Ok(())
-}
-
-/// The configuration for `m` rows of 16-bit activations: [`plan_for`] with bf16.
-pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
-    plan_for(g, m, Dtype::Bfloat16)
-}
-
-/// The configuration for `m` activation rows of `dtype` (measured on an H200 at the Qwen down
-/// shape; see the README's benchmark section), fitted to the geometry.
-pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
-    // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps,
-    // prescaled B tiles on an mbarrier ring), chosen with bf16 activations by the kernel's own
-    // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
-    // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
-    // kernels/cuda/NOTES.md keeps the measurements behind each choice and the plans they replaced.
-    // Up to 16 rows the decode is everything: small blocks hide its latency, and dp4a with the
-    // bias fold beats the u8 MMA byte sums, whose fixed latency a warp waits out; 4-warp blocks
-    // of narrow tiles (72 registers a thread at 2-8 rows) beat fewer, wider warps. At one row
-    // the ALU pipe limits the decode, so half of the code pairs are packed on FMA-heavy instead
-    // (`pack_fma`). Steps of 32 or 64 input rows spread each step's barrier and copies over more
-    // decode. Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU: 19 at
-    // 9-16 rows (380 blocks, one wave at three or four blocks per SM), 13 from 17; MLX's fold of
-    // the partials is then shorter too. Prescaled B tiles saved about 2 µs alone at 1-16 rows,
-    // no more than their pre-pass costs (and queued, its launch lost more at 4 and 8 rows).
-    // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks (NC 2, 128
-    // registers, two blocks per SM, no bias fold: its accumulators would take 168) decode each
-    // weight once into the registers that multiply it, with the B tiles from the pre-pass
-    // kernel streamed into the code ring (`prescaled`) and the ring on mbarriers (`mbarriers`),
-    // so that the warps drift apart and their decode and MMA phases overlap. Kernel alone, k 3:
-    // 35.6 µs at 24 rows and 38.0 at 32 (+ 2.2-2.4 µs of pre-pass) against 39.6 and 41.7 for
-    // the staged kernel with producer warps; 48.3 at 64 rows against 53.4 with a block barrier
-    // per step and 61.2 with the B tiles built in the block. A pass holds just the call's rows
-    // (MT = M / 8 rounded up, one kernel per MT); above 64 rows passes of up to 64 share the
-    // rows evenly (72 rows: two passes of 40, not 64 + 8), 94.3-95.9 µs at 128 rows.
-    // f32 activations keep the B tiles in the block (the prescaled residue tiles took the 64-row
-    // shape to 146 registers, one block per SM) and at 17-32 rows the staged kernel with
-    // producer warps: 4 warps multiply while 4 more decode 64-row steps into two A tiles.
-    let tiles = m.div_ceil(8).max(1);
-    let pass_tiles = tiles.div_ceil(tiles.div_ceil(8)) as u32; // 8-row tiles a pass, passes of up to 8
-    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers, prescaled) = match m {
-        0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0, false),
-        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0, false),
-        9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0, false),
-        // f32 activations keep the producer warps here (their prescaled residue tiles would
-        // double the B tiles).
-        17..=32 if dtype == Dtype::Float32 => (4, tiles as u32, 4, 1, 13, false, false, 1, 4, false),
-        17..=64 => (2, tiles as u32, 4, 1, 13, false, false, 0, 0, true),
-        // Up to DENSE_MIN_ROWS rows of 16-bit activations, f32 ones, and explicit calls (f32:
-        // two passes of 64 rows took 119.4 µs at 128 rows against 138.8 for one pass of 16-row
-        // tiles with the u8 MMA byte sums).
-        _ => (2, pass_tiles, 4, 1, 13, false, false, 0, 0, true),
-    };
-    let mut cfg = CudaDownConfig {
-        nc,
-        mt,
-        ks,
-        warps: 16 * blocks / nc,
-        splits,
-        stages: 4,
-        bytesum_mma: false,
-        // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
-        // the kernel applies it to 16-bit activations only.
-        bias_fold,
-        prefetch: false,
-        pack_fma,
-        row_warps,
-        producers,
-        prescaled: prescaled && dtype != Dtype::Float32,
-        mbarriers: prescaled && dtype != Dtype::Float32,
-    };
-    // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
-    // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
-    // first, then a shallower ring, shorter steps (rows that are not a multiple of 8 also need a
-    // step's rows to divide the block's threads). No more splits than steps.
-    while cfg.copied_blocks() > 1
-        && (g.blocks_per_row() % cfg.copied_blocks() != 0
-            || cfg.shared_bytes(g, dtype == Dtype::Float32) > cfg.plan_shared_budget())
-    {
-        cfg.warps /= 2;
-        // The staged warps along the rows must still divide the warps (all powers of two).
-        cfg.row_warps = cfg.row_warps.min(cfg.warps);
-    }
-    let with_steps = |ks: u32, stages: u32| {
-        // The mbarrier ring needs 3 stages; a shallower ring keeps the block barrier.
-        let c = CudaDownConfig { ks, stages, mbarriers: cfg.mbarriers && stages >= 3, ..cfg };
-        CudaDownConfig { splits: c.splits.min(c.input_steps(g)), ..c }
-    };
-    std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2))
-        .flat_map(|ks| (2..=cfg.stages).rev().map(move |stages| with_steps(ks, stages)))
-        .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= c.plan_shared_budget())
-        // No fit leaves the planned configuration, whose check then names the problem.
-        .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
-}
-
-/// The body and header of one decode's source (`staged`: the staged decode, else the fragment
-/// one): the kernel files without the other decode's `TRELLIS_DOWN_STAGED` sections, cut once.
-fn variant_source(staged: bool) -> Result<&'static (String, String)> {
-    static SOURCES: [OnceLock<(String, String)>; 2] = [OnceLock::new(), OnceLock::new()];
-    let cell = &SOURCES[usize::from(staged)];
-    if let Some(texts) = cell.get() {
-        return Ok(texts);
-    }
-    let cut = |text: &str, file: &str| {
-        source_variant(text, "TRELLIS_DOWN_STAGED", staged).with_context(|| format!("CUDA down kernel source {file}"))
-    };
-    let texts = (cut(SOURCE, "down_mma.cu")?, cut(HEADER, "down_mma.cuh")?);
-    Ok(cell.get_or_init(|| texts))
-}
-
-/// The kernel of one decode (`staged` or the fragment one) registered with `shared_memory`
-/// bytes of dynamic shared memory, one per decode and size (MLX takes the size when a kernel is
-/// registered; it is a function of the template arguments, so each compiled instantiation
-/// always launches with the same size).
-fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
-    type Cells = BTreeMap<(bool, usize), &'static OnceLock<CudaKernel>>;
-    static KERNELS: Mutex<Cells> = Mutex::new(BTreeMap::new());
-    let cell = *KERNELS
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .entry((staged, shared_memory))
-        .or_insert_with(|| Box::leak(Box::new(OnceLock::new())));
-    let (body, header) = variant_source(staged)?;
-    let io: (&[&str], &[&str]) = (&["x", "codes", "scales"], &["partial"]);
-    let name = if staged { "mlx_trellis_down_mma_staged" } else { "mlx_trellis_down_mma" };
-    cached_cuda_kernel(cell, name, io, body, &[CUDA_HEADER, header], shared_memory)
-}
-
-/// Rows of 16-bit activations from which [`down_cuda`] decodes the layer to dense weights and
-/// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
-/// the matmul and cuBLAS's split-K reduction take about 62 + 54 + 5 µs whatever the row count;
-/// the fused call (pre-pass, kernel in passes of up to 64 rows, MLX's fold and the cast) took
-/// 91.2 µs at 72 rows, 96.2 at 96 and 112.8 at 128 against 119.9-122.4 for the dense path, and
-/// 139.8 against 121.8 at 144 (`bench_down --paths` under Nsight Compute, one kernel at a time;
-/// see the README's benchmark section). Up to 128 rows the fused kernel is ahead, and it needs
-/// no scratch.
-/// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
-/// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
-/// by default, below the f32 accuracy the fused kernel keeps.
-pub const DENSE_MIN_ROWS: usize = 129;
-
-/// Whether [`down_cuda`] takes the dense path for `m` rows of `dtype` activations.
-pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
-    m >= DENSE_MIN_ROWS && matches!(dtype, Dtype::Float16 | Dtype::Bfloat16)
-}
-
-/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration
-/// [`plan`] picks, or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
-///
-/// `codes` must start on a 16-byte boundary: the kernel streams it with 16-byte asynchronous
-/// copies. Arrays MLX allocates (loaded, created or computed, and so every `TrellisLinear`'s)
-/// do; a view that starts inside another array's buffer may not, and must be copied first
-/// ([`MlxArray::deep_copy`]). Activations and scales may be such views: the kernel checks their
-/// alignment and loads them one at a time when they are not aligned.
-pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
-    require_supported(g)?;
-    let m = x2.shape().first().copied().unwrap_or(0);
-    if uses_dense(m, x2.dtype()) {
-        return down_cuda_dense(x2, codes, scales, g);
-    }
-    down_cuda_with(x2, codes, scales, g, plan_for(g, m, x2.dtype()))
-}
-
-/// [`down_cuda`] with an explicit configuration (for tuning; every valid configuration gives the
-/// same sums up to f32 rounding order).
-pub fn down_cuda_with(
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    g: &TrellisGeometry,
-    cfg: CudaDownConfig,
-) -> Result<MlxArray> {
-    down_cuda_partials(x2, codes, scales, g, cfg)?.sum_axes(&[1], false)?.astype(x2.dtype())
-}
-
-/// The kernel's f32 partial sums `[M, SPLITS, C]` before MLX folds them (for profiling).
-pub fn down_cuda_partials(
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    g: &TrellisGeometry,
-    cfg: CudaDownConfig,
-) -> Result<MlxArray> {
-    require_supported(g)?;
-    let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
-    let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
-    let b = match &prepared.prescale {
-        Some((prescale, launch)) => {
-            prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?.remove(0)
-        }
-        None => x2.clone(),
-    };
-    Ok(prepared.kernel.apply_prepared(&[&b, codes, scales], &prepared.launch)?.remove(0))
-}
-
-/// The pre-pass kernel of prescaled configurations (`kernels/cuda/prescale.cu`).
-fn prescale_kernel() -> Result<&'static CudaKernel> {
-    static KERNEL: OnceLock<CudaKernel> = OnceLock::new();
-    let io: (&[&str], &[&str]) = (&["x", "scales"], &["x_scaled"]);
-    cached_cuda_kernel(&KERNEL, "mlx_trellis_prescale", io, PRESCALE_SOURCE, &[], 0)
-}
-
-/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel, and for a
-/// prescaled configuration the pre-pass whose output it reads in place of the activations.
-struct PreparedDown {
-    kernel: &'static CudaKernel,
-    launch: Arc<CudaLaunch>,
-    prescale: Option<(&'static CudaKernel, Arc<CudaLaunch>)>,
-}
-
-/// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
-/// per geometry, configuration, row count and dtype: a model makes the same few calls many
-/// times, and building the 19 template arguments at every call cost about 4 µs of host time.
-fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> Result<Arc<PreparedDown>> {
-    type Launches = HashMap<(TrellisGeometry, CudaDownConfig, usize, Dtype), Arc<PreparedDown>>;
-    // Bounded: a runner that calls with many row counts rebuilds from scratch now and then.
-    const MAX_LAUNCHES: usize = 1024;
-    static LAUNCHES: OnceLock<Mutex<Launches>> = OnceLock::new();
-    let launches = LAUNCHES.get_or_init(Default::default);
-    let key = (*g, cfg, m, dtype);
-    if let Some(prepared) = launches.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-        return Ok(Arc::clone(prepared));
-    }
-    cfg.check(g, dtype)?;
-    // Prescaled activations: [sets * m, row_pad] f16 (the f32 residues are the second set).
-    let row_pad = g.rows.next_multiple_of(PRESCALED_ROW_MULTIPLE);
-    let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
-    // The kernel indexes them with 32-bit offsets, and the pre-pass runs one grid row per
-    // activation row (CUDA's grid y is at most 65535).
-    if cfg.prescaled && (sets * m * row_pad > i32::MAX as usize || m > 65535) {
-        invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {sets} x {m} x {row_pad} here)");
-    }
-    let kernel = kernel(cfg.staged(), cfg.shared_bytes(g, dtype == Dtype::Float32))?;
-    let passes = m.div_ceil(8 * cfg.mt as usize);
-    let ctas = cfg.column_blocks(g);
-    let threads = 32 * cfg.block_warps() as usize;
-    let launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1])
-        .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
-        // Prescaled activations are f16 whatever the call's dtype.
-        .template_dtype("T", if cfg.prescaled { Dtype::Float16 } else { dtype })
-        .template_int("R", int("CUDA down kernel", g.rows)?)
-        .template_int("C", int("CUDA down kernel", g.cols)?)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("NC", cfg.nc as i32)
-        .template_int("MT", cfg.mt as i32)
-        .template_int("KS", cfg.ks as i32)
-        .template_int("WARPS", cfg.warps as i32)
-        .template_int("SPLITS", cfg.splits as i32)
-        .template_int("STAGES", cfg.stages as i32)
-        .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
-        .template_bool("SPLIT_X", dtype == Dtype::Float32)
-        .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
-        .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
-        .template_bool("PREFETCH", cfg.prefetch)
-        .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
-        .template_int("ROW_WARPS", cfg.row_warps as i32)
-        .template_int("PRODUCERS", cfg.producers as i32)
-        .template_bool("PRESCALED", cfg.prescaled)
-        .template_bool("MBARRIERS", cfg.mbarriers);
-    let launch = Arc::new(kernel.prepare(&launch)?);
-    let prescale = if cfg.prescaled {
-        // A thread converts 8 activations (see prescale.cu).
-        let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
-            .output(&[sets * m, row_pad], Dtype::Float16)
-            .template_dtype("T", dtype)
-            .template_int("R", int("CUDA prescale kernel", g.rows)?)
-            .template_int("R_PAD", int("CUDA prescale kernel", row_pad)?)
-            .template_bool("SPLIT_X", dtype == Dtype::Float32);
-        let kernel = prescale_kernel()?;
-        Some((kernel, Arc::new(kernel.prepare(&pre)?)))
-    } else {
-        None
-    };
-    let prepared = Arc::new(PreparedDown { kernel, launch, prescale });
-    let mut launches = launches.lock().unwrap_or_else(PoisonError::into_inner);
-    if launches.len() >= MAX_LAUNCHES {
-        launches.clear();
-    }
-    launches.insert(key, Arc::clone(&prepared));
-    Ok(prepared)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trellis::cuda::down_plan::{plan, plan_for};
 
     /// The fragment kernel with the u8 MMA byte sums in 4-warp blocks of 4 8-row tiles (the
     /// 32-row plan before the staged kernel took those rows), a base for explicit shapes.
     fn u8_mma_fragments() -> CudaDownConfig {
         CudaDownConfig { mt: 4, ks: 4, splits: 13, bytesum_mma: true, ..Default::default() }
-    }
-
-    #[test]
-    fn every_planned_configuration_is_valid() {
-        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let mut geometries = vec![qwen, qwen.interleaved().unwrap()];
-        // Every served k on the Qwen shape (k 5..8 need the shared-memory fitting), and small
-        // shapes whose coded blocks per row shrink the blocks.
-        geometries.extend((2..=8).map(|k| TrellisGeometry::row_major(17408, 5120, k, 256, 12, 0).unwrap()));
-        let small = [(200, 1024, 3), (88, 512, 4), (16, 256, 2), (17, 768, 2), (40, 768, 8)];
-        geometries.extend(small.iter().map(|&(r, c, k)| TrellisGeometry::row_major(r, c, k, 256, 12, 0).unwrap()));
-        for g in geometries {
-            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                for m in 1..=200 {
-                    let cfg = plan_for(&g, m, dtype);
-                    cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{g} M {m} {dtype}: {cfg:?}: {e:#}"));
-                    // The fragment kernel's prefetch holds a second B fragment set in registers,
-                    // which f32 activations double; the staged prefetch's second step is in shared
-                    // memory (f32 at the Qwen shape: 154 registers with it, 158 without).
-                    let register_prefetch = cfg.prefetch && !cfg.staged();
-                    assert!(!(register_prefetch && dtype == Dtype::Float32), "{g} M {m}: f32 prefetch");
-                }
-            }
-        }
-        // The measured plan is unchanged where it fits (k <= 4).
-        let one = plan(&qwen, 1);
-        assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
-        let staged32 = plan_for(&qwen, 32, Dtype::Float32);
-        assert_eq!(
-            (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.producers),
-            (4, 4, 4, 4, 1, 4)
-        );
-        assert!(!staged32.prefetch && staged32.block_warps() == 8);
-        let wide = plan(&qwen, 64);
-        assert_eq!(
-            (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
-            (2, 8, 4, 4, 13, 8, 0, false)
-        );
-        // Prescaled B tiles on an mbarrier ring from 17 rows of 16-bit activations only, in
-        // passes that share the rows evenly above 64.
-        for (m, prescaled, mt) in [
-            (1, false, 1),
-            (8, false, 1),
-            (16, false, 2),
-            (17, true, 3),
-            (32, true, 4),
-            (33, true, 5),
-            (64, true, 8),
-            (72, true, 5),
-            (96, true, 6),
-            (128, true, 8),
-            (200, true, 7),
-        ] {
-            let cfg = plan(&qwen, m);
-            assert_eq!((cfg.prescaled, cfg.mbarriers, cfg.mt), (prescaled, prescaled, mt), "M {m}");
-            let f32 = plan_for(&qwen, m, Dtype::Float32);
-            assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
-        }
-    }
-
-    #[test]
-    fn each_decode_registers_only_its_own_sections() {
-        let (fragment, staged) = (variant_source(false).unwrap(), variant_source(true).unwrap());
-        for (text, file) in [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh")] {
-            assert!(text.contains("TRELLIS_DOWN_STAGED"), "{file} has no sections");
-        }
-        for ((body, header), own, other) in [
-            (fragment, ["decode_and_multiply", "mma_bytesum"], ["decode_to_tile", "named_sync"]),
-            (staged, ["decode_to_tile", "named_sync"], ["decode_and_multiply", "mma_bytesum"]),
-        ] {
-            let text = format!("{header}{body}");
-            let mut code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
-            assert!(code.all(|l| !l.contains("TRELLIS_DOWN_STAGED")));
-            assert!(own.iter().all(|f| text.contains(f)) && !other.iter().any(|f| text.contains(f)), "{own:?}");
-            // Both decodes share the copies, the B tiles and the code runs.
-            assert!(text.contains("auto store_b") && text.contains("struct CodeRun"));
-            // Registered compacted (text outside the compactor's plain subset would go as written).
-            assert!(
-                crate::kernel::compact_plain_cpp(body).is_some() && crate::kernel::compact_plain_cpp(header).is_some()
-            );
-        }
     }
 
     #[test]
@@ -803,7 +396,6 @@ mod tests {
         let wide = CudaDownConfig { warps: 8, ..cfg };
         assert_eq!(wide.with_deepest_ring(&g, Dtype::Bfloat16), None);
     }
-
     #[test]
     fn steps_out_of_range_are_errors_that_say_so() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
@@ -827,7 +419,6 @@ mod tests {
         assert!(small_tile.fits(&g, Dtype::Bfloat16));
         assert_eq!(CudaDownConfig { ks: 2, ..small_tile }.activations_per_load(&g), 8);
     }
-
     #[test]
     fn too_much_shared_memory_is_an_error_that_says_so() {
         let g = TrellisGeometry::row_major(17408, 8192, 8, 256, 12, 0).unwrap();
@@ -850,41 +441,6 @@ mod tests {
             }
         }
     }
-
-    #[test]
-    fn the_staged_plan_fits_its_budget() {
-        // 17-32 rows of f32 activations: the staged kernel with producer warps in 64-row steps
-        // and two A tiles; shallower rings or shorter steps fit the staged budget for every code
-        // width.
-        for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
-            let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
-            for m in [17, 32] {
-                let cfg = plan_for(&g, m, Dtype::Float32);
-                assert!(cfg.staged() && cfg.specialized() && !cfg.prefetch, "k {k} M {m}: {cfg:?}");
-                let bytes = cfg.shared_bytes(&g, true);
-                assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} M {m}: {bytes}");
-            }
-        }
-        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let planned = plan_for(&qwen, 32, Dtype::Float32);
-        assert_eq!((planned.ks, planned.stages), (4, 4));
-        // The prescaled 64-row plan: four ring slots of codes and B tiles, and their mbarriers.
-        assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536 + 4 * 16);
-        // Fragment plans never prefetch and keep to 48 KB, but for prescaled B tiles in 8-warp
-        // blocks (one B tile per ring slot); from 17 rows a pass holds just the call's rows (or
-        // an even share of them), without the bias fold, in 64-row steps of 8-warp blocks.
-        for m in [1, 8, 16, 17, 32, 33, 48, 64, 72, 128] {
-            let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
-            let budget = if cfg.prescaled && cfg.warps >= 8 { STAGED_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
-            assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
-            if m > 16 {
-                let tiles = m.div_ceil(8);
-                let mt = tiles.div_ceil(tiles.div_ceil(8)) as u32;
-                assert_eq!((cfg.nc, cfg.mt, cfg.ks, cfg.warps, cfg.bias_fold), (2, mt, 4, 8, false), "M {m}: {cfg:?}");
-            }
-        }
-    }
-
     #[test]
     fn prescaled_b_tiles_need_the_fragment_decode_without_its_prefetch() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
@@ -915,17 +471,6 @@ mod tests {
             assert!(err.contains("prescaled B tiles stream into the fragment decode"), "{err}");
         }
     }
-
-    #[test]
-    fn too_many_rows_for_prescaled_b_tiles_is_an_error_that_says_so() {
-        // Caught while the launch is prepared, before anything runs (so on every back-end).
-        let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
-        let cfg = CudaDownConfig { nc: 2, mt: 8, ks: 1, warps: 8, splits: 1, prescaled: true, ..Default::default() };
-        cfg.check(&g, Dtype::Float32).unwrap();
-        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32).err().expect("65536 rows").to_string();
-        assert!(err.contains("too many for prescaled B tiles") && err.contains("65536 rows"), "{err}");
-    }
-
     #[test]
     fn pack_fma_needs_the_dp4a_decode_with_the_bias_fold() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
@@ -938,7 +483,6 @@ mod tests {
             assert!(err.contains("pack_fma packs the dp4a decode's pairs"), "{err}");
         }
     }
-
     #[test]
     fn sixteen_warp_blocks_take_only_shapes_of_known_registers() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
@@ -970,7 +514,6 @@ mod tests {
         CudaDownConfig { warps: 8, ..one_pass }.check(&qwen, Dtype::Bfloat16).unwrap();
         assert!(err(CudaDownConfig { warps: 32, ..one_pass }, &qwen).contains("32 warps (1 to 8, or 16)"));
     }
-
     #[test]
     fn blocks_cover_whole_coded_blocks_or_a_part_of_one() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
@@ -991,7 +534,6 @@ mod tests {
             CudaDownConfig { nc: 16, mt: 1, warps: 3, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("nor a divisor of the 20 coded blocks"), "{err}");
     }
-
     #[test]
     fn producer_warps_are_checked() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
@@ -1027,7 +569,6 @@ mod tests {
         small.check(&qwen, Dtype::Float32).unwrap();
         CudaDownConfig { ks: 2, splits: 1, ..small }.check(&odd, bf16).unwrap();
     }
-
     #[test]
     fn staged_configurations_are_checked() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
@@ -1074,7 +615,6 @@ mod tests {
             Some(4)
         );
     }
-
     #[test]
     fn prefetch_needs_three_stages() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();

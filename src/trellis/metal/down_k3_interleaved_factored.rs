@@ -7,18 +7,17 @@
 //! lanes are busy. Split-K over input rows into [`SPLITS`] f32 partials folded by one MLX `sum`,
 //! then cast to the activation dtype.
 
-use std::sync::OnceLock;
-
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
+use crate::kernel::variant::kernel_section;
 use crate::kernel::MetalKernel;
 
-use super::codebook::METAL_HEADER;
-use super::geometry::TrellisGeometry;
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int, kernel_section, partials_launch};
-use super::launch::{TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use crate::trellis::format::codebook::METAL_HEADER;
+use crate::trellis::format::TrellisGeometry;
+use crate::trellis::operands::{check_operands, int};
 
-const FILE: &str = include_str!("../../kernels/metal/down_k3_interleaved_factored.metal");
+const FILE: &str = include_str!("../../../kernels/metal/down_k3_interleaved_factored.metal");
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
@@ -66,9 +65,7 @@ pub fn down_k3_interleaved_factored_row(
     if x2.shape().first() != Some(&1) {
         invalid!("downK3InterleavedFactoredRow: expects one activation row");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k =
-        cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
+    let k = family_kernel("down_k3i_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, 1)
 }
 
@@ -84,8 +81,6 @@ pub fn down_k3_interleaved_factored_rows(
     if !(2..=4).contains(&m) {
         invalid!("downK3InterleavedFactoredRows: M={m} outside 2..4");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k =
-        cached_kernel(&KERNEL, "mlx_trellis_down_k3i_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
+    let k = family_kernel("down_k3i_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, m)
 }

@@ -8,17 +8,14 @@
 //! its own argmin workspace). Costs of `2^L` f32 must fit a block's shared memory, so the kernel
 //! serves `L <= 15` ([`MAX_L`]); the encoder uses its CPU search above that.
 
-use std::sync::OnceLock;
-
 use crate::array::MlxArray;
 use crate::device::{backend, Backend, Stream};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
+use crate::kernel::registry::{self, KernelKey, KernelText};
 use crate::kernel::{CudaKernel, LaunchConfig};
 
-use super::launch::cached_cuda_kernel;
-
-const SOURCE: &str = include_str!("../../kernels/cuda/viterbi.cu");
+const SOURCE: &str = include_str!("../../../kernels/cuda/viterbi.cu");
 
 /// The block length the kernel codes.
 const T: usize = 256;
@@ -49,13 +46,18 @@ pub fn supports(k: u32, l: u32) -> bool {
     (1..=8).contains(&k) && (8..=MAX_L).contains(&l) && l > k
 }
 
-/// The kernel for `(k, l)`: its shared memory depends on both, so each pair is its own kernel
-/// object, built once per process.
+/// The kernel for `(k, l)`: its shared memory depends on both, so each size is its own kernel
+/// object, registered once per process.
 fn kernel(k: u32, l: u32) -> Result<&'static CudaKernel> {
-    static KERNELS: [[OnceLock<CudaKernel>; 8]; 8] = [const { [const { OnceLock::new() }; 8] }; 8];
-    let cell = &KERNELS[(k - 1) as usize][(l - 8) as usize];
-    let io: (&[&str], &[&str]) = (&["x", "lut"], &["states", "scratch"]);
-    cached_cuda_kernel(cell, &format!("mlx_trellis_viterbi_k{k}_l{l}"), io, SOURCE, &[], shared_bytes(k, l))
+    let key = KernelKey { shared_memory: shared_bytes(k, l), ..KernelKey::of("viterbi") };
+    registry::cuda(key, || {
+        Ok(KernelText {
+            inputs: &["x", "lut"],
+            outputs: &["states", "scratch"],
+            body: SOURCE.into(),
+            header: String::new(),
+        })
+    })
 }
 
 /// The tail-biting Viterbi path of every block of `x` (`blocks * 256` weights, each block

@@ -7,18 +7,15 @@
 //! into f32 partials `[M, SPLITS, C]` that one MLX `sum` folds. One SIMD group serves one
 //! activation row, so any `M` runs; both code layouts.
 
-use std::sync::OnceLock;
-
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
-use crate::kernel::MetalKernel;
 
-use super::codebook::METAL_HEADER;
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int, partials_launch};
-use super::launch::{TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use crate::trellis::format::codebook::METAL_HEADER;
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
+use crate::trellis::operands::{check_operands, int};
 
-const SOURCE: &str = include_str!("../../kernels/metal/trellis_scatter.metal");
+const SOURCE: &str = include_str!("../../../kernels/metal/trellis_scatter.metal");
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
@@ -36,8 +33,7 @@ pub fn trellis_scatter(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &T
     }
     let what = "trellisScatter";
     let m = check_operands(what, x2, codes, scales, g)?;
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let kernel = cached_kernel(&KERNEL, "mlx_trellis_scatter", || SOURCE, &[METAL_HEADER])?;
+    let kernel = family_kernel("scatter", || SOURCE, &[METAL_HEADER])?;
     let nb = 32 / g.words_per_block();
     let groups = (g.cols / g.t as usize).div_ceil(nb);
     let grid = [TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS * m];

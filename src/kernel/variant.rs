@@ -1,19 +1,7 @@
-//! Launch constants and helpers shared by the trellis kernel families (the seed's `launch`).
+//! Pieces of kernel files: a family file's sections, a file's source variants, and the stable
+//! hash that names a registered text.
 
-use std::sync::OnceLock;
-
-use crate::array::MlxArray;
-use crate::dtype::Dtype;
-use crate::error::{invalid, Error, Result};
-use crate::kernel::{CudaKernel, KernelSource, LaunchConfig, MetalKernel};
-
-use super::geometry::TrellisGeometry;
-
-/// Threads per threadgroup (Metal) of the trellis kernels.
-pub const TRELLIS_THREADS: usize = 128;
-
-/// SIMD groups of 32 lanes per threadgroup.
-pub const TRELLIS_SG_PER_TG: usize = 4;
+use crate::error::{invalid, Result};
 
 /// FNV-1a over several strings (stable across Rust releases, unlike `DefaultHasher`).
 pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
@@ -124,125 +112,6 @@ pub(crate) fn source_variant(text: &str, flag: &str, on: bool) -> Result<String>
     // `split` saw one line more than the text's newlines: drop the newline added after it.
     out.pop();
     Ok(out)
-}
-
-/// The kernel in `cell`, built on first use from `body()` and the concatenated `headers` (so a
-/// cached call neither cuts a section nor joins text). Its name is `base` plus an FNV hash of the
-/// text, because MLX caches compiled kernels by name.
-pub(crate) fn cached_kernel(
-    cell: &'static OnceLock<MetalKernel>,
-    base: &str,
-    body: impl FnOnce() -> &'static str,
-    headers: &[&str],
-) -> Result<&'static MetalKernel> {
-    if let Some(k) = cell.get() {
-        return Ok(k);
-    }
-    let (body, header) = (body(), headers.concat());
-    let name = format!("{base}_{:016x}", fnv1a(&[body, &header]));
-    let k = MetalKernel::new(
-        KernelSource::new(&name, &["x", "codes", "scales"], &["partial"], body).with_header(&header),
-        false,
-    )?;
-    Ok(cell.get_or_init(|| k))
-}
-
-/// The CUDA kernel in `cell`, built on first use from `body` and `headers` (joined by newlines)
-/// with `inputs`, `outputs` and `shared_memory` bytes of dynamic shared memory. Its name is
-/// `base` plus an FNV hash of the body and headers, because MLX caches compiled kernels by name
-/// on disk.
-pub(crate) fn cached_cuda_kernel(
-    cell: &'static OnceLock<CudaKernel>,
-    base: &str,
-    (inputs, outputs): (&[&str], &[&str]),
-    body: &str,
-    headers: &[&str],
-    shared_memory: usize,
-) -> Result<&'static CudaKernel> {
-    if let Some(k) = cell.get() {
-        return Ok(k);
-    }
-    let parts: Vec<&str> = std::iter::once(body).chain(headers.iter().copied()).collect();
-    let name = format!("{base}_{:016x}", fnv1a(&parts));
-    let mut source = KernelSource::new(&name, inputs, outputs, body);
-    if !headers.is_empty() {
-        source = source.with_header(&headers.join("\n"));
-    }
-    let k = CudaKernel::new(source, shared_memory)?;
-    Ok(cell.get_or_init(|| k))
-}
-
-/// The launch of a split-K kernel: `grid` threads in threadgroups of `threads` along x, template
-/// type `T` the activations' dtype, and one output, the f32 partials `[M, splits, cols]` (`M` the
-/// rows of `x2`) that [`apply_and_fold`] folds.
-pub(crate) fn partials_launch(
-    grid: [usize; 3],
-    threads: usize,
-    x2: &MlxArray,
-    splits: usize,
-    cols: usize,
-) -> LaunchConfig {
-    let m = x2.shape().first().copied().unwrap_or(0);
-    LaunchConfig::new(grid, [threads, 1, 1]).output(&[m, splits, cols], Dtype::Float32).template_dtype("T", x2.dtype())
-}
-
-/// Checks what the seed's checks leave open (a wrong operand would read out of bounds on the
-/// GPU): `x2` is `[M >= 1, rows]` in f32/f16/bf16, `codes` and `scales` fit `g`. Returns `M`.
-pub(crate) fn check_operands(
-    what: &str,
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    g: &TrellisGeometry,
-) -> Result<usize> {
-    let shape = x2.shape();
-    if shape.len() != 2 || shape[0] == 0 || shape[1] != g.rows {
-        invalid!("{what}: activations {shape:?} must be [M >= 1, {}]", g.rows);
-    }
-    let dtype = x2.dtype();
-    if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
-        invalid!("{what}: activations are {dtype}, expected float32, float16 or bfloat16");
-    }
-    check_layer(what, codes, scales, g)?;
-    Ok(shape[0])
-}
-
-/// Checks that `codes` (uint32 in `g`'s layout) and `scales` (f16, one per stored row) fit `g`.
-pub(crate) fn check_layer(what: &str, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<()> {
-    if codes.shape() != g.codes_shape()
-        || codes.dtype() != Dtype::Uint32
-        || scales.shape() != [g.rows]
-        || scales.dtype() != Dtype::Float16
-    {
-        invalid!(
-            "{what}: codes {} {:?} / scales {} {:?} do not match {g} (uint32 {:?} / float16 [{}])",
-            codes.dtype(),
-            codes.shape(),
-            scales.dtype(),
-            scales.shape(),
-            g.codes_shape(),
-            g.rows
-        );
-    }
-    Ok(())
-}
-
-/// A value as a template int.
-pub(crate) fn int(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::invalid(format!("{what}: {v} does not fit a template int")).into())
-}
-
-/// Runs `kernel` on `x2, codes, scales` and folds its partials `[M, splits, C]` (as
-/// [`partials_launch`] sets them up) to `[M, C]` in `x2`'s dtype.
-pub(crate) fn apply_and_fold(
-    kernel: &MetalKernel,
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    launch: &LaunchConfig,
-) -> Result<MlxArray> {
-    let partial = kernel.apply(&[x2, codes, scales], launch)?.remove(0);
-    partial.sum_axes(&[1], false)?.astype(x2.dtype())
 }
 
 #[cfg(test)]

@@ -8,20 +8,17 @@
 //! [`trellis_scatter`](super::trellis_scatter::trellis_scatter), reassociated relative to its f32
 //! `value * scale` weights (not bit-identical).
 
-use std::sync::OnceLock;
-
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
+use crate::kernel::variant::kernel_section;
 use crate::kernel::MetalKernel;
 
-use super::codebook::METAL_HEADER;
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{
-    apply_and_fold, cached_kernel, check_operands, int, kernel_section, partials_launch, TRELLIS_SG_PER_TG,
-    TRELLIS_THREADS,
-};
+use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use crate::trellis::format::codebook::METAL_HEADER;
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
+use crate::trellis::operands::{check_operands, int};
 
-const FILE: &str = include_str!("../../kernels/metal/down_factored.metal");
+const FILE: &str = include_str!("../../../kernels/metal/down_factored.metal");
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
@@ -70,8 +67,7 @@ pub fn down_factored_row(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: 
     if x2.shape().first() != Some(&1) {
         invalid!("downFactoredRow: expects one activation row");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
+    let k = family_kernel("down_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, 1)
 }
 
@@ -82,8 +78,7 @@ pub fn down_factored_rows(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g:
     if !(2..=4).contains(&m) {
         invalid!("downFactoredRows: M={m} outside 2..4");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
+    let k = family_kernel("down_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
     launch(k, x2, codes, scales, g, m)
 }
 

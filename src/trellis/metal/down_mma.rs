@@ -7,18 +7,18 @@
 //! [`SPLITS`] f32 partials `[M, SPLITS, C]` fold in one MLX `sum`. One body, two kernels: row-major
 //! codes and the 3-bit block interleave. Not bit-identical to the factored kernels.
 
-use std::sync::OnceLock;
-
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::kernel::{LaunchConfig, MetalKernel};
 
-use super::codebook::METAL_HEADER;
-use super::geometry::{CodeLayout, TrellisGeometry};
-use super::launch::{apply_and_fold, cached_kernel, check_operands, int, partials_launch};
+use crate::trellis::format::codebook::METAL_HEADER;
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
+use crate::trellis::operands::{check_operands, int};
 
-const SOURCE: &str = include_str!("../../kernels/metal/down_mma.metal");
-const STATE_HEADER: &str = include_str!("../../kernels/metal/down_mma_state.h");
+use super::fold::{apply_and_fold, family_kernel, partials_launch};
+
+const SOURCE: &str = include_str!("../../../kernels/metal/down_mma.metal");
+const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_state.h");
 
 /// SIMD groups per threadgroup.
 pub(crate) const SG_TG: usize = 4;
@@ -93,8 +93,7 @@ pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisG
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMma: needs row-major codes");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false)
 }
 
@@ -109,7 +108,6 @@ pub fn down_k3_interleaved_mma(
     if g.block_interleave != 2 || g.k != 3 {
         invalid!("downK3InterleavedMma: needs 3-bit block-interleaved codes");
     }
-    static KERNEL: OnceLock<MetalKernel> = OnceLock::new();
-    let k = cached_kernel(&KERNEL, "mlx_trellis_down_k3i_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_k3i_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true)
 }

@@ -8,10 +8,10 @@ pub const TRELLIS_SCALE: f64 = 147.800537109375;
 pub const TRELLIS_RCP: f32 = (1.0 / TRELLIS_SCALE) as f32;
 
 /// The Metal header shared by the trellis kernels: `TRELLIS_RCP` and `trellis_y_f32(state)`.
-pub const METAL_HEADER: &str = include_str!("../../kernels/metal/codebook.h");
+pub const METAL_HEADER: &str = include_str!("../../../kernels/metal/codebook.h");
 
 /// The CUDA header shared by the trellis kernels: `TRELLIS_RCP` and `trellis_y_f32(state)`.
-pub const CUDA_HEADER: &str = include_str!("../../kernels/cuda/codebook.cuh");
+pub const CUDA_HEADER: &str = include_str!("../../../kernels/cuda/codebook.cuh");
 
 /// The integer code value of `state`: the byte sum of `state * 34038481 + 76625530` (wrapping
 /// u32) minus 510, in `[-510, 510]`.

@@ -1,0 +1,139 @@
+//! [`CudaKernel`]: a custom CUDA kernel (MLX's `mx.fast.cuda_kernel`), and [`CudaLaunch`], a
+//! launch configuration converted for MLX once.
+
+use std::ffi::c_int;
+
+use mlx_sys as sys;
+
+use crate::array::MlxArray;
+use crate::error::{invalid, Error, ErrorContext, Result};
+use crate::ffi::call_value;
+
+use super::apply::{apply_kernel, cstring, CudaConfig, Names};
+use super::compact::compact_cuda_source;
+use super::source::{KernelSource, LaunchConfig};
+
+/// A custom CUDA kernel (MLX's `mx.fast.cuda_kernel`), compiled by NVRTC at first use.
+pub struct CudaKernel {
+    raw: sys::mlx_fast_cuda_kernel,
+    source: KernelSource,
+}
+
+impl CudaKernel {
+    /// Registers a kernel body with `shared_memory` bytes of dynamic shared memory per block.
+    /// Fails on an MLX build without CUDA.
+    pub fn new(source: KernelSource, shared_memory: usize) -> Result<CudaKernel> {
+        source.validate("CUDA kernel")?;
+        let shared = c_int::try_from(shared_memory).map_err(|_| {
+            Error::invalid(format!("CUDA kernel {:?}: {shared_memory} bytes of shared memory", source.name))
+        })?;
+        let (inputs, outputs) = (Names::new(&source.input_names)?, Names::new(&source.output_names)?);
+        let name = cstring(&source.name, "kernel name")?;
+        // MLX's CUDA back-end hashes the whole generated source on every evaluation of the
+        // kernel (its module cache key) and copies it on every application, so comments and
+        // indentation cost host time on each call: about 0.2 µs per KB on the host of an H200
+        // machine. `MLX_TRELLIS_KEEP_CUDA_SOURCE=1` keeps them (compile errors then name the
+        // kernel files' own lines).
+        let body = cstring(&compact_cuda_source(&source.source), "kernel source")?;
+        let header = cstring(&compact_cuda_source(&source.header), "kernel header")?;
+        // SAFETY: all strings are NUL-terminated and both name vectors live for the call; mlx-c
+        // copies everything into the kernel object, which is freed in `Drop`.
+        let raw = call_value(|| unsafe {
+            sys::mlx_fast_cuda_kernel_new(
+                name.as_ptr(),
+                inputs.raw,
+                outputs.raw,
+                body.as_ptr(),
+                header.as_ptr(),
+                source.ensure_row_contiguous,
+                shared,
+            )
+        })
+        .with_context(|| format!("creating CUDA kernel {:?}", source.name))?;
+        Ok(CudaKernel { raw, source })
+    }
+
+    /// The description the kernel was built from.
+    pub fn source(&self) -> &KernelSource {
+        &self.source
+    }
+
+    /// Applies the kernel to `inputs` on the current stream; returns the (lazy) outputs.
+    pub fn apply(&self, inputs: &[&MlxArray], cfg: &LaunchConfig) -> Result<Vec<MlxArray>> {
+        cfg.validate(&self.source, inputs.len(), "CUDA")?;
+        self.apply_config(inputs, &CudaConfig::build(cfg)?)
+    }
+
+    /// Checks `cfg` against this kernel and converts it for MLX once, for a configuration
+    /// applied many times ([`CudaKernel::apply_prepared`]); converting it at every call costs a
+    /// few µs of host time with many template arguments.
+    pub fn prepare(&self, cfg: &LaunchConfig) -> Result<CudaLaunch> {
+        // No inputs yet: `apply_prepared` checks their count at each call.
+        cfg.validate(&self.source, self.source.input_names.len(), "CUDA")?;
+        Ok(CudaLaunch {
+            config: CudaConfig::build(cfg)?,
+            input_names: self.source.input_names.clone(),
+            output_names: self.source.output_names.clone(),
+        })
+    }
+
+    /// [`CudaKernel::apply`] with a configuration prepared for a kernel with this kernel's
+    /// argument names.
+    pub fn apply_prepared(&self, inputs: &[&MlxArray], launch: &CudaLaunch) -> Result<Vec<MlxArray>> {
+        let name = &self.source.name;
+        if launch.input_names != self.source.input_names || launch.output_names != self.source.output_names {
+            invalid!(
+                "CUDA kernel {name:?}: launch prepared for arguments {:?} -> {:?}, the kernel takes {:?} -> {:?}",
+                launch.input_names,
+                launch.output_names,
+                self.source.input_names,
+                self.source.output_names
+            );
+        }
+        self.source.check_input_count(inputs.len(), "CUDA")?;
+        self.apply_config(inputs, &launch.config)
+    }
+
+    fn apply_config(&self, inputs: &[&MlxArray], config: &CudaConfig) -> Result<Vec<MlxArray>> {
+        apply_kernel("CUDA", &self.source.name, inputs, |outs, ins, stream| {
+            // SAFETY: all handles are live for the call; `outs` is a live vector to fill.
+            unsafe { sys::mlx_fast_cuda_kernel_apply(outs, self.raw, ins, config.raw, stream) }
+        })
+    }
+}
+
+/// A [`LaunchConfig`] checked and converted for MLX once ([`CudaKernel::prepare`]); it serves
+/// any kernel with the same argument names.
+pub struct CudaLaunch {
+    config: CudaConfig,
+    input_names: Vec<String>,
+    output_names: Vec<String>,
+}
+
+impl std::fmt::Debug for CudaLaunch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaLaunch")
+            .field("input_names", &self.input_names)
+            .field("output_names", &self.output_names)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the mlx-c configuration is never changed after `prepare`: `mlx_fast_cuda_kernel_apply`
+// copies what it reads from it, so it may be shared across threads and freed on any of them.
+unsafe impl Send for CudaLaunch {}
+// SAFETY: as above; only `apply_prepared` reads it, through `&self`.
+unsafe impl Sync for CudaLaunch {}
+
+impl Drop for CudaKernel {
+    fn drop(&mut self) {
+        // SAFETY: the kernel is owned by this value and freed exactly once.
+        unsafe { sys::mlx_fast_cuda_kernel_free(self.raw) };
+    }
+}
+
+// SAFETY: as for `MetalKernel`: an immutable description once created; compilation and caching
+// happen inside MLX under its own locks.
+unsafe impl Send for CudaKernel {}
+// SAFETY: as above.
+unsafe impl Sync for CudaKernel {}

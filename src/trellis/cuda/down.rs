@@ -1,0 +1,246 @@
+//! Down projections on MLX's CUDA back-end: `kernels/cuda/down_mma.cu`, registered through
+//! `mlx_fast_cuda_kernel` and applied with the template ints of a [`CudaDownConfig`]. Like the
+//! Metal kernels it writes f32 partial sums `[M, SPLITS, C]` (already scaled by 1/147.8) that
+//! one MLX `sum` folds, then casts to the activation dtype.
+//!
+//! The kernel decodes code values straight into tensor-core fragments (exact f16 integers) and
+//! multiplies them with `mma.sync` against the activations times the row scales, or (staged,
+//! [`CudaDownConfig::row_warps`]) decodes each step once into shared memory and multiplies from
+//! there, optionally on warps of its own that hand the decoded tiles to the multiplying ones
+//! ([`CudaDownConfig::producers`]); see the kernel file for the work split. With
+//! [`CudaDownConfig::prescaled`] a pre-pass kernel (`kernels/cuda/prescale.cu`) first writes the
+//! activations times the row scales as f16, and the kernel streams them in with the codes.
+//! [`plan`] picks the configuration for a row count.
+//!
+//! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
+//! once to dense weights and runs MLX's matmul ([`down_cuda_dense`]): the decode costs one write
+//! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
+//! while the fused kernel's decode-and-multiply grows with the rows.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, ErrorContext, Result};
+use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::variant::source_variant;
+use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
+use crate::trellis::format::codebook::CUDA_HEADER;
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
+use crate::trellis::operands::{check_operands, int};
+
+use super::dense::down_cuda_dense;
+pub use super::down_config::CudaDownConfig;
+use super::down_plan::require_supported;
+pub use super::down_plan::{plan, plan_for, supports, uses_dense, DENSE_MIN_ROWS};
+
+const SOURCE: &str = include_str!("../../../kernels/cuda/down_mma.cu");
+const HEADER: &str = include_str!("../../../kernels/cuda/down_mma.cuh");
+const PRESCALE_SOURCE: &str = include_str!("../../../kernels/cuda/prescale.cu");
+
+/// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
+const PRESCALED_ROW_MULTIPLE: usize = 64;
+
+/// The body and header of one decode's source (`staged`: the staged decode, else the fragment
+/// one): the kernel files without the other decode's `TRELLIS_DOWN_STAGED` sections, cut once.
+fn variant_source(staged: bool) -> Result<&'static (String, String)> {
+    static SOURCES: [OnceLock<(String, String)>; 2] = [OnceLock::new(), OnceLock::new()];
+    let cell = &SOURCES[usize::from(staged)];
+    if let Some(texts) = cell.get() {
+        return Ok(texts);
+    }
+    let cut = |text: &str, file: &str| {
+        source_variant(text, "TRELLIS_DOWN_STAGED", staged).with_context(|| format!("CUDA down kernel source {file}"))
+    };
+    let texts = (cut(SOURCE, "down_mma.cu")?, cut(HEADER, "down_mma.cuh")?);
+    Ok(cell.get_or_init(|| texts))
+}
+
+/// The kernel of one decode (`staged` or the fragment one) registered with `shared_memory`
+/// bytes of dynamic shared memory, one per decode and size (MLX takes the size when a kernel is
+/// registered; it is a function of the template arguments, so each compiled instantiation
+/// always launches with the same size).
+fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
+    let key = KernelKey { family: "down_mma", variant: if staged { "staged" } else { "fragment" }, shared_memory };
+    registry::cuda(key, || {
+        let (body, header) = variant_source(staged)?;
+        Ok(KernelText {
+            inputs: &["x", "codes", "scales"],
+            outputs: &["partial"],
+            body: body.clone(),
+            header: format!("{CUDA_HEADER}\n{header}"),
+        })
+    })
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration
+/// [`plan`] picks, or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
+///
+/// `codes` must start on a 16-byte boundary: the kernel streams it with 16-byte asynchronous
+/// copies. Arrays MLX allocates (loaded, created or computed, and so every `TrellisLinear`'s)
+/// do; a view that starts inside another array's buffer may not, and must be copied first
+/// ([`MlxArray::deep_copy`]). Activations and scales may be such views: the kernel checks their
+/// alignment and loads them one at a time when they are not aligned.
+pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    require_supported(g)?;
+    let m = x2.shape().first().copied().unwrap_or(0);
+    if uses_dense(m, x2.dtype()) {
+        return down_cuda_dense(x2, codes, scales, g);
+    }
+    down_cuda_with(x2, codes, scales, g, plan_for(g, m, x2.dtype()))
+}
+
+/// [`down_cuda`] with an explicit configuration (for tuning; every valid configuration gives the
+/// same sums up to f32 rounding order).
+pub fn down_cuda_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<MlxArray> {
+    down_cuda_partials(x2, codes, scales, g, cfg)?.sum_axes(&[1], false)?.astype(x2.dtype())
+}
+
+/// The kernel's f32 partial sums `[M, SPLITS, C]` before MLX folds them (for profiling).
+pub fn down_cuda_partials(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<MlxArray> {
+    require_supported(g)?;
+    let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
+    let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
+    let b = match &prepared.prescale {
+        Some((prescale, launch)) => {
+            prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?.remove(0)
+        }
+        None => x2.clone(),
+    };
+    Ok(prepared.kernel.apply_prepared(&[&b, codes, scales], &prepared.launch)?.remove(0))
+}
+
+/// The pre-pass kernel of prescaled configurations (`kernels/cuda/prescale.cu`).
+fn prescale_kernel() -> Result<&'static CudaKernel> {
+    registry::cuda(KernelKey::of("prescale"), || {
+        Ok(KernelText {
+            inputs: &["x", "scales"],
+            outputs: &["x_scaled"],
+            body: PRESCALE_SOURCE.into(),
+            header: String::new(),
+        })
+    })
+}
+
+/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel, and for a
+/// prescaled configuration the pre-pass whose output it reads in place of the activations.
+struct PreparedDown {
+    kernel: &'static CudaKernel,
+    launch: Arc<CudaLaunch>,
+    prescale: Option<(&'static CudaKernel, Arc<CudaLaunch>)>,
+}
+
+/// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
+/// per geometry, configuration, row count and dtype: a model makes the same few calls many
+/// times, and building the 19 template arguments at every call cost about 4 µs of host time.
+fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> Result<Arc<PreparedDown>> {
+    static LAUNCHES: LaunchCache<(TrellisGeometry, CudaDownConfig, usize, Dtype), PreparedDown> =
+        LaunchCache::new(1024);
+    LAUNCHES.get_or_build((*g, cfg, m, dtype), || prepare(g, cfg, m, dtype))
+}
+
+/// [`prepared_launch`]'s work on a miss.
+fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> Result<PreparedDown> {
+    cfg.check(g, dtype)?;
+    // Prescaled activations: [sets * m, row_pad] f16 (the f32 residues are the second set).
+    let row_pad = g.rows.next_multiple_of(PRESCALED_ROW_MULTIPLE);
+    let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
+    // The kernel indexes them with 32-bit offsets, and the pre-pass runs one grid row per
+    // activation row (CUDA's grid y is at most 65535).
+    if cfg.prescaled && (sets * m * row_pad > i32::MAX as usize || m > 65535) {
+        invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {sets} x {m} x {row_pad} here)");
+    }
+    let kernel = kernel(cfg.staged(), cfg.shared_bytes(g, dtype == Dtype::Float32))?;
+    let passes = m.div_ceil(8 * cfg.mt as usize);
+    let ctas = cfg.column_blocks(g);
+    let threads = 32 * cfg.block_warps() as usize;
+    let launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1])
+        .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
+        // Prescaled activations are f16 whatever the call's dtype.
+        .template_dtype("T", if cfg.prescaled { Dtype::Float16 } else { dtype })
+        .template_int("R", int("CUDA down kernel", g.rows)?)
+        .template_int("C", int("CUDA down kernel", g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("NC", cfg.nc as i32)
+        .template_int("MT", cfg.mt as i32)
+        .template_int("KS", cfg.ks as i32)
+        .template_int("WARPS", cfg.warps as i32)
+        .template_int("SPLITS", cfg.splits as i32)
+        .template_int("STAGES", cfg.stages as i32)
+        .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
+        .template_bool("SPLIT_X", dtype == Dtype::Float32)
+        .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
+        .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
+        .template_bool("PREFETCH", cfg.prefetch)
+        .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
+        .template_int("ROW_WARPS", cfg.row_warps as i32)
+        .template_int("PRODUCERS", cfg.producers as i32)
+        .template_bool("PRESCALED", cfg.prescaled)
+        .template_bool("MBARRIERS", cfg.mbarriers);
+    let launch = Arc::new(kernel.prepare(&launch)?);
+    let prescale = if cfg.prescaled {
+        // A thread converts 8 activations (see prescale.cu).
+        let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
+            .output(&[sets * m, row_pad], Dtype::Float16)
+            .template_dtype("T", dtype)
+            .template_int("R", int("CUDA prescale kernel", g.rows)?)
+            .template_int("R_PAD", int("CUDA prescale kernel", row_pad)?)
+            .template_bool("SPLIT_X", dtype == Dtype::Float32);
+        let kernel = prescale_kernel()?;
+        Some((kernel, Arc::new(kernel.prepare(&pre)?)))
+    } else {
+        None
+    };
+    Ok(PreparedDown { kernel, launch, prescale })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_decode_registers_only_its_own_sections() {
+        let (fragment, staged) = (variant_source(false).unwrap(), variant_source(true).unwrap());
+        for (text, file) in [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh")] {
+            assert!(text.contains("TRELLIS_DOWN_STAGED"), "{file} has no sections");
+        }
+        for ((body, header), own, other) in [
+            (fragment, ["decode_and_multiply", "mma_bytesum"], ["decode_to_tile", "named_sync"]),
+            (staged, ["decode_to_tile", "named_sync"], ["decode_and_multiply", "mma_bytesum"]),
+        ] {
+            let text = format!("{header}{body}");
+            let mut code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
+            assert!(code.all(|l| !l.contains("TRELLIS_DOWN_STAGED")));
+            assert!(own.iter().all(|f| text.contains(f)) && !other.iter().any(|f| text.contains(f)), "{own:?}");
+            // Both decodes share the copies, the B tiles and the code runs.
+            assert!(text.contains("auto store_b") && text.contains("struct CodeRun"));
+            // Registered compacted (text outside the compactor's plain subset would go as written).
+            assert!(
+                crate::kernel::compact::compact_plain_cpp(body).is_some()
+                    && crate::kernel::compact::compact_plain_cpp(header).is_some()
+            );
+        }
+    }
+    #[test]
+    fn too_many_rows_for_prescaled_b_tiles_is_an_error_that_says_so() {
+        // Caught while the launch is prepared, before anything runs (so on every back-end).
+        let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
+        let cfg = CudaDownConfig { nc: 2, mt: 8, ks: 1, warps: 8, splits: 1, prescaled: true, ..Default::default() };
+        cfg.check(&g, Dtype::Float32).unwrap();
+        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32).err().expect("65536 rows").to_string();
+        assert!(err.contains("too many for prescaled B tiles") && err.contains("65536 rows"), "{err}");
+    }
+}

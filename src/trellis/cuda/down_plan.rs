@@ -1,0 +1,228 @@
+//! The plan of the CUDA down kernel: which [`CudaDownConfig`] serves `M` activation rows of a
+//! geometry and dtype, and from how many rows the decode-once dense path takes over.
+
+use crate::dtype::Dtype;
+use crate::error::{unserved, Result};
+use crate::trellis::format::TrellisGeometry;
+
+use super::down_config::CudaDownConfig;
+
+/// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=8.
+pub fn supports(g: &TrellisGeometry) -> bool {
+    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
+}
+
+/// An error naming the geometry where [`supports`] says no.
+pub(crate) fn require_supported(g: &TrellisGeometry) -> Result<()> {
+    if !supports(g) {
+        unserved!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=8)");
+    }
+    Ok(())
+}
+
+/// The configuration for `m` rows of 16-bit activations: [`plan_for`] with bf16.
+pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
+    plan_for(g, m, Dtype::Bfloat16)
+}
+
+/// The configuration for `m` activation rows of `dtype` (measured on an H200 at the Qwen down
+/// shape; see the README's benchmark section), fitted to the geometry.
+pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
+    // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
+    // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps,
+    // prescaled B tiles on an mbarrier ring), chosen with bf16 activations by the kernel's own
+    // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
+    // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
+    // kernels/cuda/NOTES.md keeps the measurements behind each choice and the plans they replaced.
+    // Up to 16 rows the decode is everything: small blocks hide its latency, and dp4a with the
+    // bias fold beats the u8 MMA byte sums, whose fixed latency a warp waits out; 4-warp blocks
+    // of narrow tiles (72 registers a thread at 2-8 rows) beat fewer, wider warps. At one row
+    // the ALU pipe limits the decode, so half of the code pairs are packed on FMA-heavy instead
+    // (`pack_fma`). Steps of 32 or 64 input rows spread each step's barrier and copies over more
+    // decode. Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU: 19 at
+    // 9-16 rows (380 blocks, one wave at three or four blocks per SM), 13 from 17; MLX's fold of
+    // the partials is then shorter too. Prescaled B tiles saved about 2 µs alone at 1-16 rows,
+    // no more than their pre-pass costs (and queued, its launch lost more at 4 and 8 rows).
+    // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks (NC 2, 128
+    // registers, two blocks per SM, no bias fold: its accumulators would take 168) decode each
+    // weight once into the registers that multiply it, with the B tiles from the pre-pass
+    // kernel streamed into the code ring (`prescaled`) and the ring on mbarriers (`mbarriers`),
+    // so that the warps drift apart and their decode and MMA phases overlap. Kernel alone, k 3:
+    // 35.6 µs at 24 rows and 38.0 at 32 (+ 2.2-2.4 µs of pre-pass) against 39.6 and 41.7 for
+    // the staged kernel with producer warps; 48.3 at 64 rows against 53.4 with a block barrier
+    // per step and 61.2 with the B tiles built in the block. A pass holds just the call's rows
+    // (MT = M / 8 rounded up, one kernel per MT); above 64 rows passes of up to 64 share the
+    // rows evenly (72 rows: two passes of 40, not 64 + 8), 94.3-95.9 µs at 128 rows.
+    // f32 activations keep the B tiles in the block (the prescaled residue tiles took the 64-row
+    // shape to 146 registers, one block per SM) and at 17-32 rows the staged kernel with
+    // producer warps: 4 warps multiply while 4 more decode 64-row steps into two A tiles.
+    let tiles = m.div_ceil(8).max(1);
+    let pass_tiles = tiles.div_ceil(tiles.div_ceil(8)) as u32; // 8-row tiles a pass, passes of up to 8
+    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers, prescaled) = match m {
+        0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0, false),
+        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0, false),
+        9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0, false),
+        // f32 activations keep the producer warps here (their prescaled residue tiles would
+        // double the B tiles).
+        17..=32 if dtype == Dtype::Float32 => (4, tiles as u32, 4, 1, 13, false, false, 1, 4, false),
+        17..=64 => (2, tiles as u32, 4, 1, 13, false, false, 0, 0, true),
+        // Up to DENSE_MIN_ROWS rows of 16-bit activations, f32 ones, and explicit calls (f32:
+        // two passes of 64 rows took 119.4 µs at 128 rows against 138.8 for one pass of 16-row
+        // tiles with the u8 MMA byte sums).
+        _ => (2, pass_tiles, 4, 1, 13, false, false, 0, 0, true),
+    };
+    let mut cfg = CudaDownConfig {
+        nc,
+        mt,
+        ks,
+        warps: 16 * blocks / nc,
+        splits,
+        stages: 4,
+        bytesum_mma: false,
+        // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
+        // the kernel applies it to 16-bit activations only.
+        bias_fold,
+        prefetch: false,
+        pack_fma,
+        row_warps,
+        producers,
+        prescaled: prescaled && dtype != Dtype::Float32,
+        mbarriers: prescaled && dtype != Dtype::Float32,
+    };
+    // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
+    // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
+    // first, then a shallower ring, shorter steps (rows that are not a multiple of 8 also need a
+    // step's rows to divide the block's threads). No more splits than steps.
+    while cfg.copied_blocks() > 1
+        && (g.blocks_per_row() % cfg.copied_blocks() != 0
+            || cfg.shared_bytes(g, dtype == Dtype::Float32) > cfg.plan_shared_budget())
+    {
+        cfg.warps /= 2;
+        // The staged warps along the rows must still divide the warps (all powers of two).
+        cfg.row_warps = cfg.row_warps.min(cfg.warps);
+    }
+    let with_steps = |ks: u32, stages: u32| {
+        // The mbarrier ring needs 3 stages; a shallower ring keeps the block barrier.
+        let c = CudaDownConfig { ks, stages, mbarriers: cfg.mbarriers && stages >= 3, ..cfg };
+        CudaDownConfig { splits: c.splits.min(c.input_steps(g)), ..c }
+    };
+    std::iter::successors(Some(cfg.ks), |&ks| (ks > 1).then_some(ks / 2))
+        .flat_map(|ks| (2..=cfg.stages).rev().map(move |stages| with_steps(ks, stages)))
+        .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= c.plan_shared_budget())
+        // No fit leaves the planned configuration, whose check then names the problem.
+        .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
+}
+
+/// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
+/// the matmul and cuBLAS's split-K reduction take about 62 + 54 + 5 µs whatever the row count;
+/// the fused call (pre-pass, kernel in passes of up to 64 rows, MLX's fold and the cast) took
+/// 91.2 µs at 72 rows, 96.2 at 96 and 112.8 at 128 against 119.9-122.4 for the dense path, and
+/// 139.8 against 121.8 at 144 (`bench_down --paths` under Nsight Compute, one kernel at a time;
+/// see the README's benchmark section). Up to 128 rows the fused kernel is ahead, and it needs
+/// no scratch.
+/// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
+/// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
+/// by default, below the f32 accuracy the fused kernel keeps.
+pub const DENSE_MIN_ROWS: usize = 129;
+
+/// Whether [`down_cuda`] takes the dense path for `m` rows of `dtype` activations.
+pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
+    m >= DENSE_MIN_ROWS && matches!(dtype, Dtype::Float16 | Dtype::Bfloat16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trellis::cuda::down_config::{PLAN_SHARED_BUDGET, STAGED_PLAN_SHARED_BUDGET};
+
+    #[test]
+    fn every_planned_configuration_is_valid() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
+        let mut geometries = vec![qwen, qwen.interleaved().unwrap()];
+        // Every served k on the Qwen shape (k 5..8 need the shared-memory fitting), and small
+        // shapes whose coded blocks per row shrink the blocks.
+        geometries.extend((2..=8).map(|k| TrellisGeometry::row_major(17408, 5120, k, 256, 12, 0).unwrap()));
+        let small = [(200, 1024, 3), (88, 512, 4), (16, 256, 2), (17, 768, 2), (40, 768, 8)];
+        geometries.extend(small.iter().map(|&(r, c, k)| TrellisGeometry::row_major(r, c, k, 256, 12, 0).unwrap()));
+        for g in geometries {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                for m in 1..=200 {
+                    let cfg = plan_for(&g, m, dtype);
+                    cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{g} M {m} {dtype}: {cfg:?}: {e:#}"));
+                    // The fragment kernel's prefetch holds a second B fragment set in registers,
+                    // which f32 activations double; the staged prefetch's second step is in shared
+                    // memory (f32 at the Qwen shape: 154 registers with it, 158 without).
+                    let register_prefetch = cfg.prefetch && !cfg.staged();
+                    assert!(!(register_prefetch && dtype == Dtype::Float32), "{g} M {m}: f32 prefetch");
+                }
+            }
+        }
+        // The measured plan is unchanged where it fits (k <= 4).
+        let one = plan(&qwen, 1);
+        assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
+        let staged32 = plan_for(&qwen, 32, Dtype::Float32);
+        assert_eq!(
+            (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.producers),
+            (4, 4, 4, 4, 1, 4)
+        );
+        assert!(!staged32.prefetch && staged32.block_warps() == 8);
+        let wide = plan(&qwen, 64);
+        assert_eq!(
+            (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
+            (2, 8, 4, 4, 13, 8, 0, false)
+        );
+        // Prescaled B tiles on an mbarrier ring from 17 rows of 16-bit activations only, in
+        // passes that share the rows evenly above 64.
+        for (m, prescaled, mt) in [
+            (1, false, 1),
+            (8, false, 1),
+            (16, false, 2),
+            (17, true, 3),
+            (32, true, 4),
+            (33, true, 5),
+            (64, true, 8),
+            (72, true, 5),
+            (96, true, 6),
+            (128, true, 8),
+            (200, true, 7),
+        ] {
+            let cfg = plan(&qwen, m);
+            assert_eq!((cfg.prescaled, cfg.mbarriers, cfg.mt), (prescaled, prescaled, mt), "M {m}");
+            let f32 = plan_for(&qwen, m, Dtype::Float32);
+            assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
+        }
+    }
+    #[test]
+    fn the_staged_plan_fits_its_budget() {
+        // 17-32 rows of f32 activations: the staged kernel with producer warps in 64-row steps
+        // and two A tiles; shallower rings or shorter steps fit the staged budget for every code
+        // width.
+        for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
+            let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
+            for m in [17, 32] {
+                let cfg = plan_for(&g, m, Dtype::Float32);
+                assert!(cfg.staged() && cfg.specialized() && !cfg.prefetch, "k {k} M {m}: {cfg:?}");
+                let bytes = cfg.shared_bytes(&g, true);
+                assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} M {m}: {bytes}");
+            }
+        }
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
+        let planned = plan_for(&qwen, 32, Dtype::Float32);
+        assert_eq!((planned.ks, planned.stages), (4, 4));
+        // The prescaled 64-row plan: four ring slots of codes and B tiles, and their mbarriers.
+        assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536 + 4 * 16);
+        // Fragment plans never prefetch and keep to 48 KB, but for prescaled B tiles in 8-warp
+        // blocks (one B tile per ring slot); from 17 rows a pass holds just the call's rows (or
+        // an even share of them), without the bias fold, in 64-row steps of 8-warp blocks.
+        for m in [1, 8, 16, 17, 32, 33, 48, 64, 72, 128] {
+            let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
+            let budget = if cfg.prescaled && cfg.warps >= 8 { STAGED_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
+            assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
+            if m > 16 {
+                let tiles = m.div_ceil(8);
+                let mt = tiles.div_ceil(tiles.div_ceil(8)) as u32;
+                assert_eq!((cfg.nc, cfg.mt, cfg.ks, cfg.warps, cfg.bias_fold), (2, mt, 4, 8, false), "M {m}: {cfg:?}");
+            }
+        }
+    }
+}

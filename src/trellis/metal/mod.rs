@@ -1,0 +1,63 @@
+//! The seed's down-projection kernels on Apple GPUs (Metal), one file per kernel family with
+//! the seed's names, their shared launch and fold ([`fold`]), and the seed's model-graph
+//! dispatch: which family serves `M` activation rows of a geometry.
+
+pub mod down_factored;
+pub mod down_k3_interleaved_factored;
+pub mod down_mma;
+pub mod down_mma_wide;
+pub(crate) mod fold;
+pub mod trellis_scatter;
+
+use crate::array::MlxArray;
+use crate::error::{unserved, Result};
+
+use super::format::{CodeLayout, TrellisGeometry};
+
+/// Whether some Metal down kernel serves `g` (axis 0; for some row counts).
+pub fn serves(g: &TrellisGeometry) -> bool {
+    down_factored::supports(g)
+        || down_k3_interleaved_factored::supports(g)
+        || down_mma::supports(g)
+        || down_mma_wide::supports(g)
+}
+
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype by the seed's model-graph dispatch for `M` rows:
+/// 1 -> the factored row kernel, 2..3 -> the factored rows kernel, 4..8 -> the MMA kernel, more
+/// -> the wide MMA kernel in its planned pass. [`Error::Unserved`](crate::Error::Unserved) where
+/// the family for `M` does not serve the geometry.
+pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    let interleaved = g.layout() == CodeLayout::K3Interleaved;
+    match m {
+        1 if interleaved && down_k3_interleaved_factored::supports(g) => {
+            down_k3_interleaved_factored::down_k3_interleaved_factored_row(x2, codes, scales, g)
+        }
+        1 if down_factored::supports(g) => down_factored::down_factored_row(x2, codes, scales, g),
+        2..=3 if interleaved && down_k3_interleaved_factored::supports(g) => {
+            down_k3_interleaved_factored::down_k3_interleaved_factored_rows(x2, codes, scales, g)
+        }
+        2..=3 if down_factored::supports(g) => down_factored::down_factored_rows(x2, codes, scales, g),
+        4..=8 if interleaved && down_mma::supports(g) => down_mma::down_k3_interleaved_mma(x2, codes, scales, g),
+        4..=8 if down_mma::supports(g) => down_mma::down_mma(x2, codes, scales, g),
+        9.. if interleaved && down_mma_wide::supports(g) => {
+            down_mma_wide::down_k3_interleaved_mma_wide(x2, codes, scales, g)
+        }
+        9.. if down_mma_wide::supports(g) => down_mma_wide::down_mma_wide(x2, codes, scales, g),
+        _ => unserved!("the Metal kernels serve no {m}-row call of {g}"),
+    }
+}
+
+/// [`forward`] with every kernel on the CPU simulator.
+#[cfg(feature = "metal-sim")]
+pub fn forward_sim(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    let _sim = crate::sim::MetalSimScope::enter();
+    forward(x2, codes, scales, g)
+}
+
+/// Without the simulator the path cannot run.
+#[cfg(not(feature = "metal-sim"))]
+pub fn forward_sim(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
+    let _ = (x2, codes, scales, g);
+    unserved!("the metal-sim path needs the `metal-sim` feature (cargo build --features metal-sim)")
+}

@@ -1,0 +1,8 @@
+//! Model artifacts on disk (spec §5): reading coded modules from a model directory and writing
+//! one.
+
+mod artifact;
+mod json;
+
+pub use artifact::{write_artifact, Artifact, ModuleConfig};
+pub use json::Json;
