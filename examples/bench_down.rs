@@ -25,8 +25,9 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
-use mlx_trellis::trellis::cuda::down::{down_cuda_partials, down_cuda_with, plan, uses_dense, CudaDownConfig};
+use mlx_trellis::trellis::cuda::down::uses_dense;
+use mlx_trellis::trellis::cuda::tuning::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, CudaDownConfig};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear};

@@ -29,10 +29,10 @@ bundle=target/cuda-bundle
 
 case "${1:-}" in
 build)
-  cargo build --release --example bench_down --example qwen_down --example quantize_layer
+  cargo build --release --features tuning --example bench_down --example qwen_down --example quantize_layer
   mkdir -p "$bundle"
   # Test binaries carry a hash in their names: copy them under stable ones.
-  cargo test --release --no-run --test cuda_down --test kernels --test trellis_core --test foundation \
+  cargo test --release --features tuning --no-run --test cuda_down --test kernels --test trellis_core --test foundation \
     --test encoder --test encoder_cuda --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for line in sys.stdin:
@@ -105,14 +105,14 @@ run | tests | bench | profile | latency | ab)
   # side by side (TEST_THREADS, 8 by default; over 9 minutes on an H200 with 16).
   [ "$step" = bench ] || for t in foundation kernels cuda_down trellis_core encoder encoder_cuda; do
     echo "== test_$t"
-    timeout 1200 "$bundle/test_$t" --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_$t.txt" |
+    timeout 1200 "$bundle/test_$t" --include-ignored --skip quality_table --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_$t.txt" |
       grep -E "^test |test result" || status=1
   done
   # The same with MLX's f32 matmul in f32 (MLX_ENABLE_TF32=0): the generic path's f32 gate is
   # then 1e-5 instead of TF32's.
   [ "$step" = bench ] || for t in foundation trellis_core; do
     echo "== test_$t, MLX_ENABLE_TF32=0"
-    MLX_ENABLE_TF32=0 timeout 600 "$bundle/test_$t" --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_${t}_f32.txt" |
+    MLX_ENABLE_TF32=0 timeout 600 "$bundle/test_$t" --include-ignored --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_${t}_f32.txt" |
       grep -E "^test |test result" || status=1
   done
   [ "$step" = tests ] && exit $status

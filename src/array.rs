@@ -44,7 +44,7 @@ pub(crate) fn dims(shape: &[usize]) -> Result<Vec<c_int>> {
         .iter()
         .map(|&d| {
             c_int::try_from(d)
-                .map_err(|_| Error::invalid(format!("dimension {d} in shape {shape:?} exceeds MLX's int range")).into())
+                .map_err(|_| Error::invalid(format!("dimension {d} in shape {shape:?} exceeds MLX's int range")))
         })
         .collect()
 }
@@ -188,7 +188,7 @@ impl MlxArray {
         dense.eval()?;
         // SAFETY: `read_evaluated` needs an evaluated, row-contiguous array of dtype `T`: `dense`
         // is all three.
-        Ok(unsafe { read_evaluated::<T>(dense.raw, dense.size()) }?)
+        unsafe { read_evaluated::<T>(dense.raw, dense.size()) }
     }
 
     /// A row-contiguous array with the same elements (no copy if it already is).
@@ -324,7 +324,7 @@ impl SharedArray {
             invalid!("cannot read a {} array as {}", self.dtype(), T::DTYPE);
         }
         // SAFETY: `inner` was evaluated and made row-contiguous in `MlxArray::share`.
-        Ok(unsafe { read_evaluated::<T>(self.inner.raw, self.inner.size()) }?)
+        unsafe { read_evaluated::<T>(self.inner.raw, self.inner.size()) }
     }
 
     /// A handle on the calling thread, usable in new operations.

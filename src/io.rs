@@ -40,11 +40,11 @@ impl Drop for StringMap {
 
 fn path_cstring(path: &Path) -> Result<CString> {
     let text = path.to_str().ok_or_else(|| Error::invalid(format!("path {} is not UTF-8", path.display())))?;
-    Ok(CString::new(text).map_err(|_| Error::invalid(format!("path {text:?} contains a NUL byte")))?)
+    CString::new(text).map_err(|_| Error::invalid(format!("path {text:?} contains a NUL byte")))
 }
 
 fn key_cstring(key: &str) -> Result<CString> {
-    Ok(CString::new(key).map_err(|_| Error::invalid(format!("name {key:?} contains a NUL byte")))?)
+    CString::new(key).map_err(|_| Error::invalid(format!("name {key:?} contains a NUL byte")))
 }
 
 /// Reads every tensor and the metadata of a safetensors file. The tensors are evaluated (read
@@ -89,7 +89,7 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
             match status {
                 0 => {}
                 2 => return Ok(()),
-                _ => return Err(Error::mlx("iterating the loaded tensors failed").into()),
+                _ => return Err(Error::mlx("iterating the loaded tensors failed")),
             }
             // SAFETY: `key` points at the map's NUL-terminated key, alive while the map lives.
             let name = unsafe { CStr::from_ptr(key) }.to_string_lossy().into_owned();

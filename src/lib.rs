@@ -36,6 +36,19 @@
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+/// Declares modules that are public with the `tuning` feature and crate-private without it.
+macro_rules! tuning_mods {
+    ($($name:ident;)*) => {
+        $(
+            #[cfg(feature = "tuning")]
+            pub mod $name;
+            #[cfg(not(feature = "tuning"))]
+            pub(crate) mod $name;
+        )*
+    };
+}
+pub(crate) use tuning_mods;
+
 mod array;
 mod device;
 mod dtype;

@@ -1,11 +1,12 @@
 //! The CUDA down kernel against the f64 reference. Runs for real on MLX's CUDA back-end and
 //! skips (saying why) everywhere else.
 
-use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
-use mlx_trellis::trellis::cuda::down::{down_cuda_with, plan, uses_dense, CudaDownConfig, DENSE_MIN_ROWS};
+use mlx_trellis::trellis::cuda::down::{uses_dense, DENSE_MIN_ROWS};
+use mlx_trellis::trellis::cuda::tuning::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::tuning::{down_cuda_with, plan, CudaDownConfig};
 mod common;
 
-use common::{cuda, f32_matmul_gate, gate, to_f64, Case};
+use common::{f32_matmul_gate, gate, require_cuda, to_f64, Case};
 use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
@@ -31,9 +32,7 @@ fn check_on(c: &Case, x: &MlxArray, xr: &[f64], gate: f64, what: &str, f: Forwar
 /// The planned dispatch on one small layer at 1-128 rows, in f32, f16 and bf16. One test per
 /// layer, so that the test harness runs the layers (their kernel compiles) side by side.
 fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layout: CodeLayout) {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     let c = Case::new(rows, cols, k, layout);
     for m in [1, 2, 3, 8, 9, 16, 17, 31, 33, 40, 50, 64, 65, 100, 128, DENSE_MIN_ROWS] {
         // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
@@ -54,36 +53,40 @@ fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layo
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn planned_kernel_matches_the_reference_k2_row_major() {
     planned_dispatch_matches_the_reference(64, 512, 2, CodeLayout::RowMajor);
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn planned_kernel_matches_the_reference_k3_row_major() {
     planned_dispatch_matches_the_reference(200, 512, 3, CodeLayout::RowMajor);
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn planned_kernel_matches_the_reference_k4_row_major() {
     planned_dispatch_matches_the_reference(520, 1024, 4, CodeLayout::RowMajor);
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn planned_kernel_matches_the_reference_k3_interleaved() {
     planned_dispatch_matches_the_reference(136, 1024, 3, CodeLayout::K3Interleaved);
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn planned_kernel_matches_the_reference_rows_not_a_multiple_of_8() {
     // Activations load one at a time.
     planned_dispatch_matches_the_reference(76, 768, 3, CodeLayout::RowMajor);
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn every_configuration_matches_the_reference() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     let inter = Case::new(200, 1024, 3, CodeLayout::K3Interleaved);
     let rm = Case::new(200, 1024, 2, CodeLayout::RowMajor);
     let rm4 = Case::new(88, 512, 4, CodeLayout::RowMajor);
@@ -207,10 +210,9 @@ fn staged_layers() -> [Case; 5] {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn staged_configurations_match_the_reference() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     // The staged kernel (each step decoded into shared memory, then multiplied from there, or
     // pipelined with the prefetch) on every warp tiling worth having: parts of a coded block
     // (TILE < 256), one and two coded blocks, warps along the rows 1 to 4; cycling through the
@@ -269,10 +271,9 @@ fn staged_configurations_match_the_reference() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn specialized_configurations_match_the_reference() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     // Producer warps: the staged kernel's decode on warps of its own, handing A tiles to the
     // multiplying warps through named barriers. Blocks of 6 to 16 warps (above 8 the register
     // rule applies), whole coded blocks and parts of one, two or three A tiles (prefetch), ring
@@ -318,6 +319,7 @@ fn specialized_configurations_match_the_reference() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn prescaled_configurations_match_the_reference() {
     // B tiles from the pre-pass kernel (x * scale as f16, the f32 residues as more rows), streamed
     // into the ring with the codes: the planned shapes (one row with the IMAD pack, 2-8 and 9-16
@@ -380,9 +382,7 @@ fn prescaled_configurations_match_the_reference() {
         cfg.check(g, *dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
     }
     assert_eq!(with_mbarriers.len(), 5);
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     for (layer, dtype, cfg) in configs.into_iter().chain(with_mbarriers) {
         let (c, mt) = (&layers[layer], cfg.mt);
         let g = *c.lin.geometry();
@@ -393,6 +393,7 @@ fn prescaled_configurations_match_the_reference() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn activations_off_16_byte_alignment_load_one_at_a_time() {
     // A row-contiguous view 2 elements into its buffer (MLX passes such views with their offset):
     // rows then start 4 (16-bit) or 8 (f32) bytes off a 16-byte boundary, and the kernel must
@@ -405,9 +406,7 @@ fn activations_off_16_byte_alignment_load_one_at_a_time() {
     for dtype in [Dtype::Bfloat16, Dtype::Float32] {
         prescaled.check(&g, dtype).unwrap();
     }
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     for dtype in [Dtype::Bfloat16, Dtype::Float32] {
         for m in [1, 9, 24] {
             let (x, xr) = c.x(m, dtype);
@@ -425,10 +424,9 @@ fn activations_off_16_byte_alignment_load_one_at_a_time() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn qwen_sized_layers_match_the_reference() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     for (k, layout) in [
         (3, CodeLayout::K3Interleaved),
         (2, CodeLayout::RowMajor),
@@ -449,10 +447,9 @@ fn qwen_sized_layers_match_the_reference() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn unsupported_geometries_fall_back_or_refuse() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     // Axis 1 has no CUDA kernel: Auto takes the generic path, a forced CUDA path refuses.
     let host = synthetic_layer(64, 512, 2, 12, 1, CodeLayout::RowMajor, 0.02, 1).unwrap();
     let lin = TrellisLinear::from_host("up", &host).unwrap();
@@ -472,10 +469,9 @@ fn rounded(v: f32, dtype: Dtype) -> f64 {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn dense_weights_equal_the_reference_bit_for_bit() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     // Both layouts (the interleave is k 3, L 12 only), k 2..8, L 8..16 (runs of 2 to 5 words),
     // blocks per row 1..6, rows that are not a multiple of anything.
     for (rows, cols, k, l, layout) in [
@@ -514,10 +510,9 @@ fn dense_weights_equal_the_reference_bit_for_bit() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn dense_path_matches_the_reference() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     for (rows, cols, k, layout) in [(200, 1024, 3, CodeLayout::K3Interleaved), (520, 1024, 4, CodeLayout::RowMajor)] {
         let c = Case::new(rows, cols, k, layout);
         let g = *c.g();

@@ -8,7 +8,7 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::CodeLayout;
 use mlx_trellis::{backend, Backend};
 mod common;
-use common::cuda;
+use common::require_cuda;
 
 fn on(cfg: EncoderConfig, backend: EncoderBackend) -> EncoderConfig {
     EncoderConfig { backend, ..cfg }
@@ -41,10 +41,9 @@ fn matrix(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn the_cuda_search_gives_the_cpu_bytes() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     // Every k at the largest L the kernel serves (1024 threads, values read from memory) and at
     // L = 9 (the smallest L with k = 8), and the shipped widths at every L in between (threads
     // per block from 64 up, values in registers up to L = 13).
@@ -62,10 +61,9 @@ fn the_cuda_search_gives_the_cpu_bytes() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn the_cuda_search_serves_both_layouts_and_axes() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     let (rows, cols) = (4, 1024);
     let w = matrix(rows, cols, 99);
     for (axis, layout) in [(0, CodeLayout::RowMajor), (1, CodeLayout::RowMajor), (0, CodeLayout::K3Interleaved)] {
@@ -77,10 +75,9 @@ fn the_cuda_search_serves_both_layouts_and_axes() {
 }
 
 #[test]
+#[ignore = "needs MLX's CUDA back-end"]
 fn the_cuda_search_spans_several_launches() {
-    if !cuda() {
-        return;
-    }
+    require_cuda();
     // 70,000 blocks: more than one launch (65,536 blocks each) and more blocks than thread
     // blocks, so every thread block walks over many.
     let (rows, cols) = (280, 64_000);

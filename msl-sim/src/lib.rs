@@ -44,6 +44,7 @@
 //! variables and limits.
 
 #![deny(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 mod codegen;
 mod compile;

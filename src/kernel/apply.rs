@@ -41,7 +41,7 @@ impl Drop for Names {
 }
 
 pub(crate) fn cstring(text: &str, what: &str) -> Result<CString> {
-    Ok(CString::new(text).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))?)
+    CString::new(text).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
 }
 
 /// The operations a kernel config offers, identical in shape for Metal and CUDA.
@@ -76,15 +76,21 @@ macro_rules! kernel_config {
                 call(|| unsafe { sys::$verbose(config.raw, cfg.verbose) })?;
                 for (name, value) in &cfg.template_args {
                     let cname = cstring(name, "template argument name")?;
+                    // `cname` is NUL-terminated and outlives each call; the config copies it.
+                    let (raw, name) = (config.raw, cname.as_ptr());
                     match *value {
-                        // SAFETY: `cname` is NUL-terminated and outlives the call; the config copies it.
                         TemplateArg::Dtype(d) => {
-                            call(|| unsafe { sys::$t_dtype(config.raw, cname.as_ptr(), d.to_raw()) })?
+                            // SAFETY: a live config and a NUL-terminated name (above).
+                            call(|| unsafe { sys::$t_dtype(raw, name, d.to_raw()) })?
                         }
-                        // SAFETY: as above.
-                        TemplateArg::Int(i) => call(|| unsafe { sys::$t_int(config.raw, cname.as_ptr(), i) })?,
-                        // SAFETY: as above.
-                        TemplateArg::Bool(b) => call(|| unsafe { sys::$t_bool(config.raw, cname.as_ptr(), b) })?,
+                        TemplateArg::Int(i) => {
+                            // SAFETY: as above.
+                            call(|| unsafe { sys::$t_int(raw, name, i) })?
+                        }
+                        TemplateArg::Bool(b) => {
+                            // SAFETY: as above.
+                            call(|| unsafe { sys::$t_bool(raw, name, b) })?
+                        }
                     }
                 }
                 Ok(config)

@@ -29,13 +29,11 @@ pub fn f32_matmul_gate() -> f64 {
     }
 }
 
-/// Whether MLX runs on CUDA here; if not, says so (the caller skips its GPU checks).
-pub fn cuda() -> bool {
-    if backend() == Backend::Cuda {
-        return true;
-    }
-    println!("skipped: MLX's back-end here is {}, not CUDA", backend());
-    false
+/// Panics unless MLX runs on CUDA here: a GPU test (ignored elsewhere, with the reason "needs
+/// MLX's CUDA back-end"; `scripts/cuda.sh` runs them with `--include-ignored`) run without a GPU
+/// fails instead of passing.
+pub fn require_cuda() {
+    assert_eq!(backend(), Backend::Cuda, "this test needs MLX's CUDA back-end; run it on a CUDA machine");
 }
 
 /// A seeded synthetic axis-0 layer on the host and on MLX.

@@ -2,8 +2,19 @@
 //! configuration, plan and launch ([`down`]), the decode-once dense path ([`dense`]) and the
 //! encoder's block search ([`viterbi`]).
 
-pub mod dense;
+pub(crate) mod dense;
 pub mod down;
-mod down_config;
-mod down_plan;
+pub(crate) mod down_config;
+pub(crate) mod down_plan;
 pub mod viterbi;
+
+/// The down kernel's configurations and plan, a call with an explicit configuration, its
+/// partial sums before the fold, and the dense path (the `tuning` feature): for benchmark sweeps
+/// and tests.
+#[cfg(feature = "tuning")]
+pub mod tuning {
+    pub use super::dense::{down_cuda_dense, expand_cuda};
+    pub use super::down::{down_cuda_partials, down_cuda_with};
+    pub use super::down_config::CudaDownConfig;
+    pub use super::down_plan::{plan, plan_for};
+}

@@ -2,11 +2,20 @@
 //! the seed's names, their shared launch and fold ([`fold`]), and the seed's model-graph
 //! dispatch: which family serves `M` activation rows of a geometry.
 
-pub mod down_factored;
-pub mod down_k3_interleaved_factored;
-pub mod down_mma;
-pub mod down_mma_wide;
 pub(crate) mod fold;
+
+// Each kernel family on its own (public with the `tuning` feature, for tests and benchmarks
+// that call one family directly; crate-private otherwise).
+crate::tuning_mods! {
+    down_factored;
+    down_k3_interleaved_factored;
+    down_mma;
+    down_mma_wide;
+}
+
+/// The seed's baseline: decoded f32 weights times activations, no factoring (the `tuning`
+/// feature; the factored kernels are checked against it).
+#[cfg(feature = "tuning")]
 pub mod trellis_scatter;
 
 use crate::array::MlxArray;
