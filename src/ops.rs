@@ -82,6 +82,13 @@ impl MlxArray {
         square => mlx_square,
         /// Elementwise square root.
         sqrt => mlx_sqrt,
+        /// Elementwise logistic sigmoid `1 / (1 + e^-x)`.
+        sigmoid => mlx_sigmoid,
+    }
+
+    /// Elementwise SiLU `x * sigmoid(x)` (MLX's `nn.silu`).
+    pub fn silu(&self) -> Result<MlxArray> {
+        self.multiply(&self.sigmoid()?)
     }
 
     /// Sum over `axes` (negative axes count from the end); `keepdims` keeps them as size 1.

@@ -3,7 +3,7 @@
 //! A folder per job and per back-end: [`format`] (geometry, codebook, code layouts, host layers),
 //! [`reference`](mod@reference) (the plain-Rust decoder every kernel is checked against),
 //! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
-//! for every back-end), [`linear`] (the module and the choice of path), [`metal`] (the seed's
+//! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the seed's
 //! Metal kernel families, one file each, with the seed's names), [`cuda`] (the CUDA kernels),
 //! [`encoder`] (dense weights to codes) and [`model`] (artifacts on disk).
 
@@ -13,6 +13,7 @@ pub mod format;
 pub mod generic;
 pub mod linear;
 pub mod metal;
+pub mod mlp;
 pub mod model;
 pub(crate) mod operands;
 pub mod reference;
@@ -20,5 +21,6 @@ pub mod synthetic;
 
 pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
+pub use mlp::TrellisMlp;
 pub use model::{write_artifact, Artifact, ModuleConfig};
-pub use synthetic::synthetic_layer;
+pub use synthetic::{synthetic_layer, synthetic_mlp};

@@ -10,7 +10,7 @@ use half::f16;
 use crate::error::{invalid, Result};
 
 use super::format::codebook::{value, value_f64};
-use super::format::TrellisGeometry;
+use super::format::{HostLayer, TrellisGeometry};
 
 /// The state of position `t` of one block given as its words (`block.len() * 32 / k` positions).
 pub fn block_state(block: &[u32], t: usize, k: u32, l: u32) -> u32 {
@@ -135,6 +135,23 @@ pub fn forward_f64(x: &[f64], m: usize, codes: &[u32], scales: &[f16], g: &Trell
         }
     }
     Ok(y)
+}
+
+/// `silu(x · Wg) ⊙ (x · Wu)` for `m` activation rows, in f64 (the gate and up projections of a
+/// coded MLP, spec §9): `[m, intermediate]`.
+pub fn swiglu_f64(x: &[f64], m: usize, gate: &HostLayer, up: &HostLayer) -> Result<Vec<f64>> {
+    let g = forward_f64(x, m, &gate.codes, &gate.scales, &gate.geometry)?;
+    let u = forward_f64(x, m, &up.codes, &up.scales, &up.geometry)?;
+    if g.len() != u.len() {
+        invalid!("reference SwiGLU: gate gives {} values and up {}", g.len(), u.len());
+    }
+    Ok(g.iter().zip(&u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect())
+}
+
+/// `down(silu(x · Wg) ⊙ (x · Wu))` for `m` activation rows, in f64 with no rounding anywhere.
+pub fn mlp_forward_f64(x: &[f64], m: usize, gate: &HostLayer, up: &HostLayer, down: &HostLayer) -> Result<Vec<f64>> {
+    let h = swiglu_f64(x, m, gate, up)?;
+    forward_f64(&h, m, &down.codes, &down.scales, &down.geometry)
 }
 
 /// `relErr = max|a - b| / max|b|`, the gate every kernel is held to.

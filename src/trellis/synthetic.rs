@@ -76,6 +76,25 @@ pub fn synthetic_layer(
     Ok(HostLayer { codes, scales, geometry })
 }
 
+/// A seeded random coded MLP `hidden -> intermediate -> hidden` at `k` bits: gate and up stored
+/// row-major `[intermediate, hidden]` (axis 1), down stored `[intermediate, hidden]` (axis 0) in
+/// `down_layout`. Scales are `1/sqrt(fan-in)`, so standard-normal activations give outputs of
+/// order one (as in a model, where the incoherence rotation makes weights near-Gaussian).
+pub fn synthetic_mlp(
+    hidden: usize,
+    intermediate: usize,
+    k: u32,
+    down_layout: CodeLayout,
+    seed: u64,
+) -> Result<(HostLayer, HostLayer, HostLayer)> {
+    let gate_scale = (1.0 / (hidden as f64).sqrt()) as f32;
+    let down_scale = (1.0 / (intermediate as f64).sqrt()) as f32;
+    let gate = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed)?;
+    let up = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed ^ 0x75)?;
+    let down = synthetic_layer(intermediate, hidden, k, 12, 0, down_layout, down_scale, seed ^ 0xd0)?;
+    Ok((gate, up, down))
+}
+
 /// `n` seeded standard-normal values.
 pub fn gaussian(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = SplitMix64::new(seed);

@@ -6,6 +6,7 @@ pub(crate) mod dense;
 pub mod down;
 pub(crate) mod down_config;
 pub(crate) mod down_plan;
+pub mod gate_up;
 pub mod viterbi;
 
 /// The down kernel's configurations and plan, a call with an explicit configuration, its

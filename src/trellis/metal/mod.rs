@@ -22,6 +22,7 @@ use crate::array::MlxArray;
 use crate::error::{unserved, Result};
 
 use super::format::{CodeLayout, TrellisGeometry};
+use super::linear::TrellisLinear;
 
 /// Whether some Metal down kernel serves `g` (axis 0; for some row counts).
 pub fn serves(g: &TrellisGeometry) -> bool {
@@ -55,6 +56,26 @@ pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGe
         9.. if down_mma_wide::supports(g) => down_mma_wide::down_mma_wide(x2, codes, scales, g),
         _ => unserved!("the Metal kernels serve no {m}-row call of {g}"),
     }
+}
+
+/// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype by one fused Metal kernel.
+pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
+    let _ = (x2, up);
+    unserved!("the Metal kernels have no fused gate·up·SwiGLU for {}", gate.geometry())
+}
+
+/// [`swiglu`] with the kernel on the CPU simulator.
+#[cfg(feature = "metal-sim")]
+pub fn swiglu_sim(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
+    let _sim = crate::sim::MetalSimScope::enter();
+    swiglu(x2, gate, up)
+}
+
+/// Without the simulator the path cannot run.
+#[cfg(not(feature = "metal-sim"))]
+pub fn swiglu_sim(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
+    let _ = (x2, gate, up);
+    unserved!("the metal-sim path needs the `metal-sim` feature (cargo build --features metal-sim)")
 }
 
 /// [`forward`] with every kernel on the CPU simulator.

@@ -1,0 +1,198 @@
+//! [`TrellisMlp`]: a coded MLP of the Qwen/Llama convention (spec §9),
+//! `y = down(silu(gate(x)) ⊙ up(x))`, with gate and up stored `[out, in]` (axis 1) and down
+//! stored `[in, out]` (axis 0), each its own [`TrellisLinear`].
+//!
+//! The gate·up·SwiGLU part runs as one fused kernel where the back-end has one (both code
+//! tensors read for the same output rows, `silu(g) ⊙ u` written in the activation dtype), then
+//! the down projection runs by its own kernels. The paths follow [`TrellisLinear`]'s rule: a
+//! forced path whose kernels do not serve a part fails with
+//! [`Error::Unserved`](crate::Error::Unserved); [`ForwardPath::Auto`] falls back to the generic
+//! path part by part.
+
+use std::fmt;
+
+use crate::array::MlxArray;
+use crate::device::{backend, Backend};
+use crate::dtype::Dtype;
+use crate::error::{invalid, ErrorContext, ErrorKind, Result};
+
+use super::linear::{ForwardPath, TrellisLinear};
+use super::model::Artifact;
+use super::reference::{mlp_forward_f64, swiglu_f64};
+use super::{cuda, metal};
+
+/// One coded MLP: gate, up and down projections of matching widths.
+#[derive(Clone)]
+pub struct TrellisMlp {
+    gate: TrellisLinear,
+    up: TrellisLinear,
+    down: TrellisLinear,
+}
+
+impl TrellisMlp {
+    /// An MLP from its three projections: gate and up map `hidden -> intermediate`, down maps
+    /// `intermediate -> hidden`.
+    pub fn new(gate: TrellisLinear, up: TrellisLinear, down: TrellisLinear) -> Result<TrellisMlp> {
+        let (g, u, d) = (gate.geometry(), up.geometry(), down.geometry());
+        let hidden = g.in_features();
+        let inter = g.out_features();
+        if (u.in_features(), u.out_features()) != (hidden, inter) {
+            invalid!(
+                "MLP: gate {:?} maps {hidden} -> {inter} but up {:?} maps {} -> {}",
+                gate.name(),
+                up.name(),
+                u.in_features(),
+                u.out_features()
+            );
+        }
+        if (d.in_features(), d.out_features()) != (inter, hidden) {
+            invalid!(
+                "MLP: gate and up map {hidden} -> {inter} but down {:?} maps {} -> {} (expected {inter} -> {hidden})",
+                down.name(),
+                d.in_features(),
+                d.out_features()
+            );
+        }
+        Ok(TrellisMlp { gate, up, down })
+    }
+
+    /// The MLP `PREFIX.gate_proj`, `PREFIX.up_proj`, `PREFIX.down_proj` of a model directory
+    /// (each with its own quantization entry), for example `prefix = "model.layers.0.mlp"`.
+    pub fn from_artifact(artifact: &Artifact, prefix: &str) -> Result<TrellisMlp> {
+        let load = |name: &str| artifact.module(&format!("{prefix}.{name}"));
+        TrellisMlp::new(load("gate_proj")?, load("up_proj")?, load("down_proj")?)
+            .with_context(|| format!("MLP {prefix:?}"))
+    }
+
+    /// The gate projection.
+    pub fn gate(&self) -> &TrellisLinear {
+        &self.gate
+    }
+
+    /// The up projection.
+    pub fn up(&self) -> &TrellisLinear {
+        &self.up
+    }
+
+    /// The down projection.
+    pub fn down(&self) -> &TrellisLinear {
+        &self.down
+    }
+
+    /// The model width (the MLP's input and output features).
+    pub fn hidden(&self) -> usize {
+        self.gate.geometry().in_features()
+    }
+
+    /// The intermediate width (gate and up outputs, down inputs).
+    pub fn intermediate(&self) -> usize {
+        self.gate.geometry().out_features()
+    }
+
+    /// The path [`ForwardPath::Auto`] tries first on this machine.
+    pub fn best_path(&self) -> ForwardPath {
+        match backend() {
+            Backend::Cuda => ForwardPath::Cuda,
+            Backend::Metal => ForwardPath::Metal,
+            Backend::Cpu => ForwardPath::Generic,
+        }
+    }
+
+    /// `down(silu(gate(x)) ⊙ up(x))` over the last dimension of `x` (`[..., hidden]`), in `x`'s
+    /// dtype, by the best path for this back-end.
+    pub fn forward(&self, x: &MlxArray) -> Result<MlxArray> {
+        self.forward_with(x, ForwardPath::Auto)
+    }
+
+    /// [`TrellisMlp::forward`] by a chosen path. [`ForwardPath::Reference`] computes the whole MLP
+    /// in f64 on the host with no intermediate rounding.
+    pub fn forward_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        if path == ForwardPath::Reference {
+            let (x2, lead) = self.rows(x)?;
+            let m = x2.shape()[0];
+            let y =
+                mlp_forward_f64(&to_f64(&x2)?, m, &self.gate.to_host()?, &self.up.to_host()?, &self.down.to_host()?)?;
+            return from_f64(&y, &lead, self.hidden(), x.dtype());
+        }
+        let h = self.swiglu_with(x, path)?;
+        self.down.forward_with(&h, path)
+    }
+
+    /// `silu(gate(x)) ⊙ up(x)` (`[..., intermediate]` in `x`'s dtype), the input of the down
+    /// projection, by a chosen path: one fused kernel on the GPU back-ends.
+    pub fn swiglu_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        let (x2, lead) = self.rows(x)?;
+        let out_shape: Vec<usize> = lead.iter().copied().chain([self.intermediate()]).collect();
+        if x2.shape()[0] == 0 {
+            return MlxArray::zeros(&out_shape, x.dtype());
+        }
+        let (path, h) = match path {
+            ForwardPath::Auto => {
+                let best = self.best_path();
+                match self.swiglu_2d(&x2, best) {
+                    Err(e) if e.kind() == ErrorKind::Unserved && best != ForwardPath::Generic => {
+                        (ForwardPath::Generic, self.swiglu_2d(&x2, ForwardPath::Generic))
+                    }
+                    h => (best, h),
+                }
+            }
+            path => (path, self.swiglu_2d(&x2, path)),
+        };
+        h.and_then(|h| h.reshape(&out_shape)).with_context(|| {
+            format!("gate·up·SwiGLU of {:?} and {:?} by the {path} path", self.gate.name(), self.up.name())
+        })
+    }
+
+    /// [`TrellisMlp::swiglu_with`] on `x2 [m, hidden]` by `path` (not `Auto`).
+    fn swiglu_2d(&self, x2: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        let m = x2.shape()[0];
+        match path {
+            ForwardPath::Auto => unreachable!("resolved by swiglu_with"),
+            ForwardPath::Reference => {
+                let h = swiglu_f64(&to_f64(x2)?, m, &self.gate.to_host()?, &self.up.to_host()?)?;
+                from_f64(&h, &[m], self.intermediate(), x2.dtype())
+            }
+            ForwardPath::Generic => {
+                let g = self.gate.forward_with(x2, ForwardPath::Generic)?;
+                let u = self.up.forward_with(x2, ForwardPath::Generic)?;
+                g.silu()?.multiply(&u)
+            }
+            ForwardPath::Cuda => cuda::gate_up::swiglu(x2, &self.gate, &self.up),
+            ForwardPath::Metal => metal::swiglu(x2, &self.gate, &self.up),
+            ForwardPath::MetalSim => metal::swiglu_sim(x2, &self.gate, &self.up),
+        }
+    }
+
+    /// `x` as `[m, hidden]` rows (checked), and its leading dimensions.
+    fn rows(&self, x: &MlxArray) -> Result<(MlxArray, Vec<usize>)> {
+        let shape = x.shape();
+        let Some((&inf, lead)) = shape.split_last() else {
+            invalid!("MLP: activations must have at least one dimension, got a scalar");
+        };
+        if inf != self.hidden() {
+            invalid!("MLP: activations of shape {shape:?} have {inf} features, the MLP takes {}", self.hidden());
+        }
+        if !matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
+            invalid!("MLP: activations are {}, expected float32, float16 or bfloat16", x.dtype());
+        }
+        let m: usize = lead.iter().product();
+        Ok((x.reshape(&[m, inf])?, lead.to_vec()))
+    }
+}
+
+fn to_f64(x2: &MlxArray) -> Result<Vec<f64>> {
+    Ok(x2.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
+}
+
+/// f64 values `[lead..., width]` as an array of `dtype` (through f32).
+fn from_f64(v: &[f64], lead: &[usize], width: usize, dtype: Dtype) -> Result<MlxArray> {
+    let v32: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+    let shape: Vec<usize> = lead.iter().copied().chain([width]).collect();
+    MlxArray::from_slice(&v32, &shape)?.astype(dtype)
+}
+
+impl fmt::Debug for TrellisMlp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TrellisMlp({:?}, {:?}, {:?})", self.gate, self.up, self.down)
+    }
+}
