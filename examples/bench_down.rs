@@ -25,9 +25,9 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::down::uses_dense;
-use mlx_trellis::trellis::cuda::tuning::{down_cuda_dense, expand_cuda};
-use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, plan_for, CudaDownConfig};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear};
@@ -53,6 +53,8 @@ struct Args {
     /// Split counts for `--folds`.
     fold_splits: Vec<usize>,
     layouts: Vec<(u32, CodeLayout)>,
+    /// Activation dtype (`--dtype bf16|f16|f32`; bf16 by default).
+    dtype: Dtype,
 }
 
 fn parse() -> Result<Args> {
@@ -70,6 +72,7 @@ fn parse() -> Result<Args> {
         folds: false,
         fold_splits: vec![13, 19, 26, 32, 40, 48, 64],
         layouts: vec![(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)],
+        dtype: Dtype::Bfloat16,
     };
     let mut it = std::env::args().skip(1);
     while let Some(f) = it.next() {
@@ -88,6 +91,14 @@ fn parse() -> Result<Args> {
             "--folds" => a.folds = true,
             "--splits" => {
                 a.fold_splits = v()?.split(',').map(|s| s.parse().context("--splits")).collect::<Result<_>>()?
+            }
+            "--dtype" => {
+                a.dtype = match v()?.as_str() {
+                    "bf16" => Dtype::Bfloat16,
+                    "f16" => Dtype::Float16,
+                    "f32" => Dtype::Float32,
+                    other => bail!("--dtype {other}: bf16, f16 or f32"),
+                }
             }
             "--bits" => {
                 a.layouts = match v()?.as_str() {
@@ -170,7 +181,7 @@ fn main() -> Result<()> {
     for &(k, layout) in &args.layouts {
         let layer = build(k, layout)?;
         let g = *layer.lin.geometry();
-        let x_all = MlxArray::from_slice(&gaussian(max_m * IN, 99), &[max_m, IN])?.astype(Dtype::Bfloat16)?;
+        let x_all = MlxArray::from_slice(&gaussian(max_m * IN, 99), &[max_m, IN])?.astype(args.dtype)?;
         x_all.eval()?;
         let t = Instant::now();
         let want = forward_f64(&to_f64(&x_all)?, max_m, &layer.host.codes, &layer.host.scales, &g)?;
@@ -214,9 +225,7 @@ fn main() -> Result<()> {
                     cfg.ks,
                     cfg.warps,
                     cfg.splits,
-                    if cfg.prefetch {
-                        " pf"
-                    } else if cfg.prescaled && cfg.mbarriers {
+                    if cfg.prescaled && cfg.mbarriers {
                         " prescaled mbar"
                     } else if cfg.prescaled {
                         " prescaled"
@@ -246,7 +255,7 @@ fn main() -> Result<()> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | byte sums | bias fold | prefetch | IMAD pack | row warps | producers | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | row warps | producers | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -267,7 +276,7 @@ fn main() -> Result<()> {
 fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
     let g = *layer.lin.geometry();
     let configs = if !args.configs.is_empty() {
-        std::iter::once(plan(&g, m)).chain(args.configs.iter().copied()).collect()
+        std::iter::once(plan_for(&g, m, x.dtype())).chain(args.configs.iter().copied()).collect()
     } else if args.specialized {
         specialized_configs(&g, x.dtype(), m)
     } else if args.staged {
@@ -280,8 +289,8 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
 /// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), `rwN` (row warps), `pN` (producer
-/// warps), and the flags `mma` (u8 MMA byte sums), `fold` (bias fold), `pack` (IMAD pack),
-/// `prefetch`, `prescaled` (B tiles from the pre-pass kernel) and `mbar` (its ring on mbarriers).
+/// warps), and the flags `fold` (bias fold), `pack` (IMAD pack), `prescaled` (B tiles from the
+/// pre-pass kernel) and `mbar` (its ring on mbarriers).
 fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     let mut configs = Vec::new();
     for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -291,10 +300,8 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
                 token[prefix.len()..].parse().with_context(|| format!("--configs: {token:?} in {spec:?}"))
             };
             match token {
-                "mma" => c.bytesum_mma = true,
                 "fold" => c.bias_fold = true,
                 "pack" => c.pack_fma = true,
-                "prefetch" => c.prefetch = true,
                 "prescaled" => c.prescaled = true,
                 "mbar" => c.mbarriers = true,
                 _ if token.starts_with("nc") => c.nc = number("nc")?,
@@ -318,15 +325,14 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
 
 /// The staged kernel's configurations worth trying at `m` rows, and the plan to compare with:
 /// (sub-tiles per warp, warps, 8-row tiles per pass, warps along the rows) in one pass of the
-/// rows (two at 128), steps of 32 or 64 rows where they fit the shared memory, with and
-/// without the prefetch (the next step decoded into a second A tile).
+/// rows (two at 128), steps of 32 or 64 rows where they fit the shared memory.
 fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
     let shapes: &[(u32, u32, u32, u32)] = match m {
         0..=8 => &[(4, 4, 1, 1), (2, 8, 1, 1)],
-        9..=16 => &[(2, 8, 2, 1), (1, 8, 2, 2), (4, 4, 2, 1), (2, 4, 2, 2)],
-        17..=32 => &[(1, 8, 4, 2), (2, 8, 4, 1), (2, 8, 4, 2), (1, 4, 4, 1), (2, 4, 4, 2)],
-        33..=64 => &[(1, 8, 8, 2), (2, 8, 8, 2), (2, 8, 8, 4), (1, 4, 8, 2), (1, 8, 8, 4)],
-        _ => &[(1, 8, 16, 4), (2, 8, 16, 4), (1, 8, 8, 2), (2, 8, 8, 2)],
+        9..=16 => &[(2, 8, 2, 1), (2, 4, 2, 2), (4, 4, 2, 1), (8, 2, 2, 1)],
+        17..=32 => &[(2, 8, 4, 1), (2, 8, 4, 2), (2, 4, 4, 2), (4, 4, 4, 1)],
+        33..=64 => &[(2, 8, 8, 2), (2, 8, 8, 4), (2, 4, 8, 2), (4, 4, 8, 2)],
+        _ => &[(2, 8, 8, 2), (2, 8, 8, 4)],
     };
     let splits_list: &[u32] = match m {
         0..=8 => &[26, 32],
@@ -338,8 +344,8 @@ fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownCo
 
 /// The plan at `m` rows, then every staged shape (sub-tiles per warp, warps, 8-row tiles per
 /// pass, warps along the rows) with each of the splits and producer warps, in steps of 32 and 64
-/// rows (16-row steps lost to 32-row ones by 20-30 % in every shape), with and without the
-/// prefetch, each with the deepest ring that fits.
+/// rows (16-row steps lost to 32-row ones by 20-30 % in every shape), each with the deepest ring
+/// that fits.
 fn staged_grid(
     g: &TrellisGeometry,
     dtype: Dtype,
@@ -352,18 +358,8 @@ fn staged_grid(
     for &(nc, warps, mt, row_warps) in shapes {
         for &splits in splits_list {
             for &producers in producers_list {
-                for (ks, prefetch) in [2, 4].into_iter().flat_map(|ks| [(ks, false), (ks, true)]) {
-                    let cfg = CudaDownConfig {
-                        nc,
-                        mt,
-                        ks,
-                        warps,
-                        splits,
-                        prefetch,
-                        row_warps,
-                        producers,
-                        ..Default::default()
-                    };
+                for ks in [2, 4] {
+                    let cfg = CudaDownConfig { nc, mt, ks, warps, splits, row_warps, producers, ..Default::default() };
                     configs.extend(cfg.with_deepest_ring(g, dtype));
                 }
             }
@@ -374,14 +370,14 @@ fn staged_grid(
 
 /// The staged kernel's configurations with producer warps worth trying at `m` rows, and the
 /// plan: (sub-tiles per warp, multiplying warps, 8-row tiles per pass, warps along the rows) in
-/// one pass (two at 128), with 2, 4 or 8 producer warps, two or three A tiles (`prefetch`), steps
-/// of 32 or 64 rows, and the splits of the plan's whole waves.
+/// one pass (two at 128), with 2, 4 or 8 producer warps, steps of 32 or 64 rows, and the splits
+/// of the plan's whole waves.
 fn specialized_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
     let shapes: &[(u32, u32, u32, u32)] = match m {
         0..=8 => &[(4, 4, 1, 1), (8, 2, 1, 1), (2, 8, 1, 1)],
         9..=16 => &[(4, 4, 2, 1), (8, 2, 2, 1), (4, 4, 2, 2), (2, 8, 2, 1)],
         17..=32 => &[(4, 4, 4, 1), (4, 4, 4, 2), (8, 2, 4, 1), (2, 8, 4, 1)],
-        _ => &[(2, 8, 8, 2), (2, 8, 8, 4), (2, 8, 8, 1), (1, 8, 8, 2)],
+        _ => &[(2, 8, 8, 2), (2, 8, 8, 4), (2, 8, 8, 1), (2, 4, 8, 2)],
     };
     let splits = match m {
         0..=8 => 32,
@@ -400,16 +396,14 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     // One pass of just the call's rows (the plan from 17 rows).
     let exact = m.div_ceil(8).clamp(1, 8) as u32;
     let shapes: Vec<(u32, u32, &[u32])> = match m {
-        // NC 4: more, smaller warps' worth of registers (NC 16 lost at every M up to 8).
+        // NC 4: more, smaller warps' worth of registers.
         0..=8 => vec![(4, 1, &[2, 4, 8]), (8, 1, &[1, 2, 4])],
         9..=16 => vec![(4, 2, &[2, 4, 8]), (8, 2, &[1, 2, 4])],
-        // NC 2 in one pass of 8 warps (the plan); NC 1: 16-warp blocks of one coded block, or 8
-        // warps and two blocks per coded block.
-        17..=32 => vec![(2, exact, &[8]), (4, 4, &[2, 4, 8]), (1, 4, &[8, 16])],
-        // NC 2 in one pass (the plan), MT 4: two passes of 32 rows; MT 8 of NC 1 tiles: one pass
-        // of 64 rows in blocks of NC 1 tiles, two per coded block or one.
-        33..=64 => vec![(2, exact, &[4, 8]), (2, 4, &[8, 16]), (1, 8, &[4, 8, 16])],
-        _ => vec![(2, 8, &[8, 16]), (2, 16, &[8, 16])],
+        // NC 2 in one pass of 8 warps (the plan), or NC 4 tiles.
+        17..=32 => vec![(2, exact, &[4, 8]), (4, 4, &[2, 4, 8])],
+        // NC 2 in one pass (the plan), MT 4: two passes of 32 rows.
+        33..=64 => vec![(2, exact, &[4, 8]), (2, 4, &[8])],
+        _ => vec![(2, 8, &[4, 8])],
     };
     // MLX's fold of the partials grows with the splits (17 µs alone at 64 rows and 32 splits),
     // and so do the partials the kernel writes, so fewer splits are worth a slightly longer
@@ -422,17 +416,15 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
         17..=64 => &[13, 16, 26],
         _ => &[16],
     };
-    // (byte sums on the tensor cores, bias fold, register prefetch, IMAD pack): up to 16 rows
-    // dp4a with the bias fold, at one row also with half of its pairs packed by an IMAD (it lost
-    // at 8 and 16 rows); at 17-32 rows both decodes, dp4a also with the IMAD pack; from 33 rows
-    // dp4a without the bias fold (the plan: the fold's accumulators would not fit 128
-    // registers) and the u8 MMA, above 64 also with the prefetch.
-    let variants: &[(bool, bool, bool, bool)] = match m {
-        0..=1 => &[(false, true, false, false), (false, true, false, true)],
-        2..=16 => &[(false, true, false, false)],
-        17..=32 => &[(true, false, false, false), (false, true, false, false), (false, true, false, true)],
-        33..=64 => &[(false, false, false, false), (true, false, false, false)],
-        _ => &[(false, false, false, false), (true, false, false, false), (true, false, true, false)],
+    // (bias fold, IMAD pack): up to 16 rows with the bias fold, at one row also with half of
+    // its pairs packed by an IMAD (it lost at 8 and 16 rows); at 17-32 rows with and without the
+    // fold; from 33 rows without it (the plan: the fold's accumulators would not fit 128
+    // registers).
+    let variants: &[(bool, bool)] = match m {
+        0..=1 => &[(true, false), (true, true)],
+        2..=16 => &[(true, false)],
+        17..=32 => &[(false, false), (true, false), (true, true)],
+        _ => &[(false, false)],
     };
     // Steps of 16 rows lost at every M above 8, steps of 64 at every M up to 8.
     let ks_list: &[u32] = match m {
@@ -442,27 +434,17 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     for &(nc, mt, warps_list) in &shapes {
         for &warps in warps_list {
             for &splits in splits_list {
-                for &(bytesum_mma, bias_fold, prefetch, pack_fma) in variants {
+                for &(bias_fold, pack_fma) in variants {
                     for &ks in ks_list {
-                        let cfg = CudaDownConfig {
-                            nc,
-                            mt,
-                            ks,
-                            warps,
-                            splits,
-                            bytesum_mma,
-                            bias_fold,
-                            prefetch,
-                            pack_fma,
-                            ..Default::default()
-                        };
+                        let cfg =
+                            CudaDownConfig { nc, mt, ks, warps, splits, bias_fold, pack_fma, ..Default::default() };
                         if let Some(cfg) = cfg.with_deepest_ring(g, dtype) {
                             configs.push(cfg);
                         }
                         // B tiles from the pre-pass kernel, with a block barrier per step and
                         // on an mbarrier ring (the plan from 17 rows).
                         let prescaled = CudaDownConfig { prescaled: true, ..cfg };
-                        if m >= 2 && !prefetch {
+                        if m >= 2 {
                             if let Some(cfg) = prescaled.with_deepest_ring(g, dtype) {
                                 configs.push(cfg);
                                 if cfg.stages >= 3 {
@@ -510,7 +492,7 @@ fn time_configs(
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -518,9 +500,7 @@ fn time_configs(
             cfg.warps,
             cfg.splits,
             cfg.stages,
-            if cfg.bytesum_mma { "mma" } else { "dp4a" },
             cfg.bias_fold,
-            cfg.prefetch,
             cfg.pack_fma,
             cfg.row_warps,
             cfg.producers,

@@ -29,18 +29,19 @@ bundle=target/cuda-bundle
 
 case "${1:-}" in
 build)
-  cargo build --release --features tuning --example bench_down --example qwen_down --example quantize_layer
+  cargo build --release --features tuning --example bench_down --example bench_mlp --example qwen_down --example quantize_layer
   mkdir -p "$bundle"
   # Test binaries carry a hash in their names: copy them under stable ones.
-  cargo test --release --features tuning --no-run --test cuda_down --test kernels --test trellis_core --test foundation \
-    --test encoder --test encoder_cuda --message-format=json 2>/dev/null |
+  cargo test --release --features tuning --no-run --test cuda_down --test cuda_mlp --test mlp --test kernels \
+    --test trellis_core --test foundation --test encoder --test encoder_cuda --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do cp "$exe" "$bundle/test_$name"; done
-  cp target/release/examples/{bench_down,qwen_down,quantize_layer} "$bundle/"
+  cp target/release/examples/{bench_down,bench_mlp,qwen_down,quantize_layer} "$bundle/"
+  strip "$bundle"/*  # smaller to carry to the GPU machine
   ls -l "$bundle"
   ;;
 run | tests | bench | profile | latency | ab)
@@ -103,7 +104,7 @@ run | tests | bench | profile | latency | ab)
   # Every step has a time limit: a hung GPU call must not eat the machine.
   # The CUDA down tests compile a few hundred kernels (NVRTC, at first use): their tests run
   # side by side (TEST_THREADS, 8 by default; over 9 minutes on an H200 with 16).
-  [ "$step" = bench ] || for t in foundation kernels cuda_down trellis_core encoder encoder_cuda; do
+  [ "$step" = bench ] || for t in foundation kernels cuda_down cuda_mlp mlp trellis_core encoder encoder_cuda; do
     echo "== test_$t"
     timeout 1200 "$bundle/test_$t" --include-ignored --skip quality_table --test-threads "${TEST_THREADS:-8}" 2>&1 | tee "$out/test_$t.txt" |
       grep -E "^test |test result" || status=1

@@ -1,8 +1,8 @@
 //! The CUDA down kernel against the f64 reference. Runs for real on MLX's CUDA back-end and
 //! skips (saying why) everywhere else.
 
+use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::down::{uses_dense, DENSE_MIN_ROWS};
-use mlx_trellis::trellis::cuda::tuning::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{down_cuda_with, plan, CudaDownConfig};
 mod common;
 
@@ -94,31 +94,29 @@ fn every_configuration_matches_the_reference() {
     let odd = Case::new(100, 512, 3, CodeLayout::RowMajor);
     let mut n = 0usize;
     let mut per_nc = std::collections::BTreeMap::new();
-    let shapes = [1u32, 2, 4, 8, 16].into_iter().flat_map(|nc| [1u32, 2, 4, 8, 16].map(|mt| (nc, mt)));
-    for (shape, (nc, mt)) in shapes.filter(|&(nc, mt)| nc * mt <= 32).enumerate() {
+    let shapes = [2u32, 4, 8].into_iter().flat_map(|nc| [1u32, 2, 4, 8].map(|mt| (nc, mt)));
+    for (shape, (nc, mt)) in shapes.enumerate() {
         // Each shape with three of the decode variants (a different three for consecutive
-        // shapes, so each variant meets most NCs), cycling through layouts, dtypes, splits
+        // shapes, so each variant meets every NC), cycling through layouts, dtypes, splits
         // (13 splits of 200 rows leave the last split short; 1 split runs all steps in one
-        // block), block widths, ring depths, chunks per step and the register prefetch
-        // (stages 3 leaves one step of codes in flight ahead of the prefetched one).
+        // block), block widths, ring depths and chunks per step.
         let variants = [
-            (false, false, 2, false, 2, false),
-            (true, false, 4, false, 4, false),
-            (true, false, 4, true, 1, false),
-            (true, true, 3, true, 1, false),
-            (false, true, 6, true, 1, false),
-            (false, true, 3, false, 2, false),
-            (false, true, 4, false, 4, false),
-            (false, true, 4, false, 2, true),
-            (false, true, 3, true, 1, true),
+            (false, 2, 2, false),
+            (false, 4, 4, false),
+            (false, 3, 1, false),
+            (true, 6, 1, false),
+            (true, 3, 2, false),
+            (true, 4, 4, false),
+            (true, 4, 2, true),
+            (true, 3, 1, true),
+            (false, 5, 2, false),
         ];
         let picked = variants.into_iter().enumerate().filter(|(v, _)| (v + shape) % 3 == 0);
-        for (_, (bytesum_mma, bias_fold, stages, prefetch, ks, pack_fma)) in picked {
+        for (_, (bias_fold, stages, ks, pack_fma)) in picked {
             let c = [&inter, &rm, &rm4, &odd][n % 4];
             let g = *c.lin.geometry();
             let blocks = [1u32, 2, 4][n % 3].min(g.blocks_per_row() as u32);
-            // NC 1 tiles run in 16-warp blocks (one coded block); other shapes in 1 to 8 warps.
-            let warps = if nc == 1 { 16 } else { (16 * blocks / nc).clamp(1, 8) };
+            let warps = (16 * blocks / nc).clamp(1, 8);
             let splits = [1u32, 5, 13][n % 3];
             // (n / 4) % 2: every layer meets both dtypes (n % 2 would pair them with n % 4).
             // The IMAD pack applies to 16-bit activations only, so it always gets bf16.
@@ -130,9 +128,7 @@ fn every_configuration_matches_the_reference() {
                 warps,
                 splits,
                 stages,
-                bytesum_mma,
                 bias_fold,
-                prefetch,
                 pack_fma,
                 row_warps: 0,
                 producers: 0,
@@ -156,8 +152,8 @@ fn every_configuration_matches_the_reference() {
     // layer one activation at a time).
     let mut p = 0usize;
     let mut part_blocks = 0usize;
-    for (nc, warps, mt) in [(1u32, 8u32, 8u32), (1, 4, 4), (2, 2, 2), (4, 1, 1), (8, 1, 2), (1, 1, 1)] {
-        for (bytesum_mma, bias_fold, pack_fma) in [(true, false, false), (false, true, false), (false, true, true)] {
+    for (nc, warps, mt) in [(2u32, 4u32, 8u32), (2, 2, 4), (2, 2, 2), (4, 1, 1), (8, 1, 2), (2, 1, 1)] {
+        for (bias_fold, pack_fma) in [(false, false), (true, false), (true, true)] {
             p += 1;
             let c = [&inter, &rm, &rm4, &odd][p % 4];
             let g = *c.lin.geometry();
@@ -165,8 +161,7 @@ fn every_configuration_matches_the_reference() {
             let splits = [1u32, 5, 13][(p / 3) % 3];
             // The bias fold and the IMAD pack apply to 16-bit activations only.
             let dtype = if bias_fold || (p / 4) % 2 == 1 { Dtype::Bfloat16 } else { Dtype::Float32 };
-            let cfg =
-                CudaDownConfig { nc, mt, ks, warps, splits, bytesum_mma, bias_fold, pack_fma, ..Default::default() };
+            let cfg = CudaDownConfig { nc, mt, ks, warps, splits, bias_fold, pack_fma, ..Default::default() };
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
@@ -178,23 +173,9 @@ fn every_configuration_matches_the_reference() {
             }
         }
     }
-    assert_eq!(part_blocks, 17, "part-block configurations that fit");
-    // The matrix meets NC 1 up to 4-row tiles; the one-pass 64-row shape of 16-warp blocks
-    // (u8 MMA byte sums) runs on every layer in both dtypes, with the longest steps that fit.
-    for c in [&inter, &rm, &rm4, &odd] {
-        let g = *c.lin.geometry();
-        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-            let one_pass =
-                |ks| CudaDownConfig { nc: 1, mt: 8, ks, warps: 16, splits: 3, bytesum_mma: true, ..Default::default() };
-            let cfg = [4, 2, 1].into_iter().find_map(|ks| one_pass(ks).with_deepest_ring(&g, dtype)).unwrap();
-            n += 1;
-            for m in [1, 64, 67] {
-                check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
-            }
-        }
-    }
-    assert!(n >= 30, "only {n} configurations ran");
-    assert!(per_nc.len() == 5 && per_nc.values().all(|&k| k >= 5), "configurations per NC: {per_nc:?}");
+    assert!(part_blocks >= 12, "only {part_blocks} part-block configurations fit");
+    assert!(n >= 24, "only {n} configurations ran");
+    assert!(per_nc.len() == 3 && per_nc.values().all(|&k| k >= 3), "configurations per NC: {per_nc:?}");
 }
 
 /// The small layers the staged kernel's tests cycle through: k 2, 3 interleaved and row-major
@@ -213,8 +194,8 @@ fn staged_layers() -> [Case; 5] {
 #[ignore = "needs MLX's CUDA back-end"]
 fn staged_configurations_match_the_reference() {
     require_cuda();
-    // The staged kernel (each step decoded into shared memory, then multiplied from there, or
-    // pipelined with the prefetch) on every warp tiling worth having: parts of a coded block
+    // The staged kernel (each step decoded into shared memory, then multiplied from there) on
+    // every warp tiling worth having: parts of a coded block
     // (TILE < 256), one and two coded blocks, warps along the rows 1 to 4; cycling through the
     // layers (k 2, 3 interleaved, 4 with word-aligned runs, rows not a multiple of 8, k 8 with
     // L 16), dtypes, steps and splits.
@@ -222,18 +203,15 @@ fn staged_configurations_match_the_reference() {
     let mut loops = std::collections::BTreeSet::new();
     let shapes = [
         // (nc, warps, mt, row_warps)
-        (1u32, 8u32, 8u32, 2u32),
-        (2, 8, 8, 4),
+        (2u32, 8u32, 8u32, 4u32),
         (2, 8, 8, 2),
-        (1, 8, 4, 2),
-        (1, 4, 4, 1),
+        (2, 4, 4, 2),
         (2, 8, 4, 1),
         (2, 8, 2, 1),
         (4, 4, 1, 1),
-        (1, 8, 16, 4),
         (8, 4, 2, 2),
-        (16, 1, 1, 1),
-        (1, 2, 2, 2),
+        (8, 1, 1, 1),
+        (2, 2, 2, 2),
     ];
     for (i, &(nc, warps, mt, row_warps)) in shapes.iter().enumerate() {
         for j in 0..2 {
@@ -243,11 +221,8 @@ fn staged_configurations_match_the_reference() {
             let ks = [1u32, 2, 4][v % 3];
             let splits = [1u32, 5, 13][(v / 3) % 3];
             let dtype = if j == 0 { Dtype::Bfloat16 } else { Dtype::Float32 };
-            // Each dtype meets both loops: two barriers a step, or the next step decoded into a
-            // second A tile (prefetch), with 3 stages (codes waited for one step ahead) or 4.
-            let prefetch = (i + j) % 2 == 1;
-            let stages = if prefetch && (i / 2) % 2 == 1 { 3 } else { 4 };
-            let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, prefetch, row_warps, ..Default::default() };
+            let stages = [4, 3, 2][(i + j) % 3];
+            let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, row_warps, ..Default::default() };
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             // Shorter steps where the longest do not fit the shared memory (k 8, f32).
             let Some(cfg) =
@@ -255,17 +230,16 @@ fn staged_configurations_match_the_reference() {
             else {
                 panic!("{cfg:?} fits no steps of {g} with {dtype}");
             };
-            loops.insert((dtype == Dtype::Float32, cfg.prefetch, cfg.stages));
+            loops.insert((dtype == Dtype::Float32, cfg.stages));
             for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
                 check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
             }
         }
     }
-    // Both dtypes met the plain loop (4 stages) and the prefetch with 3 and 4 stages (the
-    // deepest ring that fits may also give the plain loop fewer stages).
+    // Both dtypes met ring depths 3 and 4.
     for f32 in [false, true] {
-        for (prefetch, stages) in [(false, 4), (true, 3), (true, 4)] {
-            assert!(loops.contains(&(f32, prefetch, stages)), "(f32, prefetch, stages) met: {loops:?}");
+        for stages in [3, 4] {
+            assert!(loops.contains(&(f32, stages)), "(f32, stages) met: {loops:?}");
         }
     }
 }
@@ -276,38 +250,35 @@ fn specialized_configurations_match_the_reference() {
     require_cuda();
     // Producer warps: the staged kernel's decode on warps of its own, handing A tiles to the
     // multiplying warps through named barriers. Blocks of 6 to 16 warps (above 8 the register
-    // rule applies), whole coded blocks and parts of one, two or three A tiles (prefetch), ring
-    // depths 3 and 4, steps of 16 to 64 rows, splits that do not divide the steps, every layout
+    // rule applies), whole coded blocks and parts of one, ring depths 2 to 4, steps of 16 to 64
+    // rows, splits that do not divide the steps, every layout
     // and k, f32 and bf16; each at one row, one short of a pass and past one pass.
     let layers = staged_layers();
     let f32 = Dtype::Float32;
     let bf16 = Dtype::Bfloat16;
     let cases = [
-        // (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages, prefetch)
-        (0, bf16, 2u32, 8u32, 8u32, 2u32, 8u32, 4u32, 5u32, 4u32, false),
-        (1, f32, 2, 8, 4, 1, 8, 4, 1, 3, true),
-        (2, bf16, 2, 8, 8, 4, 4, 2, 13, 4, true),
-        (3, bf16, 2, 4, 4, 2, 4, 2, 5, 4, false),
-        (4, f32, 4, 4, 2, 1, 4, 1, 3, 4, false),
-        (0, f32, 1, 4, 4, 2, 2, 2, 13, 3, true),
-        (1, bf16, 2, 8, 8, 2, 8, 2, 13, 3, true),
-        (2, f32, 2, 8, 4, 1, 4, 4, 1, 4, false),
-        (4, bf16, 2, 8, 8, 2, 8, 4, 2, 4, true),
-        (3, f32, 4, 4, 2, 1, 2, 2, 4, 3, false),
+        // (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages)
+        (0, bf16, 2u32, 8u32, 8u32, 2u32, 8u32, 4u32, 5u32, 4u32),
+        (1, f32, 2, 8, 4, 1, 8, 4, 1, 3),
+        (2, bf16, 2, 8, 8, 4, 4, 2, 13, 4),
+        (3, bf16, 2, 4, 4, 2, 4, 2, 5, 4),
+        (4, f32, 4, 4, 2, 1, 4, 1, 3, 4),
+        (0, f32, 2, 4, 4, 2, 2, 2, 13, 3),
+        (1, bf16, 2, 8, 8, 2, 8, 2, 13, 3),
+        (2, f32, 2, 8, 4, 1, 4, 4, 1, 4),
+        (3, f32, 4, 4, 2, 1, 2, 2, 4, 3),
         // One split of 13 steps: the handover's steady state (producers waiting for tiles the
-        // consumers release, the ring wrapping around) with two and three A tiles, and 6 steps
-        // with a 2-deep ring.
-        (0, bf16, 4, 4, 4, 1, 4, 1, 1, 4, false),
-        (1, bf16, 4, 4, 4, 1, 4, 1, 1, 3, true),
-        (2, f32, 4, 4, 2, 1, 4, 1, 1, 2, false),
-        // The 17-24-row plan's pass of three 8-row tiles.
-        (3, bf16, 4, 4, 3, 1, 4, 4, 13, 4, false),
+        // consumers release, the ring wrapping around), and 6 steps with a 2-deep ring.
+        (0, bf16, 4, 4, 4, 1, 4, 1, 1, 4),
+        (2, f32, 4, 4, 2, 1, 4, 1, 1, 2),
+        // The f32 17-32-row plan's passes of three and four 8-row tiles.
+        (3, f32, 4, 4, 3, 1, 4, 4, 13, 4),
+        (0, f32, 4, 4, 4, 1, 4, 4, 13, 4),
     ];
-    for (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages, prefetch) in cases {
+    for (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages) in cases {
         let c = &layers[layer];
         let g = *c.lin.geometry();
-        let cfg =
-            CudaDownConfig { nc, mt, ks, warps, splits, stages, prefetch, row_warps, producers, ..Default::default() };
+        let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, row_warps, producers, ..Default::default() };
         let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
         if let Err(e) = cfg.check(&g, dtype) {
             panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}");
@@ -323,8 +294,8 @@ fn specialized_configurations_match_the_reference() {
 fn prescaled_configurations_match_the_reference() {
     // B tiles from the pre-pass kernel (x * scale as f16, the f32 residues as more rows), streamed
     // into the ring with the codes: the planned shapes (one row with the IMAD pack, 2-8 and 9-16
-    // rows with the bias fold, 17-64 rows in 8-warp blocks) and others: 16-warp blocks with the u8
-    // MMA byte sums, parts of a coded block, ring depths 2 to 6, steps of 16 to 64 rows, splits
+    // rows with the bias fold, 17-64 rows in 8-warp blocks) and others: parts of a coded block,
+    // ring depths 2 to 6, steps of 16 to 64 rows, splits
     // that do not divide the steps; every layer (100 input rows: not a multiple of 8, so the
     // pre-pass loads one activation at a time and pads the rows), f32, f16 and bf16; each at one
     // row, one short of a pass and past one pass.
@@ -332,23 +303,23 @@ fn prescaled_configurations_match_the_reference() {
     let layers = staged_layers();
     let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
     let cases = [
-        // (layer, dtype, nc, warps, mt, ks, splits, stages, bytesum_mma, bias_fold, pack_fma)
-        (0, bf16, 2u32, 8u32, 8u32, 4u32, 5u32, 4u32, false, false, false),
-        (1, f32, 2, 8, 4, 4, 1, 3, false, false, false),
-        (2, bf16, 4, 4, 1, 2, 13, 4, false, true, false),
-        (3, f16, 4, 4, 2, 4, 3, 4, false, true, false),
-        (4, bf16, 8, 2, 1, 1, 2, 2, false, true, true),
-        (0, f32, 1, 16, 8, 2, 13, 4, true, false, false),
-        (1, bf16, 2, 8, 3, 4, 13, 4, false, false, false),
-        (2, f32, 1, 4, 4, 1, 5, 6, false, false, false),
-        (3, bf16, 2, 2, 2, 1, 1, 3, true, false, false),
-        (4, f32, 2, 8, 6, 2, 4, 4, false, false, false),
-        (3, f32, 2, 8, 5, 4, 2, 4, false, false, false),
-        (0, f16, 8, 4, 1, 1, 13, 5, false, true, true),
+        // (layer, dtype, nc, warps, mt, ks, splits, stages, bias_fold, pack_fma)
+        (0, bf16, 2u32, 8u32, 8u32, 4u32, 5u32, 4u32, false, false),
+        (1, f32, 2, 8, 4, 4, 1, 3, false, false),
+        (2, bf16, 4, 4, 1, 2, 13, 4, true, false),
+        (3, f16, 4, 4, 2, 4, 3, 4, true, false),
+        (4, bf16, 8, 2, 1, 1, 2, 2, true, true),
+        (0, f32, 2, 8, 8, 2, 13, 4, false, false),
+        (1, bf16, 2, 8, 3, 4, 13, 4, false, false),
+        (2, f32, 2, 2, 4, 1, 5, 6, false, false),
+        (3, bf16, 2, 2, 2, 1, 1, 3, false, false),
+        (4, f32, 2, 8, 6, 2, 4, 4, false, false),
+        (3, f32, 2, 8, 5, 4, 2, 4, false, false),
+        (0, f16, 8, 4, 1, 1, 13, 5, true, true),
     ];
     let configs: Vec<_> = cases
         .into_iter()
-        .map(|(layer, dtype, nc, warps, mt, ks, splits, stages, bytesum_mma, bias_fold, pack_fma)| {
+        .map(|(layer, dtype, nc, warps, mt, ks, splits, stages, bias_fold, pack_fma)| {
             let g = *layers[layer].lin.geometry();
             let cfg = CudaDownConfig {
                 nc,
@@ -357,7 +328,6 @@ fn prescaled_configurations_match_the_reference() {
                 warps,
                 splits,
                 stages,
-                bytesum_mma,
                 bias_fold,
                 pack_fma,
                 prescaled: true,
@@ -546,4 +516,36 @@ fn dense_path_refuses_bad_operands() {
     let x = MlxArray::zeros(&[40, 512], Dtype::Bfloat16).unwrap();
     let err = format!("{:#}", down_cuda_dense(&x, up.codes(), up.scales(), up.geometry()).unwrap_err());
     assert!(err.contains("axis 0"), "{err}");
+}
+
+/// The down kernel folds its partial sums in its own launch, counting finished thread blocks in
+/// an array zeroed for each call: two calls of one layer in flight at once (MLX runs
+/// independent kernels of one evaluation concurrently) give the bits of the same calls run one
+/// at a time.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn concurrent_calls_of_one_layer_equal_sequential_calls() {
+    require_cuda();
+    let c = Case::new(4352, 1536, 3, CodeLayout::K3Interleaved);
+    for m in [1, 8, 24, 64] {
+        for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+            let xs: Vec<MlxArray> = (0..4)
+                .map(|i| c.x(m, dtype).0.multiply(&MlxArray::full(&[1], 1.0 + i as f64, dtype).unwrap()).unwrap())
+                .collect();
+            let alone: Vec<Vec<f64>> = xs
+                .iter()
+                .map(|x| {
+                    let y = c.lin.forward_with(x, ForwardPath::Cuda).unwrap();
+                    y.eval().unwrap();
+                    to_f64(&y)
+                })
+                .collect();
+            let together: Vec<MlxArray> =
+                xs.iter().map(|x| c.lin.forward_with(x, ForwardPath::Cuda).unwrap()).collect();
+            mlx_trellis::eval_all(&together.iter().collect::<Vec<_>>()).unwrap();
+            for (i, (y, want)) in together.iter().zip(&alone).enumerate() {
+                assert_eq!(&to_f64(y), want, "M {m} {dtype}: call {i} in flight with three others");
+            }
+        }
+    }
 }

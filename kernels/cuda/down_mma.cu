@@ -27,9 +27,7 @@
 // block (plus L - K bits of the last window, wrapping inside the block), read from shared
 // memory as a few words and realigned to bit 0; every window is then one shift or funnel shift
 // and one mask. Sub-tile s maps A row g to position p0 + 2s and A row g + 8 to p0 + 2s + 1.
-// With BYTESUM_MMA the byte sums of the LCG outputs are taken on the tensor cores too (m16n8k32
-// u8 MMA against a block selector, two per sub-tile; the decode rows are then q, q+4, q+8,
-// q+12), otherwise with dp4a (rows 2q, 2q+1, 2q+8, 2q+9).
+// The byte sums are taken with dp4a (decode rows 2q, 2q+1, 2q+8, 2q+9).
 //
 // With BIAS_FOLD the A fragments carry y + 1534 (what the f16 exponent trick yields, one f16
 // subtraction per pair fewer) and the kernel subtracts 1534 * sum_r B[r, m] at the end, taken by
@@ -40,13 +38,6 @@
 // f16x2 register by an IMAD, on the FMA-heavy pipe, instead of a PRMT on the ALU pipe, which at
 // one row is the decode's limit (see code_pair_dp4a_fma).
 //
-// With PREFETCH the loop is software-pipelined: step i + 1's code bits and B fragments move
-// from shared memory into registers while step i decodes (codes are waited for one step
-// earlier, B tiles are built two steps ahead in three slots). It costs registers; it pays where
-// warps would otherwise start every step stalled on shared memory. In the staged kernel it
-// means the next step is decoded into a second A tile while this one multiplies (one barrier a
-// step instead of two; codes waited for one step earlier, B tiles in two slots as without it).
-//
 // With ROW_WARPS > 0 (staged) the step is decoded into shared memory first and multiplied from
 // there: every thread decodes runs of 8 consecutive positions of one step row (y as exact f16,
 // one 16-byte store each) into an A tile [16 KS][TILE], and after a second barrier the warps,
@@ -54,12 +45,12 @@
 // 2D part of the block's output (A fragments by ldmatrix.trans, B fragments as above). The
 // decode then costs the same whatever the rows, its registers are not held next to the
 // accumulators' live ranges of a fragment layout, and each warp's MMAs reuse both operands;
-// the price is the A tile's store and reload and a second barrier per step (or with PREFETCH a
-// second A tile). It takes the dp4a decode without the bias fold or IMAD pack.
+// the price is the A tile's store and reload and a second barrier per step. It takes the dp4a
+// decode without the bias fold or IMAD pack.
 //
 // With PRODUCERS > 0 (staged only) the block's warps specialise: its WARPS warps (the
 // consumers) build the B tiles and multiply, PRODUCERS more warps copy the codes and decode
-// them into a ring of A tiles (two, three with PREFETCH), and named barriers hand each tile
+// them into a ring of two A tiles, and named barriers hand each tile
 // over (full: the producers arrive, the consumers wait; empty: the other way). The decode then
 // runs on some warps while the MMAs run on others, with no block-wide barrier: in the plain
 // staged kernel every warp of a block decodes, then every warp multiplies, and with two blocks
@@ -89,10 +80,12 @@
 // warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES,
 // ROW_WARPS (0: decode into fragments; else the staged warps along the rows), PRODUCERS
 // (staged: 0, or the decoding warps added to the WARPS multiplying ones).
+// The fragment decode folds its partials itself (see its end): it takes a fourth input, counters
+// (u32, one per column tile and pass, zero), and writes y [M, C] in Y besides the partials.
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
-// BYTESUM_MMA, BIAS_FOLD, PREFETCH, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
-// by per-slot mbarriers instead of a block barrier per step). Template type: T (activation
-// dtype; f16 with PRESCALED).
+// BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
+// by per-slot mbarriers instead of a block barrier per step). Template types: T (activation
+// dtype; f16 with PRESCALED), Y (the output's, fragment decode).
 //
 // Two sources. Code only the fragment decode compiles (ROW_WARPS == 0) sits under
 // `#if !TRELLIS_DOWN_STAGED`, code only the staged one compiles under `#if TRELLIS_DOWN_STAGED`.
@@ -128,7 +121,7 @@
   constexpr int B_LOADS = B_ROWS * STEP_ROWS / VW;
   constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
   static_assert(TILE % 256 == 0 || 256 % TILE == 0, "a block covers whole coded blocks or a part of one");
-  static_assert(!PACK_FMA || (BIAS_FOLD && !BYTESUM_MMA), "PACK_FMA packs the dp4a decode's biased pairs");
+  static_assert(!PACK_FMA || BIAS_FOLD, "PACK_FMA packs the dp4a decode's biased pairs");
   static_assert(PRESCALED || THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
   constexpr bool STAGED = ROW_WARPS > 0;
   constexpr int WGM = STAGED ? ROW_WARPS : 1;     // warps along the rows (staged)
@@ -136,7 +129,7 @@
   constexpr int NCW = STAGED ? NC * WGM : NC;     // 16-position sub-tiles per warp
   constexpr int MTW = MT / WGM;                   // 8-row tiles per warp
   static_assert(!STAGED || (WARPS % WGM == 0 && MT % WGM == 0), "staged warps tile the block's output");
-  static_assert(!STAGED || (!BYTESUM_MMA && !BIAS_FOLD && !PACK_FMA), "staged: dp4a decode of y");
+  static_assert(!STAGED || (!BIAS_FOLD && !PACK_FMA), "staged: dp4a decode of y");
   constexpr bool SPECIALIZED = PRODUCERS > 0;
   static_assert(!SPECIALIZED || STAGED, "producer warps feed the staged kernel's A tiles");
   // Threads that copy the codes and decode them: the producers, or every thread. Producer
@@ -145,18 +138,15 @@
   constexpr int P_THREADS = SPECIALIZED ? 32 * PRODUCERS : THREADS;
 
   // B tiles in flight: with PRESCALED one per ring slot, copied with the slot's codes.
-  constexpr int B_SLOTS = PRESCALED ? STAGES : PREFETCH && !STAGED ? 3 : 2;
-  static_assert(!PRESCALED || (!STAGED && !PREFETCH), "PRESCALED streams the fragment decode's B tiles");
+  constexpr int B_SLOTS = PRESCALED ? STAGES : 2;
+  static_assert(!PRESCALED || !STAGED, "PRESCALED streams the fragment decode's B tiles");
   // Prescaled rows are padded to whole steps of any KS: the host's PRESCALED_ROW_MULTIPLE (64,
   // down_cuda.rs), which also sizes prescale.cu's output.
   constexpr int R_PAD = (R + 63) / 64 * 64;
   static_assert(!MBARRIERS || (PRESCALED && STAGES >= 3), "MBARRIERS runs the prescaled ring, 3 stages or more");
-  static_assert(!PREFETCH || STAGES >= 3, "PREFETCH waits for codes one step earlier");
-  static_assert(!PREFETCH || STAGED || KS == 1, "PREFETCH pipelines 16-row steps");
   // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
   // A tiles of decoded code values, [step row][position] (+8 halfs: conflict-free ldmatrix
-  // rows: two tiles with PREFETCH; with producer warps two, or three with PREFETCH); every
-  // part's size is a multiple of 16 bytes. The host
+  // rows; two tiles with producer warps); every part's size is a multiple of 16 bytes. The host
   // passes the parts' total (CudaDownConfig::shared_bytes), and MLX raises the kernel's limit
   // above 48 KB. (One static array carved the same way compiles to the same instructions.)
   constexpr int A_TILE_PITCH = TILE + 8;
@@ -192,9 +182,7 @@
   const LaneRun lane_run(cb, p0);
   int decode_row[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) decode_row[i] = BYTESUM_MMA ? q + 4 * i : 2 * q + (i & 1) + 8 * (i >> 1);
-  // Block selector of the byte-sum MMA: B[k][n] = 1 where k / 4 == n.
-  const unsigned selector[2] = {g == q ? 0x01010101u : 0u, g == q + 4 ? 0x01010101u : 0u};
+  for (int i = 0; i < 4; ++i) decode_row[i] = 2 * q + (i & 1) + 8 * (i >> 1);
 #else
   static_assert(STAGED, "the staged decode's source");
   // Staged decode plan: producer thread `ptid` decodes positions [8 grp, 8 grp + 8) of the tile
@@ -403,31 +391,13 @@
       // Positions p0 + 2s (A row g) and p0 + 2s + 1 (A row g + 8) sit at these realigned bits.
       const int b0 = (NPOS - 1 - 2 * s) * K, b1 = (NPOS - 2 - 2 * s) * K;
       unsigned a[4];
-      if (BYTESUM_MMA) {
-        unsigned lo[4], hi[4], d_lo[4], d_hi[4];
-        lo[0] = trellis_cuda::lcg(trellis_cuda::window<L>(w[0], b0));
-        lo[1] = trellis_cuda::lcg(trellis_cuda::window<L>(w[0], b1));
-        lo[2] = trellis_cuda::lcg(trellis_cuda::window<L>(w[1], b0));
-        lo[3] = trellis_cuda::lcg(trellis_cuda::window<L>(w[1], b1));
-        hi[0] = trellis_cuda::lcg(trellis_cuda::window<L>(w[2], b0));
-        hi[1] = trellis_cuda::lcg(trellis_cuda::window<L>(w[2], b1));
-        hi[2] = trellis_cuda::lcg(trellis_cuda::window<L>(w[3], b0));
-        hi[3] = trellis_cuda::lcg(trellis_cuda::window<L>(w[3], b1));
-        trellis_cuda::mma_bytesum(d_lo, lo, selector);
-        trellis_cuda::mma_bytesum(d_hi, hi, selector);
-        a[0] = trellis_cuda::code_pair<!BIAS_FOLD>(d_lo[0], d_lo[1]);
-        a[1] = trellis_cuda::code_pair<!BIAS_FOLD>(d_lo[2], d_lo[3]);
-        a[2] = trellis_cuda::code_pair<!BIAS_FOLD>(d_hi[0], d_hi[1]);
-        a[3] = trellis_cuda::code_pair<!BIAS_FOLD>(d_hi[2], d_hi[3]);
-      } else {
-        a[0] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b0), trellis_cuda::window<L>(w[1], b0));
-        // With PACK_FMA half of the pairs (a[1], a[3]) are packed by an IMAD instead of a PRMT.
-        a[1] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1), lift)
-                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1));
-        a[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b0), trellis_cuda::window<L>(w[3], b0));
-        a[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1), lift)
-                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
-      }
+      a[0] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b0), trellis_cuda::window<L>(w[1], b0));
+      // With PACK_FMA half of the pairs (a[1], a[3]) are packed by an IMAD instead of a PRMT.
+      a[1] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1), lift)
+                      : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[0], b1), trellis_cuda::window<L>(w[1], b1));
+      a[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b0), trellis_cuda::window<L>(w[3], b0));
+      a[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1), lift)
+                      : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
       // MTW == MT in the fragment decode.
 #pragma unroll
       for (int t = 0; t < MTW; ++t) {
@@ -504,7 +474,7 @@
 #endif
 
   // Prologue: STAGES - 1 steps of codes in flight; the rows of the B tiles past M zeroed; the
-  // first B tile (two with PREFETCH) built.
+  // first B tile built.
   auto prime_ring = [&]() {
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
@@ -549,10 +519,10 @@
       zero_b_tiles();
       __syncthreads();  // before any thread writes its rows below
     }
-    for (int i = 0; i < (PREFETCH && !STAGED ? 2 : 1) && i < steps; ++i) {
+    if (steps > 0) {
       BLoad v;
-      load_b(i, v);
-      store_b(i, v);
+      load_b(0, v);
+      store_b(0, v);
     }
   }
 
@@ -561,7 +531,7 @@
     // Named barriers (0 is __syncthreads): the producers' own, the consumers' own, and per A
     // tile a full and an empty one, which count every thread of the block (one side waits,
     // the other arrives).
-    constexpr int A_SLOTS = PREFETCH ? 3 : 2;
+    constexpr int A_SLOTS = 2;
     constexpr int PRODUCER_BAR = 1, CONSUMER_BAR = 2, FULL_BAR = 3, EMPTY_BAR = 3 + A_SLOTS;
     constexpr int ALL = THREADS + P_THREADS;
     if (warp >= WARPS) {
@@ -604,57 +574,6 @@
       if (i + A_SLOTS < steps) trellis_cuda::named_arrive(EMPTY_BAR + i % A_SLOTS, ALL);
       if (i + 1 < steps) store_b((i + 1) % 2, v_next);
     }
-  } else if constexpr (PREFETCH) {
-    // Staged and software-pipelined: each step decodes the next step's codes into the other A
-    // tile while it multiplies its own, so one barrier per step orders both and a warp's decode
-    // and MMAs can overlap. Codes are waited for one step earlier (STAGES >= 3).
-    trellis_cuda::cp_async_wait<STAGES - 2>();
-    __syncthreads();  // step 0's codes and B tile are visible
-    decode_to_tile(0, 0);
-    for (int i = 0; i < steps; ++i) {
-      BLoad v_next;
-      if (i + 1 < steps) load_b(i + 1, v_next);
-      trellis_cuda::cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();
-      // A tile i % 2, B tile i % 2 and step i + 1's codes are visible; ring slot (i - 1) %
-      // STAGES (decoded in step i - 2) and A and B tiles (i + 1) % 2 (multiplied in step i - 1)
-      // are free.
-      __syncthreads();
-      if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
-      trellis_cuda::cp_async_commit();
-      // In the last step this decodes a ring slot no step filled (with fewer steps than stages,
-      // shared memory nothing wrote) into a tile no step reads: unguarded, the decode and the
-      // MMAs stay one block of code the compiler interleaves.
-      // The step's MMAs (KS chunks of NCW sub-tiles of tiles i % 2) are spread over the decode's
-      // runs: share u is read and multiplied, then run u + 1's code words are loaded and run u
-      // is decoded. The compiler keeps shared-memory accesses in this order (see load_unit), so
-      // each share's fragment reads come ahead of a run's integer work, which issues while the
-      // tensor cores multiply; with the whole decode first and the MMAs after it, the MMAs
-      // waited for their fragment reads at the end of every step (Nsight Compute source view).
-      // Share u is sub-tiles [u G / UNITS, (u + 1) G / UNITS) of the G = KS NCW; the loop over a
-      // share runs to a constant bound (the largest share), so that it unrolls whatever the
-      // shapes: with the share's own bounds in the loop, NVRTC left it rolled where a share
-      // held many sub-tiles, and indexed the fragments and accumulators in local memory.
-      constexpr int MMA_GROUPS = KS * NCW;
-      constexpr int SHARE = (MMA_GROUPS + UNITS - 1) / UNITS;
-      unsigned a[MMA_GROUPS][4], b_hi[KS][MT][2], b_lo[KS][MT][2];
-      StagedWords raw;
-      load_unit((i + 1) % STAGES, 0, raw);
-#pragma unroll
-      for (int u = 0; u < UNITS; ++u) {
-#pragma unroll
-        for (int n = 0; n < SHARE; ++n) {
-          const int j = u * MMA_GROUPS / UNITS + n;
-          if (j < (u + 1) * MMA_GROUPS / UNITS) {
-            if (j % NCW == 0) read_b_fragments(i % 2, j / NCW, b_hi[j / NCW], b_lo[j / NCW], MTW * warp_m);
-            read_a_fragment(i % 2, j / NCW, j % NCW, a[j]);
-            multiply_sub_tile(a[j], j % NCW, b_hi[j / NCW], b_lo[j / NCW]);
-          }
-        }
-        load_unit((i + 1) % STAGES, u + 1, raw);
-        decode_unit(raw[u], u, (i + 1) % 2);
-      }
-      if (i + 1 < steps) store_b((i + 1) % 2, v_next);
-    }
   } else
 #endif
 #if !TRELLIS_DOWN_STAGED
@@ -680,7 +599,7 @@
     }
   } else
 #endif
-  if (!PREFETCH) {
+  {
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
       if (!PRESCALED && i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
@@ -706,44 +625,6 @@
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
       if (!PRESCALED && i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
     }
-#if !TRELLIS_DOWN_STAGED
-  } else {
-    // Software-pipelined: step i + 1's code bits and B fragments are read from shared memory
-    // into registers while step i decodes, so no step starts by waiting on shared memory. Codes
-    // are waited for one step earlier (STAGES >= 3) and B tiles built two steps ahead (3 slots).
-    unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-    trellis_cuda::cp_async_wait<STAGES - 2>();
-    __syncthreads();  // step 0's codes and B tiles 0 and 1 are visible
-    // With steps == 0 (a split past the last row) these read slots nothing wrote; the values are
-    // never used. Guarding them changed the register allocation of the measured kernel.
-    read_b_fragments(0, 0, b_hi, b_lo, 0);
-    read_code_bits(0, 0, w);
-    for (int i = 0; i < steps; ++i) {
-      BLoad v_next;
-      if (i + 2 < steps) load_b(i + 2, v_next);
-      trellis_cuda::cp_async_wait<(STAGES >= 3 ? STAGES - 3 : 0)>();
-      // Step i + 1's codes and B tile are visible; ring slot (i - 1) % STAGES and B slot
-      // (i + 2) % 3 were last read in step i - 2.
-      __syncthreads();
-      if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
-      trellis_cuda::cp_async_commit();
-      unsigned w_next[4][NWR], b_hi_next[MT][2], b_lo_next[MT][2];
-      if (i + 1 < steps) {
-        read_b_fragments((i + 1) % B_SLOTS, 0, b_hi_next, b_lo_next, 0);
-        read_code_bits((i + 1) % STAGES, 0, w_next);
-      }
-      decode_and_multiply(w, b_hi, b_lo);
-      if (i + 2 < steps) store_b((i + 2) % B_SLOTS, v_next);
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int j = 0; j < NWR; ++j) w[k][j] = w_next[k][j];
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) b_hi[t][h] = b_hi_next[t][h], b_lo[t][h] = b_lo_next[t][h];
-    }
-#endif
   }
   trellis_cuda::cp_async_wait<0>();
 
@@ -780,6 +661,36 @@
         if (m < M) *reinterpret_cast<float2*>(out) = make_float2(d[0], d[2]);
         if (m + 1 < M) *reinterpret_cast<float2*>(out + (size_t)SPLITS * C) = make_float2(d[1], d[3]);
       }
+    }
+  }
+  // The fold in the same launch: the last thread block of a column tile and pass to finish adds
+  // the tile's SPLITS partial sums in split order (the same bits whatever order the blocks
+  // finish in) and writes y in Y. `counters` (one per tile and pass) is zeroed for each call, so
+  // two calls in flight never share one; the fences order every block's partial stores before
+  // its count, and the count before the last block's loads (L2, not the L1 of another SM).
+  __shared__ bool last_block;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* count = const_cast<unsigned*>(counters) + blockIdx.y + gridDim.y * pass;
+    last_block = atomicAdd(count, 1u) == SPLITS - 1;
+  }
+  __syncthreads();
+  if (last_block) {
+    __threadfence();
+    const size_t tile0 = (size_t)first_block * 256 + blockIdx.y % PARTS * TILE;
+    const int rows = min(B_ROWS, M - m_base);
+    for (int e = tid; e < rows * (TILE / 4); e += THREADS) {
+      const int m = m_base + e / (TILE / 4);
+      const size_t col = tile0 + 4 * (e % (TILE / 4));
+      const float* p = partial + (size_t)m * SPLITS * C + col;
+      float4 s = __ldcg(reinterpret_cast<const float4*>(p));
+      for (int sp = 1; sp < SPLITS; ++sp) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(p + (size_t)sp * C));
+        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+      }
+      Y* out = y + (size_t)m * C + col;
+      out[0] = Y(s.x), out[1] = Y(s.y), out[2] = Y(s.z), out[3] = Y(s.w);
     }
   }
 #endif

@@ -11,10 +11,15 @@
 // a multiple of 8 and both inputs are 16-byte aligned (then 8 activations are all in or all past
 // R), one at a time otherwise; one 16-byte store per set. (One activation per thread took
 // 4.8 µs at 64 rows of the Qwen down projection.) Grid [R_PAD / 8, M].
-// Template ints: R, R_PAD. Template bool: SPLIT_X. Template type: T (activation dtype).
+// It also zeroes the down kernel's COUNTERS fold counters (its fourth input), so that a
+// prescaled call needs no launch of its own for them.
+// Template ints: R, R_PAD, COUNTERS. Template bool: SPLIT_X. Template type: T (activation dtype).
   const int M = x_shape[0];
   const int r0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
   const int m = blockIdx.y;
+  if (m == 0) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < COUNTERS; i += gridDim.x * blockDim.x) counters[i] = 0u;
+  }
   if (r0 >= R_PAD) return;
   constexpr int X_WORDS = 8 * (int)sizeof(T) / 16;  // 16-byte words of 8 activations
   const bool vector_loads = R % 8 == 0 && ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(scales)) & 15) == 0;

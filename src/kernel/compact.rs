@@ -187,6 +187,8 @@ mod tests {
             ("down_mma.cu", include_str!("../../kernels/cuda/down_mma.cu")),
             ("down_mma.cuh", include_str!("../../kernels/cuda/down_mma.cuh")),
             ("codebook.cuh", include_str!("../../kernels/cuda/codebook.cuh")),
+            ("fragment.cuh", include_str!("../../kernels/cuda/fragment.cuh")),
+            ("gate_up.cu", include_str!("../../kernels/cuda/gate_up.cu")),
             ("expand.cu", include_str!("../../kernels/cuda/expand.cu")),
             ("viterbi.cu", include_str!("../../kernels/cuda/viterbi.cu")),
         ] {

@@ -164,7 +164,7 @@ impl TrellisLinear {
             Backend::Cpu => return ForwardPath::Generic,
         };
         let served = match gpu {
-            ForwardPath::Cuda => cuda::down::supports(&self.geometry),
+            ForwardPath::Cuda => cuda::down::supports(&self.geometry) || cuda::gate_up::supports(&self.geometry),
             _ => metal::serves(&self.geometry),
         };
         if served {
@@ -232,6 +232,7 @@ impl TrellisLinear {
             }
             ForwardPath::Metal => metal::forward(x2, &self.codes, &self.scales, g),
             ForwardPath::MetalSim => metal::forward_sim(x2, &self.codes, &self.scales, g),
+            ForwardPath::Cuda if g.axis == 1 => cuda::gate_up::linear(x2, &self.codes, &self.scales, g),
             ForwardPath::Cuda => cuda::down::down_cuda(x2, &self.codes, &self.scales, g),
         }
     }

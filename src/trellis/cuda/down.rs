@@ -36,6 +36,7 @@ pub use super::down_plan::{plan, plan_for, supports, uses_dense, DENSE_MIN_ROWS}
 
 const SOURCE: &str = include_str!("../../../kernels/cuda/down_mma.cu");
 const HEADER: &str = include_str!("../../../kernels/cuda/down_mma.cuh");
+const FRAGMENT_HEADER: &str = include_str!("../../../kernels/cuda/fragment.cuh");
 const PRESCALE_SOURCE: &str = include_str!("../../../kernels/cuda/prescale.cu");
 
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
@@ -64,11 +65,17 @@ fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
     let key = KernelKey { family: "down_mma", variant: if staged { "staged" } else { "fragment" }, shared_memory };
     registry::cuda(key, || {
         let (body, header) = variant_source(staged)?;
+        // The fragment decode folds its partials in the same launch (see down_mma.cu).
+        let (inputs, outputs): (&'static [&'static str], &'static [&'static str]) = if staged {
+            (&["x", "codes", "scales"], &["partial"])
+        } else {
+            (&["x", "codes", "scales", "counters"], &["y", "partial"])
+        };
         Ok(KernelText {
-            inputs: &["x", "codes", "scales"],
-            outputs: &["partial"],
+            inputs,
+            outputs,
             body: body.clone(),
-            header: format!("{CUDA_HEADER}\n{header}"),
+            header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}\n{header}"),
         })
     })
 }
@@ -99,10 +106,15 @@ pub fn down_cuda_with(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    down_cuda_partials(x2, codes, scales, g, cfg)?.sum_axes(&[1], false)?.astype(x2.dtype())
+    let (y, partials) = run(x2, codes, scales, g, cfg)?;
+    match y {
+        Some(y) => Ok(y),
+        None => partials.sum_axes(&[1], false)?.astype(x2.dtype()),
+    }
 }
 
-/// The kernel's f32 partial sums `[M, SPLITS, C]` before MLX folds them (for profiling).
+/// The kernel's f32 partial sums `[M, SPLITS, C]` (for profiling; the fragment decode also folds
+/// them itself).
 pub fn down_cuda_partials(
     x2: &MlxArray,
     codes: &MlxArray,
@@ -110,16 +122,41 @@ pub fn down_cuda_partials(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
+    Ok(run(x2, codes, scales, g, cfg)?.1)
+}
+
+/// One call: the pre-pass where the configuration has one, then the kernel. Returns the output
+/// where the kernel folds its partials (the fragment decode), and the partials.
+fn run(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<(Option<MlxArray>, MlxArray)> {
     require_supported(g)?;
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
-    let b = match &prepared.prescale {
+    let (b, counters) = match &prepared.prescale {
         Some((prescale, launch)) => {
-            prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?.remove(0)
+            let mut outs =
+                prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?;
+            let counters = outs.pop();
+            (outs.remove(0), counters)
         }
-        None => x2.clone(),
+        None => (x2.clone(), None),
     };
-    Ok(prepared.kernel.apply_prepared(&[&b, codes, scales], &prepared.launch)?.remove(0))
+    if cfg.staged() {
+        return Ok((None, prepared.kernel.apply_prepared(&[&b, codes, scales], &prepared.launch)?.remove(0)));
+    }
+    // A fresh zeroed array per call: two calls in flight never count into the same one.
+    let counters = match counters {
+        Some(c) => c,
+        None => MlxArray::zeros(&[prepared.counters], Dtype::Uint32)?,
+    };
+    let mut outs = prepared.kernel.apply_prepared(&[&b, codes, scales, &counters], &prepared.launch)?;
+    let partials = outs.pop().expect("two outputs");
+    Ok((outs.pop(), partials))
 }
 
 /// The pre-pass kernel of prescaled configurations (`kernels/cuda/prescale.cu`).
@@ -127,7 +164,7 @@ fn prescale_kernel() -> Result<&'static CudaKernel> {
     registry::cuda(KernelKey::of("prescale"), || {
         Ok(KernelText {
             inputs: &["x", "scales"],
-            outputs: &["x_scaled"],
+            outputs: &["x_scaled", "counters"],
             body: PRESCALE_SOURCE.into(),
             header: String::new(),
         })
@@ -140,6 +177,8 @@ struct PreparedDown {
     kernel: &'static CudaKernel,
     launch: Arc<CudaLaunch>,
     prescale: Option<(&'static CudaKernel, Arc<CudaLaunch>)>,
+    /// Fold counters of the fragment decode: one per column tile and pass.
+    counters: usize,
 }
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
@@ -166,7 +205,12 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
     let passes = m.div_ceil(8 * cfg.mt as usize);
     let ctas = cfg.column_blocks(g);
     let threads = 32 * cfg.block_warps() as usize;
-    let launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1])
+    let counters = ctas * passes;
+    let mut launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1]);
+    if !cfg.staged() {
+        launch = launch.output(&[m, g.cols], dtype).template_dtype("Y", dtype);
+    }
+    let launch = launch
         .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
         // Prescaled activations are f16 whatever the call's dtype.
         .template_dtype("T", if cfg.prescaled { Dtype::Float16 } else { dtype })
@@ -182,9 +226,7 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         .template_int("STAGES", cfg.stages as i32)
         .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
         .template_bool("SPLIT_X", dtype == Dtype::Float32)
-        .template_bool("BYTESUM_MMA", cfg.bytesum_mma)
         .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
-        .template_bool("PREFETCH", cfg.prefetch)
         .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
         .template_int("ROW_WARPS", cfg.row_warps as i32)
         .template_int("PRODUCERS", cfg.producers as i32)
@@ -195,16 +237,18 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         // A thread converts 8 activations (see prescale.cu).
         let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
             .output(&[sets * m, row_pad], Dtype::Float16)
+            .output(&[counters], Dtype::Uint32)
             .template_dtype("T", dtype)
             .template_int("R", int("CUDA prescale kernel", g.rows)?)
             .template_int("R_PAD", int("CUDA prescale kernel", row_pad)?)
+            .template_int("COUNTERS", int("CUDA prescale kernel", counters)?)
             .template_bool("SPLIT_X", dtype == Dtype::Float32);
         let kernel = prescale_kernel()?;
         Some((kernel, Arc::new(kernel.prepare(&pre)?)))
     } else {
         None
     };
-    Ok(PreparedDown { kernel, launch, prescale })
+    Ok(PreparedDown { kernel, launch, prescale, counters })
 }
 
 #[cfg(test)]
@@ -218,8 +262,8 @@ mod tests {
             assert!(text.contains("TRELLIS_DOWN_STAGED"), "{file} has no sections");
         }
         for ((body, header), own, other) in [
-            (fragment, ["decode_and_multiply", "mma_bytesum"], ["decode_to_tile", "named_sync"]),
-            (staged, ["decode_to_tile", "named_sync"], ["decode_and_multiply", "mma_bytesum"]),
+            (fragment, ["decode_and_multiply", "mbar_wait"], ["decode_to_tile", "named_sync"]),
+            (staged, ["decode_to_tile", "named_sync"], ["decode_and_multiply", "mbar_wait"]),
         ] {
             let text = format!("{header}{body}");
             let mut code = text.lines().filter(|l| !l.trim_start().starts_with("//"));

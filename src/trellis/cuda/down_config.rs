@@ -9,44 +9,35 @@ use crate::trellis::format::TrellisGeometry;
 /// How one call of the CUDA down kernel is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CudaDownConfig {
-    /// 16-position MMA sub-tiles per warp (1, 2, 4, 8 or 16): a warp covers `16 * nc` outputs.
+    /// 16-position MMA sub-tiles per warp (2, 4 or 8): a warp covers `16 * nc` outputs.
     pub nc: u32,
     /// 8-row MMA tiles per pass (activation rows per decode: `8 * mt`).
     pub mt: u32,
     /// 16-row chunks of input rows per step (1, 2 or 4): one barrier, one round of copies and
     /// one B tile per step.
     pub ks: u32,
-    /// Warps per block (1 to 8, or 16 with `nc` 1); each owns `16 * nc` output positions, so a
+    /// Warps per block (1 to 8); each owns `16 * nc` output positions, so a
     /// block covers `warps * nc / 16` whole coded blocks, or where that is below 1 a part of one
     /// (a half, a quarter, ...: several blocks then share a coded block's codes).
     pub warps: u32,
-    /// Input-row splits (partials folded by MLX's sum).
+    /// Input-row splits (their partials folded by the kernel's last block of each tile).
     pub splits: u32,
     /// Depth of the shared-memory ring the codes stream through (2..=6).
     pub stages: u32,
-    /// Byte sums on the tensor cores (u8 MMA) instead of dp4a.
-    pub bytesum_mma: bool,
     /// Carry y + 1534 in the fragments and subtract the bias at the end (f16/bf16 activations).
     pub bias_fold: bool,
-    /// Read the next step's code bits and B fragments into registers while this step decodes
-    /// (needs `stages >= 3` and `ks` 1; more registers). In the staged kernel: decode the next
-    /// step into a second shared-memory tile while this one multiplies (one barrier a step
-    /// instead of two; needs `stages >= 3`, any `ks`).
-    pub prefetch: bool,
     /// Pack half of the dp4a decode's code pairs with an IMAD (FMA-heavy pipe) instead of a PRMT
-    /// (ALU pipe), which at one row is the decode's limit. Needs the dp4a decode with the bias
-    /// fold (`bytesum_mma` false, `bias_fold` true); like the fold it applies to 16-bit
-    /// activations only. It costs registers at wide tiles.
+    /// (ALU pipe), which at one row is the decode's limit. Needs `bias_fold`; like the fold it
+    /// applies to 16-bit activations only. It costs registers at wide tiles.
     pub pack_fma: bool,
     /// 0: each warp decodes its weights straight into its MMA fragments. Otherwise the staged
     /// kernel: the block decodes each step into a shared-memory tile first (every weight once,
     /// with the dp4a decode), then its warps, `row_warps` along the pass's rows by
     /// `warps / row_warps` along the positions, multiply their parts of the output from there.
-    /// Needs `bytesum_mma`, `bias_fold` and `pack_fma` off, and `row_warps` dividing `warps` and
-    /// `mt`.
+    /// Needs `bias_fold` and `pack_fma` off, and `row_warps` dividing `warps` and `mt`.
     pub row_warps: u32,
     /// Staged kernel only: 0, or warps added to the block that copy the codes and decode them
-    /// into a ring of shared-memory A tiles (two, three with `prefetch`), while the block's
+    /// into a ring of two shared-memory A tiles, while the block's
     /// `warps` build the B tiles and multiply. Named barriers hand each tile over, so the
     /// decode (integer pipes) and the MMAs (tensor pipe) run at the same time on different
     /// warps instead of taking turns. The block then has `warps + producers` warps; see
@@ -57,7 +48,7 @@ pub struct CudaDownConfig {
     /// the codes, one B tile per ring slot, instead of every thread block loading and converting
     /// the activations of each step itself. It costs one more kernel per call (2-4 µs) and
     /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
-    /// tiles large (17 rows and more, with `mbarriers`). Needs `row_warps` 0 and `prefetch` off.
+    /// tiles large (17 rows and more, with `mbarriers`). Needs `row_warps` 0.
     pub prescaled: bool,
     /// With `prescaled`: the code ring is synchronised by an mbarrier pair per slot instead of
     /// a block barrier per step. A warp waits only for its own step's data, and before it
@@ -80,9 +71,7 @@ impl Default for CudaDownConfig {
             warps: 4,
             splits: 32,
             stages: 4,
-            bytesum_mma: false,
             bias_fold: false,
-            prefetch: false,
             pack_fma: false,
             row_warps: 0,
             producers: 0,
@@ -117,19 +106,12 @@ impl CudaDownConfig {
         let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
-        let b_slots = if self.prescaled {
-            self.stages as usize
-        } else if self.prefetch && !self.staged() {
-            3
-        } else {
-            2
-        };
+        let b_slots = if self.prescaled { self.stages as usize } else { 2 };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
-        let a_tiles = match (self.staged(), self.specialized(), self.prefetch) {
-            (false, _, _) => 0,
-            (true, false, false) => 1,
-            (true, false, true) | (true, true, false) => 2,
-            (true, true, true) => 3,
+        let a_tiles = match (self.staged(), self.specialized()) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
         };
         let mbarriers = if self.mbarriers { 2 * self.stages as usize * 8 } else { 0 };
         ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2 + mbarriers
@@ -201,35 +183,6 @@ impl CudaDownConfig {
         }
     }
 
-    /// Activations each thread loads and converts per step when they load one at a time.
-    fn single_loads_per_thread(&self) -> u32 {
-        self.b_tile_activations().div_ceil(32 * self.warps)
-    }
-
-    /// Why 16-warp blocks cannot run this configuration on `g`, if they cannot. 512 threads leave
-    /// a thread at most 128 registers, and MLX compiles custom kernels without launch bounds, so
-    /// only shapes whose register count is known are allowed: NC 1 tiles (one coded block per
-    /// block), up to 4 tiles per pass (MT <= 4) with any decode, up to 8 with the u8 MMA byte
-    /// sums and no bias fold (its accumulators add 4 registers a tile), and at most 4
-    /// activations a thread where they load one at a time. In a survey under NVRTC for `sm_90`
-    /// (`kernels/cuda/NOTES.md`) those took at most 105 registers; MT 5 to 8 with the bias fold
-    /// took 126 to 160, 8 activations a thread loaded one at a time 132 to 168.
-    fn sixteen_warp_problem(&self, g: &TrellisGeometry) -> Option<&'static str> {
-        if self.staged() {
-            Some("16 warps cannot run the staged kernel")
-        } else if self.nc != 1 {
-            Some("16 warps need nc = 1")
-        } else if self.prefetch {
-            Some("16 warps cannot prefetch")
-        } else if self.mt > 8 || (self.mt > 4 && (!self.bytesum_mma || self.bias_fold)) {
-            Some("16 warps need mt <= 4, or mt <= 8 with the u8 MMA byte sums and no bias fold")
-        } else if self.activations_per_load(g) == 1 && self.single_loads_per_thread() > 4 {
-            Some("16 warps loading activations one at a time need at most 4 a thread (shorter steps)")
-        } else {
-            None
-        }
-    }
-
     /// Why producer warps cannot run this configuration on `g` with `dtype` activations, if they
     /// cannot. They feed the staged kernel; each decodes whole runs of 8 positions of the same
     /// step rows every step. A block of more than 8 warps leaves a thread at most 168 registers
@@ -276,33 +229,27 @@ impl CudaDownConfig {
     /// activations: a field out of range, a block width that does not divide the coded blocks,
     /// more splits than steps, or more shared memory than a block may take (227 KB).
     pub fn check(&self, g: &TrellisGeometry, dtype: Dtype) -> Result<()> {
-        if ![1, 2, 4, 8, 16].contains(&self.nc) {
-            invalid!("CUDA down kernel: nc = {} must be 1, 2, 4, 8 or 16", self.nc);
+        if ![2, 4, 8].contains(&self.nc) {
+            invalid!("CUDA down kernel: nc = {} must be 2, 4 or 8", self.nc);
         }
-        if !(1..=16).contains(&self.mt) || self.nc * self.mt > 32 {
-            invalid!("CUDA down kernel: mt = {} must be in 1..=16 with nc * mt <= 32 (nc = {})", self.mt, self.nc);
+        if !(1..=8).contains(&self.mt) {
+            invalid!("CUDA down kernel: mt = {} must be in 1..=8", self.mt);
         }
         if ![1, 2, 4].contains(&self.ks) {
             invalid!("CUDA down kernel: ks = {} must be 1, 2 or 4", self.ks);
         }
-        if self.prefetch && self.stages < 3 {
-            invalid!("CUDA down kernel: prefetch needs stages >= 3 (got {})", self.stages);
-        }
-        if self.prefetch && !self.staged() && self.ks != 1 {
-            invalid!("CUDA down kernel: prefetch pipelines 16-row steps (ks = 1, got {})", self.ks);
-        }
-        if self.pack_fma && (self.bytesum_mma || !self.bias_fold) {
-            invalid!("CUDA down kernel: pack_fma packs the dp4a decode's pairs with the bias fold (needs bytesum_mma false and bias_fold true)");
+        if self.pack_fma && !self.bias_fold {
+            invalid!("CUDA down kernel: pack_fma packs the dp4a decode's pairs with the bias fold (needs bias_fold)");
         }
         if self.mbarriers && (!self.prescaled || self.stages < 3) {
             invalid!("CUDA down kernel: mbarriers synchronise the prescaled ring (needs prescaled and stages >= 3, got {} stages)", self.stages);
         }
-        if self.prescaled && (self.staged() || self.prefetch) {
-            invalid!("CUDA down kernel: prescaled B tiles stream into the fragment decode without its prefetch (needs row_warps 0 and prefetch off)");
+        if self.prescaled && self.staged() {
+            invalid!("CUDA down kernel: prescaled B tiles stream into the fragment decode (needs row_warps 0)");
         }
         if self.staged() {
-            if self.bytesum_mma || self.bias_fold || self.pack_fma {
-                invalid!("CUDA down kernel: the staged kernel (row_warps = {}) decodes with dp4a and needs bytesum_mma, bias_fold and pack_fma off", self.row_warps);
+            if self.bias_fold || self.pack_fma {
+                invalid!("CUDA down kernel: the staged kernel (row_warps = {}) decodes y without the bias fold and needs bias_fold and pack_fma off", self.row_warps);
             }
             if self.warps % self.row_warps != 0 || self.mt % self.row_warps != 0 {
                 invalid!(
@@ -323,10 +270,9 @@ impl CudaDownConfig {
             );
         }
         // Up to 8 warps: 256 threads always fit the register file, whatever the kernel uses.
-        let warps_ok = (1..=8).contains(&self.warps) || self.warps == 16;
-        if !warps_ok || self.splits == 0 || !(2..=6).contains(&self.stages) {
+        if !(1..=8).contains(&self.warps) || self.splits == 0 || !(2..=6).contains(&self.stages) {
             invalid!(
-                "CUDA down kernel: {} warps (1 to 8, or 16), {} splits, {} stages (2 to 6) are out of range",
+                "CUDA down kernel: {} warps (1 to 8), {} splits, {} stages (2 to 6) are out of range",
                 self.warps,
                 self.splits,
                 self.stages
@@ -342,11 +288,6 @@ impl CudaDownConfig {
                     self.mt,
                     self.ks
                 );
-            }
-        }
-        if self.warps == 16 {
-            if let Some(problem) = self.sixteen_warp_problem(g) {
-                invalid!("CUDA down kernel: {problem} (nc = {}, mt = {}, ks = {}, {g})", self.nc, self.mt, self.ks);
             }
         }
         // A block covers whole coded blocks (a divisor of the row's) or one part of a coded block.
@@ -366,7 +307,7 @@ impl CudaDownConfig {
         let shared = self.shared_bytes(g, dtype == Dtype::Float32);
         if shared > SHARED_LIMIT {
             invalid!(
-                "CUDA down kernel: {shared} bytes of shared memory for {g} with {dtype} activations (at most {SHARED_LIMIT}; use fewer stages, warps or 8-row tiles, shorter steps, or no prefetch)"
+                "CUDA down kernel: {shared} bytes of shared memory for {g} with {dtype} activations (at most {SHARED_LIMIT}; use fewer stages, warps or 8-row tiles, or shorter steps)"
             );
         }
         Ok(())
@@ -378,56 +319,57 @@ mod tests {
     use super::*;
     use crate::trellis::cuda::down_plan::{plan, plan_for};
 
-    /// The fragment kernel with the u8 MMA byte sums in 4-warp blocks of 4 8-row tiles (the
-    /// 32-row plan before the staged kernel took those rows), a base for explicit shapes.
-    fn u8_mma_fragments() -> CudaDownConfig {
-        CudaDownConfig { mt: 4, ks: 4, splits: 13, bytesum_mma: true, ..Default::default() }
+    #[test]
+    fn the_deepest_ring_that_fits_is_found() {
+        // k 8: a coded block's row is 64 words. 8 warps of NC 8 cover four coded blocks: in
+        // 64-row steps a ring step takes 66.6 KB, so 3 stages fit 227 KB and 4 do not.
+        let g = TrellisGeometry::row_major(17408, 8192, 8, 256, 12, 0).unwrap();
+        let cfg = CudaDownConfig { nc: 8, warps: 8, ks: 4, stages: 4, ..Default::default() };
+        assert!(!cfg.fits(&g, Dtype::Bfloat16));
+        assert_eq!(cfg.with_deepest_ring(&g, Dtype::Bfloat16).map(|c| c.stages), Some(3));
+        // A shape that fits keeps its ring; one whose steps cannot fit at all finds none.
+        let short = CudaDownConfig { ks: 1, ..cfg };
+        assert_eq!(short.with_deepest_ring(&g, Dtype::Bfloat16), Some(short));
+        let splits = CudaDownConfig { splits: 10_000, ..cfg };
+        assert_eq!(splits.with_deepest_ring(&g, Dtype::Bfloat16), None);
     }
 
     #[test]
-    fn the_deepest_ring_that_fits_is_found() {
-        // k 8: a coded block's row is 64 words. 64-row steps over four coded blocks: a ring
-        // step takes 66.6 KB, so 3 stages fit 227 KB and 4 do not.
-        let g = TrellisGeometry::row_major(17408, 8192, 8, 256, 12, 0).unwrap();
-        let cfg = CudaDownConfig { nc: 16, warps: 4, ks: 4, stages: 4, ..Default::default() };
-        assert!(!cfg.fits(&g, Dtype::Bfloat16));
-        assert_eq!(cfg.with_deepest_ring(&g, Dtype::Bfloat16).map(|c| c.stages), Some(3));
-        // Nothing fits: 8 coded blocks per thread block in 64-row steps (133 KB a ring step).
-        let wide = CudaDownConfig { warps: 8, ..cfg };
-        assert_eq!(wide.with_deepest_ring(&g, Dtype::Bfloat16), None);
-    }
-    #[test]
-    fn steps_out_of_range_are_errors_that_say_so() {
+    fn fields_out_of_range_are_errors_that_say_so() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
         let err = |cfg: CudaDownConfig| cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err(CudaDownConfig { ks: 3, ..plan(&g, 1) }).contains("ks = 3 must be 1, 2 or 4"));
-        let pf = CudaDownConfig { ks: 2, prefetch: true, ..plan(&g, 1) };
-        assert!(err(pf).contains("prefetch pipelines 16-row steps"), "{}", err(pf));
+        // Only the tile widths a plan uses: NC 2, 4, 8; up to 8 8-row tiles a pass; 1 to 8 warps.
+        for nc in [1, 16, 3] {
+            assert!(err(CudaDownConfig { nc, ..plan(&g, 1) }).contains("must be 2, 4 or 8"), "nc {nc}");
+        }
+        assert!(err(CudaDownConfig { mt: 9, ..plan(&g, 1) }).contains("mt = 9 must be in 1..=8"));
+        assert!(err(CudaDownConfig { warps: 16, ..plan(&g, 1) }).contains("16 warps (1 to 8)"));
         // 200 rows are 4 steps of 64: 5 splits would leave one empty.
         let splits = CudaDownConfig { ks: 4, splits: 5, ..plan(&g, 1) };
         assert!(err(splits).contains("5 splits for 200 input rows (64-row steps)"), "{}", err(splits));
         // 100 rows load one activation at a time: one warp's 32 threads cannot keep 64 step rows.
         let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
-        let one_warp = CudaDownConfig { nc: 16, warps: 1, ks: 4, splits: 1, ..plan(&odd, 1) };
+        let one_warp = CudaDownConfig { nc: 8, warps: 1, ks: 4, splits: 1, ..plan(&odd, 1) };
         let e = one_warp.check(&odd, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(e.contains("one activation at a time"), "{e}");
         assert!(CudaDownConfig { ks: 2, ..one_warp }.fits(&odd, Dtype::Bfloat16));
-        // A B tile of fewer than 8 activations per thread loads one at a time as well (rows a
-        // multiple of 8 then always fit: the tile is smaller than 8 threads' worth per row).
-        let small_tile = CudaDownConfig { nc: 16, mt: 1, warps: 1, ks: 1, splits: 1, ..plan(&g, 1) };
+        // A B tile of fewer than 8 activations per thread loads one at a time as well.
+        let small_tile = CudaDownConfig { nc: 8, mt: 1, warps: 1, ks: 1, splits: 1, ..plan(&g, 1) };
         assert_eq!(small_tile.activations_per_load(&g), 1);
         assert!(small_tile.fits(&g, Dtype::Bfloat16));
         assert_eq!(CudaDownConfig { ks: 2, ..small_tile }.activations_per_load(&g), 8);
     }
+
     #[test]
     fn too_much_shared_memory_is_an_error_that_says_so() {
         let g = TrellisGeometry::row_major(17408, 8192, 8, 256, 12, 0).unwrap();
-        let cfg = CudaDownConfig { nc: 16, warps: 8, ks: 4, stages: 2, ..Default::default() };
-        let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
-        assert!(err.contains("bytes of shared memory") && err.contains("232448"), "{err}");
+        let cfg = CudaDownConfig { nc: 8, warps: 8, ks: 4, mt: 8, stages: 4, ..Default::default() };
+        let err = cfg.check(&g, Dtype::Float32).unwrap_err().to_string();
+        assert!(err.contains("bytes of shared memory") && err.contains("at most 232448"), "{err}");
         // Above 48 KB is allowed (dynamic shared memory), but the plans keep to their budgets,
         // where they were measured, for every row count and dtype.
-        let big = CudaDownConfig { nc: 8, mt: 4, ks: 1, warps: 8, splits: 8, bytesum_mma: true, ..Default::default() };
+        let big = CudaDownConfig { nc: 8, mt: 4, ks: 1, warps: 8, splits: 8, ..Default::default() };
         assert!(big.shared_bytes(&g, false) > PLAN_SHARED_BUDGET);
         big.check(&g, Dtype::Bfloat16).unwrap();
         for dtype in [Dtype::Float32, Dtype::Bfloat16] {
@@ -441,8 +383,9 @@ mod tests {
             }
         }
     }
+
     #[test]
-    fn prescaled_b_tiles_need_the_fragment_decode_without_its_prefetch() {
+    fn prescaled_b_tiles_need_the_fragment_decode() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
         let prescaled = CudaDownConfig { prescaled: true, mbarriers: false, ..plan(&g, 40) };
         prescaled.check(&g, Dtype::Float32).unwrap();
@@ -465,75 +408,40 @@ mod tests {
             assert!(err.contains("mbarriers synchronise the prescaled ring"), "{err}");
         }
         let staged = CudaDownConfig { row_warps: 2, ..prescaled };
-        let prefetch = CudaDownConfig { prefetch: true, ks: 1, ..prescaled };
-        for cfg in [staged, prefetch] {
-            let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
-            assert!(err.contains("prescaled B tiles stream into the fragment decode"), "{err}");
-        }
+        let err = staged.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(err.contains("prescaled B tiles stream into the fragment decode"), "{err}");
     }
+
     #[test]
-    fn pack_fma_needs_the_dp4a_decode_with_the_bias_fold() {
+    fn pack_fma_needs_the_bias_fold() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
         let one = CudaDownConfig { pack_fma: true, ..plan(&g, 1) };
         one.check(&g, Dtype::Bfloat16).unwrap();
-        for cfg in
-            [CudaDownConfig { bias_fold: false, ..one }, CudaDownConfig { bytesum_mma: true, bias_fold: false, ..one }]
-        {
-            let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
-            assert!(err.contains("pack_fma packs the dp4a decode's pairs"), "{err}");
-        }
+        let err = CudaDownConfig { bias_fold: false, ..one }.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(err.contains("pack_fma packs the dp4a decode's pairs"), "{err}");
     }
-    #[test]
-    fn sixteen_warp_blocks_take_only_shapes_of_known_registers() {
-        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        // The u8 MMA byte sums without the bias fold (the 32-row plan before the staged kernel).
-        let one_pass = CudaDownConfig { nc: 1, mt: 8, ks: 4, warps: 16, splits: 16, ..u8_mma_fragments() };
-        assert!(one_pass.bytesum_mma && !one_pass.bias_fold);
-        one_pass.check(&qwen, Dtype::Bfloat16).unwrap();
-        CudaDownConfig { mt: 4, bytesum_mma: false, bias_fold: true, ..one_pass }
-            .check(&qwen, Dtype::Bfloat16)
-            .unwrap();
-        let err = |cfg: CudaDownConfig, g: &TrellisGeometry| cfg.check(g, Dtype::Bfloat16).unwrap_err().to_string();
-        let dp4a = CudaDownConfig { bytesum_mma: false, bias_fold: true, ..one_pass };
-        assert!(err(dp4a, &qwen).contains("16 warps need mt <= 4, or mt <= 8 with the u8 MMA"), "{}", err(dp4a, &qwen));
-        // The bias fold's accumulators push 8-row tiles past 128 registers (160 at ks 4).
-        let folded = CudaDownConfig { bias_fold: true, ..one_pass };
-        assert!(err(folded, &qwen).contains("and no bias fold"), "{}", err(folded, &qwen));
-        CudaDownConfig { mt: 4, ..folded }.check(&qwen, Dtype::Bfloat16).unwrap();
-        let wide = CudaDownConfig { nc: 2, mt: 4, ..one_pass };
-        assert!(err(wide, &qwen).contains("16 warps need nc = 1"), "{}", err(wide, &qwen));
-        let pf = CudaDownConfig { ks: 1, prefetch: true, ..one_pass };
-        assert!(err(pf, &qwen).contains("16 warps cannot prefetch"), "{}", err(pf, &qwen));
-        // 100 rows load one activation at a time: 64-row steps of 64 rows give each of 512
-        // threads 8, 32-row steps 4.
-        let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
-        let odd_pass = CudaDownConfig { splits: 1, ..one_pass };
-        assert!(err(odd_pass, &odd).contains("at most 4 a thread"), "{}", err(odd_pass, &odd));
-        CudaDownConfig { ks: 2, ..odd_pass }.check(&odd, Dtype::Bfloat16).unwrap();
-        // Fewer warps cover a part of a coded block; 32 warps are out of range.
-        CudaDownConfig { warps: 8, ..one_pass }.check(&qwen, Dtype::Bfloat16).unwrap();
-        assert!(err(CudaDownConfig { warps: 32, ..one_pass }, &qwen).contains("32 warps (1 to 8, or 16)"));
-    }
+
     #[test]
     fn blocks_cover_whole_coded_blocks_or_a_part_of_one() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let base = CudaDownConfig { ks: 1, ..u8_mma_fragments() };
+        let base = CudaDownConfig { mt: 4, ks: 1, splits: 13, ..Default::default() };
         // 20 coded blocks a row: 2 per block -> 10 column blocks; half a block -> 40.
         let two = CudaDownConfig { nc: 4, warps: 8, ..base };
         assert_eq!((two.column_blocks(&qwen), two.copied_blocks()), (10, 2));
-        let half = CudaDownConfig { nc: 1, mt: 4, warps: 8, ..base };
+        let half = CudaDownConfig { nc: 2, mt: 4, warps: 4, ..base };
         half.check(&qwen, Dtype::Bfloat16).unwrap();
         assert_eq!((half.column_blocks(&qwen), half.copied_blocks()), (40, 1));
-        let one_warp = CudaDownConfig { nc: 1, mt: 4, warps: 1, ..base };
-        assert_eq!(one_warp.column_blocks(&qwen), 320);
-        // 3 warps of NC 1: 48 positions, not a part of a coded block.
+        let one_warp = CudaDownConfig { nc: 2, mt: 4, warps: 1, ..base };
+        assert_eq!(one_warp.column_blocks(&qwen), 160);
+        // 3 warps of NC 2: 96 positions, not a part of a coded block.
         let err = CudaDownConfig { warps: 3, ..one_warp }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
-        assert!(err.contains("cover 48 positions, neither a part of a coded block"), "{err}");
-        // 3 warps of NC 16 cover 3 coded blocks, which do not divide 20.
+        assert!(err.contains("cover 96 positions, neither a part of a coded block"), "{err}");
+        // 6 warps of NC 8 cover 3 coded blocks, which do not divide 20.
         let err =
-            CudaDownConfig { nc: 16, mt: 1, warps: 3, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
+            CudaDownConfig { nc: 8, mt: 1, warps: 6, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("nor a divisor of the 20 coded blocks"), "{err}");
     }
+
     #[test]
     fn producer_warps_are_checked() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
@@ -541,85 +449,59 @@ mod tests {
         let fed = CudaDownConfig { producers: 8, ..staged };
         fed.check(&qwen, Dtype::Bfloat16).unwrap();
         assert_eq!(fed.block_warps(), 16);
-        // Two A tiles, three with the prefetch; the plain staged kernel has one (two with it).
+        // Two A tiles; the plain staged kernel has one.
         let a_tile = 64 * (256 + 8) * 2;
         assert_eq!(fed.shared_bytes(&qwen, false) - staged.shared_bytes(&qwen, false), a_tile);
-        let three = CudaDownConfig { prefetch: true, ..fed };
-        assert_eq!(three.shared_bytes(&qwen, false) - staged.shared_bytes(&qwen, false), 2 * a_tile);
         let err = |cfg: CudaDownConfig, g: &TrellisGeometry, dtype: Dtype| cfg.check(g, dtype).unwrap_err().to_string();
         let bf16 = Dtype::Bfloat16;
-        let fragments = CudaDownConfig { producers: 4, ..u8_mma_fragments() };
+        let fragments = CudaDownConfig { producers: 4, row_warps: 0, ..staged };
         assert!(err(fragments, &qwen, bf16).contains("producer warps feed the staged kernel"));
         assert!(err(CudaDownConfig { producers: 9, ..fed }, &qwen, bf16).contains("1 to 8 warps"));
-        assert!(err(CudaDownConfig { warps: 0, ..fed }, &qwen, bf16).contains("0 warps (1 to 8, or 16)"));
+        assert!(err(CudaDownConfig { warps: 0, ..fed }, &qwen, bf16).contains("0 warps (1 to 8)"));
         // 3 producer warps (96 threads) cannot split a step's 64 x 32 runs of 8 positions evenly.
         assert!(err(CudaDownConfig { producers: 3, ..fed }, &qwen, bf16).contains("split a step's decode runs evenly"));
         // Above 8 warps only shapes whose registers are known: not f32 at nc * mt 16, not one
-        // activation a load (rows not a multiple of 8), not 16 8-row tiles.
+        // activation a load (rows not a multiple of 8).
         let f32_err = err(fed, &qwen, Dtype::Float32);
         assert!(f32_err.contains("f32 activations need nc * mt <= 8"), "{f32_err}");
         CudaDownConfig { mt: 4, row_warps: 1, ..fed }.check(&qwen, Dtype::Float32).unwrap();
         let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
         let odd_fed = CudaDownConfig { splits: 1, ..fed };
         assert!(err(odd_fed, &odd, bf16).contains("activations loaded 8 at a time"), "{}", err(odd_fed, &odd, bf16));
-        let wide = CudaDownConfig { nc: 1, mt: 16, row_warps: 4, ..fed };
-        assert!(err(wide, &qwen, bf16).contains("nc * mt <= 16 and mt <= 8"), "{}", err(wide, &qwen, bf16));
         // Up to 8 warps in all, any registers fit: f32 at nc * mt 16, one activation a load.
         let small = CudaDownConfig { nc: 4, warps: 4, mt: 4, row_warps: 1, producers: 4, ..staged };
         small.check(&qwen, Dtype::Float32).unwrap();
         CudaDownConfig { ks: 2, splits: 1, ..small }.check(&odd, bf16).unwrap();
     }
+
     #[test]
     fn staged_configurations_are_checked() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let staged = CudaDownConfig { nc: 1, mt: 8, warps: 8, splits: 13, row_warps: 2, ..Default::default() };
+        let staged = CudaDownConfig { nc: 2, mt: 8, warps: 4, splits: 13, row_warps: 2, ..Default::default() };
         staged.check(&qwen, Dtype::Bfloat16).unwrap();
         staged.check(&qwen, Dtype::Float32).unwrap();
         let err = |cfg: CudaDownConfig| cfg.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
-        for other in [
-            CudaDownConfig { bytesum_mma: true, ..staged },
-            CudaDownConfig { bias_fold: true, ..staged },
-            CudaDownConfig { bias_fold: true, pack_fma: true, ..staged },
-        ] {
+        for other in
+            [CudaDownConfig { bias_fold: true, ..staged }, CudaDownConfig { bias_fold: true, pack_fma: true, ..staged }]
+        {
             assert!(
-                err(other).contains(
-                    "staged kernel (row_warps = 2) decodes with dp4a and needs bytesum_mma, bias_fold and pack_fma off"
-                ),
+                err(other).contains("staged kernel (row_warps = 2) decodes y without the bias fold"),
                 "{}",
                 err(other)
             );
         }
-        // The staged prefetch (a second A tile) takes any steps, and three stages.
-        let pipelined = CudaDownConfig { prefetch: true, ..staged };
-        pipelined.check(&qwen, Dtype::Bfloat16).unwrap();
-        assert_eq!(pipelined.shared_bytes(&qwen, false) - staged.shared_bytes(&qwen, false), 32 * 136 * 2);
-        assert!(err(CudaDownConfig { stages: 2, ..pipelined }).contains("prefetch needs stages >= 3"));
         // The warps along the rows divide the warps and the 8-row tiles.
         assert!(
-            err(CudaDownConfig { row_warps: 3, ..staged }).contains("row_warps = 3 must divide warps = 8 and mt = 8")
+            err(CudaDownConfig { row_warps: 3, ..staged }).contains("row_warps = 3 must divide warps = 4 and mt = 8")
         );
         assert!(err(CudaDownConfig { mt: 2, row_warps: 4, ..staged }).contains("must divide"));
-        assert!(err(CudaDownConfig { warps: 16, ..staged }).contains("16 warps cannot run the staged kernel"));
         // The A tile counts in the shared memory: 64-row steps of 128 positions take 17 KB on
-        // top of the ring and the B tiles (65 KB in all: above 48 KB, allowed).
+        // top of the ring and the B tiles (above 48 KB, allowed).
         let long = CudaDownConfig { ks: 4, ..staged };
         assert!(long.fits(&qwen, Dtype::Bfloat16) && long.shared_bytes(&qwen, false) > PLAN_SHARED_BUDGET);
         assert_eq!(
             long.shared_bytes(&qwen, false) - CudaDownConfig { row_warps: 0, ..long }.shared_bytes(&qwen, false),
             64 * 136 * 2
         );
-        assert_eq!(
-            CudaDownConfig { ks: 4, row_warps: 0, ..staged }
-                .with_deepest_ring(&qwen, Dtype::Bfloat16)
-                .map(|c| c.stages),
-            Some(4)
-        );
-    }
-    #[test]
-    fn prefetch_needs_three_stages() {
-        let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
-        let cfg = CudaDownConfig { stages: 2, prefetch: true, ..plan(&g, 128) };
-        let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
-        assert!(err.contains("prefetch needs stages >= 3"), "{err}");
     }
 }

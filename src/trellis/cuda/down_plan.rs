@@ -78,11 +78,9 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         warps: 16 * blocks / nc,
         splits,
         stages: 4,
-        bytesum_mma: false,
         // The bias fold takes one HADD2 per pair of weights off the fragments' dp4a decode;
         // the kernel applies it to 16-bit activations only.
         bias_fold,
-        prefetch: false,
         pack_fma,
         row_warps,
         producers,
@@ -149,11 +147,6 @@ mod tests {
                 for m in 1..=200 {
                     let cfg = plan_for(&g, m, dtype);
                     cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{g} M {m} {dtype}: {cfg:?}: {e:#}"));
-                    // The fragment kernel's prefetch holds a second B fragment set in registers,
-                    // which f32 activations double; the staged prefetch's second step is in shared
-                    // memory (f32 at the Qwen shape: 154 registers with it, 158 without).
-                    let register_prefetch = cfg.prefetch && !cfg.staged();
-                    assert!(!(register_prefetch && dtype == Dtype::Float32), "{g} M {m}: f32 prefetch");
                 }
             }
         }
@@ -165,7 +158,7 @@ mod tests {
             (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.producers),
             (4, 4, 4, 4, 1, 4)
         );
-        assert!(!staged32.prefetch && staged32.block_warps() == 8);
+        assert_eq!(staged32.block_warps(), 8);
         let wide = plan(&qwen, 64);
         assert_eq!(
             (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
@@ -201,7 +194,7 @@ mod tests {
             let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
             for m in [17, 32] {
                 let cfg = plan_for(&g, m, Dtype::Float32);
-                assert!(cfg.staged() && cfg.specialized() && !cfg.prefetch, "k {k} M {m}: {cfg:?}");
+                assert!(cfg.staged() && cfg.specialized(), "k {k} M {m}: {cfg:?}");
                 let bytes = cfg.shared_bytes(&g, true);
                 assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} M {m}: {bytes}");
             }
@@ -211,13 +204,13 @@ mod tests {
         assert_eq!((planned.ks, planned.stages), (4, 4));
         // The prescaled 64-row plan: four ring slots of codes and B tiles, and their mbarriers.
         assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536 + 4 * 16);
-        // Fragment plans never prefetch and keep to 48 KB, but for prescaled B tiles in 8-warp
+        // Fragment plans keep to 48 KB, but for prescaled B tiles in 8-warp
         // blocks (one B tile per ring slot); from 17 rows a pass holds just the call's rows (or
         // an even share of them), without the bias fold, in 64-row steps of 8-warp blocks.
         for m in [1, 8, 16, 17, 32, 33, 48, 64, 72, 128] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
             let budget = if cfg.prescaled && cfg.warps >= 8 { STAGED_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
-            assert!(!cfg.staged() && !cfg.prefetch && cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
+            assert!(!cfg.staged() && cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
             if m > 16 {
                 let tiles = m.div_ceil(8);
                 let mt = tiles.div_ceil(tiles.div_ceil(8)) as u32;

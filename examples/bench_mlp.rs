@@ -1,0 +1,387 @@
+//! The headline benchmark: the Qwen3-14B MLP (5120 -> 17408 -> 5120) as a model runs it, on a GPU
+//! back-end. A residual chain `x <- x + mlp_l(x)` over 8 **distinct** layers (so that no layer's
+//! weights stay in the GPU's L2 from one call to the next, as in a 40-layer model), repeated
+//! `--rounds` times per evaluation; the figure is time per MLP layer, median (best) of `--evals`
+//! evaluations. Contenders in the same run: the trellis MLP at 3 and 2 bits (gate/up fused with
+//! the SwiGLU, then the down projection), MLX's dense bf16 MLP of the same decoded weights
+//! (matmul, MLX's silu, multiply, matmul) and MLX's affine 4-bit MLP of them (group 64). Each
+//! trellis MLP's first layer is checked against the f64 reference at every row count.
+//!
+//! It also times each projection alone in the same cold setting (independent calls over the 8
+//! layers in turn): the fused gate·up·SwiGLU and the down projection, beside MLX's bf16 and
+//! affine 4-bit matmuls.
+//!
+//! ```text
+//! cargo build --release --example bench_mlp
+//! target/release/examples/bench_mlp [--rows 1,2,4,8,16,32,64,128] [--bits 3,2] [--json out.json]
+//! target/release/examples/bench_mlp --plot bench.json docs/mlp.svg   # the plot of a JSON table
+//! ```
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use mlx_trellis::trellis::cuda::dense::expand_cuda;
+use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with};
+use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
+use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
+
+const HIDDEN: usize = 5120;
+const INTER: usize = 17408;
+const LAYERS: usize = 8;
+
+struct Args {
+    rows: Vec<usize>,
+    bits: Vec<u32>,
+    rounds: usize,
+    evals: usize,
+    json: Option<String>,
+    plot: Option<(String, String)>,
+    alone: bool,
+}
+
+fn parse() -> Result<Args> {
+    let mut a = Args {
+        rows: vec![1, 2, 4, 8, 16, 32, 64, 128],
+        bits: vec![3, 2],
+        rounds: 4,
+        evals: 20,
+        json: None,
+        plot: None,
+        alone: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(f) = it.next() {
+        let mut v = || it.next().with_context(|| format!("{f} needs a value"));
+        match f.as_str() {
+            "--rows" => a.rows = v()?.split(',').map(|s| s.parse().context("--rows")).collect::<Result<_>>()?,
+            "--bits" => a.bits = v()?.split(',').map(|s| s.parse().context("--bits")).collect::<Result<_>>()?,
+            "--rounds" => a.rounds = v()?.parse()?,
+            "--evals" => a.evals = v()?.parse()?,
+            "--json" => a.json = Some(v()?),
+            "--no-alone" => a.alone = false,
+            "--plot" => {
+                let json = v()?;
+                a.plot = Some((json, v()?));
+            }
+            other => bail!("unknown option {other}"),
+        }
+    }
+    if a.bits.iter().any(|b| !(2..=4).contains(b)) || a.rows.is_empty() || a.rows.contains(&0) || a.evals == 0 {
+        bail!("--bits takes 2, 3, 4; --rows and --evals positive numbers");
+    }
+    Ok(a)
+}
+
+/// The dense twin of one trellis layer: `[out, in]` bf16 weights of each projection (as
+/// `nn.Linear` stores them) and their affine 4-bit quantization.
+struct Dense {
+    w: [MlxArray; 3],
+    q4: [(MlxArray, MlxArray, MlxArray); 3],
+}
+
+fn dense_twin(mlp: &TrellisMlp) -> Result<Dense> {
+    let gate = expand_cuda(mlp.gate().codes(), mlp.gate().scales(), mlp.gate().geometry(), Dtype::Bfloat16)?;
+    let up = expand_cuda(mlp.up().codes(), mlp.up().scales(), mlp.up().geometry(), Dtype::Bfloat16)?;
+    // The down projection is stored [in, out]: its nn.Linear weight is the transpose.
+    let down = expand_cuda(mlp.down().codes(), mlp.down().scales(), mlp.down().geometry(), Dtype::Bfloat16)?
+        .t()?
+        .contiguous()?;
+    let w = [gate, up, down];
+    eval_all(&w.iter().collect::<Vec<_>>())?;
+    let q4 = [quantize(&w[0], 64, 4)?, quantize(&w[1], 64, 4)?, quantize(&w[2], 64, 4)?];
+    eval_all(&q4.iter().flat_map(|(a, b, c)| [a, b, c]).collect::<Vec<_>>())?;
+    Ok(Dense { w, q4 })
+}
+
+fn bf16_mlp(d: &Dense, x: &MlxArray) -> mlx_trellis::Result<MlxArray> {
+    let g = x.matmul(&d.w[0].t()?)?;
+    let u = x.matmul(&d.w[1].t()?)?;
+    g.silu()?.multiply(&u)?.matmul(&d.w[2].t()?)
+}
+
+fn q4_matmul(q: &(MlxArray, MlxArray, MlxArray), x: &MlxArray) -> mlx_trellis::Result<MlxArray> {
+    quantized_matmul(x, &q.0, &q.1, &q.2, true, 64, 4)
+}
+
+fn q4_mlp(d: &Dense, x: &MlxArray) -> mlx_trellis::Result<MlxArray> {
+    let g = q4_matmul(&d.q4[0], x)?;
+    let u = q4_matmul(&d.q4[1], x)?;
+    q4_matmul(&d.q4[2], &g.silu()?.multiply(&u)?)
+}
+
+/// Median and best microseconds per step of `steps` built by `f` (one evaluation each).
+fn time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>) -> Result<(f64, f64)> {
+    let run = || -> Result<f64> {
+        let outs = f()?;
+        let t = Instant::now();
+        eval_all(&outs.iter().collect::<Vec<_>>())?;
+        Ok(t.elapsed().as_secs_f64() * 1e6 / steps as f64)
+    };
+    run()?; // warm-up: kernel compilation, caches, allocator
+    let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
+    v.sort_by(f64::total_cmp);
+    Ok((v[v.len() / 2], v[0]))
+}
+
+/// The residual chain over `layers`, `rounds` times: `x <- x + mlp(x)`.
+fn chain<L>(
+    layers: &[L],
+    rounds: usize,
+    x: &MlxArray,
+    mlp: &dyn Fn(&L, &MlxArray) -> mlx_trellis::Result<MlxArray>,
+) -> mlx_trellis::Result<Vec<MlxArray>> {
+    let mut x = x.clone();
+    for _ in 0..rounds {
+        for l in layers {
+            x = x.add(&mlp(l, &x)?)?;
+        }
+    }
+    Ok(vec![x])
+}
+
+/// Independent calls of one projection over the layers in turn, `rounds` times.
+fn alone<L>(
+    layers: &[L],
+    rounds: usize,
+    f: &dyn Fn(&L) -> mlx_trellis::Result<MlxArray>,
+) -> mlx_trellis::Result<Vec<MlxArray>> {
+    let mut outs = Vec::new();
+    for _ in 0..rounds {
+        for l in layers {
+            outs.push(f(l)?);
+        }
+    }
+    Ok(outs)
+}
+
+fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
+    Ok(a.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
+}
+
+struct Row {
+    m: usize,
+    name: String,
+    median: f64,
+    best: f64,
+}
+
+fn main() -> Result<()> {
+    let args = parse()?;
+    if let Some((json, svg)) = &args.plot {
+        return plot::write(json, svg);
+    }
+    if backend() != Backend::Cuda {
+        bail!("bench_mlp times the CUDA kernels; this MLX build's back-end is {}", backend());
+    }
+    let max_m = *args.rows.iter().max().context("no rows")?;
+    let x_all = MlxArray::from_slice(&gaussian(max_m * HIDDEN, 99), &[max_m, HIDDEN])?.astype(Dtype::Bfloat16)?;
+    x_all.eval()?;
+    let mut rows: Vec<Row> = Vec::new();
+    let mut checks = String::new();
+    let mut dense: Option<Vec<Dense>> = None;
+    for (bi, &k) in args.bits.iter().enumerate() {
+        let t = Instant::now();
+        let down_layout = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+        let mut hosts: Vec<(HostLayer, HostLayer, HostLayer)> = Vec::new();
+        let mut layers = Vec::new();
+        for l in 0..LAYERS {
+            let h = synthetic_mlp(HIDDEN, INTER, k, down_layout, 1000 * k as u64 + l as u64)?;
+            let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(&format!("model.layers.{l}.mlp.{name}"), h);
+            layers.push(TrellisMlp::new(lin("gate_proj", &h.0)?, lin("up_proj", &h.1)?, lin("down_proj", &h.2)?)?);
+            if l == 0 {
+                hosts.push(h);
+            }
+        }
+        eprintln!("[bench] built {LAYERS} k{k} MLP layers in {:.1} s", t.elapsed().as_secs_f64());
+        // The dense contenders are the 3-bit layers' decoded weights (the first bit width).
+        if bi == 0 {
+            let t = Instant::now();
+            dense = Some(layers.iter().map(dense_twin).collect::<Result<_>>()?);
+            eprintln!("[bench] decoded their bf16 and affine 4-bit twins in {:.1} s", t.elapsed().as_secs_f64());
+        }
+        let t = Instant::now();
+        let h = &hosts[0];
+        let want = mlp_forward_f64(&to_f64(&x_all)?, max_m, &h.0, &h.1, &h.2)?;
+        eprintln!("[bench] f64 reference of layer 0 ({max_m} rows) in {:.1} s", t.elapsed().as_secs_f64());
+        for &m in &args.rows {
+            let x = x_all.slice(&[0, 0], &[m as i32, HIDDEN as i32], &[1, 1])?.contiguous()?;
+            x.eval()?;
+            let y = layers[0].forward(&x)?;
+            let got = to_f64(&y)?;
+            let err = rel_err(&got, &want[..m * HIDDEN]);
+            let finite = got.iter().all(|v| v.is_finite());
+            let _ =
+                writeln!(checks, "| k{k} | {m} | {err:.1e} | {} |", if finite && err < 1e-2 { "ok" } else { "FAILED" });
+            if !finite || err >= 1e-2 {
+                bail!("k{k} M {m}: the trellis MLP's relErr against the f64 reference is {err:.3e}");
+            }
+            let steps = args.rounds * LAYERS;
+            let (med, best) = time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &|l, x| l.forward(x)))?;
+            rows.push(Row { m, name: format!("trellis k{k}"), median: med, best });
+            eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer, relErr {err:.1e}");
+            if args.alone {
+                let (med, best) = time(args.evals, steps, &|| {
+                    alone(&layers, args.rounds, &|l| l.swiglu_with(&x, mlx_trellis::trellis::ForwardPath::Auto))
+                })?;
+                rows.push(Row { m, name: format!("trellis k{k} gate·up·SwiGLU alone"), median: med, best });
+                let h = layers[0].swiglu_with(&x, mlx_trellis::trellis::ForwardPath::Auto)?;
+                h.eval()?;
+                let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &|l| l.down().forward(&h)))?;
+                rows.push(Row { m, name: format!("trellis k{k} down alone"), median: med, best });
+                // Where the planned path switches, both sides of the switch.
+                if m >= 17 {
+                    let fused =
+                        |l: &TrellisMlp| swiglu_with(&x, l.gate(), l.up(), axis_one_plan(m, Dtype::Bfloat16, true));
+                    let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &fused))?;
+                    rows.push(Row { m, name: format!("trellis k{k} gate·up fused kernel alone"), median: med, best });
+                    let dense = |l: &TrellisMlp| -> mlx_trellis::Result<MlxArray> {
+                        let w = |p: &TrellisLinear| expand_cuda(p.codes(), p.scales(), p.geometry(), Dtype::Bfloat16);
+                        x.matmul(&w(l.gate())?.t()?)?.silu()?.multiply(&x.matmul(&w(l.up())?.t()?)?)
+                    };
+                    let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &dense))?;
+                    rows.push(Row { m, name: format!("trellis k{k} gate·up dense path alone"), median: med, best });
+                }
+            }
+            if bi == 0 {
+                let dense = dense.as_ref().expect("built with the first bit width");
+                let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &|d, x| bf16_mlp(d, x)))?;
+                rows.push(Row { m, name: "MLX bf16".into(), median: med, best });
+                let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &|d, x| q4_mlp(d, x)))?;
+                rows.push(Row { m, name: "MLX affine 4-bit".into(), median: med, best });
+                if args.alone {
+                    let h = layers[0].swiglu_with(&x, mlx_trellis::trellis::ForwardPath::Auto)?;
+                    h.eval()?;
+                    for (name, f) in [
+                        ("MLX bf16 gate+up+silu alone", &|d: &Dense| -> mlx_trellis::Result<MlxArray> {
+                            x.matmul(&d.w[0].t()?)?.silu()?.multiply(&x.matmul(&d.w[1].t()?)?)
+                        }
+                            as &dyn Fn(&Dense) -> mlx_trellis::Result<MlxArray>),
+                        ("MLX bf16 down alone", &|d: &Dense| h.matmul(&d.w[2].t()?)),
+                        ("MLX affine 4-bit down alone", &|d: &Dense| q4_matmul(&d.q4[2], &h)),
+                    ] {
+                        let (med, best) = time(args.evals, steps, &|| alone(dense, args.rounds, f))?;
+                        rows.push(Row { m, name: name.into(), median: med, best });
+                    }
+                }
+                eprintln!("[bench] MLX M={m} done");
+            }
+        }
+    }
+    print_tables(&args, &rows, &checks)?;
+    Ok(())
+}
+
+fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
+    let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
+    println!(
+        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation), median (best) of {} evaluations, µs",
+        args.rounds, args.evals
+    );
+    let mut header = "| M | MLX bf16 | MLX affine 4-bit |".to_string();
+    let mut rule = "|---|---|---|".to_string();
+    for k in &args.bits {
+        let _ = write!(header, " trellis k{k} | vs bf16 | vs affine 4-bit |");
+        rule.push_str("---|---|---|");
+    }
+    println!("{header}\n{rule}");
+    for &m in &args.rows {
+        let (Some(bf), Some(q4)) = (get(m, "MLX bf16"), get(m, "MLX affine 4-bit")) else { continue };
+        let mut line = format!("| {m} | {:.1} ({:.1}) | {:.1} ({:.1}) |", bf.median, bf.best, q4.median, q4.best);
+        for k in &args.bits {
+            if let Some(t) = get(m, &format!("trellis k{k}")) {
+                let _ = write!(
+                    line,
+                    " {:.1} ({:.1}) | {:.2}x | {:.2}x |",
+                    t.median,
+                    t.best,
+                    bf.median / t.median,
+                    q4.median / t.median
+                );
+            }
+        }
+        println!("{line}");
+    }
+    if args.alone {
+        println!("\nEach projection alone, independent calls over the {LAYERS} layers in turn (cold in L2), per call, median µs");
+        let names: Vec<&str> = rows.iter().filter(|r| r.name.ends_with("alone")).map(|r| r.name.as_str()).collect();
+        let mut names: Vec<&str> = names.into_iter().fold(Vec::new(), |mut v, n| {
+            if !v.contains(&n) {
+                v.push(n);
+            }
+            v
+        });
+        names.sort();
+        println!("| M | {} |\n|---|{}", names.join(" | "), "---|".repeat(names.len()));
+        for &m in &args.rows {
+            let cells: Vec<String> =
+                names.iter().map(|n| get(m, n).map_or("-".into(), |r| format!("{:.1}", r.median))).collect();
+            println!("| {m} | {} |", cells.join(" | "));
+        }
+    }
+    println!("\nFirst layer against the f64 reference (relErr = max|a-b| / max|b|)\n| bits | M | relErr | |\n|---|---|---|---|\n{checks}");
+    if let Some(path) = &args.json {
+        let body: Vec<String> = rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "  {{\"m\": {}, \"name\": \"{}\", \"median_us\": {:.2}, \"best_us\": {:.2}}}",
+                    r.m, r.name, r.median, r.best
+                )
+            })
+            .collect();
+        std::fs::write(path, format!("[\n{}\n]\n", body.join(",\n")))?;
+    }
+    Ok(())
+}
+
+/// The SVG plot of a `--json` table: time per MLP layer against the row count, one line per
+/// contender (log-log).
+mod plot {
+    use anyhow::{Context, Result};
+    use plotters::prelude::*;
+
+    pub fn write(json: &str, svg: &str) -> Result<()> {
+        let text = std::fs::read_to_string(json).with_context(|| format!("reading {json}"))?;
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&text).with_context(|| format!("parsing {json}"))?;
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+        for r in &rows {
+            let name = r["name"].as_str().context("name")?.to_string();
+            if name.ends_with("alone") {
+                continue;
+            }
+            let point = (r["m"].as_f64().context("m")?, r["median_us"].as_f64().context("median_us")?);
+            match series.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => v.push(point),
+                None => series.push((name, vec![point])),
+            }
+        }
+        let max_m = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.0)).fold(1.0, f64::max);
+        let (lo, hi) = series
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|p| p.1))
+            .fold((f64::MAX, 0.0f64), |(a, b), t| (a.min(t), b.max(t)));
+        let root = SVGBackend::new(svg, (900, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("Qwen3-14B MLP per layer, chain of distinct layers, H200 (µs)", ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(64)
+            .build_cartesian_2d((1.0..max_m * 1.1).log_scale(), (lo * 0.8..hi * 1.25).log_scale())?;
+        chart.configure_mesh().x_desc("activation rows M").y_desc("µs per MLP layer").draw()?;
+        for (i, (name, points)) in series.iter().enumerate() {
+            let color = Palette99::pick(i).mix(0.9);
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+        }
+        chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
+        root.present()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,68 @@
+// Code values decoded straight into tensor-core fragments, shared by the CUDA kernels that
+// multiply trellis weights on the tensor cores (down_mma.cu, gate_up.cu). Placed after
+// codebook.cuh, before MLX's `namespace mlx::core::cu`.
+#pragma once
+
+namespace trellis_cuda {
+
+// D += A * B on the tensor cores: m16n8k16, f16 inputs, f32 accumulators (PTX fragment layout:
+// a = {(g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..)}, b = {(2q.., g), (2q+8.., g)},
+// d = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)} with g = lane / 4, q = lane % 4).
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Packs two biased f16 code values (low 16 bits each) into an f16x2 of y + 1534 (UNBIAS false)
+// or of y (UNBIAS true), both exact.
+template <bool UNBIAS>
+__device__ __forceinline__ unsigned code_pair(unsigned biased_lo, unsigned biased_hi) {
+  const unsigned biased = __byte_perm(biased_lo, biased_hi, 0x5410);
+  if (!UNBIAS) return biased;
+  const __half2 y = __hsub2(*reinterpret_cast<const __half2*>(&biased), __half2(__half(1534.0f), __half(1534.0f)));
+  return *reinterpret_cast<const unsigned*>(&y);
+}
+
+// The f16 bit pattern of 1024 + bytesum(state * 34038481 + 76625530), in the low 16 bits: the
+// byte sum (at most 1020) lands in the 10-bit mantissa of 1024, and dp4a adds the bytes and the
+// exponent bits in one instruction. y(state) is this value minus 1534.
+__device__ __forceinline__ unsigned y_biased_f16(unsigned state) {
+  return __dp4a(lcg(state), 0x01010101u, 0x6400u);
+}
+
+// Two code values as an f16x2 register (state_lo's in the low half), see code_pair.
+template <bool UNBIAS>
+__device__ __forceinline__ unsigned code_pair_dp4a(unsigned state_lo, unsigned state_hi) {
+  return code_pair<UNBIAS>(y_biased_f16(state_lo), y_biased_f16(state_hi));
+}
+
+// The same f16x2 as code_pair_dp4a<false> without the PRMT: the high state's byte sum, times
+// 65536 by an IMAD, is the accumulator of the low state's dp4a. The PRMT issues on the ALU pipe
+// and the IMAD on FMA-heavy; at one row the ALU pipe is the decode's limit, so the kernel packs
+// half of its pairs this way. Each half is 0x6400 plus a byte sum of at most 1020: nothing
+// carries across halves. `lift` must be 65536 but unknown to the compiler (the caller derives
+// it from a run-time value): a known power of two becomes a shift and add, an LEA, which issues
+// on the ALU pipe again.
+__device__ __forceinline__ unsigned code_pair_dp4a_fma(unsigned state_lo, unsigned state_hi, unsigned lift) {
+  const unsigned sum_hi = __dp4a(lcg(state_hi), 0x01010101u, 0u);
+  return __dp4a(lcg(state_lo), 0x01010101u, sum_hi * lift + 0x64006400u);
+}
+
+// Two activations as an f16x2 B-fragment register (the first in the low half): f16 as they are,
+// bf16 and f32 rounded once to f16.
+__device__ __forceinline__ __half2 half2_of(__half a, __half b) {
+  return __halves2half2(a, b);
+}
+
+__device__ __forceinline__ __half2 half2_of(__nv_bfloat16 a, __nv_bfloat16 b) {
+  return __float22half2_rn(__bfloat1622float2(__halves2bfloat162(a, b)));
+}
+
+__device__ __forceinline__ __half2 half2_of(float a, float b) {
+  return __float22half2_rn(make_float2(a, b));
+}
+
+}  // namespace trellis_cuda

@@ -1,0 +1,259 @@
+// Axis-1 projections (an MLP's gate and up, and every projection stored [out, in]) on the tensor
+// cores: y[m, o] = scale[o] / 147.8 * sum_i x[m, i] * y(state(o, i)) for row-major codes
+// [OUT, IN * K / 32] (T = 256 positions a block, 8 K words, L <= 16). With the TRELLIS_FUSED
+// sections (the fused variant) the kernel runs the gate and up projections of the same rows at
+// once, on the same activation fragments, and writes y = silu(gate) * up.
+//
+// The MMA computes D[o, m] += A[o, i] * B[i, m] in m16n8k16 tiles: A holds code values y decoded
+// straight into f16 registers (exact: |y| <= 510), B the activations as f16 (f32 ones as an f16
+// hi + lo pair, two MMAs), accumulation is f32. The reduction runs inside each output row, so
+// the scale and 1/147.8 apply once per output and no partial sum leaves the thread block: one
+// launch writes y in T.
+//
+// Positions. An MMA sums over its 16 k-columns in any order, so the kernel takes the order that
+// makes every lane's weights one contiguous run of its rows' blocks: lane 4 g + q decodes
+// positions [64 q, 64 q + 64) of output rows g and g + 8 of a 16-row tile, k-columns 2q, 2q + 1,
+// 2q + 8, 2q + 9 of chunk c (0..15) being positions 64 q + 4 c + 0..3, and its B fragments hold
+// the activations of the same positions. A lane's run is 64 K bits plus the L - K bits of its
+// last window: the 2 K + 1 words from word 2 K (3 - q) of the block (the last one wrapping to
+// word 0 where q = 0), read straight from global memory, so the main loop has no shared memory
+// and no barrier. Every window is one shift or funnel shift and one mask.
+//
+// Work split. A thread block of WARPS warps owns 16 RT output rows (RT tiles) and one pass of
+// 8 MT activation rows (blockIdx.z); its warps split the IN / 256 blocks of the rows evenly
+// (warp w: [w NB / WARPS, (w + 1) NB / WARPS)) and warp 0 adds the others' sums from shared
+// memory in warp order at the end. Each warp reads the next block's code words while it decodes
+// the current one.
+//
+// With BIAS_FOLD (16-bit activations) the fragments carry y + 1534 (the dp4a result as is) and
+// the kernel subtracts 1534 * sum_i x[m, i], taken by one MMA per chunk against an all-ones A.
+// With PACK_FMA (and BIAS_FOLD) half of the pairs are packed by an IMAD on the FMA-heavy pipe
+// instead of a PRMT on the ALU pipe, which at one row is the decode's limit.
+//
+// Activations load 8 at a time (16-byte loads) where x starts on a 16-byte boundary (MLX's
+// buffers do; a view may not), one at a time otherwise. Rows past M are zero and never loaded;
+// output rows past OUT read row OUT - 1 and are not written.
+//
+// The widths IN (x_shape[1]) and OUT (scales_shape[0]) and the row count M (x_shape[0]) are read
+// at run time: one compiled kernel serves every layer of a bit width and shape. Template ints:
+// K, L, MT, RT, WARPS. Template bools: SPLIT_X (f32 activations as hi + lo), BIAS_FOLD,
+// PACK_FMA. Template types: T (activations as the kernel reads them: f32, f16 or bf16; the host
+// hands 16-bit activations of many rows over as f16, converted once by MLX), Y (the output
+// dtype). Inputs: x [M, IN], codes [OUT, IN K / 32], scales [OUT] (f16), and in the fused
+// variant up_codes and up_scales of the same shapes. Output: y [M, OUT] in Y.
+  const int M = x_shape[0];
+  const int IN = x_shape[1];
+  const int OUT = scales_shape[0];
+  // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
+  const unsigned lift = 65536u + ((unsigned)M >> 31);
+  constexpr int WPB = 8 * K;            // words per coded block
+  const int NB = IN / 256;              // blocks per row
+  const int ROW_WORDS = NB * WPB;       // words per row
+  constexpr int RUN = 2 * K + 1;        // words of a lane's run
+  constexpr int ROWS = 16 * RT;         // output rows per thread block
+  constexpr int SETS = SPLIT_X ? 2 : 1; // f16 B sets (f32: hi, lo)
+#if TRELLIS_FUSED
+  constexpr int NMAT = 2;               // gate, up
+#else
+  constexpr int NMAT = 1;
+#endif
+  static_assert(L <= 16 && L >= K, "L-bit windows");
+  static_assert(!PACK_FMA || BIAS_FOLD, "PACK_FMA packs the biased pairs");
+  static_assert(!(BIAS_FOLD && SPLIT_X), "the bias fold is for 16-bit activations");
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int row0 = blockIdx.y * ROWS;
+  const int m_base = blockIdx.z * 8 * MT;
+  const int b_begin = warp * NB / WARPS, b_end = (warp + 1) * NB / WARPS;
+
+  // This lane's rows (tile r, half h: row g + 8 h), clamped for loads.
+#if TRELLIS_FUSED
+  const uint32_t* mats[NMAT] = {codes, up_codes};
+  const __half* mat_scales[NMAT] = {scales, up_scales};
+#else
+  const uint32_t* mats[NMAT] = {codes};
+  const __half* mat_scales[NMAT] = {scales};
+#endif
+  const uint32_t* rows[NMAT][RT][2];
+#pragma unroll
+  for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int o = min(row0 + 16 * r + 8 * h + g, OUT - 1);
+        rows[a][r][h] = mats[a] + (size_t)o * ROW_WORDS;
+      }
+  // The run's words in a block: 2 K pairs of words from word0 (even, so 8-byte aligned), then
+  // the word after them, which wraps to word 0 where q = 0.
+  const int word0 = 2 * K * (3 - q);
+  const int word_last = q == 0 ? 0 : word0 + 2 * K;
+  using Runs = unsigned[NMAT][RT][2][RUN];
+  auto load_runs = [&](int b, Runs& w) {
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t* blk = rows[a][r][h] + b * WPB;
+#pragma unroll
+          for (int j = 0; j < K; ++j) {
+            const uint2 v = *reinterpret_cast<const uint2*>(blk + word0 + 2 * j);
+            w[a][r][h][2 * j] = v.x, w[a][r][h][2 * j + 1] = v.y;
+          }
+          w[a][r][h][2 * K] = blk[word_last];
+        }
+  };
+
+  // B: lane (g, q) of 8-row tile t holds activation row m_base + 8 t + g at the lane's positions.
+  const bool vector_loads = (reinterpret_cast<size_t>(x) & 15) == 0;
+  const T* x_rows[MT];
+  bool live[MT];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const int m = m_base + 8 * t + g;
+    live[t] = m < M;
+    x_rows[t] = x + (size_t)(live[t] ? m : 0) * IN + 64 * q;
+  }
+  // The B fragments of chunks c and c + 1 (c even) of block b for every tile and set.
+  auto load_b = [&](int b, int c, unsigned (&bf)[2][MT][SETS][2]) {
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      alignas(16) T xs[8];
+      const T* src = x_rows[t] + b * 256 + 4 * c;
+      if (!live[t]) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) xs[j] = T(0.0f);
+      } else if (vector_loads) {
+#pragma unroll
+        for (int w = 0; w < (int)sizeof(xs) / 16; ++w) reinterpret_cast<uint4*>(xs)[w] = reinterpret_cast<const uint4*>(src)[w];
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) xs[j] = src[j];
+      }
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const __half2 hi = trellis_cuda::half2_of(xs[2 * p], xs[2 * p + 1]);
+        bf[p >> 1][t][0][p & 1] = *reinterpret_cast<const unsigned*>(&hi);
+        if (SPLIT_X) {
+          const float2 v = make_float2(float(xs[2 * p]), float(xs[2 * p + 1]));
+          const float2 hf = __half22float2(hi);
+          const __half2 lo = __float22half2_rn(make_float2(v.x - hf.x, v.y - hf.y));
+          bf[p >> 1][t][SPLIT_X ? 1 : 0][p & 1] = *reinterpret_cast<const unsigned*>(&lo);
+        }
+      }
+    }
+  };
+
+  float acc[NMAT][RT][MT][4];
+  float bias[MT][4];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      bias[t][e] = 0.0f;
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) acc[a][r][t][e] = 0.0f;
+    }
+  }
+
+  // Chunk c of a block: position 64 q + 4 c + j of the lane's rows sits at run bit (63 - 4 c - j) K.
+  auto multiply_chunk = [&](const Runs& w, int c, const unsigned (&bc)[MT][SETS][2]) {
+    const int b0 = (63 - 4 * c) * K, b1 = b0 - K, b2 = b0 - 2 * K, b3 = b0 - 3 * K;
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        const unsigned(&lo)[RUN] = w[a][r][0];
+        const unsigned(&hi)[RUN] = w[a][r][1];
+        unsigned f[4];
+        f[0] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(lo, b0), trellis_cuda::window<L>(lo, b1));
+        f[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(lo, b2), trellis_cuda::window<L>(lo, b3));
+        // With PACK_FMA half of the pairs (f[1], f[3]) are packed by an IMAD instead of a PRMT.
+        f[1] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(hi, b0), trellis_cuda::window<L>(hi, b1), lift)
+                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(hi, b0), trellis_cuda::window<L>(hi, b1));
+        f[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(hi, b2), trellis_cuda::window<L>(hi, b3), lift)
+                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(hi, b2), trellis_cuda::window<L>(hi, b3));
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+          for (int s = 0; s < SETS; ++s) trellis_cuda::mma_16816(acc[a][r][t], f, bc[t][s]);
+      }
+    if (BIAS_FOLD) {
+      const unsigned ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+#pragma unroll
+      for (int t = 0; t < MT; ++t) trellis_cuda::mma_16816(bias[t], ones, bc[t][0]);
+    }
+  };
+
+  Runs w;
+  if (b_begin < b_end) load_runs(b_begin, w);
+  for (int b = b_begin; b < b_end; ++b) {
+    Runs w_next;
+    if (b + 1 < b_end) load_runs(b + 1, w_next);
+#pragma unroll
+    for (int c = 0; c < 16; c += 2) {
+      unsigned bf[2][MT][SETS][2];
+      load_b(b, c, bf);
+      multiply_chunk(w, c, bf[0]);
+      multiply_chunk(w, c + 1, bf[1]);
+    }
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < RUN; ++j) w[a][r][h][j] = w_next[a][r][h][j];
+  }
+
+  // Warp 0 adds the other warps' sums in warp order (a fixed order: the same bits every run).
+  constexpr int SLOTS = NMAT * RT * MT * 4 + (BIAS_FOLD ? MT * 4 : 0);
+  __shared__ float partial[WARPS > 1 ? WARPS - 1 : 1][SLOTS][32];
+  auto slot = [&](int i) -> float& {
+    constexpr int ACC = NMAT * RT * MT * 4;
+    return i < ACC ? (&acc[0][0][0][0])[i] : (&bias[0][0])[i - ACC];
+  };
+  if (WARPS > 1) {
+    if (warp > 0) {
+#pragma unroll
+      for (int i = 0; i < SLOTS; ++i) partial[warp - 1][i][lane] = slot(i);
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int v = 0; v < WARPS - 1; ++v)
+#pragma unroll
+      for (int i = 0; i < SLOTS; ++i) slot(i) += partial[v][i][lane];
+  }
+
+  // d[e] of tile (r, t) is output row 16 r + g + 8 (e >> 1), activation row 8 t + 2 q + (e & 1).
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int o = row0 + 16 * r + g + 8 * (e >> 1);
+      if (o >= OUT) continue;
+      float s[NMAT];
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a) s[a] = __half2float(mat_scales[a][o]) * TRELLIS_RCP;
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        const int m = m_base + 8 * t + 2 * q + (e & 1);
+        if (m >= M) continue;
+        float v[NMAT];
+#pragma unroll
+        for (int a = 0; a < NMAT; ++a) v[a] = (acc[a][r][t][e] - (BIAS_FOLD ? 1534.0f * bias[t][e] : 0.0f)) * s[a];
+#if TRELLIS_FUSED
+        const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
+#else
+        const float out = v[0];
+#endif
+        y[(size_t)m * OUT + o] = Y(out);
+      }
+    }

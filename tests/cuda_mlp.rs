@@ -1,0 +1,187 @@
+//! The CUDA axis-1 kernels (one projection stored `[out, in]`, and the fused gate·up·SwiGLU) and
+//! the CUDA MLP against the f64 reference. Ignored without MLX's CUDA back-end (`scripts/cuda.sh`
+//! runs them on a CUDA machine).
+
+mod common;
+
+use common::{gate, require_cuda, to_f64};
+use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, axis_one_with, swiglu_with, AxisOneConfig};
+use mlx_trellis::trellis::reference::{forward_f64, mlp_forward_f64, rel_err, swiglu_f64};
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{
+    synthetic_layer, synthetic_mlp, CodeLayout, ForwardPath, HostLayer, TrellisLinear, TrellisMlp,
+};
+use mlx_trellis::{Dtype, ErrorKind, MlxArray};
+
+/// Row counts of every kind of call: one row, 2-8 rows, one short of and past 8-row tiles, the
+/// f16 hand-over (17), passes of up to 64 rows that share the rows (65, 100), the dense path.
+const ROWS: [usize; 10] = [1, 2, 5, 9, 16, 17, 40, 64, 65, 128];
+
+/// Seeded activations `[m, width]` in `dtype` (standard normal times `scale`) and their values.
+fn x(m: usize, width: usize, dtype: Dtype, scale: f32) -> (MlxArray, Vec<f64>) {
+    let v: Vec<f32> = gaussian(m * width, 7 * m as u64 + width as u64).into_iter().map(|v| v * scale).collect();
+    let x = MlxArray::from_slice(&v, &[m, width]).unwrap().astype(dtype).unwrap();
+    let xr = to_f64(&x);
+    (x, xr)
+}
+
+fn up_layer(out: usize, inp: usize, k: u32, l: u32) -> (HostLayer, TrellisLinear) {
+    let host = synthetic_layer(
+        out,
+        inp,
+        k,
+        l,
+        1,
+        CodeLayout::RowMajor,
+        (1.0 / (inp as f64).sqrt()) as f32,
+        (out * 7 + inp) as u64 + k as u64,
+    )
+    .unwrap();
+    let lin = TrellisLinear::from_host("up_proj", &host).unwrap();
+    (host, lin)
+}
+
+fn check(what: &str, got: &MlxArray, want: &[f64], m: usize, width: usize, dtype: Dtype, bound: f64) {
+    assert_eq!((got.shape(), got.dtype()), (vec![m, width], dtype), "{what}");
+    let got = to_f64(got);
+    assert!(got.iter().all(|v| v.is_finite()), "{what} M {m} {dtype}: non-finite output");
+    let err = rel_err(&got, want);
+    println!("{what} M {m} {dtype}: relErr {err:.2e}");
+    assert!(err < bound, "{what} M {m} {dtype}: relErr {err:.3e} (gate {bound:.0e})");
+}
+
+/// One projection stored [out, in] by the planned kernel: k 2/3/4, L 8/12/16, inputs of one and
+/// of several blocks (not a multiple of the block's warps), outputs not a multiple of the tile.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn axis_one_projections_match_the_reference() {
+    require_cuda();
+    for (out, inp, k, l) in
+        [(200, 768, 3, 12), (64, 256, 2, 12), (136, 1280, 4, 16), (48, 512, 2, 8), (40, 1024, 3, 16)]
+    {
+        let (host, lin) = up_layer(out, inp, k, l);
+        for &m in &ROWS {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (x, xr) = x(m, inp, dtype, 1.0);
+                let want = forward_f64(&xr, m, &host.codes, &host.scales, &host.geometry).unwrap();
+                let y = lin.forward_with(&x, ForwardPath::Cuda).unwrap();
+                check(&format!("axis 1 {}", host.geometry), &y, &want, m, out, dtype, gate(dtype));
+            }
+        }
+    }
+}
+
+/// Every kernel shape (rows per pass, row tiles, warps, the bias fold and IMAD pack) on one
+/// layer, not only the planned ones.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_axis_one_shape_matches_the_reference() {
+    require_cuda();
+    let (host, lin) = up_layer(88, 768, 3, 12);
+    let g = *lin.geometry();
+    // Rows per pass, row tiles, warps (one, a count that does not divide the 3 blocks, more
+    // than the blocks), the bias fold and the IMAD pack.
+    let shapes = [
+        (1, 2, 4, true, true),
+        (1, 1, 1, true, false),
+        (2, 4, 3, true, false),
+        (3, 1, 8, false, false),
+        (8, 1, 4, false, false),
+        (4, 2, 2, false, false),
+    ];
+    for (mt, rt, warps, bias_fold, pack_fma) in shapes {
+        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma };
+        for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
+            if cfg.check(dtype).is_err() {
+                assert!(dtype == Dtype::Float32 && bias_fold, "{cfg:?} {dtype}");
+                continue;
+            }
+            for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
+                let (x, xr) = x(m, 768, dtype, 1.0);
+                let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+                let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, cfg).unwrap();
+                check(&format!("{cfg:?}"), &y, &want, m, 88, dtype, gate(dtype));
+            }
+        }
+    }
+}
+
+/// The fused gate·up·SwiGLU against the reference's two projections, and the whole MLP (fused
+/// gate·up, then the down kernel) against the reference MLP.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn the_fused_swiglu_and_the_mlp_match_the_reference() {
+    require_cuda();
+    for (hidden, inter, k, down) in [
+        (512, 1024, 3, CodeLayout::K3Interleaved),
+        (768, 520, 2, CodeLayout::RowMajor),
+        (256, 1024, 4, CodeLayout::RowMajor),
+    ] {
+        let h = synthetic_mlp(hidden, inter, k, down, 11).unwrap();
+        let lin = |name: &str, l: &HostLayer| TrellisLinear::from_host(name, l).unwrap();
+        let mlp = TrellisMlp::new(lin("gate", &h.0), lin("up", &h.1), lin("down", &h.2)).unwrap();
+        for &m in &ROWS {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (x, xr) = x(m, hidden, dtype, 1.0);
+                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+                let s = mlp.swiglu_with(&x, ForwardPath::Cuda).unwrap();
+                check(&format!("SwiGLU {hidden}->{inter} k{k}"), &s, &want, m, inter, dtype, gate(dtype));
+                let want = mlp_forward_f64(&xr, m, &h.0, &h.1, &h.2).unwrap();
+                let y = mlp.forward_with(&x, ForwardPath::Cuda).unwrap();
+                // Two kernels in a row: the intermediate is rounded to the activation dtype once.
+                check(&format!("MLP {hidden}->{inter} k{k}"), &y, &want, m, hidden, dtype, 2.0 * gate(dtype));
+            }
+        }
+        // Every fused shape at a few rows.
+        for cfg in [
+            AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false },
+            axis_one_plan(40, Dtype::Bfloat16, true),
+        ] {
+            for m in [1, 13, 40] {
+                let (x, xr) = x(m, hidden, Dtype::Bfloat16, 1.0);
+                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+                let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
+                check(&format!("SwiGLU {cfg:?}"), &s, &want, m, inter, Dtype::Bfloat16, gate(Dtype::Bfloat16));
+            }
+        }
+    }
+}
+
+/// Activations at the edges of f16's range (the kernel multiplies them as f16): |x| near 6e4,
+/// and values near f16's smallest normal numbers.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn activations_at_the_edges_of_the_f16_range() {
+    require_cuda();
+    let (host, lin) = up_layer(64, 512, 3, 12);
+    for (scale, dtype) in
+        [(1.2e4f32, Dtype::Bfloat16), (1.2e4, Dtype::Float32), (2e-4, Dtype::Bfloat16), (2e-4, Dtype::Float16)]
+    {
+        for m in [1, 9, 40] {
+            let (x, xr) = x(m, 512, dtype, scale);
+            let want = forward_f64(&xr, m, &host.codes, &host.scales, &host.geometry).unwrap();
+            let y = lin.forward_with(&x, ForwardPath::Cuda).unwrap();
+            check(&format!("x * {scale:e}"), &y, &want, m, 64, dtype, gate(dtype));
+        }
+    }
+}
+
+#[test]
+fn bad_mlp_inputs_give_typed_errors() {
+    // Off CUDA these reach the kernels' checks first (no kernel is created for a refused call).
+    let (_, lin) = up_layer(64, 512, 2, 12);
+    let wrong = MlxArray::zeros(&[2, 256], Dtype::Bfloat16).unwrap();
+    let err = lin.forward_with(&wrong, ForwardPath::Cuda).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    let (_, other) = up_layer(64, 768, 2, 12);
+    let x = MlxArray::zeros(&[2, 512], Dtype::Bfloat16).unwrap();
+    let err = mlx_trellis::trellis::cuda::gate_up::swiglu(&x, &lin, &other).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unserved, "{err}");
+    // k 3 L 12 interleaved is an axis-0 layout: no axis-1 kernel serves it.
+    let host = synthetic_layer(512, 1024, 3, 12, 0, CodeLayout::K3Interleaved, 0.02, 3).unwrap();
+    let down = TrellisLinear::from_host("down", &host).unwrap();
+    let x = MlxArray::zeros(&[2, 512], Dtype::Bfloat16).unwrap();
+    let err =
+        mlx_trellis::trellis::cuda::gate_up::linear(&x, down.codes(), down.scales(), down.geometry()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unserved, "{err}");
+}
