@@ -13,7 +13,7 @@
 //!
 //! Shapes are small (8..100 output rows, most not multiples of 8 or 16; 256..1280 inputs, one
 //! to five blocks) and the row counts and dtypes are chosen so that the simulator compiles about
-//! a hundred and fifty kernel variants (template ints are baked per geometry), once per cache.
+//! a hundred and seventy kernel variants (template ints are baked per geometry), once per cache.
 #![cfg(feature = "metal-sim")]
 
 mod common;
