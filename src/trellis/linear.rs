@@ -30,9 +30,10 @@ pub enum ForwardPath {
     Generic,
     /// The plain-Rust f64 reference on the host (slow; for checks).
     Reference,
-    /// The seed's Metal kernels (Apple GPUs).
+    /// The Metal kernels (Apple GPUs): the seed's down kernels on axis 0, the gate/up kernels on
+    /// axis 1.
     Metal,
-    /// The seed's Metal kernels on the CPU simulator of MLX's Metal wrapping (needs the
+    /// The Metal kernels on the CPU simulator of MLX's Metal wrapping (needs the
     /// `metal-sim` feature).
     MetalSim,
     /// The CUDA kernels (MLX's CUDA back-end).
@@ -228,7 +229,7 @@ impl TrellisLinear {
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
             ForwardPath::Reference => self.reference_forward(x2, m)?.astype(x2.dtype()),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
-                unserved!("the Metal kernels do not serve {g} (axis-0 layers)")
+                unserved!("the Metal kernels do not serve {g} (down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256, k 2..4)")
             }
             ForwardPath::Metal => metal::forward(x2, &self.codes, &self.scales, g),
             ForwardPath::MetalSim => metal::forward_sim(x2, &self.codes, &self.scales, g),

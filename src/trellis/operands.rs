@@ -8,7 +8,8 @@ use crate::error::{invalid, Error, Result};
 use super::format::TrellisGeometry;
 
 /// Checks what the seed's checks leave open (a wrong operand would read out of bounds on the
-/// GPU): `x2` is `[M >= 1, rows]` in f32/f16/bf16, `codes` and `scales` fit `g`. Returns `M`.
+/// GPU): `x2` is `[M >= 1, in_features]` (the stored rows on axis 0, the stored columns on axis
+/// 1) in f32/f16/bf16, `codes` and `scales` fit `g`. Returns `M`.
 pub(crate) fn check_operands(
     what: &str,
     x2: &MlxArray,
@@ -17,8 +18,8 @@ pub(crate) fn check_operands(
     g: &TrellisGeometry,
 ) -> Result<usize> {
     let shape = x2.shape();
-    if shape.len() != 2 || shape[0] == 0 || shape[1] != g.rows {
-        invalid!("{what}: activations {shape:?} must be [M >= 1, {}]", g.rows);
+    if shape.len() != 2 || shape[0] == 0 || shape[1] != g.in_features() {
+        invalid!("{what}: activations {shape:?} must be [M >= 1, {}]", g.in_features());
     }
     let dtype = x2.dtype();
     if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {

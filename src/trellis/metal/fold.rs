@@ -21,14 +21,26 @@ pub(crate) fn family_kernel(
     body: impl FnOnce() -> &'static str,
     headers: &[&str],
 ) -> Result<&'static MetalKernel> {
-    registry::metal(KernelKey::of(family), || {
-        Ok(KernelText {
-            inputs: &["x", "codes", "scales"],
-            outputs: &["partial"],
-            body: body().to_string(),
-            header: headers.concat(),
-        })
-    })
+    registered_kernel(
+        KernelKey::of(family),
+        &["x", "codes", "scales"],
+        &["partial"],
+        || Ok(body().to_string()),
+        headers,
+    )
+}
+
+/// The Metal kernel of `key` with its own argument names (the axis-1 families write their
+/// output in place of partials, and their fused variant reads a second code tensor), registered
+/// once from `body()` (a variant cut from a family file) and the concatenated `headers`.
+pub(crate) fn registered_kernel(
+    key: KernelKey,
+    inputs: &'static [&'static str],
+    outputs: &'static [&'static str],
+    body: impl FnOnce() -> Result<String>,
+    headers: &[&str],
+) -> Result<&'static MetalKernel> {
+    registry::metal(key, || Ok(KernelText { inputs, outputs, body: body()?, header: headers.concat() }))
 }
 
 /// The launch of a split-K kernel: `grid` threads in threadgroups of `threads` along x, template

@@ -1,6 +1,8 @@
-//! The seed's down-projection kernels on Apple GPUs (Metal), one file per kernel family with
-//! the seed's names, their shared launch and fold ([`fold`]), and the seed's model-graph
-//! dispatch: which family serves `M` activation rows of a geometry.
+//! The Metal kernels on Apple GPUs, one file per kernel family: the seed's down-projection
+//! families (axis 0, with the seed's names), the gate/up families (axis 1: `gate_up_factored`,
+//! `gate_up_mma`, each also the fused gate·up·SwiGLU), their shared launch and fold ([`fold`]),
+//! and the dispatch: which family serves `M` activation rows of a geometry (the seed's model
+//! graph on axis 0).
 
 pub(crate) mod fold;
 
@@ -11,6 +13,8 @@ crate::tuning_mods! {
     down_k3_interleaved_factored;
     down_mma;
     down_mma_wide;
+    gate_up_factored;
+    gate_up_mma;
 }
 
 /// The seed's baseline: decoded f32 weights times activations, no factoring (the `tuning`
@@ -24,20 +28,33 @@ use crate::error::{unserved, Result};
 use super::format::{CodeLayout, TrellisGeometry};
 use super::linear::TrellisLinear;
 
-/// Whether some Metal down kernel serves `g` (axis 0; for some row counts).
+/// Whether some Metal kernel serves `g` (for some row counts): a down kernel on axis 0, a gate/up
+/// kernel on axis 1.
 pub fn serves(g: &TrellisGeometry) -> bool {
     down_factored::supports(g)
         || down_k3_interleaved_factored::supports(g)
         || down_mma::supports(g)
         || down_mma_wide::supports(g)
+        || gate_up_factored::supports(g)
+        || gate_up_mma::supports(g)
 }
 
-/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype by the seed's model-graph dispatch for `M` rows:
-/// 1 -> the factored row kernel, 2..3 -> the factored rows kernel, 4..8 -> the MMA kernel, more
-/// -> the wide MMA kernel in its planned pass. [`Error::Unserved`](crate::Error::Unserved) where
-/// the family for `M` does not serve the geometry.
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype. Axis 0, by the seed's model-graph dispatch for
+/// `M` rows: 1 -> the factored row kernel, 2..3 -> the factored rows kernel, 4..8 -> the MMA
+/// kernel, more -> the wide MMA kernel in its planned pass. Axis 1: 1 -> the gate/up factored
+/// row kernel, 2..8 -> its rows kernel, more -> the gate/up MMA kernel in its planned pass.
+/// [`Error::Unserved`](crate::Error::Unserved) where the family for `M` does not serve the
+/// geometry.
 pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
+    if g.axis == 1 {
+        return match m {
+            1 if gate_up_factored::supports(g) => gate_up_factored::gate_up_factored_row(x2, codes, scales, g),
+            2..=8 if gate_up_factored::supports(g) => gate_up_factored::gate_up_factored_rows(x2, codes, scales, g),
+            9.. if gate_up_mma::supports(g) => gate_up_mma::gate_up_mma(x2, codes, scales, g),
+            _ => unserved!("the Metal kernels serve no {m}-row call of {g}"),
+        };
+    }
     let interleaved = g.layout() == CodeLayout::K3Interleaved;
     match m {
         1 if interleaved && down_k3_interleaved_factored::supports(g) => {
@@ -58,10 +75,23 @@ pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGe
     }
 }
 
-/// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype by one fused Metal kernel.
+/// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype by one fused Metal kernel
+/// that reads both code tensors: 1 row -> the factored row kernel, 2..8 -> the factored rows
+/// kernel, more -> the MMA kernel in its planned pass.
+/// [`Error::Unserved`](crate::Error::Unserved) where gate and up differ in geometry or the family
+/// for `M` does not serve it.
 pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
-    let _ = (x2, up);
-    unserved!("the Metal kernels have no fused gate·up·SwiGLU for {}", gate.geometry())
+    let (g, m) = (gate.geometry(), x2.shape().first().copied().unwrap_or(0));
+    if up.geometry() != g {
+        unserved!("the fused Metal gate·up·SwiGLU needs gate and up of one geometry (gate {g}, up {})", up.geometry());
+    }
+    let (gc, gs, uc, us) = (gate.codes(), gate.scales(), up.codes(), up.scales());
+    match m {
+        1 if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_row(x2, gc, gs, uc, us, g),
+        2..=8 if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_rows(x2, gc, gs, uc, us, g),
+        9.. if gate_up_mma::supports(g) => gate_up_mma::swiglu_mma(x2, gc, gs, uc, us, g),
+        _ => unserved!("the fused Metal gate·up·SwiGLU serves no {m}-row call of {g}"),
+    }
 }
 
 /// [`swiglu`] with the kernel on the CPU simulator.
