@@ -55,6 +55,7 @@ mod dtype;
 mod error;
 mod ffi;
 mod io;
+mod json;
 mod kernel;
 mod ops;
 #[cfg(feature = "metal-sim")]

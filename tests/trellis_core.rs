@@ -4,7 +4,6 @@
 use mlx_trellis::trellis::format::codebook::value_f64;
 use mlx_trellis::trellis::format::interleaved_to_row_major;
 use mlx_trellis::trellis::generic::expand_dense;
-use mlx_trellis::trellis::model::Json;
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, state_at};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
@@ -142,8 +141,8 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 
 const DOWN: &str = "model.layers.0.mlp.down_proj";
 
-fn dims() -> Vec<(&'static str, Json)> {
-    vec![("hidden_size", Json::Number(512.0)), ("intermediate_size", Json::Number(72.0))]
+fn dims() -> Vec<(&'static str, serde_json::Value)> {
+    vec![("hidden_size", serde_json::json!(512)), ("intermediate_size", serde_json::json!(72))]
 }
 
 #[test]
