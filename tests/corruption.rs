@@ -10,6 +10,7 @@
 //! `MLX_TRELLIS_SWEEP_CASES` overrides the number of cases (default 100,000 over two threads).
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -674,10 +675,12 @@ fn every_corrupted_artifact_loads_checked_or_is_refused_with_a_typed_error() {
     }
     let secs = start.elapsed().as_secs_f64();
     let done: u64 = outcomes.values().sum::<u64>() + failures.len() as u64;
-    println!("corruption sweep: {done} cases in {secs:.1} s ({threads} threads)");
+    // Straight to stderr, past the test harness's capture, so that every run shows it.
+    let mut summary = format!("corruption sweep: {done} cases in {secs:.1} s ({threads} threads)\n");
     let mut lines: Vec<String> = outcomes.iter().map(|(o, n)| format!("  {o:?}: {n}")).collect();
     lines.sort();
-    println!("{}", lines.join("\n"));
+    summary += &lines.join("\n");
+    let _ = writeln!(std::io::stderr(), "{summary}");
     let _ = std::fs::remove_dir_all(&base);
     assert_eq!(done, cases, "every case is classified");
     for f in failures.iter().take(20) {

@@ -24,9 +24,9 @@ use crate::trellis::linear::{check_codes, check_scales, TrellisLinear};
 
 use super::paths::{check_shard_name, ModelRoot};
 
-/// A config is a few kilobytes even for large models; the cap bounds what a hostile one costs.
+/// A config is small even for large models; the cap bounds what a hostile one costs to parse.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
-/// Indexes of the largest public models list about 10^5 tensors in a few megabytes.
+/// A shard index lists every tensor of the model, so it gets more room than the config.
 const MAX_INDEX_BYTES: u64 = 64 << 20;
 
 const CONFIG: &str = "config.json";
