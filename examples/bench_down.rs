@@ -181,7 +181,7 @@ fn main() -> Result<()> {
     for &(k, layout) in &args.layouts {
         let layer = build(k, layout)?;
         let g = *layer.lin.geometry();
-        let x_all = MlxArray::from_slice(&gaussian(max_m * IN, 99), &[max_m, IN])?.astype(args.dtype)?;
+        let x_all = MlxArray::from_slice(&gaussian(max_m * IN, 99)?, &[max_m, IN])?.astype(args.dtype)?;
         x_all.eval()?;
         let t = Instant::now();
         let want = forward_f64(&to_f64(&x_all)?, max_m, &layer.host.codes, &layer.host.scales, &g)?;
@@ -203,7 +203,7 @@ fn main() -> Result<()> {
                 continue;
             }
             let y = layer.lin.forward_with(&x, ForwardPath::Cuda)?;
-            let err = rel_err(&to_f64(&y)?, want);
+            let err = rel_err(&to_f64(&y)?, want)?;
             let ours = time(args.calls, args.evals, &|| layer.lin.forward_with(&x, ForwardPath::Cuda))?;
             let wt = layer.dense.t()?;
             let bf16 = time(args.calls, args.evals, &|| x.matmul(&wt))?;
@@ -485,7 +485,7 @@ fn time_configs(
                 continue;
             }
         };
-        let err = rel_err(&to_f64(&y)?, want);
+        let err = rel_err(&to_f64(&y)?, want)?;
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
         let kernel = time(args.calls, args.evals.min(15), &|| {
             down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg)
@@ -521,8 +521,8 @@ fn paths(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     let cfg = plan(&g, m);
     let fused = || down_cuda_with(x, codes, scales, &g, cfg);
     let dense = || down_cuda_dense(x, codes, scales, &g);
-    let fused_err = rel_err(&to_f64(&fused()?)?, want);
-    let dense_err = rel_err(&to_f64(&dense()?)?, want);
+    let fused_err = rel_err(&to_f64(&fused()?)?, want)?;
+    let dense_err = rel_err(&to_f64(&dense()?)?, want)?;
     let (f, d) = (time(args.calls, args.evals, &fused)?, time(args.calls, args.evals, &dense)?);
     let e = time(args.calls, args.evals, &|| expand_cuda(codes, scales, &g, x.dtype()))?;
     let _ = writeln!(

@@ -177,7 +177,7 @@ fn main() -> Result<()> {
         bail!("bench_mlp times the CUDA kernels; this MLX build's back-end is {}", backend());
     }
     let max_m = *args.rows.iter().max().context("no rows")?;
-    let x_all = MlxArray::from_slice(&gaussian(max_m * HIDDEN, 99), &[max_m, HIDDEN])?.astype(Dtype::Bfloat16)?;
+    let x_all = MlxArray::from_slice(&gaussian(max_m * HIDDEN, 99)?, &[max_m, HIDDEN])?.astype(Dtype::Bfloat16)?;
     x_all.eval()?;
     let mut rows: Vec<Row> = Vec::new();
     let mut checks = String::new();
@@ -211,7 +211,7 @@ fn main() -> Result<()> {
             x.eval()?;
             let y = layers[0].forward(&x)?;
             let got = to_f64(&y)?;
-            let err = rel_err(&got, &want[..m * HIDDEN]);
+            let err = rel_err(&got, &want[..m * HIDDEN])?;
             let finite = got.iter().all(|v| v.is_finite());
             let _ =
                 writeln!(checks, "| k{k} | {m} | {err:.1e} | {} |", if finite && err < 1e-2 { "ok" } else { "FAILED" });

@@ -150,7 +150,8 @@ fn load_weight(o: &Options) -> Result<(Vec<f32>, usize, usize, String)> {
     }
     let (out, inf) = (o.out_features, o.in_features);
     progress(&format!("making a seeded Gaussian W [{out}, {inf}] (seed {})", o.seed));
-    Ok((gaussian(out * inf, o.seed), out, inf, format!("N(0,1) seed {}", o.seed)))
+    let n = out.checked_mul(inf).with_context(|| format!("W [{out}, {inf}] has more values than can be addressed"))?;
+    Ok((gaussian(n, o.seed)?, out, inf, format!("N(0,1) seed {}", o.seed)))
 }
 
 /// `y[m, o] = Σ_i x[m, i] * W[o, i]` in f64 for a stored matrix `[rows, cols]` on `axis`.
@@ -290,17 +291,24 @@ fn run() -> Result<bool> {
 
     if o.check {
         let g = *linear.geometry();
-        let x = gaussian(CHECK_ROWS * g.in_features(), o.seed ^ 0xC0FFEE);
+        let x = gaussian(CHECK_ROWS * g.in_features(), o.seed ^ 0xC0FFEE)?;
         let xa = MlxArray::from_slice(&x, &[CHECK_ROWS, g.in_features()])?;
-        let y = linear.forward_with(&xa, ForwardPath::Generic)?.astype(Dtype::Float32)?.to_vec::<f32>()?;
-        let y: Vec<f64> = y.into_iter().map(f64::from).collect();
+        let y_array = linear.forward_with(&xa, ForwardPath::Generic)?;
+        let finite = y_array.all_finite()?;
+        let y: Vec<f64> = y_array.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect();
         let want_decoded = dense_forward(&x, CHECK_ROWS, &decoded, rows, cols, o.axis);
         let want_dense = dense_forward(&x, CHECK_ROWS, &stored, rows, cols, o.axis);
-        let (e_decoded, e_dense) = (rel_err(&y, &want_decoded), rel_err(&y, &want_dense));
-        let passed = e_decoded < 1e-4;
+        let (e_decoded, e_dense) = (rel_err(&y, &want_decoded)?, rel_err(&y, &want_dense)?);
+        // A non-finite output fails even where relErr would not show it.
+        let passed = finite && e_decoded < 1e-4;
         ok &= passed;
+        let status = match (finite, passed) {
+            (false, _) => "FAIL (non-finite output)",
+            (true, true) => "ok",
+            (true, false) => "FAIL",
+        };
         println!("\n| check ({CHECK_ROWS} rows, generic path) | relErr | gate |\n|---|---|---|");
-        println!("| vs decoded dense weights | {e_decoded:.2e} | {} (1e-4) |", if passed { "ok" } else { "FAIL" });
+        println!("| vs decoded dense weights | {e_decoded:.2e} | {status} (1e-4) |");
         println!("| vs original dense weights (quantization error) | {e_dense:.2e} | information |");
     }
     Ok(ok)

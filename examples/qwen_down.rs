@@ -149,7 +149,20 @@ fn layout_name(l: &TrellisLinear) -> String {
 }
 
 fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
-    Ok(a.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
+    let v = a.astype(Dtype::Float32)?.to_vec::<f32>()?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(v.len()).with_context(|| format!("no memory for {} f64 values", v.len()))?;
+    out.extend(v.into_iter().map(f64::from));
+    Ok(out)
+}
+
+/// The gate's verdict: relErr below `gate` and every output finite (a NaN or infinity in the
+/// output fails even where the comparison would not see it).
+fn verdict(y: &MlxArray, err: f64, gate: f64) -> Result<(bool, &'static str)> {
+    if !y.all_finite()? {
+        return Ok((false, "FAIL (non-finite output)"));
+    }
+    Ok(if err < gate { (true, "ok") } else { (false, "FAIL") })
 }
 
 /// The relErr gate for activations of `dtype` (f32 accumulation; output cast to `dtype`).
@@ -180,10 +193,10 @@ fn run_given_x(o: &Options, layer: &TrellisLinear, x_file: &str) -> Result<bool>
     let host = layer.to_host()?;
     let want =
         step("f64 reference", || -> Result<_> { Ok(forward_f64(&to_f64(&x)?, m, &host.codes, &host.scales, g)?) })?;
-    let err = rel_err(&to_f64(&y)?, &want);
-    let ok = err < gate(x.dtype());
+    let err = rel_err(&to_f64(&y)?, &want)?;
+    let (ok, status) = verdict(&y, err, gate(x.dtype()))?;
     println!("| M | layout | path | relErr | gate |\n|---|---|---|---|---|");
-    println!("| {m} | {} | {} | {err:.2e} | {} |", layout_name(layer), o.path, if ok { "ok" } else { "FAIL" });
+    println!("| {m} | {} | {} | {err:.2e} | {status} |", layout_name(layer), o.path);
     if let Some(out) = &o.out {
         save_safetensors(out, [("y", &y)], &BTreeMap::new())?;
         progress(&format!("wrote y {:?} {} to {out}", y.shape(), y.dtype()));
@@ -222,7 +235,8 @@ fn run() -> Result<bool> {
     let mut table = Vec::new();
     for layer in &layers {
         let g = layer.geometry();
-        let xs = gaussian(max_m * g.in_features(), o.seed ^ 0x5eed);
+        let n = max_m.checked_mul(g.in_features()).context("--rows: the activations' size overflows")?;
+        let xs = gaussian(n, o.seed ^ 0x5eed)?;
         let x_all = MlxArray::from_slice(&xs, &[max_m, g.in_features()])?.astype(Dtype::Bfloat16)?;
         let host = layer.to_host()?;
         // One reference run for the largest M serves every M (rows are independent).
@@ -247,8 +261,8 @@ fn run() -> Result<bool> {
                 },
             )?;
             let mut times = vec![first.elapsed().as_secs_f64() * 1e3];
-            let err = rel_err(&to_f64(&y)?, &want[..m * g.out_features()]);
-            let ok = err < gate(Dtype::Bfloat16);
+            let err = rel_err(&to_f64(&y)?, &want[..m * g.out_features()])?;
+            let (ok, status) = verdict(&y, err, gate(Dtype::Bfloat16))?;
             all_ok &= ok;
             let reps = o.reps.unwrap_or(if slow { 0 } else { 20 });
             if reps > 0 {
@@ -261,10 +275,9 @@ fn run() -> Result<bool> {
             }
             let reps = times.len();
             table.push(format!(
-                "| {m} | {} | {path} | {:.3} | {reps} | {err:.2e} | {} |",
+                "| {m} | {} | {path} | {:.3} | {reps} | {err:.2e} | {status} |",
                 layout_name(layer),
                 median(times),
-                if ok { "ok" } else { "FAIL" }
             ));
         }
     }

@@ -38,8 +38,21 @@ pub struct MlxArray {
     _not_send: PhantomData<*const ()>,
 }
 
-/// Converts a host shape to MLX's `int` dimensions.
+/// The most elements an array may have: its bytes (at most 8 per element) must stay addressable.
+const MAX_ELEMENTS: usize = isize::MAX as usize / 8;
+
+/// The element count of `shape`, refused where it overflows or exceeds what can be addressed.
+pub(crate) fn element_count(shape: &[usize]) -> Result<usize> {
+    match shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if n <= MAX_ELEMENTS => Ok(n),
+        _ => invalid!("shape {shape:?} has more elements than can be addressed (at most {MAX_ELEMENTS})"),
+    }
+}
+
+/// Converts a host shape to MLX's `int` dimensions, refusing a dimension past MLX's `int` and a
+/// shape whose element count overflows (MLX multiplies the dimensions unchecked).
 pub(crate) fn dims(shape: &[usize]) -> Result<Vec<c_int>> {
+    element_count(shape)?;
     shape
         .iter()
         .map(|&d| {
@@ -83,7 +96,7 @@ impl MlxArray {
 
     /// An array with a copy of `data`, laid out row-major with `shape`.
     pub fn from_slice<T: Element>(data: &[T], shape: &[usize]) -> Result<MlxArray> {
-        let expected: usize = shape.iter().product();
+        let expected = element_count(shape)?;
         if data.len() != expected {
             invalid!("{} elements do not fill shape {shape:?} ({expected} elements)", data.len());
         }
@@ -141,8 +154,27 @@ impl MlxArray {
         MlxArray::op(|res, s| unsafe { sys::mlx_arange(res, start, stop, step, dtype.to_raw(), s) })
     }
 
-    /// The dimensions.
+    /// The dimensions. MLX never makes a negative one; if one appears anyway (only a file MLX's
+    /// loader misread could do it) it reads as 0 here, never as a huge size: [`try_shape`]
+    /// refuses it.
+    ///
+    /// [`try_shape`]: MlxArray::try_shape
     pub fn shape(&self) -> Vec<usize> {
+        self.raw_shape().into_iter().map(|d| usize::try_from(d).unwrap_or(0)).collect()
+    }
+
+    /// The dimensions, refusing a negative one.
+    pub fn try_shape(&self) -> Result<Vec<usize>> {
+        let raw = self.raw_shape();
+        raw.iter()
+            .map(|&d| {
+                usize::try_from(d)
+                    .map_err(|_| Error::invalid(format!("MLX array has shape {raw:?}, with a negative dimension")))
+            })
+            .collect()
+    }
+
+    fn raw_shape(&self) -> Vec<c_int> {
         let n = self.ndim();
         if n == 0 {
             return Vec::new();
@@ -151,7 +183,7 @@ impl MlxArray {
         // valid while the array lives, and they are copied out at once.
         let ptr = unsafe { sys::mlx_array_shape(self.raw) };
         // SAFETY: see above; `ptr` is non-null for a live array with ndim > 0.
-        unsafe { std::slice::from_raw_parts(ptr, n) }.iter().map(|&d| d as usize).collect()
+        unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec()
     }
 
     /// The number of dimensions.
@@ -245,6 +277,22 @@ impl MlxArray {
             Dtype::Float64 => self.to_vec::<f64>()?[0],
             Dtype::Complex64 => invalid!("item_f64 of a complex64 array"),
         })
+    }
+}
+
+impl MlxArray {
+    /// Whether no element is NaN or infinite (evaluates the array; integer and boolean arrays
+    /// are always finite). For gates on results: one non-finite input value spoils every output
+    /// it reaches, and a comparison that skips NaNs would pass it.
+    pub fn all_finite(&self) -> Result<bool> {
+        if self.size() == 0 {
+            return Ok(true);
+        }
+        // SAFETY: the handle is live for the duration of the call.
+        let finite = MlxArray::op(|res, s| unsafe { sys::mlx_isfinite(res, self.raw, s) })?;
+        // SAFETY: as above, for `finite`.
+        let all = MlxArray::op(|res, s| unsafe { sys::mlx_all(res, finite.raw, false, s) })?;
+        Ok(all.to_vec::<bool>()?.first().copied().unwrap_or(true))
     }
 }
 

@@ -33,15 +33,15 @@ fn viterbi_paths_close_the_cycle_and_are_what_the_codes_hold() {
     // Shipped widths, L - k not a multiple of k (3/10, 3/16, 5/11), and the extremes k = 1, 8.
     for (k, l) in [(2u32, 8u32), (3, 10), (4, 12), (3, 12), (1, 8), (5, 11), (8, 9), (3, 16)] {
         let (rows, cols) = (3, 512);
-        let w = gaussian(rows * cols, 40 + k as u64 * 17 + l as u64);
+        let w = gaussian(rows * cols, 40 + k as u64 * 17 + l as u64).unwrap();
         let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
         let g = enc.layer.geometry;
         let low_mask = (1u32 << (l - k)) - 1;
         for r in 0..rows {
             let scale = enc.layer.scales[r].to_f32();
             for b in 0..cols / T {
-                let words = block_words(&enc.layer.codes, &g, r, b);
-                let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, l)).collect();
+                let words = block_words(&enc.layer.codes, &g, r, b).unwrap();
+                let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, l).unwrap()).collect();
                 // The format's shift relation, including the wrap T-1 -> 0.
                 for t in 0..T {
                     let prev = (t + T - 1) % T;
@@ -61,7 +61,7 @@ fn viterbi_paths_close_the_cycle_and_are_what_the_codes_hold() {
 #[test]
 fn decoding_the_codes_gives_the_reported_reconstruction_and_mse() {
     let (rows, cols) = (6, 768);
-    let mut w = gaussian(rows * cols, 3);
+    let mut w = gaussian(rows * cols, 3).unwrap();
     for v in &mut w[cols..2 * cols] {
         *v = 0.0; // an all-zero row: scale 1.0
     }
@@ -87,7 +87,7 @@ fn mse_thresholds_on_gaussian_data_pass_and_broken_searches_miss_them() {
     // reaches on this data, and above the distortion-rate bound 2^(-2k) by construction.
     let (rows, cols, l) = (16, 1024, 8);
     for (k, threshold) in [(2u32, 0.092), (3, 0.0275), (4, 0.0085)] {
-        let w = gaussian(rows * cols, 100 + k as u64);
+        let w = gaussian(rows * cols, 100 + k as u64).unwrap();
         let cfg = config(k, l);
         let mse = |search| encode_with_search(&w, rows, cols, &cfg, search).unwrap().mse;
         let viterbi = encode(&w, rows, cols, &cfg).unwrap();
@@ -119,7 +119,7 @@ fn mse_thresholds_on_gaussian_data_pass_and_broken_searches_miss_them() {
 #[test]
 fn the_same_input_gives_the_same_bytes_for_any_thread_count() {
     let (rows, cols) = (7, 512);
-    let w = gaussian(rows * cols, 9);
+    let w = gaussian(rows * cols, 9).unwrap();
     let run = |threads| encode(&w, rows, cols, &EncoderConfig { threads, ..config(3, 10) }).unwrap();
     let one = run(Some(1));
     for threads in [Some(2), Some(3), Some(16), None] {
@@ -134,7 +134,7 @@ fn the_same_input_gives_the_same_bytes_for_any_thread_count() {
 #[test]
 fn both_layouts_hold_the_same_codes() {
     let (rows, cols) = (5, 1024);
-    let w = gaussian(rows * cols, 21);
+    let w = gaussian(rows * cols, 21).unwrap();
     let row_major = encode(&w, rows, cols, &config(3, 12)).unwrap();
     let interleaved =
         encode(&w, rows, cols, &EncoderConfig { layout: CodeLayout::K3Interleaved, ..config(3, 12) }).unwrap();
@@ -152,8 +152,8 @@ fn both_layouts_hold_the_same_codes() {
 fn axis_zero_and_one_through_the_linear_helper() {
     // W [out, in] = [256, 512]: axis 0 stores Wᵀ [512, 256], axis 1 stores W [256, 512].
     let (out_f, in_f) = (256, 512);
-    let w = gaussian(out_f * in_f, 31);
-    let x = gaussian(2 * in_f, 32);
+    let w = gaussian(out_f * in_f, 31).unwrap();
+    let x = gaussian(2 * in_f, 32).unwrap();
     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let dense: Vec<f64> = (0..2)
         .flat_map(|m| (0..out_f).map(move |o| (m, o)))
@@ -171,7 +171,7 @@ fn axis_zero_and_one_through_the_linear_helper() {
         assert_decode_matches(&enc, &stored, &format!("axis {axis}"));
         // The coded layer computes x · Wᵀ up to the quantization error.
         let y = forward_f64(&x64, 2, &enc.layer.codes, &enc.layer.scales, &g).unwrap();
-        let err = rel_err(&y, &dense);
+        let err = rel_err(&y, &dense).unwrap();
         assert!(err < 0.2, "axis {axis}: relErr {err} against the dense layer");
     }
 }
@@ -179,7 +179,7 @@ fn axis_zero_and_one_through_the_linear_helper() {
 #[test]
 fn progress_is_reported_for_every_row() {
     let (rows, cols) = (5, 256);
-    let w = gaussian(rows * cols, 4);
+    let w = gaussian(rows * cols, 4).unwrap();
     let mut seen = Vec::new();
     encode_with_progress(&w, rows, cols, &config(2, 8), &mut |done, total| seen.push((done, total))).unwrap();
     assert_eq!(seen, (1..=rows).map(|d| (d, rows)).collect::<Vec<_>>());
@@ -187,7 +187,7 @@ fn progress_is_reported_for_every_row() {
 
 #[test]
 fn bad_parameters_are_refused_with_clear_errors() {
-    let w = gaussian(2 * 512, 1);
+    let w = gaussian(2 * 512, 1).unwrap();
     let err =
         |cfg: EncoderConfig, w: &[f32], rows: usize, cols: usize| encode(w, rows, cols, &cfg).unwrap_err().to_string();
     let expect = |msg: String, needle: &str| assert!(msg.contains(needle), "{msg:?} should mention {needle:?}");
@@ -230,7 +230,7 @@ fn quality_table() {
     println!("| L | k | mse | weights/s |\n|---|---|---|---|");
     for l in [16u32, 12] {
         for k in [2u32, 3, 4] {
-            let w = gaussian(rows * cols, 1000 + k as u64);
+            let w = gaussian(rows * cols, 1000 + k as u64).unwrap();
             let start = std::time::Instant::now();
             let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
             let rate = (rows * cols) as f64 / start.elapsed().as_secs_f64();

@@ -32,7 +32,7 @@ fn assert_same(cpu: &Encoded, gpu: &Encoded, what: &str) {
 
 /// Gaussian rows with an all-zero row and a row of large values, so the scales differ widely.
 fn matrix(rows: usize, cols: usize, seed: u64) -> Vec<f32> {
-    let mut w = gaussian(rows * cols, seed);
+    let mut w = gaussian(rows * cols, seed).unwrap();
     w[cols..2 * cols].fill(0.0);
     for v in &mut w[2 * cols..3 * cols] {
         *v *= 1000.0;
@@ -81,7 +81,7 @@ fn the_cuda_search_spans_several_launches() {
     // 70,000 blocks: more than one launch (65,536 blocks each) and more blocks than thread
     // blocks, so every thread block walks over many.
     let (rows, cols) = (280, 64_000);
-    let w = gaussian(rows * cols, 5);
+    let w = gaussian(rows * cols, 5).unwrap();
     let cfg = EncoderConfig::new(2, 8);
     let cpu = encode(&w, rows, cols, &on(cfg, EncoderBackend::Cpu)).unwrap();
     let gpu = encode(&w, rows, cols, &on(cfg, EncoderBackend::Cuda)).unwrap();
@@ -100,7 +100,7 @@ fn auto_searches_on_cuda_only_where_it_can() {
 
 #[test]
 fn an_impossible_cuda_search_is_an_error_that_says_why() {
-    let w = gaussian(2 * 256, 1);
+    let w = gaussian(2 * 256, 1).unwrap();
     let err = encode(&w, 2, 256, &on(EncoderConfig::new(3, 16), EncoderBackend::Cuda)).unwrap_err();
     assert!(format!("{err:#}").contains("L <= 15"), "{err:#}");
     if backend() != Backend::Cuda {

@@ -165,7 +165,7 @@ fn affine_quantized_matmul_matches_its_dequantized_weights() {
         .map(|i| (0..128).map(|j| f64::from(xv[i / 64 * 128 + j]) * f64::from(wv[i % 64 * 128 + j])).sum())
         .collect();
     let y: Vec<f64> = y.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
-    let err = rel_err(&y, &y_ref);
+    let err = rel_err(&y, &y_ref).unwrap();
     println!("quantized_matmul against x · dequantized(w)ᵀ in f64: relErr {err:.2e}");
     // MLX's quantized matmul accumulates in f32 on every back-end, TF32 or not (1.1e-7 on the
     // H200 with TF32 on).
@@ -258,8 +258,12 @@ fn safetensors_round_trip() {
     std::fs::write(&cut, &bytes[..bytes.len() - 5]).unwrap();
     let err = load_safetensors(&cut).unwrap_err();
     assert!(format!("{err:#}").contains("cut.safetensors"), "{err:#}");
+    assert_eq!(err.kind(), mlx_trellis::ErrorKind::Artifact, "{err:#}");
+    // A missing file is the operating system's error, naming the file.
     let err = load_safetensors(dir.join("missing.safetensors")).unwrap_err();
-    assert!(format!("{err:#}").contains("no such file"), "{err:#}");
+    assert_eq!(err.kind(), mlx_trellis::ErrorKind::Io, "{err:#}");
+    let text = format!("{err:#}");
+    assert!(text.contains("missing.safetensors") && text.to_lowercase().contains("no such file"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -103,7 +103,8 @@ fn against_reference_and_scatter(
             let want = c.reference(&xr, m);
             let got = c.run(what, &x, &|x| call(c, kernel(m, c), x));
             let base = c.run("trellis_scatter", &x, &|x| call(c, trellis_scatter, x));
-            let (e_ref, e_base, e_scatter) = (rel_err(&got, &want), rel_err(&got, &base), rel_err(&base, &want));
+            let (e_ref, e_base, e_scatter) =
+                (rel_err(&got, &want).unwrap(), rel_err(&got, &base).unwrap(), rel_err(&base, &want).unwrap());
             println!(
                 "{what} {} M {m} {dtype}: relErr {e_ref:.2e} (scatter: {e_base:.2e}; scatter itself {e_scatter:.2e})",
                 c.g()
@@ -176,7 +177,8 @@ fn scatter_any_rows(mode: Mode) {
     for c in shapes(&[(64, 512, 2, RM), (99, 512, 3, IL)]) {
         for m in [5, 33] {
             let (x, xr) = c.x(m, Dtype::Float32);
-            let err = rel_err(&c.run("trellis_scatter", &x, &|x| call(&c, trellis_scatter, x)), &c.reference(&xr, m));
+            let err = rel_err(&c.run("trellis_scatter", &x, &|x| call(&c, trellis_scatter, x)), &c.reference(&xr, m))
+                .unwrap();
             println!("trellis_scatter {} M {m}: relErr {err:.2e}", c.g());
             assert!(err < 1e-4, "trellis_scatter {} M {m}: relErr {err:.3e}", c.g());
         }
@@ -240,7 +242,7 @@ fn dispatch(mode: Mode) {
     for c in &cases {
         for m in [1, 2, 3, 4, 8, 9, 40] {
             let inf = c.lin.geometry().in_features();
-            let x = MlxArray::from_slice(&gaussian(m * inf, 7 * m as u64), &[m, inf]).unwrap();
+            let x = MlxArray::from_slice(&gaussian(m * inf, 7 * m as u64).unwrap(), &[m, inf]).unwrap();
             let xr = to_f64(&x);
             let want = c.reference(&xr, m);
             let g = c.lin.geometry();
@@ -250,7 +252,7 @@ fn dispatch(mode: Mode) {
                 continue;
             }
             let y = c.lin.forward_with(&x, path).unwrap_or_else(|e| panic!("{path} {} M {m}: {e:#}", c.g()));
-            let err = rel_err(&to_f64(&y), &want);
+            let err = rel_err(&to_f64(&y), &want).unwrap();
             println!("{path} {} M {m}: relErr {err:.2e}", c.g());
             assert!(err < 1e-4, "{path} {} M {m}: relErr {err:.3e}", c.g());
         }

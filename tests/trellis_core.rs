@@ -4,7 +4,6 @@
 use mlx_trellis::trellis::format::codebook::value_f64;
 use mlx_trellis::trellis::format::interleaved_to_row_major;
 use mlx_trellis::trellis::generic::expand_dense;
-use mlx_trellis::trellis::model::Json;
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, state_at};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
@@ -67,7 +66,7 @@ fn axis_zero_equals_the_transpose_coded_with_axis_one() {
     let (in0, out0) = (h0.geometry.in_features(), h0.geometry.out_features());
     assert_eq!((h1.geometry.in_features(), h1.geometry.out_features()), (out0, in0));
     // The stored matrix [64, 256] in f64, straight from the definition.
-    let w = |r: usize, c: usize| value_f64(state_at(&h0.codes, &h0.geometry, r, c)) * h0.scales[r].to_f64();
+    let w = |r: usize, c: usize| value_f64(state_at(&h0.codes, &h0.geometry, r, c).unwrap()) * h0.scales[r].to_f64();
     // e_i through axis 0 gives row i of the stored matrix; e_j through axis 1 gives column j.
     let eye = |n: usize, i: usize| -> Vec<f64> { (0..n).map(|j| (i == j) as u8 as f64).collect() };
     for i in [0usize, 17, 63] {
@@ -87,7 +86,7 @@ fn axis_zero_equals_the_transpose_coded_with_axis_one() {
 
 fn check_forward(lin: &TrellisLinear, h: &HostLayer, m: usize, dtype: Dtype, path: ForwardPath, gate: f64) {
     let g = lin.geometry();
-    let xs = gaussian(m * g.in_features(), 1000 + m as u64);
+    let xs = gaussian(m * g.in_features(), 1000 + m as u64).unwrap();
     let x = MlxArray::from_slice(&xs, &[m, g.in_features()]).unwrap().astype(dtype).unwrap();
     // The reference sees exactly the activations the layer sees (after rounding to `dtype`).
     let xr: Vec<f64> = x.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
@@ -96,7 +95,7 @@ fn check_forward(lin: &TrellisLinear, h: &HostLayer, m: usize, dtype: Dtype, pat
     assert_eq!(y.shape(), vec![m, g.out_features()]);
     assert_eq!(y.dtype(), dtype);
     let got: Vec<f64> = y.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
-    let err = rel_err(&got, &want);
+    let err = rel_err(&got, &want).unwrap();
     println!("{g} M {m} {dtype} {path}: relErr {err:.2e} (gate {gate:.0e})");
     assert!(err < gate, "{g} M {m} {dtype} {path}: relErr {err:.3e} >= {gate:.0e}");
 }
@@ -124,7 +123,7 @@ fn forward_matches_the_f64_reference() {
 fn forward_keeps_leading_dimensions_and_refuses_bad_activations() {
     let h = layer(64, 256, 2, 12, 0, CodeLayout::RowMajor, 3);
     let lin = TrellisLinear::from_host("down", &h).unwrap();
-    let x = MlxArray::from_slice(&gaussian(2 * 3 * 64, 1), &[2, 3, 64]).unwrap();
+    let x = MlxArray::from_slice(&gaussian(2 * 3 * 64, 1).unwrap(), &[2, 3, 64]).unwrap();
     assert_eq!(lin.forward(&x).unwrap().shape(), vec![2, 3, 256]);
     let err = lin.forward(&MlxArray::zeros(&[2, 63], Dtype::Float32).unwrap()).unwrap_err();
     assert!(err.to_string().contains("have 63 features, the layer takes 64"), "{err}");
@@ -142,8 +141,8 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 
 const DOWN: &str = "model.layers.0.mlp.down_proj";
 
-fn dims() -> Vec<(&'static str, Json)> {
-    vec![("hidden_size", Json::Number(512.0)), ("intermediate_size", Json::Number(72.0))]
+fn dims() -> Vec<(&'static str, serde_json::Value)> {
+    vec![("hidden_size", serde_json::json!(512)), ("intermediate_size", serde_json::json!(72))]
 }
 
 #[test]

@@ -40,7 +40,7 @@ impl PositionTables {
             pair_index: MlxArray::from_slice(&index, &[t])?,
             offset: MlxArray::from_slice(&offset, &[t])?,
             state_mask: MlxArray::scalar((1u64 << g.l) - 1)?,
-            lut: MlxArray::from_slice(&lut1mad(g.l), &[1 << g.l])?,
+            lut: MlxArray::from_slice(&lut1mad(g.l)?, &[1 << g.l])?,
         })
     }
 
@@ -64,6 +64,7 @@ impl PositionTables {
 }
 
 fn check_inputs(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<()> {
+    g.validate()?;
     if codes.dtype() != Dtype::Uint32 || codes.shape() != g.codes_shape() {
         invalid!("codes are {} {:?}, geometry {g} needs uint32 {:?}", codes.dtype(), codes.shape(), g.codes_shape());
     }
@@ -115,6 +116,10 @@ pub fn expand_dense(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) ->
 /// multiplying with MLX's matmul. The caller casts to the activation dtype.
 pub fn generic_forward_f32(x: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     check_inputs(codes, scales, g)?;
+    let shape = x.shape();
+    if shape.len() != 2 || shape[1] != g.in_features() {
+        invalid!("generic forward: activations {shape:?} must be [M, {}] for {g}", g.in_features());
+    }
     let tables = PositionTables::new(g)?;
     let xf = x.astype(Dtype::Float32)?;
     let m = xf.shape()[0] as i32;

@@ -90,9 +90,40 @@ pub struct TrellisLinear {
     geometry: TrellisGeometry,
 }
 
+/// Checks a code tensor (uint32, either layout) against the format parameters and derives its
+/// geometry.
+pub(crate) fn check_codes(name: &str, codes: &MlxArray, k: u32, t: u32, l: u32, axis: u32) -> Result<TrellisGeometry> {
+    if codes.dtype() != Dtype::Uint32 {
+        invalid!("trellis codes {name:?} are {}, expected uint32", codes.dtype());
+    }
+    TrellisGeometry::from_codes_shape(name, &codes.try_shape()?, k, t, l, axis)
+}
+
+/// Checks the scales of the codes `name`: float16 `[rows]`, every one finite (one NaN or
+/// infinite scale would make every output it reaches non-finite).
+pub(crate) fn check_scales(name: &str, scales: &MlxArray, g: &TrellisGeometry, codes: &MlxArray) -> Result<()> {
+    if scales.dtype() != Dtype::Float16 {
+        invalid!("trellis scales of {name:?} are {}, expected float16", scales.dtype());
+    }
+    if scales.try_shape()? != [g.rows] {
+        invalid!(
+            "trellis scales of {name:?} have shape {:?}, expected [{}] (one per stored row of codes {:?})",
+            scales.shape(),
+            g.rows,
+            codes.shape()
+        );
+    }
+    let values = scales.to_vec::<f16>()?;
+    if let Some((row, s)) = values.iter().enumerate().find(|(_, s)| !s.is_finite()) {
+        invalid!("trellis scales of {name:?}: the scale of stored row {row} is {s}; scales must be finite");
+    }
+    Ok(())
+}
+
 impl TrellisLinear {
-    /// A layer from its code tensor (uint32, either layout) and scales (float16 `[rows]`), with
-    /// the format parameters `k, t, l, axis`. `name` appears in errors.
+    /// A layer from its code tensor (uint32, either layout) and scales (float16 `[rows]`, all
+    /// finite; they are read to check), with the format parameters `k, t, l, axis`. `name`
+    /// appears in errors.
     pub fn new(
         name: &str,
         codes: MlxArray,
@@ -102,22 +133,14 @@ impl TrellisLinear {
         l: u32,
         axis: u32,
     ) -> Result<TrellisLinear> {
-        if codes.dtype() != Dtype::Uint32 {
-            invalid!("trellis codes {name:?} are {}, expected uint32", codes.dtype());
-        }
-        let geometry = TrellisGeometry::from_codes_shape(name, &codes.shape(), k, t, l, axis)?;
-        if scales.dtype() != Dtype::Float16 {
-            invalid!("trellis scales of {name:?} are {}, expected float16", scales.dtype());
-        }
-        if scales.shape() != [geometry.rows] {
-            invalid!(
-                "trellis scales of {name:?} have shape {:?}, expected [{}] (one per stored row of codes {:?})",
-                scales.shape(),
-                geometry.rows,
-                codes.shape()
-            );
-        }
-        Ok(TrellisLinear { name: name.to_string(), codes, scales, geometry })
+        let geometry = check_codes(name, &codes, k, t, l, axis)?;
+        check_scales(name, &scales, &geometry, &codes)?;
+        Ok(TrellisLinear::from_checked(name, codes, scales, geometry))
+    }
+
+    /// A layer whose operands passed [`check_codes`] and [`check_scales`].
+    pub(crate) fn from_checked(name: &str, codes: MlxArray, scales: MlxArray, geometry: TrellisGeometry) -> Self {
+        TrellisLinear { name: name.to_string(), codes, scales, geometry }
     }
 
     /// Uploads a host layer.

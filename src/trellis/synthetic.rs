@@ -3,6 +3,7 @@
 
 use half::f16;
 
+use crate::alloc::try_with_capacity;
 use crate::error::Result;
 
 use super::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeometry};
@@ -67,8 +68,10 @@ pub fn synthetic_layer(
         CodeLayout::K3Interleaved => row_major.interleaved()?,
     };
     let mut rng = SplitMix64::new(seed);
-    let words = rows * cols * k as usize / 32;
-    let mut codes: Vec<u32> = (0..words).map(|_| rng.next_u32()).collect();
+    // The geometry's checks keep this product in range.
+    let words = row_major.rows * row_major.codes_shape()[1];
+    let mut codes = try_with_capacity(words, || format!("the codes of a synthetic {row_major} layer"))?;
+    codes.extend((0..words).map(|_| rng.next_u32()));
     if layout == CodeLayout::K3Interleaved {
         codes = row_major_to_interleaved(&codes, rows, cols)?;
     }
@@ -95,10 +98,12 @@ pub fn synthetic_mlp(
     Ok((gate, up, down))
 }
 
-/// `n` seeded standard-normal values.
-pub fn gaussian(n: usize, seed: u64) -> Vec<f32> {
+/// `n` seeded standard-normal values (an error where `n` values cannot be allocated).
+pub fn gaussian(n: usize, seed: u64) -> Result<Vec<f32>> {
     let mut rng = SplitMix64::new(seed);
-    (0..n).map(|_| rng.next_gaussian() as f32).collect()
+    let mut v = try_with_capacity(n, || format!("{n} Gaussian values"))?;
+    v.extend((0..n).map(|_| rng.next_gaussian() as f32));
+    Ok(v)
 }
 
 #[cfg(test)]
@@ -113,7 +118,7 @@ mod tests {
         assert_eq!(a.codes.len(), 8 * 48);
         assert_eq!(a.geometry.codes_shape(), vec![1, 8, 48]);
         assert!(a.scales.iter().all(|s| (0.003..0.03).contains(&s.to_f32())));
-        let g = gaussian(10_000, 3);
+        let g = gaussian(10_000, 3).unwrap();
         let mean = g.iter().sum::<f32>() / 1e4;
         let var = g.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 1e4;
         assert!(mean.abs() < 0.05 && (var - 1.0).abs() < 0.05, "{mean} {var}");

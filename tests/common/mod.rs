@@ -64,7 +64,7 @@ impl Case {
     /// Seeded activations `[m, rows]` in `dtype`, and their values as the kernels see them.
     pub fn x(&self, m: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
         let rows = self.g().rows;
-        let x = MlxArray::from_slice(&gaussian(m * rows, 1000 * m as u64 + rows as u64), &[m, rows])
+        let x = MlxArray::from_slice(&gaussian(m * rows, 1000 * m as u64 + rows as u64).unwrap(), &[m, rows])
             .unwrap()
             .astype(dtype)
             .unwrap();

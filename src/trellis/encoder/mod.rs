@@ -63,6 +63,7 @@ use std::sync::Mutex;
 
 use half::f16;
 
+use crate::alloc::{try_filled, try_with_capacity};
 use crate::device::{backend, Backend};
 use crate::error::{invalid, Error, ErrorContext, Result};
 
@@ -195,8 +196,8 @@ pub struct Encoded {
 }
 
 /// The RMS of the `2^l` values of [`lut1mad`] (computed in f64), the denominator of the scales.
-pub fn lut_rms(l: u32) -> f64 {
-    rms(&lut1mad(l))
+pub fn lut_rms(l: u32) -> Result<f64> {
+    Ok(rms(&lut1mad(l)?))
 }
 
 /// The RMS of `values`, computed in f64.
@@ -213,12 +214,13 @@ pub fn stored_from_linear(
     in_features: usize,
     axis: u32,
 ) -> Result<(Vec<f32>, usize, usize)> {
-    if w.len() != out_features * in_features {
+    if out_features.checked_mul(in_features) != Some(w.len()) {
         invalid!("encoder: the linear weight has {} values, expected [out {out_features}, in {in_features}]", w.len());
     }
     match axis {
         0 => {
-            let mut stored = vec![0f32; w.len()];
+            let mut stored =
+                try_filled(w.len(), 0f32, || format!("the stored matrix [{in_features}, {out_features}]"))?;
             for (o, row) in w.chunks_exact(in_features.max(1)).enumerate() {
                 for (i, &v) in row.iter().enumerate() {
                     stored[i * out_features + o] = v;
@@ -226,7 +228,12 @@ pub fn stored_from_linear(
             }
             Ok((stored, in_features, out_features))
         }
-        1 => Ok((w.to_vec(), out_features, in_features)),
+        1 => {
+            let mut stored =
+                try_with_capacity(w.len(), || format!("the stored matrix [{out_features}, {in_features}]"))?;
+            stored.extend_from_slice(w);
+            Ok((stored, out_features, in_features))
+        }
         _ => invalid!("encoder: axis = {axis} must be 0 (stored [in, out]) or 1 (stored [out, in])"),
     }
 }
@@ -300,7 +307,7 @@ pub fn block_path(x: &[f32], k: u32, l: u32, search: BlockSearch) -> Result<Vec<
     if x.len() != BLOCK_LEN as usize {
         invalid!("block_path: a block has {BLOCK_LEN} values, got {}", x.len());
     }
-    let lut = lut1mad(l);
+    let lut = lut1mad(l)?;
     let mut coder = BlockCoder::new(k, l, BLOCK_LEN, &lut, search, true);
     coder.x.copy_from_slice(x);
     coder.search_block();
@@ -320,12 +327,8 @@ fn encode_inner(
     if rows == 0 || cols == 0 {
         invalid!("encoder: the matrix is empty ({rows} rows x {cols} columns)");
     }
-    if weights.len() != rows * cols {
-        invalid!(
-            "encoder: {} weights given for {rows} rows x {cols} columns ({} expected)",
-            weights.len(),
-            rows * cols
-        );
+    if rows.checked_mul(cols) != Some(weights.len()) {
+        invalid!("encoder: {} weights given for {rows} rows x {cols} columns", weights.len());
     }
     if cols % t != 0 {
         invalid!("encoder: {cols} columns are not a whole number of {t}-weight blocks (cols % T != 0)");
@@ -344,7 +347,7 @@ fn encode_inner(
         CodeLayout::K3Interleaved => row_major.interleaved()?,
     };
 
-    let lut = lut1mad(cfg.l);
+    let lut = lut1mad(cfg.l)?;
     let lut_rms = rms(&lut);
     let scales = weights
         .chunks_exact(cols)
@@ -352,9 +355,10 @@ fn encode_inner(
         .map(|(r, row)| row_scale(row, lut_rms, r))
         .collect::<Result<Vec<f16>>>()?;
 
+    // The geometry's checks keep these sizes in range; the allocations may still fail.
     let words_per_row = cols / t * words_per_block(cfg.t, cfg.k) as usize;
-    let mut codes = vec![0u32; rows * words_per_row];
-    let mut reconstruction = vec![0f32; rows * cols];
+    let mut codes = try_filled(rows * words_per_row, 0u32, || format!("the codes of {geometry}"))?;
+    let mut reconstruction = try_filled(rows * cols, 0f32, || format!("the reconstruction of {geometry}"))?;
     let rows_of = RowsOf { weights, codes: &mut codes, reconstruction: &mut reconstruction, scales: &scales, cols };
     if search == BlockSearch::Viterbi && cfg.searches_on_cuda() {
         search_on_cuda(rows_of, cfg, &lut, progress)?;
@@ -506,7 +510,7 @@ mod tests {
     fn the_fast_search_matches_the_reference_search() {
         for k in [2u32, 3, 4] {
             let l = 8;
-            let x = gaussian(4 * 256, 7 + k as u64);
+            let x = gaussian(4 * 256, 7 + k as u64).unwrap();
             let cfg = EncoderConfig::new(k, l);
             let fast = encode(&x, 4, 256, &cfg).unwrap();
             let slow = encode_with_search(&x, 4, 256, &cfg, BlockSearch::ReferenceViterbi).unwrap();

@@ -305,8 +305,8 @@ mod tests {
 
     /// Runs 20 steps of both loop shapes from the same start and compares every cost.
     fn compare_step_shapes<const K: u32>(l: u32) {
-        let lut = lut1mad(l);
-        let x = gaussian(256, 11 + K as u64);
+        let lut = lut1mad(l).unwrap();
+        let x = gaussian(256, 11 + K as u64).unwrap();
         let (mut tiled, mut flat) = (Trellis::new(K, l, 256), Trellis::new(K, l, 256));
         for (s, (a, b)) in tiled.cost.iter_mut().zip(flat.cost.iter_mut()).enumerate() {
             *a = branch_cost(0.0, x[0], lut[s]);
@@ -335,8 +335,8 @@ mod tests {
     #[test]
     fn a_pinned_pass_closes_the_cycle() {
         let (k, l) = (4u32, 10u32);
-        let lut = lut1mad(l);
-        let x = gaussian(256, 3);
+        let lut = lut1mad(l).unwrap();
+        let x = gaussian(256, 3).unwrap();
         let mut trellis = Trellis::new(k, l, 256);
         let mut states = vec![0u32; 256];
         for pin in [0u32, 1, 37, 63] {

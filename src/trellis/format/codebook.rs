@@ -1,6 +1,8 @@
 //! The 1MAD code (QTIP's "computed" code): an L-bit state's value, its reference table, and the
 //! kernel headers that define it on the GPU.
 
+use crate::error::{invalid, Result};
+
 /// The standard deviation of the byte sum that `y` centres: value = `y / TRELLIS_SCALE`.
 pub const TRELLIS_SCALE: f64 = 147.800537109375;
 
@@ -34,15 +36,18 @@ pub fn value(state: u32) -> f32 {
     value_f64(state) as f32
 }
 
-/// The reference table of all `2^l` state values (f64 division, rounded to f32).
-pub fn lut1mad(l: u32) -> Vec<f32> {
-    assert!(l <= 24, "a 1MAD table of 2^{l} entries is not a sensible size");
-    (0..1u32 << l).map(value).collect()
+/// The reference table of all `2^l` state values (f64 division, rounded to f32); `l` at most 24.
+pub fn lut1mad(l: u32) -> Result<Vec<f32>> {
+    if l > 24 {
+        invalid!("a 1MAD table of 2^{l} entries is not a sensible size (L must be at most 24)");
+    }
+    Ok((0..1u32 << l).map(value).collect())
 }
 
-/// 32-bit words per coded block of `t` weights at `k` bits (`t * k / 32`).
+/// 32-bit words per coded block of `t` weights at `k` bits (`t * k / 32`, without overflow: at
+/// most `(2^32 - 1) * 2^32 / 32`, which truncates only for `k > 32`).
 pub const fn words_per_block(t: u32, k: u32) -> u32 {
-    t * k / 32
+    (t as u64 * k as u64 / 32) as u32
 }
 
 #[cfg(test)]
@@ -60,7 +65,8 @@ mod tests {
 
     #[test]
     fn the_l12_table_has_the_documented_statistics() {
-        let lut = lut1mad(12);
+        let lut = lut1mad(12).unwrap();
+        assert!(lut1mad(25).is_err());
         let distinct: std::collections::BTreeSet<i32> = (0..4096).map(y).collect();
         assert_eq!(distinct.len(), 713);
         let rms = (lut.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / 4096.0).sqrt();
@@ -83,6 +89,8 @@ mod tests {
     #[test]
     fn words_per_block_of_the_shipped_widths() {
         assert_eq!([2, 3, 4].map(|k| words_per_block(256, k)), [16, 24, 32]);
+        // T*k past 32 bits does not wrap (it did: 2147483664 * 2 wrapped to 32, one word).
+        assert_eq!(words_per_block(2_147_483_664, 2), 134_217_729);
     }
 
     #[test]

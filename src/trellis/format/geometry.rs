@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, Result};
 
 use super::codebook::words_per_block;
 
@@ -39,9 +39,13 @@ pub struct TrellisGeometry {
     pub block_interleave: u32,
 }
 
+/// The most weights a coded matrix may hold: its f64 expansion must stay addressable.
+const MAX_WEIGHTS: usize = isize::MAX as usize / 8;
+
 impl TrellisGeometry {
     /// Derives and checks the geometry of the code tensor `tensor` of shape `shape` (spec §4).
-    /// Every broken rule is an error that names the tensor and the rule.
+    /// Every broken rule is an error that names the tensor and the rule; every size derived from
+    /// the shape (columns, weights, code words) is checked not to overflow.
     pub fn from_codes_shape(
         tensor: &str,
         shape: &[usize],
@@ -54,7 +58,8 @@ impl TrellisGeometry {
         if !(1..=8).contains(&k) {
             invalid!("{}: k = {k} bits per weight is outside 1..=8", at());
         }
-        if t == 0 || (t as u64 * k as u64) % 32 != 0 {
+        let block_bits = t as u64 * k as u64;
+        if t == 0 || block_bits % 32 != 0 {
             invalid!(
                 "{}: a block of T = {t} weights at k = {k} bits is not a whole number of 32-bit words (T*k % 32 != 0)",
                 at()
@@ -63,21 +68,23 @@ impl TrellisGeometry {
         if l < k || l > 16 {
             invalid!("{}: L = {l} state bits must be at least k = {k} and at most 16", at());
         }
-        if l > t * k {
-            invalid!("{}: L = {l} state bits exceed the T*k = {} bits of a block", at(), t * k);
+        if l as u64 > block_bits {
+            invalid!("{}: L = {l} state bits exceed the T*k = {block_bits} bits of a block", at());
         }
         if axis > 1 {
             invalid!("{}: axis = {axis} must be 0 (stored [in, out]) or 1 (stored [out, in])", at());
         }
+        let overflow = |what: &str| Error::invalid(format!("{}: {what} overflows", at()));
         let geometry = match *shape {
             [rows, words] => {
-                if (words * 32) % k as usize != 0 {
+                let bits = words.checked_mul(32).ok_or_else(|| overflow("the bits per row (words*32)"))?;
+                if bits % k as usize != 0 {
                     invalid!(
                         "{}: {words} words per row are not a whole number of {k}-bit weights (words*32 % k != 0)",
                         at()
                     );
                 }
-                let cols = words * 32 / k as usize;
+                let cols = bits / k as usize;
                 if cols % t as usize != 0 {
                     invalid!(
                         "{}: {cols} columns per row are not a whole number of {t}-weight blocks (cols % T != 0)",
@@ -99,7 +106,8 @@ impl TrellisGeometry {
                         at()
                     );
                 }
-                TrellisGeometry { rows, cols: groups * 512, t, k, l, axis, block_interleave: 2 }
+                let cols = groups.checked_mul(512).ok_or_else(|| overflow("the column count (groups*512)"))?;
+                TrellisGeometry { rows, cols, t, k, l, axis, block_interleave: 2 }
             }
             _ => invalid!(
                 "{}: codes must be 2-D [rows, words] (row-major) or 3-D [cols/512, rows, 48] (3-bit interleave)",
@@ -109,15 +117,46 @@ impl TrellisGeometry {
         if geometry.rows == 0 || geometry.cols == 0 {
             invalid!("{}: the coded matrix is empty", at());
         }
+        match geometry.rows.checked_mul(geometry.cols) {
+            Some(n) if n <= MAX_WEIGHTS => {}
+            _ => invalid!(
+                "{}: {} x {} weights are more than can be addressed (at most {MAX_WEIGHTS})",
+                at(),
+                geometry.rows,
+                geometry.cols
+            ),
+        }
         Ok(geometry)
+    }
+
+    /// Checks a geometry built by hand (its fields are public): it must be exactly what
+    /// [`from_codes_shape`](TrellisGeometry::from_codes_shape) derives from its code shape.
+    /// Every constructor's result passes; the decoders check their geometry with this.
+    pub fn validate(&self) -> Result<()> {
+        let shape = match self.block_interleave {
+            0 => match self.cols.checked_mul(self.k as usize) {
+                Some(bits) if bits % 32 == 0 => vec![self.rows, bits / 32],
+                _ => invalid!("geometry {self}: {} columns at k = {} are not whole 32-bit words", self.cols, self.k),
+            },
+            2 if self.cols % 512 == 0 => vec![self.cols / 512, self.rows, 48],
+            2 => invalid!("geometry {self}: the block interleave needs cols % 512 == 0"),
+            b => invalid!("geometry {self}: block_interleave = {b} must be 0 (row-major) or 2 (3-bit interleave)"),
+        };
+        let derived = TrellisGeometry::from_codes_shape("(geometry)", &shape, self.k, self.t, self.l, self.axis)?;
+        if derived != *self {
+            invalid!("geometry {self:?} is inconsistent: its code shape {shape:?} gives {derived:?}");
+        }
+        Ok(())
     }
 
     /// The geometry of a row-major coded matrix of `rows x cols` weights (checked).
     pub fn row_major(rows: usize, cols: usize, k: u32, t: u32, l: u32, axis: u32) -> Result<TrellisGeometry> {
-        if (cols * k as usize) % 32 != 0 {
-            invalid!("a row of {cols} weights at k = {k} bits is not a whole number of 32-bit words");
+        match cols.checked_mul(k as usize) {
+            Some(bits) if bits % 32 == 0 => {
+                TrellisGeometry::from_codes_shape("(row-major codes)", &[rows, bits / 32], k, t, l, axis)
+            }
+            _ => invalid!("a row of {cols} weights at k = {k} bits is not a whole number of 32-bit words"),
         }
-        TrellisGeometry::from_codes_shape("(row-major codes)", &[rows, cols * k as usize / 32], k, t, l, axis)
     }
 
     /// The same matrix in the 3-bit block-interleaved layout (checked: k 3, T 256, L 12, axis 0,
@@ -155,17 +194,24 @@ impl TrellisGeometry {
         words_per_block(self.t, self.k) as usize
     }
 
-    /// Blocks per stored row.
+    /// Blocks per stored row (0 for a hand-built geometry with `t = 0`).
     pub fn blocks_per_row(&self) -> usize {
-        self.cols / self.t as usize
+        self.cols.checked_div(self.t as usize).unwrap_or(0)
     }
 
-    /// The shape of the code tensor in this geometry's layout.
+    /// The shape of the code tensor in this geometry's layout. The sizes below are exact for a
+    /// geometry that passes [`validate`](TrellisGeometry::validate) (every constructor's does);
+    /// for an inconsistent hand-built one they saturate instead of overflowing.
     pub fn codes_shape(&self) -> Vec<usize> {
         match self.layout() {
-            CodeLayout::RowMajor => vec![self.rows, self.cols * self.k as usize / 32],
+            CodeLayout::RowMajor => vec![self.rows, self.cols.saturating_mul(self.k as usize) / 32],
             CodeLayout::K3Interleaved => vec![self.cols / 512, self.rows, 48],
         }
+    }
+
+    /// The number of code words (the product of [`codes_shape`](TrellisGeometry::codes_shape)).
+    pub fn code_words(&self) -> usize {
+        self.codes_shape().iter().fold(1usize, |n, &d| n.saturating_mul(d))
     }
 
     /// Input features of the linear map.
@@ -186,12 +232,21 @@ impl TrellisGeometry {
         }
     }
 
-    /// Flat index in the code tensor of word `j` of block `b` of stored row `r`.
+    /// Flat index in the code tensor of word `j` of block `b` of stored row `r`, for `r < rows`,
+    /// `b < blocks_per_row()` and `j < words_per_block()` of a valid geometry (outside that the
+    /// index is meaningless, though computing it never panics).
     pub fn word_index(&self, r: usize, b: usize, j: usize) -> usize {
         let wpb = self.words_per_block();
         match self.layout() {
-            CodeLayout::RowMajor => (r * self.blocks_per_row() + b) * wpb + j,
-            CodeLayout::K3Interleaved => ((b >> 1) * self.rows + r) * 48 + (b & 1) * 24 + j,
+            CodeLayout::RowMajor => {
+                r.wrapping_mul(self.blocks_per_row()).wrapping_add(b).wrapping_mul(wpb).wrapping_add(j)
+            }
+            CodeLayout::K3Interleaved => (b >> 1)
+                .wrapping_mul(self.rows)
+                .wrapping_add(r)
+                .wrapping_mul(48)
+                .wrapping_add((b & 1) * 24)
+                .wrapping_add(j),
         }
     }
 }
@@ -252,12 +307,41 @@ mod tests {
         assert!(err(&[0, 24], 3, 256, 12, 0).contains("empty"));
         let e = err(&[4, 12], 3, 256, 12, 0);
         assert!(e.starts_with("trellis codes \"w\" of shape [4, 12]"), "{e}");
+        // Sizes that overflow: T*k past 32 bits, words*32, groups*512, rows*cols.
+        // T = 2147483664 at k = 2: T*k wrapped to 32 in u32, one word per block.
+        let g = TrellisGeometry::from_codes_shape("w", &[1, 134_217_729], 2, 2_147_483_664, 12, 0).unwrap();
+        assert_eq!((g.cols, g.blocks_per_row(), g.words_per_block()), (2_147_483_664, 1, 134_217_729));
+        assert!(err(&[1, 2], 2, 2_147_483_664, 12, 0).contains("cols % T != 0"));
+        assert!(err(&[1, usize::MAX / 16], 3, 256, 12, 0).contains("overflows"));
+        assert!(err(&[usize::MAX / 256, 4, 48], 3, 256, 12, 0).contains("overflows"));
+        assert!(err(&[1 << 40, 1 << 20], 2, 256, 12, 0).contains("more than can be addressed"));
+        assert!(TrellisGeometry::row_major(4, usize::MAX, 3, 256, 12, 0).is_err());
         assert!(TrellisGeometry::row_major(4, 256, 3, 256, 12, 0)
             .unwrap()
             .interleaved()
             .unwrap_err()
             .to_string()
             .contains("512"));
+    }
+
+    #[test]
+    fn hand_built_geometries_are_validated() {
+        let g = TrellisGeometry::row_major(3, 1024, 3, 256, 12, 0).unwrap();
+        g.validate().unwrap();
+        g.interleaved().unwrap().validate().unwrap();
+        for bad in [
+            TrellisGeometry { rows: usize::MAX, ..g },
+            TrellisGeometry { cols: 1000, ..g },
+            TrellisGeometry { t: 0, ..g },
+            TrellisGeometry { k: 9, ..g },
+            TrellisGeometry { block_interleave: 1, ..g },
+            TrellisGeometry { block_interleave: 2, k: 2, ..g },
+            TrellisGeometry { cols: usize::MAX, k: 8, ..g },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+            // The accessors stay total on them.
+            let _ = (bad.codes_shape(), bad.code_words(), bad.blocks_per_row(), bad.word_index(usize::MAX, 7, 3));
+        }
     }
 
     #[test]

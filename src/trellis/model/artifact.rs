@@ -5,16 +5,33 @@
 //! `<path>.scales` (float16 `[rows]`), and an entry in the config's `quantization` (or
 //! `quantization_config`) object:
 //! `{"bits": k, "group_size": T, "mode": "trellis", "trellis": {"L": 12, "code": "1mad", "axis": 0}}`.
+//!
+//! Every problem with the files is an [`Error::Artifact`] naming the file and the key or tensor
+//! (or [`Error::Io`] for the operating system's errors): JSON is parsed strictly (duplicate keys
+//! refused, sizes capped), safetensors headers are validated before MLX reads them, every file
+//! read resolves inside the model directory, and scales must be finite.
 
 use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
 
-use crate::array::MlxArray;
-use crate::error::{invalid, Error, ErrorContext, Result};
-use crate::io::{load_safetensors_lazy, save_safetensors};
+use serde_json::{Map, Value};
 
-use super::json::Json;
-use crate::trellis::linear::TrellisLinear;
+use crate::array::MlxArray;
+use crate::error::{invalid, Error, Result};
+use crate::io::{load_safetensors_lazy, save_safetensors};
+use crate::json;
+use crate::trellis::linear::{check_codes, check_scales, TrellisLinear};
+
+use super::paths::{check_shard_name, ModelRoot};
+
+/// A config is small even for large models; the cap bounds what a hostile one costs to parse.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+/// A shard index lists every tensor of the model, so it gets more room than the config.
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+
+const CONFIG: &str = "config.json";
+const INDEX: &str = "model.safetensors.index.json";
+const SINGLE: &str = "model.safetensors";
 
 /// The trellis parameters of one module, as its config entry states them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,148 +49,200 @@ pub struct ModuleConfig {
 /// A model directory opened for reading coded modules.
 #[derive(Debug)]
 pub struct Artifact {
-    dir: PathBuf,
-    config: Json,
+    root: ModelRoot,
+    config: Map<String, Value>,
     /// Tensor name to file, from the shard index (empty for a single file).
     weight_map: BTreeMap<String, String>,
 }
 
-fn read_json(path: &FsPath) -> Result<Json> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    Json::parse(&text).map_err(|e| Error::artifact(path, None, format!("is not valid JSON: {e}")))
+/// Reads `path` as a JSON object, strictly and with a size cap.
+fn read_object(path: &FsPath, cap: u64) -> Result<Map<String, Value>> {
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let text = json::read_capped(path, cap, &name)?;
+    match json::parse::<Value>(&text).map_err(|p| p.into_error(path))? {
+        Value::Object(map) => Ok(map),
+        other => Err(Error::artifact(path, None, format!("is not a JSON object (found {})", kind(&other)))),
+    }
 }
 
-fn small_int(v: Option<&Json>, what: &str, module: &str) -> Result<u32> {
-    let Some(v) = v else {
-        invalid!("config.json: module {module:?} has no {what:?}");
-    };
-    match v.as_u64() {
-        Some(n) if n <= u32::MAX as u64 => Ok(n as u32),
-        _ => invalid!("config.json: {what:?} of module {module:?} is {v:?}, expected a non-negative integer"),
+/// What kind of JSON value `v` is, for messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
 impl Artifact {
     /// Opens `dir`, reading `config.json` and, if present, `model.safetensors.index.json`.
     pub fn open(dir: impl AsRef<FsPath>) -> Result<Artifact> {
-        let dir = dir.as_ref().to_path_buf();
-        let config_path = dir.join("config.json");
-        if !config_path.is_file() {
-            invalid!("model directory {} has no config.json", dir.display());
+        let root = ModelRoot::new(dir.as_ref())?;
+        if !root.dir.join(CONFIG).exists() {
+            return Err(Error::artifact(&root.dir, None, "model directory has no config.json"));
         }
-        let config = read_json(&config_path)?;
-        let index_path = dir.join("model.safetensors.index.json");
+        let config_path = root.file(CONFIG, &root.dir, Some(CONFIG))?;
+        let config = read_object(&config_path, MAX_CONFIG_BYTES)?;
         let mut weight_map = BTreeMap::new();
-        if index_path.is_file() {
-            let index = read_json(&index_path)?;
-            let Some(map) = index.get("weight_map").and_then(Json::members) else {
-                invalid!("{} has no \"weight_map\" object", index_path.display());
+        if root.dir.join(INDEX).exists() {
+            let index_path = root.file(INDEX, &root.dir, Some(INDEX))?;
+            let index = read_object(&index_path, MAX_INDEX_BYTES)?;
+            let Some(map) = index.get("weight_map").and_then(Value::as_object) else {
+                return Err(Error::artifact(&index_path, Some("weight_map"), "there is no \"weight_map\" object"));
             };
             for (name, file) in map {
                 let Some(file) = file.as_str() else {
-                    invalid!("{}: weight_map entry {name:?} is not a file name", index_path.display());
+                    let message = format!("weight_map entry is {}, not a file name", kind(file));
+                    return Err(Error::artifact(&index_path, Some(name), message));
                 };
+                check_shard_name(&index_path, name, file)?;
                 weight_map.insert(name.clone(), file.to_string());
             }
         }
-        Ok(Artifact { dir, config, weight_map })
+        Ok(Artifact { root, config, weight_map })
     }
 
-    /// The quantization object (`quantization`, else `quantization_config`).
-    fn quantization(&self) -> Result<&Json> {
-        self.config.get("quantization").or_else(|| self.config.get("quantization_config")).ok_or_else(|| {
-            Error::artifact(
-                self.dir.join("config.json"),
-                None,
-                "has neither \"quantization\" nor \"quantization_config\"",
-            )
-        })
+    fn config_path(&self) -> PathBuf {
+        self.root.dir.join(CONFIG)
     }
 
-    /// The names of the trellis-coded modules the config lists.
+    /// An [`Error::Artifact`] about `key` of `config.json`.
+    fn config_error(&self, key: &str, message: impl Into<String>) -> Error {
+        Error::artifact(self.config_path(), Some(key), message)
+    }
+
+    /// The quantization object (`quantization`, else `quantization_config`) and its key.
+    fn quantization(&self) -> Result<(&'static str, &Map<String, Value>)> {
+        let (key, q) = match (self.config.get("quantization"), self.config.get("quantization_config")) {
+            (Some(q), _) => ("quantization", q),
+            (None, Some(q)) => ("quantization_config", q),
+            (None, None) => {
+                let message = "has neither \"quantization\" nor \"quantization_config\"";
+                return Err(Error::artifact(self.config_path(), None, message));
+            }
+        };
+        match q.as_object() {
+            Some(q) => Ok((key, q)),
+            None => Err(self.config_error(key, format!("is {}, not an object", kind(q)))),
+        }
+    }
+
+    /// The names of the trellis-coded modules the config lists (in name order).
     pub fn trellis_modules(&self) -> Result<Vec<String>> {
-        let q = self.quantization()?;
-        Ok(q.members()
-            .unwrap_or(&[])
-            .iter()
-            .filter(|(_, v)| v.get("mode").and_then(Json::as_str) == Some("trellis"))
+        let (_, q) = self.quantization()?;
+        Ok(q.iter()
+            .filter(|(_, v)| v.get("mode").and_then(Value::as_str) == Some("trellis"))
             .map(|(k, _)| k.clone())
             .collect())
     }
 
     /// The parsed config entry of `module`.
     pub fn module_config(&self, module: &str) -> Result<ModuleConfig> {
-        let q = self.quantization()?;
+        let (qkey, q) = self.quantization()?;
+        let at =
+            |rest: &str| if rest.is_empty() { format!("{qkey}/{module}") } else { format!("{qkey}/{module}/{rest}") };
         let Some(entry) = q.get(module) else {
-            invalid!("config.json: module {module:?} has no entry in \"quantization\"");
+            return Err(self.config_error(&at(""), format!("module {module:?} has no entry in {qkey:?}")));
         };
-        if entry.members().is_none() {
-            invalid!("config.json: the quantization entry of {module:?} is not an object");
-        }
-        match entry.get("mode").and_then(Json::as_str) {
+        let Some(entry) = entry.as_object() else {
+            return Err(self.config_error(&at(""), format!("the quantization entry of {module:?} is not an object")));
+        };
+        match entry.get("mode").and_then(Value::as_str) {
             Some("trellis") => {}
-            other => invalid!("config.json: module {module:?} has mode {other:?}, expected \"trellis\""),
+            other => {
+                let message = format!("module {module:?} has mode {other:?}, expected \"trellis\"");
+                return Err(self.config_error(&at("mode"), message));
+            }
         }
-        let Some(trellis) = entry.get("trellis").filter(|t| t.members().is_some()) else {
-            invalid!("config.json: module {module:?} has no \"trellis\" object");
+        let Some(trellis) = entry.get("trellis").and_then(Value::as_object) else {
+            return Err(self.config_error(&at("trellis"), format!("module {module:?} has no \"trellis\" object")));
         };
         match trellis.get("code") {
             None => {}
             Some(c) if c.as_str() == Some("1mad") => {}
-            Some(c) => invalid!("config.json: module {module:?} uses trellis code {c:?}; only \"1mad\" is supported"),
+            Some(c) => {
+                let message = format!("module {module:?} uses trellis code {c:?}; only \"1mad\" is supported");
+                return Err(self.config_error(&at("trellis/code"), message));
+            }
         }
+        let int = |obj: &Map<String, Value>, name: &str, key: &str| -> Result<u32> {
+            let Some(v) = obj.get(name) else {
+                return Err(self.config_error(&at(key), format!("module {module:?} has no {key:?}")));
+            };
+            match v.as_u64().map(u32::try_from) {
+                Some(Ok(n)) => Ok(n),
+                _ => Err(self.config_error(
+                    &at(key),
+                    format!("{key:?} of module {module:?} is {v}, expected an integer in 0..=2^32-1"),
+                )),
+            }
+        };
         Ok(ModuleConfig {
-            bits: small_int(entry.get("bits"), "bits", module)?,
-            group_size: small_int(entry.get("group_size"), "group_size", module)?,
-            l: small_int(trellis.get("L"), "trellis.L", module)?,
-            axis: small_int(trellis.get("axis"), "trellis.axis", module)?,
+            bits: int(entry, "bits", "bits")?,
+            group_size: int(entry, "group_size", "group_size")?,
+            l: int(trellis, "L", "trellis/L")?,
+            axis: int(trellis, "axis", "trellis/axis")?,
         })
     }
 
-    /// The file that holds tensor `name`.
+    /// The file that holds tensor `name`, checked to lie in the model directory.
     fn file_of(&self, name: &str) -> Result<PathBuf> {
         if !self.weight_map.is_empty() {
+            let index = self.root.dir.join(INDEX);
             return match self.weight_map.get(name) {
-                Some(f) => Ok(self.dir.join(f)),
-                None => {
-                    invalid!("tensor {name:?} is not listed in model.safetensors.index.json of {}", self.dir.display())
-                }
+                Some(f) => self.root.file(f, &index, Some(name)),
+                None => Err(Error::artifact(&index, Some(name), format!("tensor {name:?} is not listed in {INDEX}"))),
             };
         }
-        let single = self.dir.join("model.safetensors");
-        if single.is_file() {
-            return Ok(single);
+        if self.root.dir.join(SINGLE).exists() {
+            return self.root.file(SINGLE, &self.root.dir, Some(SINGLE));
         }
-        invalid!("{} has neither model.safetensors nor model.safetensors.index.json", self.dir.display())
+        Err(Error::artifact(&self.root.dir, None, format!("model directory has neither {SINGLE} nor {INDEX}")))
     }
 
-    fn tensor(&self, name: &str) -> Result<MlxArray> {
+    /// Tensor `name`, read from disk, and its file.
+    fn tensor(&self, name: &str) -> Result<(PathBuf, MlxArray)> {
         let file = self.file_of(name)?;
         let mut tensors = load_safetensors_lazy(&file)?;
         let Some(t) = tensors.remove(name) else {
-            invalid!("tensor {name:?} is missing from {}", file.display());
+            return Err(Error::artifact(&file, Some(name), format!("tensor {name:?} is missing from this file")));
         };
-        t.eval()
-            .with_context(|| format!("reading tensor {name:?} from {} (truncated or corrupt file?)", file.display()))?;
-        Ok(t)
+        t.eval().map_err(|e| {
+            let message = format!("reading it failed (truncated or corrupt file?): {}", e.message());
+            Error::artifact(&file, Some(name), message)
+        })?;
+        Ok((file, t))
     }
 
     /// Loads the coded module `module` (its `.weight` and `.scales`), checked against the config.
     pub fn module(&self, module: &str) -> Result<TrellisLinear> {
         let cfg = self.module_config(module)?;
-        let codes = self.tensor(&format!("{module}.weight"))?;
-        let scales = self.tensor(&format!("{module}.scales"))?;
-        let layer =
-            TrellisLinear::new(&format!("{module}.weight"), codes, scales, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
-                .with_context(|| format!("module {module:?} in {}", self.dir.display()))?;
-        self.check_model_dims(module, &layer)?;
-        Ok(layer)
+        let (wname, sname) = (format!("{module}.weight"), format!("{module}.scales"));
+        let (wfile, codes) = self.tensor(&wname)?;
+        let geometry = check_codes(&wname, &codes, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
+            .map_err(|e| Error::artifact(&wfile, Some(&wname), e.message()))?;
+        let (sfile, scales) = self.tensor(&sname)?;
+        check_scales(&wname, &scales, &geometry, &codes)
+            .map_err(|e| Error::artifact(&sfile, Some(&sname), e.message()))?;
+        self.check_model_dims(module, &geometry)?;
+        Ok(TrellisLinear::from_checked(&wname, codes, scales, geometry))
     }
 
     /// Where the config states the model's widths, an MLP projection must have them.
-    fn check_model_dims(&self, module: &str, layer: &TrellisLinear) -> Result<()> {
-        let dim = |key: &str| self.config.get(key).and_then(Json::as_u64).map(|v| v as usize);
-        let (Some(hidden), Some(inter)) = (dim("hidden_size"), dim("intermediate_size")) else {
+    fn check_model_dims(&self, module: &str, g: &crate::trellis::TrellisGeometry) -> Result<()> {
+        let dim = |key: &str| -> Result<Option<usize>> {
+            match self.config.get(key) {
+                None => Ok(None),
+                Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                    Some(n) => Ok(Some(n)),
+                    None => Err(self.config_error(key, format!("is {v}, expected a non-negative integer"))),
+                },
+            }
+        };
+        let (Some(hidden), Some(inter)) = (dim("hidden_size")?, dim("intermediate_size")?) else {
             return Ok(());
         };
         let expected = if module.ends_with("down_proj") {
@@ -183,63 +252,67 @@ impl Artifact {
         } else {
             return Ok(());
         };
-        let g = layer.geometry();
         if (g.in_features(), g.out_features()) != expected {
-            invalid!(
+            let message = format!(
                 "module {module:?}: codes give a {} -> {} map ({g}) but config.json's hidden_size {hidden} and intermediate_size {inter} say {} -> {}",
                 g.in_features(),
                 g.out_features(),
                 expected.0,
                 expected.1
             );
+            return Err(self.config_error(module, message));
         }
         Ok(())
     }
 }
 
 /// The config entry of a layer.
-fn module_entry(layer: &TrellisLinear) -> Json {
+fn module_entry(layer: &TrellisLinear) -> Value {
     let g = layer.geometry();
-    let n = |v: u32| Json::Number(v as f64);
-    Json::Object(vec![
-        ("bits".into(), n(g.k)),
-        ("group_size".into(), n(g.t)),
-        ("mode".into(), Json::String("trellis".into())),
-        (
-            "trellis".into(),
-            Json::Object(vec![
-                ("L".into(), n(g.l)),
-                ("code".into(), Json::String("1mad".into())),
-                ("axis".into(), n(g.axis)),
-            ]),
-        ),
-    ])
+    serde_json::json!({
+        "bits": g.k,
+        "group_size": g.t,
+        "mode": "trellis",
+        "trellis": { "L": g.l, "code": "1mad", "axis": g.axis },
+    })
 }
 
 /// Writes `modules` (name, layer) to `dir` as one `model.safetensors` and a `config.json` whose
 /// `quantization` and `quantization_config` list them. `extra` members (for example
-/// `hidden_size`) are written into the config first.
+/// `hidden_size`) are written into the config too; they may not be `quantization` or
+/// `quantization_config`, and names may not repeat.
 pub fn write_artifact(
     dir: impl AsRef<FsPath>,
     modules: &[(&str, &TrellisLinear)],
-    extra: &[(&str, Json)],
+    extra: &[(&str, Value)],
 ) -> Result<()> {
     let dir = dir.as_ref();
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let mut config = Map::new();
+    for (key, value) in extra {
+        if matches!(*key, "quantization" | "quantization_config") {
+            invalid!("write_artifact: {key:?} is written from the modules, not from the extra members");
+        }
+        if config.insert(key.to_string(), value.clone()).is_some() {
+            invalid!("write_artifact: extra member {key:?} is given twice");
+        }
+    }
     let mut names = Vec::new();
-    let mut quant = Vec::new();
+    let mut quant = Map::new();
     for (name, layer) in modules {
+        if quant.insert(name.to_string(), module_entry(layer)).is_some() {
+            invalid!("write_artifact: module {name:?} is given twice");
+        }
         names.push((format!("{name}.weight"), layer.codes()));
         names.push((format!("{name}.scales"), layer.scales()));
-        quant.push((name.to_string(), module_entry(layer)));
     }
+    config.insert("quantization".into(), Value::Object(quant.clone()));
+    config.insert("quantization_config".into(), Value::Object(quant));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let tensors: Vec<(&str, &MlxArray)> = names.iter().map(|(n, a)| (n.as_str(), *a)).collect();
     let meta = BTreeMap::from([("format".to_string(), "mlx".to_string())]);
-    save_safetensors(dir.join("model.safetensors"), tensors, &meta)?;
-    let mut config: Vec<(String, Json)> = extra.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    config.push(("quantization".into(), Json::Object(quant.clone())));
-    config.push(("quantization_config".into(), Json::Object(quant)));
-    let path = dir.join("config.json");
-    std::fs::write(&path, Json::Object(config).to_pretty()).map_err(|e| Error::io(&path, e))?;
+    save_safetensors(dir.join(SINGLE), tensors, &meta)?;
+    let path = dir.join(CONFIG);
+    let text = serde_json::to_string_pretty(&Value::Object(config)).map_err(|e| Error::invalid(e.to_string()))?;
+    std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
     Ok(())
 }

@@ -2,7 +2,6 @@
 //! one.
 
 mod artifact;
-mod json;
+mod paths;
 
 pub use artifact::{write_artifact, Artifact, ModuleConfig};
-pub use json::Json;

@@ -1,4 +1,5 @@
-//! Safetensors files through mlx-c (`mlx_load_safetensors` / `mlx_save_safetensors`).
+//! Safetensors files through mlx-c (`mlx_load_safetensors` / `mlx_save_safetensors`), each
+//! header validated first ([`header`]) since MLX's loader trusts it.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, CStr, CString};
@@ -9,8 +10,12 @@ use mlx_sys as sys;
 
 use crate::array::MlxArray;
 use crate::device::Stream;
-use crate::error::{invalid, Error, Result};
+use crate::error::{Error, Result};
 use crate::ffi::call;
+
+mod header;
+
+use header::read_header;
 
 /// The tensors and the metadata of one safetensors file.
 #[derive(Debug, Default)]
@@ -47,8 +52,9 @@ fn key_cstring(key: &str) -> Result<CString> {
     CString::new(key).map_err(|_| Error::invalid(format!("name {key:?} contains a NUL byte")))
 }
 
-/// Reads every tensor and the metadata of a safetensors file. The tensors are evaluated (read
-/// from disk) before this returns, so a truncated or corrupt file fails here.
+/// Reads every tensor and the metadata of a safetensors file. The header is validated before MLX
+/// sees the file (see [`header`]: a malformed one is an [`Error::Artifact`] naming the file and
+/// the tensor), and the tensors are evaluated (read from disk) before this returns.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Safetensors> {
     let path = path.as_ref();
     load_inner(path, true).with_context(|| format!("loading safetensors file {}", path.display()))
@@ -62,9 +68,7 @@ pub(crate) fn load_safetensors_lazy(path: &Path) -> Result<BTreeMap<String, MlxA
 }
 
 fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
-    if !path.is_file() {
-        invalid!("no such file");
-    }
+    let header = read_header(path)?;
     let file = path_cstring(path)?;
     // SAFETY: creating empty maps has no preconditions; they are freed by the guards.
     let mut arrays = ArrayMap(unsafe { sys::mlx_map_string_to_array_new() });
@@ -73,7 +77,8 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
     // Loading reads from disk: MLX requires a CPU stream for it.
     let cpu = Stream::cpu()?;
     // SAFETY: both maps are live slots to fill, `file` is NUL-terminated, `cpu` is live.
-    call(|| unsafe { sys::mlx_load_safetensors(&mut arrays.0, &mut strings.0, file.as_ptr(), cpu.raw()) })?;
+    call(|| unsafe { sys::mlx_load_safetensors(&mut arrays.0, &mut strings.0, file.as_ptr(), cpu.raw()) })
+        .map_err(|e| Error::artifact(path, None, format!("MLX could not read it: {}", e.message())))?;
 
     let mut out = Safetensors::default();
     // SAFETY: `arrays.0` is a live map; the iterator is freed below before the map.
@@ -93,8 +98,23 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
             }
             // SAFETY: `key` points at the map's NUL-terminated key, alive while the map lives.
             let name = unsafe { CStr::from_ptr(key) }.to_string_lossy().into_owned();
+            // What MLX made of the header must be what was validated.
+            let agrees = header
+                .tensors
+                .get(&name)
+                .is_some_and(|t| value.try_shape().is_ok_and(|s| s == t.shape) && value.dtype() == t.dtype);
+            if !agrees {
+                let message = format!(
+                    "MLX read it as {} {:?}, which the validated header does not describe",
+                    value.dtype(),
+                    value.shape()
+                );
+                return Err(Error::artifact(path, Some(&name), message));
+            }
             if eval {
-                value.eval().with_context(|| format!("reading tensor {name:?}"))?;
+                value
+                    .eval()
+                    .map_err(|e| Error::artifact(path, Some(&name), format!("reading it failed: {}", e.message())))?;
             }
             out.tensors.insert(name, value);
         }
@@ -102,6 +122,10 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
     // SAFETY: `it` is live and freed exactly once.
     unsafe { sys::mlx_map_string_to_array_iterator_free(it) };
     result?;
+    if out.tensors.len() != header.tensors.len() {
+        let missing = header.tensors.keys().find(|k| !out.tensors.contains_key(*k));
+        return Err(Error::artifact(path, missing.map(String::as_str), "MLX did not read this tensor"));
+    }
 
     // SAFETY: `strings.0` is a live map; the iterator is freed below before the map.
     let it = unsafe { sys::mlx_map_string_to_string_iterator_new(strings.0) };
