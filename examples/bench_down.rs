@@ -168,6 +168,13 @@ fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
 }
 
 fn main() -> Result<()> {
+    let result = bench();
+    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
+    mlx_trellis::synchronize()?;
+    result
+}
+
+fn bench() -> Result<()> {
     let args = parse()?;
     if backend() != Backend::Cuda {
         bail!("bench_down times the CUDA kernels; this MLX build's back-end is {}", backend());

@@ -169,6 +169,13 @@ struct Row {
 }
 
 fn main() -> Result<()> {
+    let result = bench();
+    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
+    mlx_trellis::synchronize()?;
+    result
+}
+
+fn bench() -> Result<()> {
     let args = parse()?;
     if let Some((json, svg)) = &args.plot {
         return plot::write(json, svg);

@@ -170,7 +170,12 @@ fn dense_forward(x: &[f32], m: usize, stored: &[f32], rows: usize, cols: usize, 
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let result = run();
+    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
+    if let Err(e) = mlx_trellis::synchronize() {
+        eprintln!("error: {e}");
+    }
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("[quantize_layer] a check failed (see the table)");

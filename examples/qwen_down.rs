@@ -210,7 +210,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let result = run();
+    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
+    if let Err(e) = mlx_trellis::synchronize() {
+        eprintln!("error: {e}");
+    }
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("[qwen_down] a result missed its relErr gate");

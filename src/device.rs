@@ -273,6 +273,17 @@ pub fn active_memory() -> Result<usize> {
     Ok(bytes)
 }
 
+/// Waits until everything queued on this thread's default stream has run, and then frees MLX's
+/// cache of released buffers: call it before the process exits after GPU work, on success and
+/// after an error alike. On MLX's CUDA back-end, work still queued when the process exits is torn
+/// down while the CUDA driver itself shuts down, and MLX's CUDA objects then throw from their
+/// destructors (the process aborts instead of exiting with its status).
+pub fn synchronize() -> Result<()> {
+    // SAFETY: no preconditions; it waits on the default stream of the calling thread.
+    call(|| unsafe { sys::mlx_synchronize_default() })?;
+    clear_cache()
+}
+
 /// Frees MLX's cache of released buffers.
 pub fn clear_cache() -> Result<()> {
     // SAFETY: no preconditions.

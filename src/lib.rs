@@ -64,7 +64,9 @@ mod sim;
 pub mod trellis;
 
 pub use array::{MlxArray, SharedArray};
-pub use device::{active_memory, backend, clear_cache, seed, Backend, Device, DeviceType, Stream, StreamScope};
+pub use device::{
+    active_memory, backend, clear_cache, seed, synchronize, Backend, Device, DeviceType, Stream, StreamScope,
+};
 pub use dtype::{Dtype, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
