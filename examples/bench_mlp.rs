@@ -229,7 +229,8 @@ fn bench() -> Result<()> {
             let (med, best) = time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &|l, x| l.forward(x)))?;
             rows.push(Row { m, name: format!("trellis k{k}"), median: med, best });
             eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer, relErr {err:.1e}");
-            if args.alone {
+            // Each projection alone for the first bit width only (the 3-bit layers by default).
+            if args.alone && bi == 0 {
                 let (med, best) = time(args.evals, steps, &|| {
                     alone(&layers, args.rounds, &|l| l.swiglu_with(&x, mlx_trellis::trellis::ForwardPath::Auto))
                 })?;

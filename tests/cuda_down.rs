@@ -420,13 +420,20 @@ fn qwen_sized_layers_match_the_reference() {
 #[ignore = "needs MLX's CUDA back-end"]
 fn unsupported_geometries_fall_back_or_refuse() {
     require_cuda();
-    // Axis 1 has no CUDA kernel: Auto takes the generic path, a forced CUDA path refuses.
+    // One bit per weight has no CUDA kernel on either axis: Auto takes the generic path, a forced
+    // CUDA path refuses with the typed error (nothing runs).
+    for axis in [0, 1] {
+        let host = synthetic_layer(64, 512, 1, 12, axis, CodeLayout::RowMajor, 0.02, 1).unwrap();
+        let lin = TrellisLinear::from_host("k1", &host).unwrap();
+        assert_eq!(lin.best_path(), ForwardPath::Generic, "axis {axis}");
+        let x = MlxArray::zeros(&[1, lin.geometry().in_features()], Dtype::Float32).unwrap();
+        let err = lin.forward_with(&x, ForwardPath::Cuda).unwrap_err();
+        assert_eq!(err.kind(), mlx_trellis::ErrorKind::Unserved, "axis {axis}: {err}");
+        assert!(lin.forward_with(&x, ForwardPath::Auto).is_ok(), "axis {axis}");
+    }
+    // Axis 1 row-major has its kernels.
     let host = synthetic_layer(64, 512, 2, 12, 1, CodeLayout::RowMajor, 0.02, 1).unwrap();
-    let lin = TrellisLinear::from_host("up", &host).unwrap();
-    assert_eq!(lin.best_path(), ForwardPath::Generic);
-    let x = MlxArray::zeros(&[1, 512], Dtype::Float32).unwrap();
-    let err = lin.forward_with(&x, ForwardPath::Cuda).unwrap_err();
-    assert!(format!("{err:#}").contains("no kernel"), "{err:#}");
+    assert_eq!(TrellisLinear::from_host("up", &host).unwrap().best_path(), ForwardPath::Cuda);
 }
 
 /// `v` rounded once to `dtype`, as f64.
@@ -546,6 +553,26 @@ fn concurrent_calls_of_one_layer_equal_sequential_calls() {
             for (i, (y, want)) in together.iter().zip(&alone).enumerate() {
                 assert_eq!(&to_f64(y), want, "M {m} {dtype}: call {i} in flight with three others");
             }
+        }
+    }
+}
+
+/// Activations whose products with the row scales reach the edges of f16's range (the kernel
+/// multiplies x * scale as f16): |x * scale| up to about 5e4, and around 1e-4, near f16's
+/// smallest normal numbers.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn activations_at_the_edges_of_the_f16_range() {
+    require_cuda();
+    let c = Case::new(200, 1024, 3, CodeLayout::K3Interleaved);
+    for (factor, dtype) in [(2.2e5, Dtype::Bfloat16), (2.2e5, Dtype::Float32), (5e-3, Dtype::Bfloat16), (5e-3, Dtype::Float16)] {
+        for m in [1, 9, 24] {
+            let (x, _) = c.x(m, Dtype::Float32);
+            let x = x.multiply(&MlxArray::full(&[1], factor, Dtype::Float32).unwrap()).unwrap().astype(dtype).unwrap();
+            let xr = to_f64(&x);
+            let largest = xr.iter().zip(0..).map(|(v, i)| (v * f64::from(c.host.scales[i % c.g().rows].to_f32())).abs()).fold(0.0, f64::max);
+            assert!(largest < 65504.0, "x * scale reaches {largest}: past f16's range");
+            check_on(&c, &x, &xr, gate(dtype), &format!("x * {factor:e}"), &|x| c.lin.forward_with(x, ForwardPath::Cuda));
         }
     }
 }

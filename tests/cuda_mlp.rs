@@ -51,25 +51,51 @@ fn check(what: &str, got: &MlxArray, want: &[f64], m: usize, width: usize, dtype
     assert!(err < bound, "{what} M {m} {dtype}: relErr {err:.3e} (gate {bound:.0e})");
 }
 
-/// One projection stored [out, in] by the planned kernel: k 2/3/4, L 8/12/16, inputs of one and
-/// of several blocks (not a multiple of the block's warps), outputs not a multiple of the tile.
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn axis_one_projections_match_the_reference() {
+/// One projection stored [out, in] by the planned kernel at every kind of row count and dtype.
+fn axis_one_projection_matches_the_reference(out: usize, inp: usize, k: u32, l: u32) {
     require_cuda();
-    for (out, inp, k, l) in
-        [(200, 768, 3, 12), (64, 256, 2, 12), (136, 1280, 4, 16), (48, 512, 2, 8), (40, 1024, 3, 16)]
-    {
-        let (host, lin) = up_layer(out, inp, k, l);
-        for &m in &ROWS {
-            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                let (x, xr) = x(m, inp, dtype, 1.0);
-                let want = forward_f64(&xr, m, &host.codes, &host.scales, &host.geometry).unwrap();
-                let y = lin.forward_with(&x, ForwardPath::Cuda).unwrap();
-                check(&format!("axis 1 {}", host.geometry), &y, &want, m, out, dtype, gate(dtype));
-            }
+    let (host, lin) = up_layer(out, inp, k, l);
+    for &m in &ROWS {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            let (x, xr) = x(m, inp, dtype, 1.0);
+            let want = forward_f64(&xr, m, &host.codes, &host.scales, &host.geometry).unwrap();
+            let y = lin.forward_with(&x, ForwardPath::Cuda).unwrap();
+            check(&format!("axis 1 {}", host.geometry), &y, &want, m, out, dtype, gate(dtype));
         }
     }
+}
+
+// k 2/3/4, L 8/12/16, inputs of one and of several blocks (not a multiple of the block's warps),
+// outputs not a multiple of the tile; one test per layer, so that their kernels compile side by
+// side.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn axis_one_k3_l12_matches_the_reference() {
+    axis_one_projection_matches_the_reference(200, 768, 3, 12);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn axis_one_k2_one_block_matches_the_reference() {
+    axis_one_projection_matches_the_reference(64, 256, 2, 12);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn axis_one_k4_l16_matches_the_reference() {
+    axis_one_projection_matches_the_reference(136, 1280, 4, 16);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn axis_one_k2_l8_matches_the_reference() {
+    axis_one_projection_matches_the_reference(48, 512, 2, 8);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn axis_one_k3_l16_matches_the_reference() {
+    axis_one_projection_matches_the_reference(40, 1024, 3, 16);
 }
 
 /// Every kernel shape (rows per pass, row tiles, warps, the bias fold and IMAD pack) on one
@@ -108,44 +134,56 @@ fn every_axis_one_shape_matches_the_reference() {
 }
 
 /// The fused gate·up·SwiGLU against the reference's two projections, and the whole MLP (fused
-/// gate·up, then the down kernel) against the reference MLP.
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn the_fused_swiglu_and_the_mlp_match_the_reference() {
+/// gate·up, then the down kernel) against the reference MLP: bf16 at every kind of row count,
+/// f32 and f16 at a few.
+fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32, down: CodeLayout) {
     require_cuda();
-    for (hidden, inter, k, down) in [
-        (512, 1024, 3, CodeLayout::K3Interleaved),
-        (768, 520, 2, CodeLayout::RowMajor),
-        (256, 1024, 4, CodeLayout::RowMajor),
+    let h = synthetic_mlp(hidden, inter, k, down, 11).unwrap();
+    let lin = |name: &str, l: &HostLayer| TrellisLinear::from_host(name, l).unwrap();
+    let mlp = TrellisMlp::new(lin("gate", &h.0), lin("up", &h.1), lin("down", &h.2)).unwrap();
+    let cases = ROWS
+        .iter()
+        .map(|&m| (m, Dtype::Bfloat16))
+        .chain([1, 17, 40].into_iter().flat_map(|m| [(m, Dtype::Float32), (m, Dtype::Float16)]));
+    for (m, dtype) in cases {
+        let (x, xr) = x(m, hidden, dtype, 1.0);
+        let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+        let s = mlp.swiglu_with(&x, ForwardPath::Cuda).unwrap();
+        check(&format!("SwiGLU {hidden}->{inter} k{k}"), &s, &want, m, inter, dtype, gate(dtype));
+        let want = mlp_forward_f64(&xr, m, &h.0, &h.1, &h.2).unwrap();
+        let y = mlp.forward_with(&x, ForwardPath::Cuda).unwrap();
+        check(&format!("MLP {hidden}->{inter} k{k}"), &y, &want, m, hidden, dtype, gate(dtype));
+    }
+    // Other fused shapes at a few rows.
+    for cfg in [
+        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false },
+        axis_one_plan(40, Dtype::Bfloat16, true),
     ] {
-        let h = synthetic_mlp(hidden, inter, k, down, 11).unwrap();
-        let lin = |name: &str, l: &HostLayer| TrellisLinear::from_host(name, l).unwrap();
-        let mlp = TrellisMlp::new(lin("gate", &h.0), lin("up", &h.1), lin("down", &h.2)).unwrap();
-        for &m in &ROWS {
-            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                let (x, xr) = x(m, hidden, dtype, 1.0);
-                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let s = mlp.swiglu_with(&x, ForwardPath::Cuda).unwrap();
-                check(&format!("SwiGLU {hidden}->{inter} k{k}"), &s, &want, m, inter, dtype, gate(dtype));
-                let want = mlp_forward_f64(&xr, m, &h.0, &h.1, &h.2).unwrap();
-                let y = mlp.forward_with(&x, ForwardPath::Cuda).unwrap();
-                // Two kernels in a row: the intermediate is rounded to the activation dtype once.
-                check(&format!("MLP {hidden}->{inter} k{k}"), &y, &want, m, hidden, dtype, 2.0 * gate(dtype));
-            }
-        }
-        // Every fused shape at a few rows.
-        for cfg in [
-            AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false },
-            axis_one_plan(40, Dtype::Bfloat16, true),
-        ] {
-            for m in [1, 13, 40] {
-                let (x, xr) = x(m, hidden, Dtype::Bfloat16, 1.0);
-                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
-                check(&format!("SwiGLU {cfg:?}"), &s, &want, m, inter, Dtype::Bfloat16, gate(Dtype::Bfloat16));
-            }
+        for m in [1, 13, 40] {
+            let (x, xr) = x(m, hidden, Dtype::Bfloat16, 1.0);
+            let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+            let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
+            check(&format!("SwiGLU {cfg:?}"), &s, &want, m, inter, Dtype::Bfloat16, gate(Dtype::Bfloat16));
         }
     }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn fused_mlp_k3_interleaved_matches_the_reference() {
+    fused_swiglu_and_mlp_match_the_reference(512, 1024, 3, CodeLayout::K3Interleaved);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn fused_mlp_k2_matches_the_reference() {
+    fused_swiglu_and_mlp_match_the_reference(768, 520, 2, CodeLayout::RowMajor);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn fused_mlp_k4_matches_the_reference() {
+    fused_swiglu_and_mlp_match_the_reference(256, 1024, 4, CodeLayout::RowMajor);
 }
 
 /// Activations at the edges of f16's range (the kernel multiplies them as f16): |x| near 6e4,

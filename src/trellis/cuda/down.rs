@@ -149,10 +149,12 @@ fn run(
     if cfg.staged() {
         return Ok((None, prepared.kernel.apply_prepared(&[&b, codes, scales], &prepared.launch)?.remove(0)));
     }
-    // A fresh zeroed array per call: two calls in flight never count into the same one.
+    // A fresh zeroed array per call: two calls in flight never count into the same one. Two
+    // counters at least: a broadcast zero of one element is already contiguous, and MLX would
+    // hand the kernel the scalar's own buffer instead of a copy of it.
     let counters = match counters {
         Some(c) => c,
-        None => MlxArray::zeros(&[prepared.counters], Dtype::Uint32)?,
+        None => MlxArray::zeros(&[prepared.counters.max(2)], Dtype::Uint32)?,
     };
     let mut outs = prepared.kernel.apply_prepared(&[&b, codes, scales, &counters], &prepared.launch)?;
     let partials = outs.pop().expect("two outputs");
