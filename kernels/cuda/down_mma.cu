@@ -90,7 +90,7 @@
 // Two sources. Code only the fragment decode compiles (ROW_WARPS == 0) sits under
 // `#if !TRELLIS_DOWN_STAGED`, code only the staged one compiles under `#if TRELLIS_DOWN_STAGED`.
 // No compiler ever sees the macro: the library registers the file twice, each time without the
-// other decode's sections (src/trellis/launch.rs, source_variant), because MLX's CUDA back-end
+// other decode's sections (src/kernel/variant.rs, source_variant), because MLX's CUDA back-end
 // hashes a kernel's whole source at every launch. The sections hold `if constexpr` branches a
 // variant discards and lambdas, locals and helpers it never uses; for every planned shape each
 // variant compiles to the same instructions as the file did with both decodes (NOTES, v13).
@@ -141,7 +141,7 @@
   constexpr int B_SLOTS = PRESCALED ? STAGES : 2;
   static_assert(!PRESCALED || !STAGED, "PRESCALED streams the fragment decode's B tiles");
   // Prescaled rows are padded to whole steps of any KS: the host's PRESCALED_ROW_MULTIPLE (64,
-  // down_cuda.rs), which also sizes prescale.cu's output.
+  // src/trellis/cuda/down.rs), which also sizes prescale.cu's output.
   constexpr int R_PAD = (R + 63) / 64 * 64;
   static_assert(!MBARRIERS || (PRESCALED && STAGES >= 3), "MBARRIERS runs the prescaled ring, 3 stages or more");
   // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the

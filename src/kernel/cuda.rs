@@ -31,8 +31,8 @@ impl CudaKernel {
         let name = cstring(&source.name, "kernel name")?;
         // MLX's CUDA back-end hashes the whole generated source on every evaluation of the
         // kernel (its module cache key) and copies it on every application, so comments and
-        // indentation cost host time on each call: about 0.2 µs per KB on the host of an H200
-        // machine. `MLX_TRELLIS_KEEP_CUDA_SOURCE=1` keeps them (compile errors then name the
+        // indentation cost host time on each call (measured in docs/cuda-down.md).
+        // `MLX_TRELLIS_KEEP_CUDA_SOURCE=1` keeps them (compile errors then name the
         // kernel files' own lines).
         let body = cstring(&compact_cuda_source(&source.source), "kernel source")?;
         let header = cstring(&compact_cuda_source(&source.header), "kernel header")?;

@@ -98,7 +98,7 @@ fn row_chunks(g: &TrellisGeometry) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// The stored matrix `[rows, cols]` as f32 weights, decoded with MLX operations. Equal bit for
-/// bit to [`reference::expand`](super::reference::expand).
+/// bit to [`reference::expand`](crate::trellis::reference::expand).
 pub fn expand_dense(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     check_inputs(codes, scales, g)?;
     let tables = PositionTables::new(g)?;

@@ -5,8 +5,8 @@
 //! [`down_cuda_dense`] is the CUDA down projection for many activation rows: decode once, then
 //! MLX's own matmul. The decode costs about one write of the dense layer (178 MB in bf16 for the
 //! Qwen down projection), independent of the row count, while the fused kernel's tensor-core
-//! work grows with it; [`down_cuda`](super::down_cuda::down_cuda) switches at
-//! [`DENSE_MIN_ROWS`](super::down_cuda::DENSE_MIN_ROWS).
+//! work grows with it; [`down_cuda`](super::down::down_cuda) switches at
+//! [`DENSE_MIN_ROWS`](super::down::DENSE_MIN_ROWS).
 
 use crate::array::MlxArray;
 use crate::device::{backend, Backend};

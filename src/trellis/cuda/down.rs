@@ -185,7 +185,7 @@ struct PreparedDown {
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
 /// per geometry, configuration, row count and dtype: a model makes the same few calls many
-/// times, and building the 19 template arguments at every call cost about 4 µs of host time.
+/// times, and building the template arguments at every call costs host time.
 fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> Result<Arc<PreparedDown>> {
     static LAUNCHES: LaunchCache<(TrellisGeometry, CudaDownConfig, usize, Dtype), PreparedDown> =
         LaunchCache::new(1024);

@@ -46,7 +46,7 @@ pub struct CudaDownConfig {
     /// Fragment decode only: the B operand (activations times the row scales, as f16) comes
     /// from a pre-pass kernel (`kernels/cuda/prescale.cu`) and streams into the code ring with
     /// the codes, one B tile per ring slot, instead of every thread block loading and converting
-    /// the activations of each step itself. It costs one more kernel per call (2-4 µs) and
+    /// the activations of each step itself. It costs one more kernel per call and
     /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
     /// tiles large (17 rows and more, with `mbarriers`). Needs `row_warps` 0.
     pub prescaled: bool,
@@ -190,7 +190,7 @@ impl CudaDownConfig {
     /// shapes whose register count is known are allowed there: 16-bit activations loaded 8 at a
     /// time, at most 64 accumulators a thread (`nc * mt <= 16`) and 8-row tiles per pass
     /// `mt <= 8`; f32 ones (two B tiles) with `nc * mt <= 8`. In a survey under NVRTC for
-    /// `sm_90` (`kernels/cuda/NOTES.md`) those took at most 128 registers, all that 16 warps
+    /// `sm_90` (docs/cuda-down.md) those took at most 128 registers, all that 16 warps
     /// leave.
     fn producer_problem(&self, g: &TrellisGeometry, dtype: Dtype) -> Option<&'static str> {
         let groups = 2 * self.nc * self.warps; // runs of 8 positions across the tile

@@ -25,37 +25,24 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
     plan_for(g, m, Dtype::Bfloat16)
 }
 
-/// The configuration for `m` activation rows of `dtype` (measured on an H200 at the Qwen down
-/// shape; see the README's benchmark section), fitted to the geometry.
+/// The configuration for `m` activation rows of `dtype`, fitted to the geometry. Each choice was
+/// measured on an H200 at the Qwen down shape by the kernel's own duration (what a model's chain
+/// of dependent layers waits for); docs/cuda-down.md keeps the measurements and the plans they
+/// replaced.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
     // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps,
-    // prescaled B tiles on an mbarrier ring), chosen with bf16 activations by the kernel's own
-    // duration on an H200 at the Qwen down shape (Nsight Compute, one kernel at a time:
-    // `scripts/cuda.sh latency`), which is what a model's chain of dependent layers waits for.
-    // kernels/cuda/NOTES.md keeps the measurements behind each choice and the plans they replaced.
-    // Up to 16 rows the decode is everything: small blocks hide its latency, and dp4a with the
-    // bias fold beats the u8 MMA byte sums, whose fixed latency a warp waits out; 4-warp blocks
-    // of narrow tiles (72 registers a thread at 2-8 rows) beat fewer, wider warps. At one row
-    // the ALU pipe limits the decode, so half of the code pairs are packed on FMA-heavy instead
-    // (`pack_fma`). Steps of 32 or 64 input rows spread each step's barrier and copies over more
-    // decode. Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU: 19 at
-    // 9-16 rows (380 blocks, one wave at three or four blocks per SM), 13 from 17; MLX's fold of
-    // the partials is then shorter too. Prescaled B tiles saved about 2 µs alone at 1-16 rows,
-    // no more than their pre-pass costs (and queued, its launch lost more at 4 and 8 rows).
-    // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks (NC 2, 128
-    // registers, two blocks per SM, no bias fold: its accumulators would take 168) decode each
+    // prescaled B tiles on an mbarrier ring).
+    // Up to 16 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
+    // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
+    // (`pack_fma`). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
+    // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks decode each
     // weight once into the registers that multiply it, with the B tiles from the pre-pass
-    // kernel streamed into the code ring (`prescaled`) and the ring on mbarriers (`mbarriers`),
-    // so that the warps drift apart and their decode and MMA phases overlap. Kernel alone, k 3:
-    // 35.6 µs at 24 rows and 38.0 at 32 (+ 2.2-2.4 µs of pre-pass) against 39.6 and 41.7 for
-    // the staged kernel with producer warps; 48.3 at 64 rows against 53.4 with a block barrier
-    // per step and 61.2 with the B tiles built in the block. A pass holds just the call's rows
-    // (MT = M / 8 rounded up, one kernel per MT); above 64 rows passes of up to 64 share the
-    // rows evenly (72 rows: two passes of 40, not 64 + 8), 94.3-95.9 µs at 128 rows.
-    // f32 activations keep the B tiles in the block (the prescaled residue tiles took the 64-row
-    // shape to 146 registers, one block per SM) and at 17-32 rows the staged kernel with
-    // producer warps: 4 warps multiply while 4 more decode 64-row steps into two A tiles.
+    // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
+    // decode and MMA phases overlap. A pass holds just the call's rows (MT = M / 8 rounded up);
+    // above 64 rows passes of up to 64 share the rows evenly (72 rows: two passes of 40).
+    // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers) and
+    // at 17-32 rows the staged kernel with producer warps.
     let tiles = m.div_ceil(8).max(1);
     let pass_tiles = tiles.div_ceil(tiles.div_ceil(8)) as u32; // 8-row tiles a pass, passes of up to 8
     let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers, prescaled) = match m {
@@ -66,9 +53,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // double the B tiles).
         17..=32 if dtype == Dtype::Float32 => (4, tiles as u32, 4, 1, 13, false, false, 1, 4, false),
         17..=64 => (2, tiles as u32, 4, 1, 13, false, false, 0, 0, true),
-        // Up to DENSE_MIN_ROWS rows of 16-bit activations, f32 ones, and explicit calls (f32:
-        // two passes of 64 rows took 119.4 µs at 128 rows against 138.8 for one pass of 16-row
-        // tiles with the u8 MMA byte sums).
+        // Up to DENSE_MIN_ROWS rows of 16-bit activations, f32 ones, and explicit calls: passes
+        // of the 64-row shape.
         _ => (2, pass_tiles, 4, 1, 13, false, false, 0, 0, true),
     };
     let mut cfg = CudaDownConfig {
@@ -111,19 +97,16 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
 }
 
-/// runs MLX's matmul instead of the fused kernel. On an H200 at the Qwen down shape the decode,
-/// the matmul and cuBLAS's split-K reduction take about 62 + 54 + 5 µs whatever the row count;
-/// the fused call (pre-pass, kernel in passes of up to 64 rows, MLX's fold and the cast) took
-/// 91.2 µs at 72 rows, 96.2 at 96 and 112.8 at 128 against 119.9-122.4 for the dense path, and
-/// 139.8 against 121.8 at 144 (`bench_down --paths` under Nsight Compute, one kernel at a time;
-/// see the README's benchmark section). Up to 128 rows the fused kernel is ahead, and it needs
-/// no scratch.
-/// The dense path needs `2 * in * out` bytes of scratch per call (178 MB for the Qwen down
-/// projection). f32 activations always take the fused kernel: MLX multiplies f32 in TF32 on CUDA
-/// by default, below the f32 accuracy the fused kernel keeps.
+/// Rows of 16-bit activations from which [`down_cuda`](super::down::down_cuda) decodes the layer
+/// to dense weights and runs MLX's matmul instead of the fused kernel: the decode costs one write
+/// of the dense layer whatever the row count, while the fused kernel decodes every weight again
+/// in each pass of up to 64 rows (the crossover measured on an H200 is in docs/cuda-down.md).
+/// The dense path needs `2 * in * out` bytes of scratch per call. f32 activations always take
+/// the fused kernel: MLX multiplies f32 in TF32 on CUDA by default, below the f32 accuracy the
+/// fused kernel keeps.
 pub const DENSE_MIN_ROWS: usize = 129;
 
-/// Whether [`down_cuda`] takes the dense path for `m` rows of `dtype` activations.
+/// Whether [`down_cuda`](super::down::down_cuda) takes the dense path for `m` rows of `dtype` activations.
 pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
     m >= DENSE_MIN_ROWS && matches!(dtype, Dtype::Float16 | Dtype::Bfloat16)
 }

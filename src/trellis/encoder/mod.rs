@@ -19,10 +19,10 @@
 //!    relation cyclically (`state_0 >> k == state_{T-1} & (2^(L-k) - 1)`), and since
 //!    `T*k >= L` every pinned end state is reachable, so the second pass always closes.
 //! 4. Symbol `state_t & (2^k - 1)` is packed at bit `(T-1-t)*k`. Every block is then decoded
-//!    back through [`block_state`] (the format's literal window definition, wrap included) and
+//!    back through [`block_state`](crate::trellis::reference::block_state) (the format's literal window definition, wrap included) and
 //!    compared with the Viterbi's states at every position; a mismatch is an error, never
 //!    emitted codes. The reported reconstruction is `value(decoded state) * f32(scale)`, exactly
-//!    what [`expand`](super::reference::expand) decodes from the codes.
+//!    what [`expand`](crate::trellis::reference::expand) decodes from the codes.
 //!
 //! # Cost and layout of the search
 //!
@@ -187,7 +187,7 @@ pub struct Encoded {
     /// Codes (in the configured layout), one f16 scale per stored row, and the geometry.
     pub layer: HostLayer,
     /// The decoded stored matrix `[rows, cols]`, row-major: `value(state) * f32(scale)` for the
-    /// states the codes hold. Bit for bit what [`expand`](super::reference::expand) returns for
+    /// states the codes hold. Bit for bit what [`expand`](crate::trellis::reference::expand) returns for
     /// `layer`.
     pub reconstruction: Vec<f32>,
     /// Mean squared error of `reconstruction` against the input, in f64, summed in row-major
