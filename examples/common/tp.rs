@@ -41,7 +41,8 @@ pub struct Launch {
     pub backend: Backend,
     /// The most the whole launch may take.
     pub timeout: Duration,
-    /// NCCL: the GPU each rank sees (`CUDA_VISIBLE_DEVICES`); empty: rank r sees GPU r.
+    /// NCCL: the GPU each rank sees (`CUDA_VISIBLE_DEVICES`); empty: rank r sees the r-th GPU of
+    /// this process's `CUDA_VISIBLE_DEVICES`, or GPU r where that is unset.
     pub gpus: Vec<String>,
     /// Print each process's standard error as it comes, prefixed by its rank.
     pub echo: bool,
@@ -188,8 +189,20 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
         }
         Backend::Nccl => {
             let port = free_ports(1)?[0];
-            if !launch.gpus.is_empty() && launch.gpus.len() != n {
-                bail!("{} GPUs named for {n} ranks", launch.gpus.len());
+            // One GPU per rank: those named, else the first n this process sees, else 0..n.
+            let gpus: Vec<String> = if !launch.gpus.is_empty() {
+                launch.gpus.clone()
+            } else if let Ok(visible) = std::env::var(env::CUDA_VISIBLE_DEVICES) {
+                visible.split(',').map(|g| g.trim().to_string()).filter(|g| !g.is_empty()).take(n).collect()
+            } else {
+                (0..n).map(|r| r.to_string()).collect()
+            };
+            if gpus.len() != n {
+                bail!(
+                    "{} GPU(s) ({:?}, from Launch::gpus or CUDA_VISIBLE_DEVICES) for {n} NCCL ranks",
+                    gpus.len(),
+                    gpus
+                );
             }
             for (r, e) in envs.iter_mut().enumerate() {
                 e.push((ROLE.into(), "nccl".into()));
@@ -197,8 +210,7 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
                 e.push((env::MLX_WORLD_SIZE.into(), n.to_string()));
                 e.push((env::NCCL_HOST_IP.into(), "127.0.0.1".into()));
                 e.push((env::NCCL_PORT.into(), port.to_string()));
-                let gpu = launch.gpus.get(r).cloned().unwrap_or_else(|| r.to_string());
-                e.push((env::CUDA_VISIBLE_DEVICES.into(), gpu));
+                e.push((env::CUDA_VISIBLE_DEVICES.into(), gpus[r].clone()));
             }
         }
         _ => unreachable!("resolved_backend gives the ring or NCCL"),
