@@ -3,7 +3,7 @@
 //! examples use (`examples/common/tp.rs`) under its watchdog.
 //!
 //! - 2 and 3 processes give the one-process MLP's output (f32 within the reassociation gate,
-//!   bf16 within the bf16 gate) for the 3-bit interleaved and the 2-bit row-major down layouts,
+//!   bf16 within one bf16 rounding per rank and addition) for the 3-bit interleaved and the 2-bit row-major down layouts,
 //!   and every rank holds the same sum;
 //! - a rank whose shard is malformed or missing fails with an error that names it, and the
 //!   launcher stops the other ranks at once (they would otherwise wait for it forever), well
@@ -22,8 +22,8 @@ use std::rc::Rc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::mlp_artifact::{mlp_case, poison_scale, temp_dir, write_mlps, F32_REASSOCIATION};
-use common::{gate, to_f64};
+use common::mlp_artifact::{bf16_tp_gate, mlp_case, poison_scale, temp_dir, write_mlps, F32_REASSOCIATION};
+use common::to_f64;
 use mlx_trellis::distributed::{env, Backend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -101,7 +101,7 @@ fn rank() {
 
 #[test]
 fn two_and_three_processes_give_the_one_process_output() {
-    let mut worst: f64 = 0.0;
+    let (mut worst, mut worst16): (f64, f64) = (0.0, 0.0);
     for (k, layout) in [(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)] {
         let c = mlp_case(PREFIX, HIDDEN, INTER, k, layout, 70 + k as u64);
         let dir = temp_dir(&format!("tp-k{k}"));
@@ -119,8 +119,9 @@ fn two_and_three_processes_give_the_one_process_output() {
                 let err32 = rel_err(&to_f64(&y["y32"]), &want32).unwrap();
                 let err16 = rel_err(&to_f64(&y["y16"]), &want16).unwrap();
                 worst = worst.max(err32);
+                worst16 = worst16.max(err16);
                 assert!(err32 < F32_REASSOCIATION, "k {k} rank {r} of {n}: f32 relErr {err32:.2e}");
-                assert!(err16 < gate(Dtype::Bfloat16), "k {k} rank {r} of {n}: bf16 relErr {err16:.2e}");
+                assert!(err16 < bf16_tp_gate(n), "k {k} rank {r} of {n}: bf16 relErr {err16:.2e}");
                 // The all-reduce leaves the same sum on every rank.
                 assert_eq!(to_f64(&y["y32"]), to_f64(&ys[0]["y32"]), "k {k} rank {r} of {n}");
             }
@@ -129,7 +130,7 @@ fn two_and_three_processes_give_the_one_process_output() {
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
-    println!("ranks against one process (f32, generic path): worst relErr {worst:.2e}");
+    println!("ranks against one process (generic path): worst relErr f32 {worst:.2e}, bf16 {worst16:.2e}");
 }
 
 /// Asserts that rank `bad` failed by itself with an error containing every one of `want`, and
