@@ -317,7 +317,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
     println!("| one process, whole layers | {one_median:.3} | {one_best:.3} |");
     println!("| TP {} rank 0 (shard + all-reduce) | {:.3} | {:.3} |", o.tp, ms("median_ms"), ms("best_ms"));
     println!("| TP {} rank 0, the all-reduce alone | {:.3} | |", o.tp, ms("allreduce_ms"));
-    println!("\n| layer | relErr, every rank against one process (max) | gate {gate:.0e} |\n|---|---|---|");
+    println!("\n| layer | relErr, every rank against one process (max) | gate {gate:.2e} |\n|---|---|---|");
     for (l, e) in errs.iter().enumerate() {
         println!("| {l} | {e:.2e} | {} |", if *e < gate { "ok" } else { "FAIL" });
     }

@@ -116,7 +116,7 @@ fn unavailable(backend: Backend) -> Error {
         Backend::Ring => "the ring is in MLX's CPU and macOS builds",
         Backend::Nccl => "NCCL is in MLX's CUDA build (mlx-cuda), with NVIDIA's NCCL library loadable",
         Backend::Mpi => "MLX loads Open MPI's libmpi.so (or the library MLX_MPI_LIBNAME names) at run time",
-        Backend::Any => "no back-end is",
+        Backend::Any => "none of ring, NCCL or MPI is in it",
     };
     Error::invalid(format!("the loaded MLX library has no {backend} back-end ({why})"))
 }

@@ -44,9 +44,9 @@ impl Group {
     /// The group the environment describes for `backend` (see [`super::env`] for the variables
     /// each reads). With `strict`, a missing environment is an error that names the variables;
     /// without, an environment in which none of the back-end's variables is set gives this
-    /// process alone (as MLX does). A partially set environment, a malformed hostfile, a rank
-    /// outside the group or a back-end the MLX build lacks is an [`Error::InvalidArgument`]
-    /// either way, checked before MLX is called.
+    /// process alone (as MLX does). Once any of its variables is set, a partial environment, a
+    /// malformed hostfile, a rank outside the group or a back-end the MLX build lacks is an
+    /// [`Error::InvalidArgument`] either way, checked before MLX is called.
     ///
     /// Forming a group blocks until every rank has joined: the ring accepts its left neighbour's
     /// connection with no time limit (and retries its own connection for about 30 s), NCCL's
