@@ -3,8 +3,9 @@
 //! examples use (`examples/common/tp.rs`) under its watchdog.
 //!
 //! - 2 and 3 processes give the one-process MLP's output (f32 within the reassociation gate,
-//!   bf16 within one bf16 rounding per rank and addition) for the 3-bit interleaved and the 2-bit row-major down layouts,
-//!   and every rank holds the same sum;
+//!   bf16 within one bf16 rounding per rank and addition) for the 3-bit interleaved and the 2-bit
+//!   row-major down layouts, every rank holds the same sum, all_gather, all_max and all_min give
+//!   the ranks' values, and the ring refuses to split;
 //! - a rank whose shard is malformed or missing fails with an error that names it, and the
 //!   launcher stops the other ranks at once (they would otherwise wait for it forever), well
 //!   inside the launch's time limit;
@@ -89,8 +90,16 @@ fn rank() {
         let mlp = ShardedMlp::from_artifact(&art, PREFIX, group.clone())?;
         let y32 = mlp.forward(&x(Dtype::Float32), ForwardPath::Generic)?;
         let y16 = mlp.forward(&x(Dtype::Bfloat16), ForwardPath::Generic)?;
+        // The other collectives on small arrays: [r, -r] from rank r.
+        let r = group.rank() as f32;
+        let mine = MlxArray::from_slice(&[r, -r], &[1, 2])?;
+        let (gathered, max, min) = (mine.all_gather(&group)?, mine.all_max(&group)?, mine.all_min(&group)?);
+        // MLX 0.32's ring cannot split a group.
+        let split = group.split(0, None).map(|_| ()).unwrap_err();
+        anyhow::ensure!(split.kind() == mlx_trellis::ErrorKind::Mlx, "split: {split}");
         let path = out.join(format!("rank{}.safetensors", group.rank()));
-        save_safetensors(path, [("y32", &y32), ("y16", &y16)], &Default::default())?;
+        let tensors = [("y32", &y32), ("y16", &y16), ("gathered", &gathered), ("max", &max), ("min", &min)];
+        save_safetensors(path, tensors, &Default::default())?;
         Ok(())
     };
     if let Err(e) = run() {
@@ -124,6 +133,11 @@ fn two_and_three_processes_give_the_one_process_output() {
                 assert!(err16 < bf16_tp_gate(n), "k {k} rank {r} of {n}: bf16 relErr {err16:.2e}");
                 // The all-reduce leaves the same sum on every rank.
                 assert_eq!(to_f64(&y["y32"]), to_f64(&ys[0]["y32"]), "k {k} rank {r} of {n}");
+                // all_gather stacks the ranks' [r, -r] in rank order; all_max and all_min.
+                let gathered: Vec<f64> = (0..n).flat_map(|q| [q as f64, -(q as f64)]).collect();
+                assert_eq!((y["gathered"].shape(), to_f64(&y["gathered"])), (vec![n, 2], gathered));
+                let last = (n - 1) as f64;
+                assert_eq!((to_f64(&y["max"]), to_f64(&y["min"])), (vec![last, 0.0], vec![0.0, -last]));
             }
             println!("k {k}, {n} ranks: launch {:.2} s", t.elapsed().as_secs_f64());
             let _ = std::fs::remove_dir_all(&report.out);
