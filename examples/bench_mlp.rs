@@ -15,6 +15,7 @@
 //! cargo build --release --example bench_mlp
 //! target/release/examples/bench_mlp [--rows 1,2,4,8,16,32,64,128] [--bits 3,2] [--json out.json]
 //! target/release/examples/bench_mlp --plot bench.json docs/mlp.svg   # the plot of a JSON table
+//! target/release/examples/bench_mlp --tp N [--backend any|ring|nccl]   # tensor-parallel (common/tp_bench.rs)
 //! ```
 
 use std::fmt::Write as _;
@@ -27,6 +28,11 @@ use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
 use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
+
+#[path = "common/tp.rs"]
+mod tp;
+#[path = "common/tp_bench.rs"]
+mod tp_bench;
 
 const HIDDEN: usize = 5120;
 const INTER: usize = 17408;
@@ -169,7 +175,7 @@ struct Row {
 }
 
 fn main() -> Result<()> {
-    let result = bench();
+    let result = if tp_bench::requested() { tp_bench::run() } else { bench() };
     // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
     mlx_trellis::synchronize()?;
     result

@@ -52,6 +52,7 @@ pub(crate) use tuning_mods;
 mod alloc;
 mod array;
 mod device;
+pub mod distributed;
 mod dtype;
 mod error;
 mod ffi;

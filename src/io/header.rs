@@ -39,6 +39,9 @@ pub(crate) struct TensorEntry {
 pub(crate) struct Header {
     pub(crate) tensors: BTreeMap<String, TensorEntry>,
     pub(crate) metadata: BTreeMap<String, String>,
+    /// Where the data section starts in the file (8 + the header's length); tensor offsets count
+    /// from here.
+    pub(crate) data_start: u64,
 }
 
 /// Reads and validates the header of the safetensors file `path`.
@@ -66,7 +69,9 @@ pub(crate) fn read_header(path: &Path) -> Result<Header> {
     if text.len() as u64 != n {
         return bad(format!("header of {n} bytes ends early (the file changed while it was read?)"));
     }
-    parse_header(&text, file_len - 8 - n).map_err(|p| p.into_error(path))
+    let mut header = parse_header(&text, file_len - 8 - n).map_err(|p| p.into_error(path))?;
+    header.data_start = 8 + n;
+    Ok(header)
 }
 
 /// The MLX dtype of a safetensors dtype, where MLX 0.32's loader reads it.

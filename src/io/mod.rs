@@ -15,7 +15,7 @@ use crate::ffi::call;
 
 mod header;
 
-use header::read_header;
+pub(crate) use header::{read_header, TensorEntry};
 
 /// The tensors and the metadata of one safetensors file.
 #[derive(Debug, Default)]

@@ -5,7 +5,8 @@
 //! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
 //! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the seed's
 //! Metal kernel families, one file each, with the seed's names), [`cuda`] (the CUDA kernels),
-//! [`encoder`] (dense weights to codes) and [`model`] (artifacts on disk).
+//! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk) and [`shard`] (tensor-parallel
+//! shards of an MLP by stored rows).
 
 pub mod cuda;
 pub mod encoder;
@@ -17,10 +18,12 @@ pub mod mlp;
 pub mod model;
 pub(crate) mod operands;
 pub mod reference;
+pub mod shard;
 pub mod synthetic;
 
 pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
 pub use mlp::TrellisMlp;
 pub use model::{write_artifact, Artifact, ModuleConfig};
+pub use shard::{RowShard, SHARD_ROW_MULTIPLE};
 pub use synthetic::{synthetic_layer, synthetic_mlp};

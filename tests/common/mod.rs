@@ -88,3 +88,5 @@ impl Case {
 pub fn to_f64(a: &MlxArray) -> Vec<f64> {
     a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
 }
+
+pub mod mlp_artifact;

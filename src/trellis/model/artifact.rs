@@ -189,7 +189,7 @@ impl Artifact {
     }
 
     /// The file that holds tensor `name`, checked to lie in the model directory.
-    fn file_of(&self, name: &str) -> Result<PathBuf> {
+    pub(super) fn file_of(&self, name: &str) -> Result<PathBuf> {
         if !self.weight_map.is_empty() {
             let index = self.root.dir.join(INDEX);
             return match self.weight_map.get(name) {
@@ -232,7 +232,7 @@ impl Artifact {
     }
 
     /// Where the config states the model's widths, an MLP projection must have them.
-    fn check_model_dims(&self, module: &str, g: &crate::trellis::TrellisGeometry) -> Result<()> {
+    pub(super) fn check_model_dims(&self, module: &str, g: &crate::trellis::TrellisGeometry) -> Result<()> {
         let dim = |key: &str| -> Result<Option<usize>> {
             match self.config.get(key) {
                 None => Ok(None),

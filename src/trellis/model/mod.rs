@@ -1,7 +1,8 @@
-//! Model artifacts on disk (spec §5): reading coded modules from a model directory and writing
-//! one.
+//! Model artifacts on disk (spec §5): reading coded modules (or one rank's rows of them) from a
+//! model directory and writing one.
 
 mod artifact;
 mod paths;
+mod shard;
 
 pub use artifact::{write_artifact, Artifact, ModuleConfig};

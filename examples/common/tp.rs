@@ -1,0 +1,339 @@
+//! A local launcher for tensor-parallel runs: starts N processes of one program as one MLX
+//! distributed group on this machine, watches them, and hands back what each printed and wrote.
+//! Shared by `qwen_mlp`, `bench_mlp --tp` and `tests/tensor_parallel.rs` (each includes this file
+//! with `#[path]`).
+//!
+//! Each process gets the environment MLX's back-end reads: for the ring a hostfile of
+//! `127.0.0.1` ports (`MLX_RANK`, `MLX_HOSTFILE`); for NCCL `MLX_RANK`, `MLX_WORLD_SIZE`,
+//! `NCCL_HOST_IP`/`NCCL_PORT` (rank 0 listens there) and one GPU through
+//! `CUDA_VISIBLE_DEVICES`. Every process gets `NCCL_NVLS_ENABLE=0`. The launcher also sets
+//! [`ROLE`] (`ring`, `nccl`, or `alone` for a one-process run that needs no group) and [`OUT`],
+//! a directory shared by the ranks for their results.
+//!
+//! A watchdog bounds the run: when one process fails, the others are stopped at once (they would
+//! otherwise wait for it in the group's first collective, or forever in the ring's accept), and
+//! when the time limit passes every process still running is stopped.
+#![allow(dead_code)] // each program that includes it uses part of it
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use mlx_trellis::distributed::{env, is_available, Backend, Group};
+
+/// How a process learns it is a rank of a launch: `ring`, `nccl` or `alone`.
+pub const ROLE: &str = "MLX_TRELLIS_TP_ROLE";
+/// The directory the ranks of a launch share (the hostfile, results).
+pub const OUT: &str = "MLX_TRELLIS_TP_OUT";
+
+/// One launch: how many processes, over which back-end, for how long at most.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// Processes (ranks).
+    pub world: usize,
+    /// [`Backend::Ring`] or [`Backend::Nccl`] ([`Backend::Any`]: NCCL on MLX's CUDA build where it
+    /// has NCCL, else the ring).
+    pub backend: Backend,
+    /// The most the whole launch may take.
+    pub timeout: Duration,
+    /// NCCL: the GPU each rank sees (`CUDA_VISIBLE_DEVICES`); empty: rank r sees the r-th GPU of
+    /// this process's `CUDA_VISIBLE_DEVICES`, or GPU r where that is unset.
+    pub gpus: Vec<String>,
+    /// Print each process's standard error as it comes, prefixed by its rank.
+    pub echo: bool,
+}
+
+impl Launch {
+    /// `world` processes over `backend`, at most `timeout`, echoing their standard error.
+    pub fn new(world: usize, backend: Backend, timeout: Duration) -> Launch {
+        Launch { world, backend, timeout, gpus: Vec::new(), echo: true }
+    }
+
+    /// The back-end the processes will use: [`Backend::Any`] resolved as MLX would on this build.
+    pub fn resolved_backend(&self) -> Result<Backend> {
+        Ok(match self.backend {
+            Backend::Any if mlx_trellis::backend() == mlx_trellis::Backend::Cuda && is_available(Backend::Nccl) => {
+                Backend::Nccl
+            }
+            Backend::Any => Backend::Ring,
+            b @ (Backend::Ring | Backend::Nccl) => b,
+            Backend::Mpi => bail!("the local launcher starts ring and NCCL groups; start MPI ones with mpirun"),
+        })
+    }
+}
+
+/// What became of one process.
+#[derive(Debug)]
+pub struct RankResult {
+    pub rank: usize,
+    /// Its exit status (after a stop, the kill's).
+    pub status: Option<ExitStatus>,
+    /// Why the launcher stopped it, if it did.
+    pub stopped: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+    /// From the start of the launch to its end.
+    pub elapsed: Duration,
+}
+
+impl RankResult {
+    /// Whether it exited by itself with status 0.
+    pub fn succeeded(&self) -> bool {
+        self.stopped.is_none() && self.status.is_some_and(|s| s.success())
+    }
+
+    /// The last lines of its standard error, for messages.
+    pub fn stderr_tail(&self, lines: usize) -> String {
+        let all: Vec<&str> = self.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+/// What became of a launch.
+#[derive(Debug)]
+pub struct Report {
+    pub backend: Backend,
+    pub ranks: Vec<RankResult>,
+    /// The ranks that failed by themselves (not stopped by the launcher), in the order the
+    /// watchdog saw them end; ranks that end within one of its polls are listed by rank.
+    pub failures: Vec<usize>,
+    /// Whether the time limit stopped it.
+    pub timed_out: bool,
+    pub elapsed: Duration,
+    /// The directory the ranks shared ([`OUT`]).
+    pub out: PathBuf,
+}
+
+impl Report {
+    /// An error naming the first rank that failed (with the end of its standard error), or the
+    /// time limit, unless every rank succeeded.
+    pub fn check(&self) -> Result<()> {
+        if let Some(&r) = self.failures.first() {
+            let rr = &self.ranks[r];
+            let others = if self.failures.len() > 1 {
+                format!(" (then ranks {:?} failed too)", &self.failures[1..])
+            } else {
+                String::new()
+            };
+            bail!(
+                "rank {r} of {} failed ({}){others}; the launcher stopped the rest. Its last words:\n{}",
+                self.ranks.len(),
+                rr.status.map_or("no status".into(), |s| s.to_string()),
+                rr.stderr_tail(12)
+            );
+        }
+        if self.timed_out {
+            let running: Vec<String> =
+                self.ranks.iter().filter(|r| r.stopped.is_some()).map(|r| r.rank.to_string()).collect();
+            bail!("the launch passed its time limit; ranks {} were still running and were stopped", running.join(", "));
+        }
+        if let Some(r) = self.ranks.iter().find(|r| !r.succeeded()) {
+            bail!("rank {} did not succeed: {:?}\n{}", r.rank, r.status, r.stderr_tail(12));
+        }
+        Ok(())
+    }
+}
+
+/// `n` distinct free TCP ports on 127.0.0.1, all held at once while they are picked. They are
+/// released before the processes start, so another program could take one in between; the
+/// kernel hands out recently freed ephemeral ports last.
+pub fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()
+        .context("picking free ports")?;
+    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+fn fresh_dir() -> Result<PathBuf> {
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "mlx-trellis-tp-{}-{}-{nanos}",
+        std::process::id(),
+        COUNT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// The environment of each rank (variables to set; every other variable of a back-end is
+/// removed from the child's environment).
+fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec<(String, String)>>> {
+    let n = launch.world;
+    let mut envs: Vec<Vec<(String, String)>> = (0..n)
+        .map(|_| {
+            vec![(env::NCCL_NVLS_ENABLE.to_string(), "0".to_string()), (OUT.to_string(), out.display().to_string())]
+        })
+        .collect();
+    match backend {
+        // A ring needs two processes; one process alone needs no group.
+        Backend::Ring if n == 1 => envs[0].push((ROLE.into(), "alone".into())),
+        Backend::Ring => {
+            let ports = free_ports(n)?;
+            let hosts: Vec<serde_json::Value> =
+                ports.iter().map(|p| serde_json::json!([format!("127.0.0.1:{p}")])).collect();
+            let hostfile = out.join("hostfile.json");
+            std::fs::write(&hostfile, serde_json::to_string(&hosts)?)
+                .with_context(|| format!("writing {}", hostfile.display()))?;
+            for (r, e) in envs.iter_mut().enumerate() {
+                e.push((ROLE.into(), "ring".into()));
+                e.push((env::MLX_RANK.into(), r.to_string()));
+                e.push((env::MLX_HOSTFILE.into(), hostfile.display().to_string()));
+            }
+        }
+        Backend::Nccl => {
+            let port = free_ports(1)?[0];
+            // One GPU per rank: those named, else the first n this process sees, else 0..n.
+            let gpus: Vec<String> = if !launch.gpus.is_empty() {
+                launch.gpus.clone()
+            } else if let Ok(visible) = std::env::var(env::CUDA_VISIBLE_DEVICES) {
+                visible.split(',').map(|g| g.trim().to_string()).filter(|g| !g.is_empty()).take(n).collect()
+            } else {
+                (0..n).map(|r| r.to_string()).collect()
+            };
+            if gpus.len() != n {
+                bail!(
+                    "{} GPU(s) ({:?}, from Launch::gpus or CUDA_VISIBLE_DEVICES) for {n} NCCL ranks",
+                    gpus.len(),
+                    gpus
+                );
+            }
+            for (r, e) in envs.iter_mut().enumerate() {
+                e.push((ROLE.into(), "nccl".into()));
+                e.push((env::MLX_RANK.into(), r.to_string()));
+                e.push((env::MLX_WORLD_SIZE.into(), n.to_string()));
+                e.push((env::NCCL_HOST_IP.into(), "127.0.0.1".into()));
+                e.push((env::NCCL_PORT.into(), port.to_string()));
+                e.push((env::CUDA_VISIBLE_DEVICES.into(), gpus[r].clone()));
+            }
+        }
+        _ => unreachable!("resolved_backend gives the ring or NCCL"),
+    }
+    Ok(envs)
+}
+
+/// Reads a child's pipe to its end, echoing lines with `prefix` to standard error if asked.
+fn drain(pipe: impl Read + Send + 'static, prefix: Option<String>) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut reader = BufReader::new(pipe);
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            if let Some(p) = &prefix {
+                eprint!("{p}{line}");
+            }
+            text.push_str(&line);
+            line.clear();
+        }
+        text
+    })
+}
+
+/// Starts `launch.world` processes, rank `r` from `command(r)` with its environment added, and
+/// waits for them under the watchdog (see the module docs).
+pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report> {
+    if launch.world == 0 {
+        bail!("a launch has at least one process");
+    }
+    let backend = launch.resolved_backend()?;
+    let out = fresh_dir()?;
+    let envs = environments(launch, backend, &out)?;
+    let start = Instant::now();
+    let mut children: Vec<(Child, JoinHandle<String>, JoinHandle<String>)> = Vec::new();
+    for (r, vars) in envs.iter().enumerate() {
+        let mut cmd = command(r);
+        for v in [env::MLX_RANK, env::MLX_HOSTFILE, env::MLX_WORLD_SIZE, env::NCCL_HOST_IP, env::NCCL_PORT, ROLE] {
+            cmd.env_remove(v);
+        }
+        cmd.envs(vars.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                for (c, _, _) in &mut children {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                return Err(e).with_context(|| format!("starting rank {r}: {cmd:?}"));
+            }
+        };
+        let prefix = launch.echo.then(|| format!("[rank {r}] "));
+        let so = drain(child.stdout.take().expect("piped"), None);
+        let se = drain(child.stderr.take().expect("piped"), prefix);
+        children.push((child, so, se));
+    }
+    let n = children.len();
+    let mut status: Vec<Option<ExitStatus>> = vec![None; n];
+    let mut stopped: Vec<Option<String>> = vec![None; n];
+    let mut ended: Vec<Option<Duration>> = vec![None; n];
+    let mut failures = Vec::new();
+    let mut timed_out = false;
+    loop {
+        for (r, (child, _, _)) in children.iter_mut().enumerate() {
+            if status[r].is_none() {
+                if let Some(s) = child.try_wait().context("waiting for a rank")? {
+                    status[r] = Some(s);
+                    ended[r] = Some(start.elapsed());
+                    if !s.success() {
+                        failures.push(r);
+                    }
+                }
+            }
+        }
+        let reason = if let Some(f) = failures.first() {
+            Some(format!("stopped after rank {f} failed"))
+        } else if start.elapsed() > launch.timeout {
+            timed_out = true;
+            Some(format!("stopped at the launch's time limit ({} s)", launch.timeout.as_secs()))
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            for (r, (child, _, _)) in children.iter_mut().enumerate() {
+                if status[r].is_none() {
+                    let _ = child.kill();
+                    status[r] = child.wait().ok();
+                    ended[r] = Some(start.elapsed());
+                    stopped[r] = Some(reason.clone());
+                }
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut ranks = Vec::new();
+    for (r, (_, so, se)) in children.into_iter().enumerate() {
+        ranks.push(RankResult {
+            rank: r,
+            status: status[r],
+            stopped: stopped[r].take(),
+            stdout: so.join().unwrap_or_default(),
+            stderr: se.join().unwrap_or_default(),
+            elapsed: ended[r].unwrap_or_default(),
+        });
+    }
+    Ok(Report { backend, ranks, failures, timed_out, elapsed: start.elapsed(), out })
+}
+
+/// In a rank: the group the launcher's environment describes (strict), or this process alone for
+/// a one-process ring launch. `None` when this process was not started by the launcher.
+pub fn rank_group() -> Option<Result<(Group, PathBuf)>> {
+    let role = std::env::var(ROLE).ok()?;
+    let out = PathBuf::from(std::env::var(OUT).unwrap_or_default());
+    Some((|| {
+        let group = match role.as_str() {
+            "alone" => Group::alone(),
+            "ring" => Group::init(Backend::Ring, true)?,
+            "nccl" => Group::init(Backend::Nccl, true)?,
+            other => bail!("{ROLE} = {other:?} is not ring, nccl or alone"),
+        };
+        Ok((group, out))
+    })())
+}

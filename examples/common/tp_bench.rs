@@ -1,0 +1,256 @@
+//! `bench_mlp --tp N`: the MLP benchmark's residual chain of distinct layers with every layer
+//! split over N processes (one all-reduce per layer), started on this machine by the launcher
+//! of `tp.rs` (`--backend any|ring|nccl`; any: NCCL on MLX's CUDA build when it has it).
+//!
+//! Each rank builds the same seeded layers as `bench_mlp`, keeps its shard of each, and times
+//! per evaluation: the sharded chain `x <- x + all_sum(mlp_shard_l(x))`, its local part alone
+//! (no all-reduce), and a chain of as many all-reduces alone on `[M, hidden]` bf16 arrays. Rank 0
+//! also keeps the whole layers and times the unsharded chain in the same evaluations (the two
+//! alternate, so drift hits both alike), checks the sharded layer 0 against the unsharded one at
+//! every row count, and prints the table. With one rank MLX elides the all-reduce (a group of one
+//! returns its input), so `--tp 1` measures what the sharded path adds around the same kernels.
+//!
+//! ```text
+//! target/release/examples/bench_mlp --tp 1 --backend nccl      # one GPU: the overhead check
+//! target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
+//! target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3
+//! ```
+//!
+//! Options (besides `--tp` and `--backend`): `--rows`, `--bits` (one width, default 3),
+//! `--rounds`, `--evals` as `bench_mlp`'s; `--layers L` (default 8), `--hidden H --inter I`
+//! (default the Qwen3-14B MLP, for quick runs on the CPU), `--timeout SECONDS` (default 540: the
+//! launch's watchdog).
+
+use std::fmt::Write as _;
+use std::process::Command;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use mlx_trellis::distributed::{Backend, Group, ShardedMlp};
+use mlx_trellis::trellis::reference::rel_err;
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, ForwardPath, HostLayer, TrellisLinear, TrellisMlp};
+use mlx_trellis::{backend, eval_all, Dtype, MlxArray};
+
+use super::tp;
+
+/// Whether the command line asks for the tensor-parallel benchmark.
+pub fn requested() -> bool {
+    std::env::args().any(|a| a == "--tp")
+}
+
+struct Args {
+    tp: usize,
+    backend: Backend,
+    rows: Vec<usize>,
+    bits: u32,
+    rounds: usize,
+    evals: usize,
+    layers: usize,
+    hidden: usize,
+    inter: usize,
+    timeout: u64,
+}
+
+fn parse() -> Result<Args> {
+    let mut a = Args {
+        tp: 1,
+        backend: Backend::Any,
+        rows: vec![1, 2, 4, 8, 16, 32, 64, 128],
+        bits: 3,
+        rounds: 4,
+        evals: 20,
+        layers: 8,
+        hidden: 5120,
+        inter: 17408,
+        timeout: 540,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(f) = it.next() {
+        let mut v = || it.next().with_context(|| format!("{f} needs a value"));
+        match f.as_str() {
+            "--tp" => a.tp = v()?.parse().context("--tp")?,
+            "--backend" => a.backend = v()?.parse()?,
+            "--rows" => a.rows = v()?.split(',').map(|s| s.parse().context("--rows")).collect::<Result<_>>()?,
+            "--bits" => a.bits = v()?.parse().context("--bits (one width with --tp)")?,
+            "--rounds" => a.rounds = v()?.parse()?,
+            "--evals" => a.evals = v()?.parse()?,
+            "--layers" => a.layers = v()?.parse()?,
+            "--hidden" => a.hidden = v()?.parse()?,
+            "--inter" => a.inter = v()?.parse()?,
+            "--timeout" => a.timeout = v()?.parse()?,
+            other => bail!("unknown option {other} with --tp"),
+        }
+    }
+    if a.tp == 0
+        || !(2..=4).contains(&a.bits)
+        || a.rows.is_empty()
+        || a.rows.contains(&0)
+        || a.evals == 0
+        || a.layers == 0
+    {
+        bail!("--tp, --rows, --evals and --layers take positive numbers; --bits 2, 3 or 4");
+    }
+    Ok(a)
+}
+
+/// The benchmark: the launch from the parent, or one rank's part in a launched process.
+pub fn run() -> Result<()> {
+    let a = parse()?;
+    if let Some(joined) = tp::rank_group() {
+        let (group, _) = joined?;
+        return rank(&a, Rc::new(group));
+    }
+    eprintln!("[bench tp] MLX back-end {}; starting {} rank(s)", backend(), a.tp);
+    let launch = tp::Launch::new(a.tp, a.backend, Duration::from_secs(a.timeout));
+    let exe = std::env::current_exe()?;
+    let report = tp::run(&launch, &|_| {
+        let mut c = Command::new(&exe);
+        c.args(std::env::args().skip(1));
+        c
+    })?;
+    print!("{}", report.ranks[0].stdout);
+    report.check()?;
+    eprintln!("[bench tp] {} rank(s) over {} in {:.1} s", a.tp, report.backend, report.elapsed.as_secs_f64());
+    Ok(())
+}
+
+/// Median and best microseconds per step for each of `runs`, evaluated in turn once per
+/// evaluation (after one warm-up round); `None` entries are skipped on this rank.
+fn time_alternating(
+    evals: usize,
+    steps: usize,
+    runs: &[Option<&dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>>],
+) -> Result<Vec<(f64, f64)>> {
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
+    for e in 0..=evals {
+        for (i, f) in runs.iter().enumerate() {
+            let Some(f) = f else { continue };
+            let outs = f()?;
+            let t = Instant::now();
+            eval_all(&outs.iter().collect::<Vec<_>>())?;
+            if e > 0 {
+                samples[i].push(t.elapsed().as_secs_f64() * 1e6 / steps as f64);
+            }
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            if v.is_empty() {
+                (f64::NAN, f64::NAN)
+            } else {
+                (v[v.len() / 2], v[0])
+            }
+        })
+        .collect())
+}
+
+/// The residual chain over `layers`, `rounds` times: `x <- x + f(layer, x)`.
+fn chain<L>(
+    layers: &[L],
+    rounds: usize,
+    x: &MlxArray,
+    f: &dyn Fn(&L, &MlxArray) -> mlx_trellis::Result<MlxArray>,
+) -> mlx_trellis::Result<Vec<MlxArray>> {
+    let mut x = x.clone();
+    for _ in 0..rounds {
+        for l in layers {
+            x = x.add(&f(l, &x)?)?;
+        }
+    }
+    Ok(vec![x])
+}
+
+fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
+    Ok(a.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
+}
+
+fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
+    let (r, n) = (group.rank(), group.size());
+    let lead = r == 0;
+    let k = a.bits;
+    let layout = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+    let t = Instant::now();
+    let mut whole = Vec::new();
+    let mut shards = Vec::new();
+    for l in 0..a.layers {
+        // The seeds of bench_mlp's layers.
+        let h = synthetic_mlp(a.hidden, a.inter, k, layout, 1000 * k as u64 + l as u64)?;
+        let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(&format!("model.layers.{l}.mlp.{name}"), h);
+        let mlp = TrellisMlp::new(lin("gate_proj", &h.0)?, lin("up_proj", &h.1)?, lin("down_proj", &h.2)?)?;
+        shards.push(ShardedMlp::from_full(&mlp, group.clone())?);
+        if lead {
+            whole.push(mlp);
+        }
+    }
+    eprintln!(
+        "[bench tp] rank {r} of {n}: built {} k{k} layers and kept its shards in {:.1} s",
+        a.layers,
+        t.elapsed().as_secs_f64()
+    );
+    let max_m = *a.rows.iter().max().context("no rows")?;
+    let x_all = MlxArray::from_slice(&gaussian(max_m * a.hidden, 99)?, &[max_m, a.hidden])?.astype(Dtype::Bfloat16)?;
+    x_all.eval()?;
+    let steps = a.rounds * a.layers;
+    let mut table = String::new();
+    let mut worst: f64 = 0.0;
+    for &m in &a.rows {
+        let x = x_all.slice(&[0, 0], &[m as i32, a.hidden as i32], &[1, 1])?.contiguous()?;
+        x.eval()?;
+        let ys = shards[0].forward(&x, ForwardPath::Auto)?;
+        ys.eval()?;
+        let err = if lead { rel_err(&to_f64(&ys)?, &to_f64(&whole[0].forward(&x)?)?)? } else { 0.0 };
+        worst = worst.max(err);
+        let unsharded = || chain(&whole, a.rounds, &x, &|l, x| l.forward(x));
+        let sharded = || chain(&shards, a.rounds, &x, &|l, x| l.forward(x, ForwardPath::Auto));
+        let local = || chain(&shards, a.rounds, &x, &|l, x| l.forward_local(x, ForwardPath::Auto));
+        let reduce = || -> mlx_trellis::Result<Vec<MlxArray>> {
+            let mut y = x.clone();
+            for _ in 0..steps {
+                y = y.all_sum(&group)?;
+            }
+            Ok(vec![y])
+        };
+        let runs: [Option<&dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>>; 4] =
+            [lead.then_some(&unsharded as _), Some(&sharded), Some(&local), Some(&reduce)];
+        let t = time_alternating(a.evals, steps, &runs)?;
+        if lead {
+            eprintln!(
+                "[bench tp] M = {m}: TP {n} {:.1} us per layer (unsharded {:.1}), relErr {err:.1e}",
+                t[1].0, t[0].0
+            );
+        }
+        let _ = writeln!(
+            table,
+            "| {m} | {:.1} ({:.1}) | {:.1} ({:.1}) | {:.3} | {:.1} | {:.1} | {err:.1e} |",
+            t[0].0,
+            t[0].1,
+            t[1].0,
+            t[1].1,
+            t[1].0 / t[0].0,
+            t[2].0,
+            t[3].0
+        );
+    }
+    if lead {
+        println!(
+            "Qwen MLP {} -> {} -> {}, k{k}, bf16 activations, per MLP layer in a residual chain over {} distinct layers ({} rounds per evaluation), median (best) of {} evaluations, µs; TP {n} over {:?}, MLX back-end {}",
+            a.hidden, a.inter, a.hidden, a.layers, a.rounds, a.evals, *group, backend()
+        );
+        println!("| M | unsharded | TP {n} (shard + all-reduce) | TP / unsharded | local shard alone | all-reduce alone | relErr TP vs unsharded (layer 0) |");
+        println!("|---|---|---|---|---|---|---|\n{table}");
+        if n == 1 {
+            println!("With one rank MLX returns an all-reduce's input: the TP column is the sharded path around the same kernels.");
+        }
+        // Each rank's partial and each addition of the all-reduce rounds to bf16.
+        let gate = ((n as f64 + 1.0) * 2f64.powi(-8)).max(1e-2);
+        if worst >= gate {
+            bail!("the sharded layer 0 missed its bf16 gate {gate:.1e} against the unsharded one: relErr {worst:.3e}");
+        }
+    }
+    mlx_trellis::synchronize()?;
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! The Qwen3-14B MLP (5120 -> 17408 -> 5120) split across processes by tensor parallelism, checked
+//! against one process.
+//!
+//! It writes seeded synthetic coded MLP layers as a model artifact (or takes `--weights DIR`),
+//! runs the residual chain `x <- x + mlp_l(x)` over the layers in this process with every layer
+//! whole, then starts `--tp N` processes of itself as one MLX distributed group on this machine
+//! (`examples/common/tp.rs`). Each loads only its rows of each layer from the safetensors file,
+//! runs the same chain with one all-reduce per layer, and writes its outputs back. This process
+//! prints the per-layer time of each and the relErr of every rank's layer outputs against its own
+//! (gate: 1e-4 for f32 activations; for bf16 (N + 1) · 2^-8, at least 1e-2: each rank's partial
+//! and each addition of the all-reduce rounds to bf16); exit status 0 means every check passed.
+//!
+//! ```text
+//! cargo run --release --example qwen_mlp -- --tp 2                       # ring on the CPU
+//! cargo run --release --example qwen_mlp -- --tp 2 --hidden 1024 --inter 2048   # small and quick
+//! target/release/examples/qwen_mlp --tp 1 --backend nccl                 # one NCCL rank (CUDA build)
+//! target/release/examples/qwen_mlp --tp 4 --backend nccl --rows 8        # four GPUs
+//! ```
+//!
+//! Options:
+//! - `--tp N` (default 2): processes; `--backend any|ring|nccl` (default any: NCCL on MLX's
+//!   CUDA build when it has it, else the ring over 127.0.0.1);
+//! - `--bits 3|2|4` (default 3; 3 puts the down projection in the block interleave);
+//! - `--layers L` (default 2), `--rows M` (default 1), `--dtype bf16|f32` (default bf16),
+//!   `--evals E` (default 5 after the checked one on a GPU; none on the CPU, where the checked
+//!   evaluation is timed), `--path auto|generic|cuda|...`;
+//! - `--hidden H --inter I` (default 5120 and 17408), `--seed S`;
+//! - `--weights DIR`: a model directory with `model.layers.{0..L}.mlp.{gate,up,down}_proj`;
+//! - `--timeout SECONDS` (default 900): the launch's watchdog;
+//! - `--probe`: print MLX's back-end and which distributed back-ends it has, and exit.
+
+#[path = "common/tp.rs"]
+mod tp;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use mlx_trellis::distributed::{is_available, Backend, ShardedMlp};
+use mlx_trellis::trellis::reference::rel_err;
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{
+    synthetic_mlp, write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp,
+};
+use mlx_trellis::{backend, eval_all, load_safetensors, save_safetensors, Dtype, MlxArray};
+
+struct Options {
+    tp: usize,
+    backend: Backend,
+    bits: u32,
+    layers: usize,
+    rows: usize,
+    dtype: Dtype,
+    evals: Option<usize>,
+    path: ForwardPath,
+    hidden: usize,
+    inter: usize,
+    seed: u64,
+    weights: Option<PathBuf>,
+    timeout: u64,
+    probe: bool,
+}
+
+fn parse_args() -> Result<Options> {
+    let mut o = Options {
+        tp: 2,
+        backend: Backend::Any,
+        bits: 3,
+        layers: 2,
+        rows: 1,
+        dtype: Dtype::Bfloat16,
+        evals: None,
+        path: ForwardPath::Auto,
+        hidden: 5120,
+        inter: 17408,
+        seed: 0,
+        weights: None,
+        timeout: 900,
+        probe: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--tp" => o.tp = value()?.parse().context("--tp takes a process count")?,
+            "--backend" => o.backend = value()?.parse()?,
+            "--bits" => o.bits = value()?.parse().context("--bits takes 2, 3 or 4")?,
+            "--layers" => o.layers = value()?.parse().context("--layers")?,
+            "--rows" => o.rows = value()?.parse().context("--rows")?,
+            "--dtype" => {
+                o.dtype = match value()?.as_str() {
+                    "bf16" => Dtype::Bfloat16,
+                    "f32" => Dtype::Float32,
+                    other => bail!("--dtype takes bf16 or f32, not {other:?}"),
+                }
+            }
+            "--evals" => o.evals = Some(value()?.parse().context("--evals")?),
+            "--path" => o.path = value()?.parse()?,
+            "--hidden" => o.hidden = value()?.parse().context("--hidden")?,
+            "--inter" => o.inter = value()?.parse().context("--inter")?,
+            "--seed" => o.seed = value()?.parse().context("--seed")?,
+            "--weights" => o.weights = Some(value()?.into()),
+            "--timeout" => o.timeout = value()?.parse().context("--timeout takes seconds")?,
+            "--probe" => o.probe = true,
+            "-h" | "--help" => {
+                let doc: Vec<&str> = include_str!("qwen_mlp.rs")
+                    .lines()
+                    .take_while(|l| l.starts_with("//!"))
+                    .map(|l| l.trim_start_matches("//!").trim_start())
+                    .collect();
+                println!("{}", doc.join("\n"));
+                std::process::exit(0);
+            }
+            other => bail!("unknown option {other:?} (see --help)"),
+        }
+    }
+    if o.tp == 0 || o.layers == 0 || o.rows == 0 || !(2..=4).contains(&o.bits) {
+        bail!("--tp, --layers and --rows take positive numbers; --bits 2, 3 or 4");
+    }
+    Ok(o)
+}
+
+fn progress(msg: &str) {
+    eprintln!("[qwen_mlp] {msg}");
+}
+
+fn prefix(l: usize) -> String {
+    format!("model.layers.{l}.mlp")
+}
+
+fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
+    Ok(a.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
+}
+
+/// The activations every process uses: seeded, so each builds the same bits.
+fn activations(o: &Options, hidden: usize) -> Result<MlxArray> {
+    Ok(MlxArray::from_slice(&gaussian(o.rows * hidden, o.seed ^ 0xacc)?, &[o.rows, hidden])?.astype(o.dtype)?)
+}
+
+/// The residual chain `x <- x + mlp_l(x)`: each layer's output, and the final `x`.
+fn chain(
+    x: &MlxArray,
+    layers: usize,
+    mlp: &dyn Fn(usize, &MlxArray) -> mlx_trellis::Result<MlxArray>,
+) -> Result<Vec<MlxArray>> {
+    let mut x = x.clone();
+    let mut outs = Vec::new();
+    for l in 0..layers {
+        let y = mlp(l, &x)?;
+        x = x.add(&y)?;
+        outs.push(y);
+    }
+    outs.push(x);
+    Ok(outs)
+}
+
+/// The chain's outputs, evaluated, and its median and best milliseconds per layer: the first
+/// evaluation is the check's (and a warm-up on a GPU, where it compiles kernels), then `evals`
+/// more (by default none on the CPU, where one evaluation takes seconds, and 5 elsewhere).
+fn timed_chain(
+    o: &Options,
+    x: &MlxArray,
+    mlp: &dyn Fn(usize, &MlxArray) -> mlx_trellis::Result<MlxArray>,
+) -> Result<(Vec<MlxArray>, f64, f64)> {
+    let once = |keep: &mut Option<Vec<MlxArray>>| -> Result<f64> {
+        let outs = chain(x, o.layers, mlp)?;
+        let t = Instant::now();
+        eval_all(&outs.iter().collect::<Vec<_>>())?;
+        let ms = t.elapsed().as_secs_f64() * 1e3 / o.layers as f64;
+        keep.get_or_insert(outs);
+        Ok(ms)
+    };
+    let mut outs = None;
+    let first = once(&mut outs)?;
+    let cpu = backend() == mlx_trellis::Backend::Cpu;
+    let evals = o.evals.unwrap_or(if cpu { 0 } else { 5 });
+    let mut v = (0..evals).map(|_| once(&mut None)).collect::<Result<Vec<_>>>()?;
+    if v.is_empty() {
+        v.push(first);
+    }
+    v.sort_by(f64::total_cmp);
+    Ok((outs.expect("evaluated once"), v[v.len() / 2], v[0]))
+}
+
+/// Writes `layers` seeded synthetic MLPs to `dir` as one artifact.
+fn write_synthetic(o: &Options, dir: &Path) -> Result<()> {
+    let layout = if o.bits == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+    let mut names = Vec::new();
+    let mut layers = Vec::new();
+    for l in 0..o.layers {
+        let h = synthetic_mlp(o.hidden, o.inter, o.bits, layout, o.seed.wrapping_add(1000 * l as u64 + o.bits as u64))?;
+        for (name, host) in [("gate_proj", &h.0), ("up_proj", &h.1), ("down_proj", &h.2)] {
+            let module = format!("{}.{name}", prefix(l));
+            layers.push(TrellisLinear::from_host(&module, host)?);
+            names.push(module);
+        }
+    }
+    let modules: Vec<(&str, &TrellisLinear)> = names.iter().map(String::as_str).zip(&layers).collect();
+    let extra = [("hidden_size", serde_json::json!(o.hidden)), ("intermediate_size", serde_json::json!(o.inter))];
+    write_artifact(dir, &modules, &extra)?;
+    Ok(())
+}
+
+/// One rank: its shard of every layer (its rows alone read from disk), the chain, its timings.
+fn rank_main(o: &Options, joined: Result<(mlx_trellis::distributed::Group, PathBuf)>) -> Result<()> {
+    let (group, out) = joined?;
+    let group = Rc::new(group);
+    let (rank, n) = (group.rank(), group.size());
+    let dir = std::env::var("QWEN_MLP_MODEL").context("QWEN_MLP_MODEL (set by the parent process)")?;
+    let art = Artifact::open(&dir)?;
+    let t = Instant::now();
+    let layers: Vec<ShardedMlp> = (0..o.layers)
+        .map(|l| ShardedMlp::from_artifact(&art, &prefix(l), group.clone()))
+        .collect::<mlx_trellis::Result<_>>()?;
+    let load_s = t.elapsed().as_secs_f64();
+    let x = activations(o, layers[0].local().hidden())?;
+    let (outs, median, best) = timed_chain(o, &x, &|l, x| layers[l].forward(x, o.path))?;
+    // The all-reduce alone: a chain of as many, on arrays of the MLP output's shape.
+    let (_, ar_median, _) = timed_chain(o, &x, &|_, x| x.all_sum(&group))?;
+    let names: Vec<String> = (0..o.layers).map(|l| format!("y{l}")).collect();
+    let tensors: Vec<(&str, &MlxArray)> = names.iter().map(String::as_str).zip(&outs).collect();
+    let meta = BTreeMap::from([
+        ("load_s".to_string(), format!("{load_s:.3}")),
+        ("median_ms".to_string(), format!("{median:.4}")),
+        ("best_ms".to_string(), format!("{best:.4}")),
+        ("allreduce_ms".to_string(), format!("{ar_median:.4}")),
+        ("group".to_string(), format!("{:?}", *group)),
+    ]);
+    save_safetensors(out.join(format!("rank{rank}.safetensors")), tensors, &meta)?;
+    progress(&format!("rank {rank} of {n}: done ({:?})", *group));
+    Ok(())
+}
+
+fn parent(o: &Options) -> Result<bool> {
+    progress(&format!("MLX back-end: {}", backend()));
+    let scratch = std::env::temp_dir().join(format!("qwen_mlp-{}", std::process::id()));
+    let dir = match &o.weights {
+        Some(d) => d.clone(),
+        None => {
+            let t = Instant::now();
+            write_synthetic(o, &scratch)?;
+            progress(&format!(
+                "wrote {} synthetic layers to {} in {:.1} s",
+                o.layers,
+                scratch.display(),
+                t.elapsed().as_secs_f64()
+            ));
+            scratch.clone()
+        }
+    };
+    let result = run_parent(o, &dir);
+    if o.weights.is_none() {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    result
+}
+
+fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
+    let art = Artifact::open(dir)?;
+    let whole: Vec<TrellisMlp> =
+        (0..o.layers).map(|l| TrellisMlp::from_artifact(&art, &prefix(l))).collect::<mlx_trellis::Result<_>>()?;
+    let (hidden, inter) = (whole[0].hidden(), whole[0].intermediate());
+    let x = activations(o, hidden)?;
+    let (want, one_median, one_best) = timed_chain(o, &x, &|l, x| whole[l].forward_with(x, o.path))?;
+    progress(&format!("one process: {one_median:.3} ms per layer"));
+    drop(whole);
+
+    let launch = tp::Launch::new(o.tp, o.backend, Duration::from_secs(o.timeout));
+    let exe = std::env::current_exe()?;
+    let dir_s = dir.display().to_string();
+    let report = tp::run(&launch, &|_| {
+        let mut c = Command::new(&exe);
+        c.args(std::env::args().skip(1)).env("QWEN_MLP_MODEL", &dir_s);
+        c
+    })?;
+    report.check()?;
+    // bf16: each rank's partial is rounded and the all-reduce adds in bf16, 2n - 1 roundings of
+    // half a unit (2^-8) against one process's one.
+    let gate = if o.dtype == Dtype::Float32 { 1e-4 } else { ((o.tp as f64 + 1.0) * 2f64.powi(-8)).max(1e-2) };
+    let mut ok = true;
+    let mut errs = vec![0f64; o.layers];
+    let mut rank0 = BTreeMap::new();
+    for r in 0..o.tp {
+        let file = load_safetensors(report.out.join(format!("rank{r}.safetensors")))?;
+        for (l, e) in errs.iter_mut().enumerate() {
+            let y = file.tensors.get(&format!("y{l}")).with_context(|| format!("rank {r} wrote no y{l}"))?;
+            let err = rel_err(&to_f64(y)?, &to_f64(&want[l])?)?;
+            ok &= err < gate && y.all_finite()?;
+            *e = e.max(err);
+        }
+        if r == 0 {
+            rank0 = file.metadata;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&report.out);
+    let ms = |k: &str| rank0.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    println!(
+        "\nQwen MLP {hidden} -> {inter} -> {hidden}, k{}, {} layers, M = {} {}, path {}, MLX back-end {}",
+        o.bits,
+        o.layers,
+        o.rows,
+        o.dtype,
+        o.path,
+        backend()
+    );
+    println!(
+        "TP {} over {} ({}); each rank loaded its rows of every layer in {} s",
+        o.tp,
+        report.backend,
+        rank0.get("group").map_or("?", |s| s.as_str()),
+        rank0.get("load_s").map_or("?", |s| s.as_str())
+    );
+    println!("\n| per layer | median ms | best ms |\n|---|---|---|");
+    println!("| one process, whole layers | {one_median:.3} | {one_best:.3} |");
+    println!("| TP {} rank 0 (shard + all-reduce) | {:.3} | {:.3} |", o.tp, ms("median_ms"), ms("best_ms"));
+    println!("| TP {} rank 0, the all-reduce alone | {:.3} | |", o.tp, ms("allreduce_ms"));
+    println!("\n| layer | relErr, every rank against one process (max) | gate {gate:.2e} |\n|---|---|---|");
+    for (l, e) in errs.iter().enumerate() {
+        println!("| {l} | {e:.2e} | {} |", if *e < gate { "ok" } else { "FAIL" });
+    }
+    Ok(ok)
+}
+
+fn run() -> Result<bool> {
+    let o = parse_args()?;
+    if o.probe {
+        let have: Vec<String> = [Backend::Ring, Backend::Nccl, Backend::Mpi]
+            .iter()
+            .map(|&b| format!("{b} {}", if is_available(b) { "yes" } else { "no" }))
+            .collect();
+        println!("MLX back-end {}; distributed back-ends: {}", backend(), have.join(", "));
+        return Ok(true);
+    }
+    if let Some(joined) = tp::rank_group() {
+        rank_main(&o, joined)?;
+        return Ok(true);
+    }
+    parent(&o)
+}
+
+fn main() -> ExitCode {
+    let result = run();
+    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
+    if let Err(e) = mlx_trellis::synchronize() {
+        eprintln!("error: {e}");
+    }
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("[qwen_mlp] a result missed its relErr gate");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
