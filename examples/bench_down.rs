@@ -10,9 +10,6 @@
 //! cargo build --release --example bench_down
 //! target/release/examples/bench_down [--rows 1,2,4,8,16,32,64,128] [--json out.json]
 //! target/release/examples/bench_down --sweep      # time kernel configurations instead
-//! target/release/examples/bench_down --sweep --staged  # the staged kernel's, and the plan
-//! target/release/examples/bench_down --sweep --specialized  # the staged kernel's with producer
-//!                                                           # warps, and the plan
 //! target/release/examples/bench_down --sweep --configs "nc8 mt1 ks1 w4 s52 fold pack; ..."
 //!                                                 # the plan and these configurations
 //! target/release/examples/bench_down --paths      # the fused kernel against the dense path
@@ -42,8 +39,6 @@ struct Args {
     evals: usize,
     json: Option<String>,
     sweep: bool,
-    staged: bool,
-    specialized: bool,
     /// Explicit configurations for `--sweep` (`--configs`).
     configs: Vec<CudaDownConfig>,
     probe: bool,
@@ -64,8 +59,6 @@ fn parse() -> Result<Args> {
         evals: 30,
         json: None,
         sweep: false,
-        staged: false,
-        specialized: false,
         configs: Vec::new(),
         probe: false,
         paths: false,
@@ -83,8 +76,6 @@ fn parse() -> Result<Args> {
             "--evals" => a.evals = v()?.parse()?,
             "--json" => a.json = Some(v()?),
             "--sweep" => a.sweep = true,
-            "--staged" => a.staged = true,
-            "--specialized" => a.specialized = true,
             "--configs" => a.configs = parse_configs(&v()?)?,
             "--probe" => a.probe = true,
             "--paths" => a.paths = true,
@@ -226,7 +217,7 @@ fn bench() -> Result<()> {
             } else {
                 let cfg = plan(&g, m);
                 format!(
-                    "nc{} mt{} ks{} w{} s{}{}{}{}",
+                    "nc{} mt{} ks{} w{} s{}{}",
                     cfg.nc,
                     cfg.mt,
                     cfg.ks,
@@ -238,9 +229,7 @@ fn bench() -> Result<()> {
                         " prescaled"
                     } else {
                         ""
-                    },
-                    if cfg.staged() { format!(" staged rw{}", cfg.row_warps) } else { String::new() },
-                    if cfg.specialized() { format!(" p{}", cfg.producers) } else { String::new() }
+                    }
                 )
             };
             let _ = writeln!(
@@ -262,7 +251,7 @@ fn bench() -> Result<()> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | row warps | producers | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -284,10 +273,6 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
     let g = *layer.lin.geometry();
     let configs = if !args.configs.is_empty() {
         std::iter::once(plan_for(&g, m, x.dtype())).chain(args.configs.iter().copied()).collect()
-    } else if args.specialized {
-        specialized_configs(&g, x.dtype(), m)
-    } else if args.staged {
-        staged_configs(&g, x.dtype(), m)
     } else {
         fragment_configs(&g, x.dtype(), m)
     };
@@ -295,8 +280,7 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table
 }
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
-/// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), `rwN` (row warps), `pN` (producer
-/// warps), and the flags `fold` (bias fold), `pack` (IMAD pack), `prescaled` (B tiles from the
+/// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), and the flags `fold` (bias fold), `pack` (IMAD pack), `prescaled` (B tiles from the
 /// pre-pass kernel) and `mbar` (its ring on mbarriers).
 fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     let mut configs = Vec::new();
@@ -315,10 +299,8 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
                 _ if token.starts_with("mt") => c.mt = number("mt")?,
                 _ if token.starts_with("ks") => c.ks = number("ks")?,
                 _ if token.starts_with("st") => c.stages = number("st")?,
-                _ if token.starts_with("rw") => c.row_warps = number("rw")?,
                 _ if token.starts_with('w') => c.warps = number("w")?,
                 _ if token.starts_with('s') => c.splits = number("s")?,
-                _ if token.starts_with('p') => c.producers = number("p")?,
                 _ => bail!("--configs: unknown field {token:?} in {spec:?}"),
             }
         }
@@ -330,71 +312,7 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     Ok(configs)
 }
 
-/// The staged kernel's configurations worth trying at `m` rows, and the plan to compare with:
-/// (sub-tiles per warp, warps, 8-row tiles per pass, warps along the rows) in one pass of the
-/// rows (two at 128), steps of 32 or 64 rows where they fit the shared memory.
-fn staged_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
-    let shapes: &[(u32, u32, u32, u32)] = match m {
-        0..=8 => &[(4, 4, 1, 1), (2, 8, 1, 1)],
-        9..=16 => &[(2, 8, 2, 1), (2, 4, 2, 2), (4, 4, 2, 1), (8, 2, 2, 1)],
-        17..=32 => &[(2, 8, 4, 1), (2, 8, 4, 2), (2, 4, 4, 2), (4, 4, 4, 1)],
-        33..=64 => &[(2, 8, 8, 2), (2, 8, 8, 4), (2, 4, 8, 2), (4, 4, 8, 2)],
-        _ => &[(2, 8, 8, 2), (2, 8, 8, 4)],
-    };
-    let splits_list: &[u32] = match m {
-        0..=8 => &[26, 32],
-        9..=16 => &[19, 26],
-        _ => &[13, 26],
-    };
-    staged_grid(g, dtype, m, shapes, splits_list, &[0])
-}
-
-/// The plan at `m` rows, then every staged shape (sub-tiles per warp, warps, 8-row tiles per
-/// pass, warps along the rows) with each of the splits and producer warps, in steps of 32 and 64
-/// rows (16-row steps lost to 32-row ones by 20-30 % in every shape), each with the deepest ring
-/// that fits.
-fn staged_grid(
-    g: &TrellisGeometry,
-    dtype: Dtype,
-    m: usize,
-    shapes: &[(u32, u32, u32, u32)],
-    splits_list: &[u32],
-    producers_list: &[u32],
-) -> Vec<CudaDownConfig> {
-    let mut configs = vec![plan(g, m)];
-    for &(nc, warps, mt, row_warps) in shapes {
-        for &splits in splits_list {
-            for &producers in producers_list {
-                for ks in [2, 4] {
-                    let cfg = CudaDownConfig { nc, mt, ks, warps, splits, row_warps, producers, ..Default::default() };
-                    configs.extend(cfg.with_deepest_ring(g, dtype));
-                }
-            }
-        }
-    }
-    configs
-}
-
-/// The staged kernel's configurations with producer warps worth trying at `m` rows, and the
-/// plan: (sub-tiles per warp, multiplying warps, 8-row tiles per pass, warps along the rows) in
-/// one pass (two at 128), with 2, 4 or 8 producer warps, steps of 32 or 64 rows, and the splits
-/// of the plan's whole waves.
-fn specialized_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
-    let shapes: &[(u32, u32, u32, u32)] = match m {
-        0..=8 => &[(4, 4, 1, 1), (8, 2, 1, 1), (2, 8, 1, 1)],
-        9..=16 => &[(4, 4, 2, 1), (8, 2, 2, 1), (4, 4, 2, 2), (2, 8, 2, 1)],
-        17..=32 => &[(4, 4, 4, 1), (4, 4, 4, 2), (8, 2, 4, 1), (2, 8, 4, 1)],
-        _ => &[(2, 8, 8, 2), (2, 8, 8, 4), (2, 8, 8, 1), (2, 4, 8, 2)],
-    };
-    let splits = match m {
-        0..=8 => 32,
-        9..=16 => 19,
-        _ => 13,
-    };
-    staged_grid(g, dtype, m, shapes, &[splits], &[2, 4, 8])
-}
-
-/// The fragment-decode kernel's configurations worth trying at `m` rows.
+/// The kernel's configurations worth trying at `m` rows.
 fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
     let mut configs = Vec::new();
     // (sub-tiles per warp, 8-row tiles per pass, warps per block) worth trying at this M: the
@@ -499,7 +417,7 @@ fn time_configs(
         })?;
         let _ = writeln!(
             table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -509,8 +427,6 @@ fn time_configs(
             cfg.stages,
             cfg.bias_fold,
             cfg.pack_fma,
-            cfg.row_warps,
-            cfg.producers,
             cfg.prescaled,
             cfg.mbarriers,
             kernel.0

@@ -16,7 +16,7 @@
 #                                # kernel's configurations (both unless one is named; SWEEP_ROWS
 #                                # lists the sweep's row counts, SWEEP_TIMEOUT the seconds each
 #                                # may take, 280 by default, SWEEP_ARGS more arguments of
-#                                # bench_down, e.g. `--staged` or `--bits 2`)
+#                                # bench_down, e.g. `--bits 2`)
 #
 # The binaries link MLX's CPU wheel at build time; MLX's CUDA build of the same version
 # (`mlx-cuda-13==0.32.2`) exports the same API, so putting its lib/ first on LD_LIBRARY_PATH

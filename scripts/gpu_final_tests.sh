@@ -3,7 +3,7 @@
 # regression. Expects target/cuda-bundle/ (scripts/cuda.sh build) and MLX's CUDA build staged
 # (source /tmp/mlxcu/env.sh first). Writes logs to $OUT.
 set -u
-b=target/cuda-bundle
+b=target/b-test
 out="${OUT:-/tmp/out}"; mkdir -p "$out"
 export MLX_PTX_CACHE_DIR=/tmp/ptx
 run() { # name seconds cmd...

@@ -130,8 +130,6 @@ fn every_configuration_matches_the_reference() {
                 stages,
                 bias_fold,
                 pack_fma,
-                row_warps: 0,
-                producers: 0,
                 prescaled: false,
                 mbarriers: false,
             };
@@ -178,9 +176,9 @@ fn every_configuration_matches_the_reference() {
     assert!(per_nc.len() == 3 && per_nc.values().all(|&k| k >= 3), "configurations per NC: {per_nc:?}");
 }
 
-/// The small layers the staged kernel's tests cycle through: k 2, 3 interleaved and row-major
+/// The small layers the prescaled configurations' test cycles through: k 2, 3 interleaved and row-major
 /// (100 rows: not a multiple of 8, activations one at a time), 4 (word-aligned runs), 8 with L 16.
-fn staged_layers() -> [Case; 5] {
+fn small_layers() -> [Case; 5] {
     [
         Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
         Case::new(200, 1024, 2, CodeLayout::RowMajor),
@@ -188,105 +186,6 @@ fn staged_layers() -> [Case; 5] {
         Case::new(100, 512, 3, CodeLayout::RowMajor),
         Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
     ]
-}
-
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn staged_configurations_match_the_reference() {
-    require_cuda();
-    // The staged kernel (each step decoded into shared memory, then multiplied from there) on
-    // every warp tiling worth having: parts of a coded block
-    // (TILE < 256), one and two coded blocks, warps along the rows 1 to 4; cycling through the
-    // layers (k 2, 3 interleaved, 4 with word-aligned runs, rows not a multiple of 8, k 8 with
-    // L 16), dtypes, steps and splits.
-    let layers = staged_layers();
-    let mut loops = std::collections::BTreeSet::new();
-    let shapes = [
-        // (nc, warps, mt, row_warps)
-        (2u32, 8u32, 8u32, 4u32),
-        (2, 8, 8, 2),
-        (2, 4, 4, 2),
-        (2, 8, 4, 1),
-        (2, 8, 2, 1),
-        (4, 4, 1, 1),
-        (8, 4, 2, 2),
-        (8, 1, 1, 1),
-        (2, 2, 2, 2),
-    ];
-    for (i, &(nc, warps, mt, row_warps)) in shapes.iter().enumerate() {
-        for j in 0..2 {
-            let v = 2 * i + j;
-            let c = &layers[v % layers.len()];
-            let g = *c.lin.geometry();
-            let ks = [1u32, 2, 4][v % 3];
-            let splits = [1u32, 5, 13][(v / 3) % 3];
-            let dtype = if j == 0 { Dtype::Bfloat16 } else { Dtype::Float32 };
-            let stages = [4, 3, 2][(i + j) % 3];
-            let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, row_warps, ..Default::default() };
-            let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
-            // Shorter steps where the longest do not fit the shared memory (k 8, f32).
-            let Some(cfg) =
-                [ks, 2, 1].into_iter().find_map(|ks| CudaDownConfig { ks, ..cfg }.with_deepest_ring(&g, dtype))
-            else {
-                panic!("{cfg:?} fits no steps of {g} with {dtype}");
-            };
-            loops.insert((dtype == Dtype::Float32, cfg.stages));
-            for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
-                check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
-            }
-        }
-    }
-    // Both dtypes met ring depths 3 and 4.
-    for f32 in [false, true] {
-        for stages in [3, 4] {
-            assert!(loops.contains(&(f32, stages)), "(f32, stages) met: {loops:?}");
-        }
-    }
-}
-
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn specialized_configurations_match_the_reference() {
-    require_cuda();
-    // Producer warps: the staged kernel's decode on warps of its own, handing A tiles to the
-    // multiplying warps through named barriers. Blocks of 6 to 16 warps (above 8 the register
-    // rule applies), whole coded blocks and parts of one, ring depths 2 to 4, steps of 16 to 64
-    // rows, splits that do not divide the steps, every layout
-    // and k, f32 and bf16; each at one row, one short of a pass and past one pass.
-    let layers = staged_layers();
-    let f32 = Dtype::Float32;
-    let bf16 = Dtype::Bfloat16;
-    let cases = [
-        // (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages)
-        (0, bf16, 2u32, 8u32, 8u32, 2u32, 8u32, 4u32, 5u32, 4u32),
-        (1, f32, 2, 8, 4, 1, 8, 4, 1, 3),
-        (2, bf16, 2, 8, 8, 4, 4, 2, 13, 4),
-        (3, bf16, 2, 4, 4, 2, 4, 2, 5, 4),
-        (4, f32, 4, 4, 2, 1, 4, 1, 3, 4),
-        (0, f32, 2, 4, 4, 2, 2, 2, 13, 3),
-        (1, bf16, 2, 8, 8, 2, 8, 2, 13, 3),
-        (2, f32, 2, 8, 4, 1, 4, 4, 1, 4),
-        (3, f32, 4, 4, 2, 1, 2, 2, 4, 3),
-        // One split of 13 steps: the handover's steady state (producers waiting for tiles the
-        // consumers release, the ring wrapping around), and 6 steps with a 2-deep ring.
-        (0, bf16, 4, 4, 4, 1, 4, 1, 1, 4),
-        (2, f32, 4, 4, 2, 1, 4, 1, 1, 2),
-        // The f32 17-32-row plan's passes of three and four 8-row tiles.
-        (3, f32, 4, 4, 3, 1, 4, 4, 13, 4),
-        (0, f32, 4, 4, 4, 1, 4, 4, 13, 4),
-    ];
-    for (layer, dtype, nc, warps, mt, row_warps, producers, ks, splits, stages) in cases {
-        let c = &layers[layer];
-        let g = *c.lin.geometry();
-        let cfg = CudaDownConfig { nc, mt, ks, warps, splits, stages, row_warps, producers, ..Default::default() };
-        let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
-        if let Err(e) = cfg.check(&g, dtype) {
-            panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}");
-        }
-        for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
-            check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
-        }
-    }
 }
 
 #[test]
@@ -300,7 +199,7 @@ fn prescaled_configurations_match_the_reference() {
     // pre-pass loads one activation at a time and pads the rows), f32, f16 and bf16; each at one
     // row, one short of a pass and past one pass.
     // The configurations are checked on every back-end; they run where CUDA is.
-    let layers = staged_layers();
+    let layers = small_layers();
     let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
     let cases = [
         // (layer, dtype, nc, warps, mt, ks, splits, stages, bias_fold, pack_fma)
@@ -565,14 +464,22 @@ fn concurrent_calls_of_one_layer_equal_sequential_calls() {
 fn activations_at_the_edges_of_the_f16_range() {
     require_cuda();
     let c = Case::new(200, 1024, 3, CodeLayout::K3Interleaved);
-    for (factor, dtype) in [(2.2e5, Dtype::Bfloat16), (2.2e5, Dtype::Float32), (5e-3, Dtype::Bfloat16), (5e-3, Dtype::Float16)] {
+    for (factor, dtype) in
+        [(2.2e5, Dtype::Bfloat16), (2.2e5, Dtype::Float32), (5e-3, Dtype::Bfloat16), (5e-3, Dtype::Float16)]
+    {
         for m in [1, 9, 24] {
             let (x, _) = c.x(m, Dtype::Float32);
             let x = x.multiply(&MlxArray::full(&[1], factor, Dtype::Float32).unwrap()).unwrap().astype(dtype).unwrap();
             let xr = to_f64(&x);
-            let largest = xr.iter().zip(0..).map(|(v, i)| (v * f64::from(c.host.scales[i % c.g().rows].to_f32())).abs()).fold(0.0, f64::max);
+            let largest = xr
+                .iter()
+                .zip(0..)
+                .map(|(v, i)| (v * f64::from(c.host.scales[i % c.g().rows].to_f32())).abs())
+                .fold(0.0, f64::max);
             assert!(largest < 65504.0, "x * scale reaches {largest}: past f16's range");
-            check_on(&c, &x, &xr, gate(dtype), &format!("x * {factor:e}"), &|x| c.lin.forward_with(x, ForwardPath::Cuda));
+            check_on(&c, &x, &xr, gate(dtype), &format!("x * {factor:e}"), &|x| {
+                c.lin.forward_with(x, ForwardPath::Cuda)
+            });
         }
     }
 }

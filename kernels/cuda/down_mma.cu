@@ -38,67 +38,33 @@
 // f16x2 register by an IMAD, on the FMA-heavy pipe, instead of a PRMT on the ALU pipe, which at
 // one row is the decode's limit (see code_pair_dp4a_fma).
 //
-// With ROW_WARPS > 0 (staged) the step is decoded into shared memory first and multiplied from
-// there: every thread decodes runs of 8 consecutive positions of one step row (y as exact f16,
-// one 16-byte store each) into an A tile [16 KS][TILE], and after a second barrier the warps,
-// ROW_WARPS along the pass's rows by WARPS / ROW_WARPS along the positions, each multiply their
-// 2D part of the block's output (A fragments by ldmatrix.trans, B fragments as above). The
-// decode then costs the same whatever the rows, its registers are not held next to the
-// accumulators' live ranges of a fragment layout, and each warp's MMAs reuse both operands;
-// the price is the A tile's store and reload and a second barrier per step. It takes the dp4a
-// decode without the bias fold or IMAD pack.
-//
-// With PRODUCERS > 0 (staged only) the block's warps specialise: its WARPS warps (the
-// consumers) build the B tiles and multiply, PRODUCERS more warps copy the codes and decode
-// them into a ring of two A tiles, and named barriers hand each tile
-// over (full: the producers arrive, the consumers wait; empty: the other way). The decode then
-// runs on some warps while the MMAs run on others, with no block-wide barrier: in the plain
-// staged kernel every warp of a block decodes, then every warp multiplies, and with two blocks
-// per SM the ALU and tensor pipes take turns rather than overlap. MLX compiles without launch
-// bounds, so a thread keeps the consumers' registers whatever its role; the host's check
-// allows the shapes whose register count fits (CudaDownConfig::check).
-//
 // Activations and scales are loaded 8 at a time (16-byte loads for 16-bit activations) where R
 // is a multiple of 8 and both pointers are 16-byte aligned, one at a time otherwise.
 //
-// With PRESCALED (fragment decode only) the B tiles come ready-made: `x` is then the output of
+// With PRESCALED the B tiles come ready-made: `x` is then the output of
 // prescale.cu, x * scale as f16 ([M, R_PAD], with the f32 residues as M more rows), and each
 // step's B tile streams into a slot of its own next to the step's codes in the ring, with the
 // same cp.async round. The block then neither loads nor converts activations. At 64 rows that
 // work (two 16-byte loads held in registers across the step, their conversion and stores) is
-// what the kernel waits for, not the decode, which hides behind the MMAs: without it the kernel
-// took 50 µs instead of 61, with prescaled tiles 53, for a pre-pass of about 3 µs (NOTES, v15).
+// what the kernel waits for, not the decode, which hides behind the MMAs (docs/cuda-down.md).
 // Everything a prescaled step reads then arrives by cp.async, so with MBARRIERS the ring needs
 // no block barrier: per slot a "full" mbarrier (each thread's cp.async.mbarrier.arrive fires
 // once its copies have landed) and an "empty" one (each thread arrives after reading the slot).
 // A warp waits only for its own step, the ring runs STAGES - 2 steps ahead so that warps may
-// drift two steps apart, and their decode and MMA phases stop falling in step: 48 µs instead
-// of 53 at 64 rows (NOTES, v16).
+// drift two steps apart, and their decode and MMA phases stop falling in step.
 //
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
-// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES,
-// ROW_WARPS (0: decode into fragments; else the staged warps along the rows), PRODUCERS
-// (staged: 0, or the decoding warps added to the WARPS multiplying ones).
-// The fragment decode folds its partials itself (see its end): it takes a fourth input, counters
-// (u32, one per column tile and pass, zero), and writes y [M, C] in Y besides the partials.
+// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES.
+// The kernel folds its partials itself (see its end): it takes a fourth input, counters (u32,
+// one per column tile and pass, zero), and writes y [M, C] in Y besides the f32 partials.
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
 // by per-slot mbarriers instead of a block barrier per step). Template types: T (activation
-// dtype; f16 with PRESCALED), Y (the output's, fragment decode).
-//
-// Two sources. Code only the fragment decode compiles (ROW_WARPS == 0) sits under
-// `#if !TRELLIS_DOWN_STAGED`, code only the staged one compiles under `#if TRELLIS_DOWN_STAGED`.
-// No compiler ever sees the macro: the library registers the file twice, each time without the
-// other decode's sections (src/kernel/variant.rs, source_variant), because MLX's CUDA back-end
-// hashes a kernel's whole source at every launch. The sections hold `if constexpr` branches a
-// variant discards and lambdas, locals and helpers it never uses; for every planned shape each
-// variant compiles to the same instructions as the file did with both decodes (NOTES, v13).
+// dtype; f16 with PRESCALED), Y (the output's).
   const int M = PRESCALED && SPLIT_X ? x_shape[0] / 2 : x_shape[0];
-#if !TRELLIS_DOWN_STAGED
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
-#endif
   constexpr int WPB = 8 * K;                      // words per coded block
   constexpr int NPOS = 2 * NC;                    // positions per lane
   using LaneRun = trellis_cuda::CodeRun<K, L, NPOS>;
@@ -123,47 +89,27 @@
   static_assert(TILE % 256 == 0 || 256 % TILE == 0, "a block covers whole coded blocks or a part of one");
   static_assert(!PACK_FMA || BIAS_FOLD, "PACK_FMA packs the dp4a decode's biased pairs");
   static_assert(PRESCALED || THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
-  constexpr bool STAGED = ROW_WARPS > 0;
-  constexpr int WGM = STAGED ? ROW_WARPS : 1;     // warps along the rows (staged)
-  constexpr int WGN = WARPS / WGM;                // warps along the positions (staged)
-  constexpr int NCW = STAGED ? NC * WGM : NC;     // 16-position sub-tiles per warp
-  constexpr int MTW = MT / WGM;                   // 8-row tiles per warp
-  static_assert(!STAGED || (WARPS % WGM == 0 && MT % WGM == 0), "staged warps tile the block's output");
-  static_assert(!STAGED || (!BIAS_FOLD && !PACK_FMA), "staged: dp4a decode of y");
-  constexpr bool SPECIALIZED = PRODUCERS > 0;
-  static_assert(!SPECIALIZED || STAGED, "producer warps feed the staged kernel's A tiles");
-  // Threads that copy the codes and decode them: the producers, or every thread. Producer
-  // thread ptid is thread WARPS * 32 + ptid of the block; the consumers keep thread ids
-  // 0..THREADS (their warp tiling and B plan are the plain kernel's).
-  constexpr int P_THREADS = SPECIALIZED ? 32 * PRODUCERS : THREADS;
 
   // B tiles in flight: with PRESCALED one per ring slot, copied with the slot's codes.
   constexpr int B_SLOTS = PRESCALED ? STAGES : 2;
-  static_assert(!PRESCALED || !STAGED, "PRESCALED streams the fragment decode's B tiles");
   // Prescaled rows are padded to whole steps of any KS: the host's PRESCALED_ROW_MULTIPLE (64,
   // src/trellis/cuda/down.rs), which also sizes prescale.cu's output.
   constexpr int R_PAD = (R + 63) / 64 * 64;
   static_assert(!MBARRIERS || (PRESCALED && STAGES >= 3), "MBARRIERS runs the prescaled ring, 3 stages or more");
-  // Shared memory, all of it dynamic: the code ring, the B tiles, and for the staged kernel the
-  // A tiles of decoded code values, [step row][position] (+8 halfs: conflict-free ldmatrix
-  // rows; two tiles with producer warps); every part's size is a multiple of 16 bytes. The host
-  // passes the parts' total (CudaDownConfig::shared_bytes), and MLX raises the kernel's limit
-  // above 48 KB. (One static array carved the same way compiles to the same instructions.)
-  constexpr int A_TILE_PITCH = TILE + 8;
+  // Shared memory, all of it dynamic: the code ring and the B tiles (every part's size a
+  // multiple of 16 bytes). The host passes the parts' total (CudaDownConfig::shared_bytes), and
+  // MLX raises the kernel's limit above 48 KB.
   using Ring = unsigned[STAGES][STEP_ROWS][A_PITCH];
   using BTiles = __half[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
-  using ATile = __half[STEP_ROWS][A_TILE_PITCH];
-  static_assert(sizeof(Ring) % 16 == 0 && sizeof(BTiles) % 16 == 0 && sizeof(ATile) % 16 == 0, "16-byte parts");
+  static_assert(sizeof(Ring) % 16 == 0 && sizeof(BTiles) % 16 == 0, "16-byte parts");
   extern __shared__ __align__(16) unsigned char shared_base[];
   Ring& ring = *reinterpret_cast<Ring*>(shared_base);
   BTiles& b_tile = *reinterpret_cast<BTiles*>(shared_base + sizeof(Ring));
-  ATile* a_tile = reinterpret_cast<ATile*>(shared_base + sizeof(Ring) + sizeof(BTiles));
-  // With MBARRIERS (no A tiles): per ring slot a "full" and an "empty" mbarrier.
+  // With MBARRIERS: per ring slot a "full" and an "empty" mbarrier.
   unsigned long long* full_bar = reinterpret_cast<unsigned long long*>(shared_base + sizeof(Ring) + sizeof(BTiles));
   unsigned long long* empty_bar = full_bar + STAGES;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int ptid = SPECIALIZED ? tid - THREADS : tid;  // producer thread (negative: a consumer)
   const int g = lane >> 2, q = lane & 3;
   const int split = blockIdx.z % SPLITS, pass = blockIdx.z / SPLITS;
   const int first_block = blockIdx.y / PARTS * CB;
@@ -173,8 +119,6 @@
   const int step_begin = (int)((long long)split * STEPS / SPLITS);
   const int steps = (int)((long long)(split + 1) * STEPS / SPLITS) - step_begin;
 
-#if !TRELLIS_DOWN_STAGED
-  static_assert(!STAGED, "the fragment decode's source");
   // This lane's tile: coded block `cb` of the block's CB, positions [p0, p0 + NPOS).
   const int tile_pos = blockIdx.y % PARTS * TILE + warp * 16 * NC;
   const int cb = tile_pos / 256;
@@ -183,32 +127,18 @@
   int decode_row[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) decode_row[i] = 2 * q + (i & 1) + 8 * (i >> 1);
-#else
-  static_assert(STAGED, "the staged decode's source");
-  // Staged decode plan: producer thread `ptid` decodes positions [8 grp, 8 grp + 8) of the tile
-  // in step rows ptid / GROUPS + u * UNIT_ROWS (P_THREADS is a multiple of GROUPS: the same runs
-  // every step), read like a fragment lane's run with NPOS = 8.
-  constexpr int GROUPS = TILE / 8;
-  constexpr int UNITS = STEP_ROWS * GROUPS / P_THREADS;
-  constexpr int UNIT_ROWS = P_THREADS / GROUPS;
-  using StagedRun = trellis_cuda::CodeRun<K, L, 8>;
-  static_assert(P_THREADS % GROUPS == 0 && (STEP_ROWS * GROUPS) % P_THREADS == 0, "staged decode runs");
-  const int grp = ptid % GROUPS, unit_row = ptid / GROUPS;
-  const int run_pos = blockIdx.y % PARTS * TILE + 8 * grp;  // from the block's first coded block
-  const StagedRun staged_run(run_pos / 256, run_pos % 256);
-#endif
 
-  // Per-producer-thread copy plan, fixed for the whole split: chunk u of every step goes to the
+  // Per-thread copy plan, fixed for the whole split: chunk u of every step goes to the
   // same ring offset from a source that moves 16 rows per step (rows past R are zero-filled, not
   // read).
   constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / 256) * WPB;  // words between consecutive rows
-  constexpr int COPIES = (CHUNKS + P_THREADS - 1) / P_THREADS;
+  constexpr int COPIES = (CHUNKS + THREADS - 1) / THREADS;
   const int r_begin = step_begin * STEP_ROWS;
   const uint32_t* copy_src[COPIES];
   int copy_dst[COPIES], copy_row[COPIES];
 #pragma unroll
   for (int u = 0; u < COPIES; ++u) {
-    const int c = ptid + u * P_THREADS;
+    const int c = tid + u * THREADS;
     const int row = c / (CB * (WPB / 4)), rest = c % (CB * (WPB / 4));
     const int b = rest / (WPB / 4), j = rest % (WPB / 4), blk = first_block + b;
     copy_row[u] = c < CHUNKS ? r_begin + row : R;  // R: never read
@@ -222,11 +152,11 @@
   // in halfs (the host keeps the prescaled array below 2^31 elements): source -1 copies nothing.
   constexpr int B_SETS = SPLIT_X ? 2 : 1;
   constexpr int B_CHUNKS = PRESCALED ? B_SETS * B_ROWS * (STEP_ROWS / 8) : 0;
-  constexpr int B_COPIES = (B_CHUNKS + P_THREADS - 1) / P_THREADS;
+  constexpr int B_COPIES = (B_CHUNKS + THREADS - 1) / THREADS;
   int b_copy_src[B_COPIES > 0 ? B_COPIES : 1], b_copy_dst[B_COPIES > 0 ? B_COPIES : 1];
 #pragma unroll
   for (int u = 0; u < B_COPIES; ++u) {
-    const int c = ptid + u * P_THREADS;
+    const int c = tid + u * THREADS;
     const int set = c / (B_ROWS * (STEP_ROWS / 8)), rest = c % (B_ROWS * (STEP_ROWS / 8));
     const int row = rest / (STEP_ROWS / 8), j = rest % (STEP_ROWS / 8);
     b_copy_src[u] = c < B_CHUNKS && m_base + row < M ? (set * M + m_base + row) * R_PAD + r_begin + 8 * j : -1;
@@ -236,7 +166,7 @@
   auto copy_codes = [&](int i, int slot) {
 #pragma unroll
     for (int u = 0; u < COPIES; ++u) {
-      if (ptid + u * P_THREADS < CHUNKS)
+      if (tid + u * THREADS < CHUNKS)
         trellis_cuda::cp_async16_zfill(&ring[slot][0][0] + copy_dst[u],
                                        copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE, copy_row[u] + STEP_ROWS * i < R);
     }
@@ -333,28 +263,25 @@
       }
     }
   };
-  float acc[NCW][MTW][4];
-#if !TRELLIS_DOWN_STAGED
+  float acc[NC][MT][4];
   float bias_acc[MT][4];
 #pragma unroll
   for (int t = 0; t < MT; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) bias_acc[t][e] = 0.0f;
-#endif
 #pragma unroll
-  for (int t = 0; t < MTW; ++t) {
+  for (int t = 0; t < MT; ++t) {
 #pragma unroll
-    for (int s = 0; s < NCW; ++s)
+    for (int s = 0; s < NC; ++s)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[s][t][e] = 0.0f;
   }
 
   // Step pieces: B fragments of a B tile slot, this lane's code bits of a ring slot, and the
   // decode + MMAs of one step from those registers.
-  // B fragments of the 8-row tiles [t0, t0 + MTW) of the pass (and the f32 residue tiles), into
-  // the first MTW entries (MTW == MT but for the staged warps).
+  // B fragments of the 8-row tiles [t0, t0 + MT) of the pass (and the f32 residue tiles).
   auto read_b_fragments = [&](int bslot, int chunk, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2], int t0) {
-    constexpr int NT = MTW;
+    constexpr int NT = MT;
     const int col = 16 * chunk + (lane >> 3 & 1) * 8;
 #pragma unroll
     for (int t = 0; t < NT; t += 2) {
@@ -378,7 +305,6 @@
       }
     }
   };
-#if !TRELLIS_DOWN_STAGED
   auto read_code_bits = [&](int slot, int chunk, unsigned (&w)[4][NWR]) {
     // This lane's bits of its four rows, realigned so that position p0 + NPOS - 1 is at bit 0.
 #pragma unroll
@@ -398,9 +324,9 @@
       a[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b0), trellis_cuda::window<L>(w[3], b0));
       a[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1), lift)
                       : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
-      // MTW == MT in the fragment decode.
+      // MT == MT in the fragment decode.
 #pragma unroll
-      for (int t = 0; t < MTW; ++t) {
+      for (int t = 0; t < MT; ++t) {
         trellis_cuda::mma_16816(acc[s][t], a, b_hi[t]);
         if (SPLIT_X) trellis_cuda::mma_16816(acc[s][t], a, b_lo[t]);
       }
@@ -414,64 +340,6 @@
       }
     }
   };
-#else
-  // Staged decode of a ring slot into an A tile, run (unit) by run: each run's code words are
-  // read from the ring one run ahead of its decode. In source order the compiler keeps a ring
-  // load after an A-tile store written before it (both index the one dynamic shared array at
-  // run time), so a run that read its own words waited for them at its realignment: the
-  // largest stall of the 64-row plan's decode (NVRTC sm_90 SASS; Nsight Compute source view).
-  using StagedWords = unsigned[UNITS][StagedRun::NWL];
-  auto load_unit = [&](int slot, int u, StagedWords& raw) {
-    if (u < UNITS) staged_run.load(ring[slot][unit_row + u * UNIT_ROWS], raw[u]);
-  };
-  auto decode_unit = [&](const unsigned (&raw)[StagedRun::NWL], int u, int aslot) {
-    unsigned w[StagedRun::NWR];
-    staged_run.realign(raw, w);
-    // Position 8 grp + j of the run sits at realigned bit (7 - j) K.
-    uint4 y;
-    y.x = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 7 * K), trellis_cuda::window<L>(w, 6 * K));
-    y.y = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 5 * K), trellis_cuda::window<L>(w, 4 * K));
-    y.z = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, 3 * K), trellis_cuda::window<L>(w, 2 * K));
-    y.w = trellis_cuda::code_pair_dp4a<true>(trellis_cuda::window<L>(w, K), trellis_cuda::window<L>(w, 0));
-    *reinterpret_cast<uint4*>(&a_tile[aslot][unit_row + u * UNIT_ROWS][8 * grp]) = y;
-  };
-  // Staged: decode the step's codes of ring slot `slot` into A tile `aslot`.
-  auto decode_to_tile = [&](int slot, int aslot) {
-    StagedWords raw;
-    load_unit(slot, 0, raw);
-#pragma unroll
-    for (int u = 0; u < UNITS; ++u) {
-      load_unit(slot, u + 1, raw);
-      decode_unit(raw[u], u, aslot);
-    }
-  };
-  // Staged: this warp's MMAs of chunk `chunk` of the A tile against B tile slot `bslot`. Warp
-  // (wn, wm) covers positions [16 NCW wn, 16 NCW (wn + 1)) of the tile and 8-row tiles
-  // [MTW wm, MTW (wm + 1)) of the pass; A sub-tile s row i is position 16 NCW wn + 16 s + i.
-  const int warp_n = warp % WGN, warp_m = warp / WGN;
-  // The A fragment of sub-tile s of chunk `chunk` of A tile `aslot`, and its MMAs.
-  const int a_lane_row = (lane & 7) + 8 * (lane >> 4), a_lane_col = 16 * NCW * warp_n + 8 * (lane >> 3 & 1);
-  auto read_a_fragment = [&](int aslot, int chunk, int s, unsigned (&a)[4]) {
-    trellis_cuda::ldmatrix_x4_trans(a, &a_tile[aslot][16 * chunk + a_lane_row][a_lane_col + 16 * s]);
-  };
-  auto multiply_sub_tile = [&](const unsigned (&a)[4], int s, const unsigned (&b_hi)[MT][2], const unsigned (&b_lo)[MT][2]) {
-#pragma unroll
-    for (int t = 0; t < MTW; ++t) {
-      trellis_cuda::mma_16816(acc[s][t], a, b_hi[t]);
-      if (SPLIT_X) trellis_cuda::mma_16816(acc[s][t], a, b_lo[t]);
-    }
-  };
-  auto multiply_tile = [&](int bslot, int aslot, int chunk) {
-    unsigned b_hi[MT][2], b_lo[MT][2];
-    read_b_fragments(bslot, chunk, b_hi, b_lo, MTW * warp_m);
-#pragma unroll
-    for (int s = 0; s < NCW; ++s) {
-      unsigned a[4];
-      read_a_fragment(aslot, chunk, s, a);
-      multiply_sub_tile(a, s, b_hi, b_lo);
-    }
-  };
-#endif
 
   // Prologue: STAGES - 1 steps of codes in flight; the rows of the B tiles past M zeroed; the
   // first B tile built.
@@ -489,7 +357,6 @@
   // With MBARRIERS the ring runs STAGES - 2 steps ahead: step i + STAGES - 2 refills the slot of
   // step i - 2, so warps may drift up to two steps apart.
   constexpr int MBAR_LEAD = STAGES - 2;
-#if !TRELLIS_DOWN_STAGED
   if constexpr (MBARRIERS) {
     if (tid == 0) {
 #pragma unroll
@@ -505,7 +372,6 @@
       }
     }
   } else
-#endif
   if constexpr (PRESCALED) {
     // The B tiles' rows past M are zeroed before any copy into the rows below M is issued.
     if (m_base + B_ROWS > M) {
@@ -513,7 +379,7 @@
       __syncthreads();
     }
     prime_ring();
-  } else if constexpr (!SPECIALIZED) {
+  } else {
     prime_ring();
     if (m_base + B_ROWS > M) {
       zero_b_tiles();
@@ -526,57 +392,6 @@
     }
   }
 
-#if TRELLIS_DOWN_STAGED
-  if constexpr (SPECIALIZED) {
-    // Named barriers (0 is __syncthreads): the producers' own, the consumers' own, and per A
-    // tile a full and an empty one, which count every thread of the block (one side waits,
-    // the other arrives).
-    constexpr int A_SLOTS = 2;
-    constexpr int PRODUCER_BAR = 1, CONSUMER_BAR = 2, FULL_BAR = 3, EMPTY_BAR = 3 + A_SLOTS;
-    constexpr int ALL = THREADS + P_THREADS;
-    if (warp >= WARPS) {
-      // Producers: STAGES - 1 steps of codes in flight, then each step decoded into the next A
-      // tile once the consumers are done with it.
-      prime_ring();
-      for (int i = 0; i < steps; ++i) {
-        trellis_cuda::cp_async_wait<STAGES - 2>();
-        // Step i's codes are visible to every producer; ring slot (i - 1) % STAGES, decoded in
-        // step i - 1, is free.
-        trellis_cuda::named_sync(PRODUCER_BAR, P_THREADS);
-        if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
-        trellis_cuda::cp_async_commit();
-        // A tile i % A_SLOTS was last multiplied in step i - A_SLOTS.
-        if (i >= A_SLOTS) trellis_cuda::named_sync(EMPTY_BAR + i % A_SLOTS, ALL);
-        decode_to_tile(i % STAGES, i % A_SLOTS);
-        trellis_cuda::named_arrive(FULL_BAR + i % A_SLOTS, ALL);
-      }
-      trellis_cuda::cp_async_wait<0>();
-      return;
-    }
-    // Consumers: the B tiles, built a step ahead, and the MMAs.
-    if (m_base + B_ROWS > M) {
-      zero_b_tiles();
-      trellis_cuda::named_sync(CONSUMER_BAR, THREADS);  // before any consumer writes its rows below
-    }
-    if (steps > 0) {
-      BLoad v;
-      load_b(0, v);
-      store_b(0, v);
-    }
-    for (int i = 0; i < steps; ++i) {
-      BLoad v_next;
-      if (i + 1 < steps) load_b(i + 1, v_next);
-      // A tile i % A_SLOTS holds step i; every consumer has stored B tile i % 2 and finished
-      // step i - 1 (so B tile (i + 1) % 2 is free).
-      trellis_cuda::named_sync(FULL_BAR + i % A_SLOTS, ALL);
-#pragma unroll
-      for (int c = 0; c < KS; ++c) multiply_tile(i % 2, i % A_SLOTS, c);
-      if (i + A_SLOTS < steps) trellis_cuda::named_arrive(EMPTY_BAR + i % A_SLOTS, ALL);
-      if (i + 1 < steps) store_b((i + 1) % 2, v_next);
-    }
-  } else
-#endif
-#if !TRELLIS_DOWN_STAGED
   if constexpr (MBARRIERS) {
     // No block barrier: a thread waits for its step's slot to be full (every thread's copies
     // landed) and, before refilling a slot, for every thread to have released it.
@@ -598,7 +413,6 @@
       trellis_cuda::mbar_arrive(&empty_bar[i % STAGES]);
     }
   } else
-#endif
   {
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
@@ -607,13 +421,6 @@
       __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
       if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
       trellis_cuda::cp_async_commit();
-#if TRELLIS_DOWN_STAGED
-      // The A tile was last read in step i - 1, before this step's first barrier.
-      decode_to_tile(i % STAGES, 0);
-      __syncthreads();  // the step's A tile is visible
-#pragma unroll
-      for (int c = 0; c < KS; ++c) multiply_tile(i % B_SLOTS, 0, c);
-#else
 #pragma unroll
       for (int c = 0; c < KS; ++c) {
         unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
@@ -621,30 +428,12 @@
         read_code_bits(i % STAGES, c, w);
         decode_and_multiply(w, b_hi, b_lo);
       }
-#endif
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
       if (!PRESCALED && i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
     }
   }
   trellis_cuda::cp_async_wait<0>();
 
-#if TRELLIS_DOWN_STAGED
-  {
-    // d0/d1 are (position 16 s + g of the warp's columns, rows m and m + 1), d2/d3 the same
-    // rows at position + 8: 8 lanes of a q store 32 contiguous bytes.
-    const size_t col0 = (size_t)first_block * 256 + blockIdx.y % PARTS * TILE + 16 * NCW * warp_n + g;
-#pragma unroll
-    for (int t = 0; t < MTW; ++t) {
-      const int m = m_base + 8 * (MTW * warp_m + t) + 2 * q;
-#pragma unroll
-      for (int s = 0; s < NCW; ++s) {
-        float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 16 * s;
-        if (m < M) out[0] = acc[s][t][0] * TRELLIS_RCP, out[8] = acc[s][t][2] * TRELLIS_RCP;
-        if (m + 1 < M) out[(size_t)SPLITS * C] = acc[s][t][1] * TRELLIS_RCP, out[(size_t)SPLITS * C + 8] = acc[s][t][3] * TRELLIS_RCP;
-      }
-    }
-  }
-#else
   {
     // Write this warp's partial sums: d0/d2 are (m = 8t + 2q, positions j0/j0 + 1), d1/d3 the
     // same positions of m + 1, so each pair is one 8-byte store.
@@ -693,4 +482,3 @@
       out[0] = Y(s.x), out[1] = Y(s.y), out[2] = Y(s.z), out[3] = Y(s.w);
     }
   }
-#endif

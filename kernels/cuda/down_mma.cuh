@@ -1,7 +1,6 @@
 // Helpers of the CUDA down-projection kernel (down_mma.cu). Placed after codebook.cuh and
 // fragment.cuh, before MLX's `namespace mlx::core::cu`, so everything here lives in
-// `trellis_cuda`. Helpers of one
-// decode only sit in its `TRELLIS_DOWN_STAGED` sections (see down_mma.cu).
+// `trellis_cuda`.
 #pragma once
 
 namespace trellis_cuda {
@@ -78,7 +77,6 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
                : "r"(s));
 }
 
-#if !TRELLIS_DOWN_STAGED
 // mbarriers in shared memory (sm_80 and later) for the fragment decode's MBARRIERS ring: init
 // with the count of arrivals that complete a phase; an arrive by this thread; an arrive that
 // fires once this thread's earlier cp.async copies have landed (noinc: it counts against the
@@ -107,29 +105,6 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       "r"(parity)
       : "memory");
 }
-#endif
 
-#if TRELLIS_DOWN_STAGED
-// ldmatrix_x4 with each 8x8 matrix transposed: lane 4 g + q receives rows 2q, 2q + 1 of column g
-// of each (the A fragment of a tile stored K-major, [k][position]).
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-// Named barriers (ids 1 to 15; 0 is __syncthreads's) for warps that hand work to each other:
-// `threads` counts every thread taking part, those that wait (named_sync) and those that only
-// arrive (named_arrive, which does not wait). Writes before either are visible to the waiting
-// threads once the barrier completes.
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-#endif
 
 }  // namespace trellis_cuda

@@ -1,29 +1,27 @@
 //! Down projections on MLX's CUDA back-end: `kernels/cuda/down_mma.cu`, registered through
-//! `mlx_fast_cuda_kernel` and applied with the template ints of a [`CudaDownConfig`]. Like the
-//! Metal kernels it writes f32 partial sums `[M, SPLITS, C]` (already scaled by 1/147.8) that
-//! one MLX `sum` folds, then casts to the activation dtype.
+//! `mlx_fast_cuda_kernel` and applied with the template ints of a `CudaDownConfig`. The kernel
+//! writes f32 partial sums `[M, SPLITS, C]` (split-K over the input rows) and folds them in the
+//! same launch: the last thread block of each column tile to finish adds the tile's partials in
+//! split order and writes the output in the activation dtype.
 //!
 //! The kernel decodes code values straight into tensor-core fragments (exact f16 integers) and
-//! multiplies them with `mma.sync` against the activations times the row scales, or (staged,
-//! [`CudaDownConfig::row_warps`]) decodes each step once into shared memory and multiplies from
-//! there, optionally on warps of its own that hand the decoded tiles to the multiplying ones
-//! ([`CudaDownConfig::producers`]); see the kernel file for the work split. With
-//! [`CudaDownConfig::prescaled`] a pre-pass kernel (`kernels/cuda/prescale.cu`) first writes the
-//! activations times the row scales as f16, and the kernel streams them in with the codes.
-//! [`plan`] picks the configuration for a row count.
+//! multiplies them with `mma.sync` against the activations times the row scales; see the kernel
+//! file for the work split. With prescaled B tiles a pre-pass kernel
+//! (`kernels/cuda/prescale.cu`) first writes the activations times the row scales as f16 (and
+//! zeroes the fold's counters), and the kernel streams them in with the codes. The plan
+//! (`down_plan.rs`) picks the configuration for a row count.
 //!
 //! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
-//! once to dense weights and runs MLX's matmul ([`down_cuda_dense`]): the decode costs one write
+//! once to dense weights and runs MLX's matmul (`down_cuda_dense`): the decode costs one write
 //! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
 //! while the fused kernel's decode-and-multiply grows with the rows.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
-use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
@@ -42,40 +40,17 @@ const PRESCALE_SOURCE: &str = include_str!("../../../kernels/cuda/prescale.cu");
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
 const PRESCALED_ROW_MULTIPLE: usize = 64;
 
-/// The body and header of one decode's source (`staged`: the staged decode, else the fragment
-/// one): the kernel files without the other decode's `TRELLIS_DOWN_STAGED` sections, cut once.
-fn variant_source(staged: bool) -> Result<&'static (String, String)> {
-    static SOURCES: [OnceLock<(String, String)>; 2] = [OnceLock::new(), OnceLock::new()];
-    let cell = &SOURCES[usize::from(staged)];
-    if let Some(texts) = cell.get() {
-        return Ok(texts);
-    }
-    let cut = |text: &str, file: &str| {
-        source_variant(text, "TRELLIS_DOWN_STAGED", staged).with_context(|| format!("CUDA down kernel source {file}"))
-    };
-    let texts = (cut(SOURCE, "down_mma.cu")?, cut(HEADER, "down_mma.cuh")?);
-    Ok(cell.get_or_init(|| texts))
-}
-
-/// The kernel of one decode (`staged` or the fragment one) registered with `shared_memory`
-/// bytes of dynamic shared memory, one per decode and size (MLX takes the size when a kernel is
-/// registered; it is a function of the template arguments, so each compiled instantiation
-/// always launches with the same size).
-fn kernel(staged: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
-    let key = KernelKey { family: "down_mma", variant: if staged { "staged" } else { "fragment" }, shared_memory };
+/// The kernel registered with `shared_memory` bytes of dynamic shared memory, one per size (MLX
+/// takes the size when a kernel is registered; it is a function of the template arguments, so
+/// each compiled instantiation always launches with the same size).
+fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
+    let key = KernelKey { family: "down_mma", variant: "", shared_memory };
     registry::cuda(key, || {
-        let (body, header) = variant_source(staged)?;
-        // The fragment decode folds its partials in the same launch (see down_mma.cu).
-        let (inputs, outputs): (&'static [&'static str], &'static [&'static str]) = if staged {
-            (&["x", "codes", "scales"], &["partial"])
-        } else {
-            (&["x", "codes", "scales", "counters"], &["y", "partial"])
-        };
         Ok(KernelText {
-            inputs,
-            outputs,
-            body: body.clone(),
-            header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}\n{header}"),
+            inputs: &["x", "codes", "scales", "counters"],
+            outputs: &["y", "partial"],
+            body: SOURCE.to_string(),
+            header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}\n{HEADER}"),
         })
     })
 }
@@ -106,15 +81,10 @@ pub fn down_cuda_with(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    let (y, partials) = run(x2, codes, scales, g, cfg)?;
-    match y {
-        Some(y) => Ok(y),
-        None => partials.sum_axes(&[1], false)?.astype(x2.dtype()),
-    }
+    Ok(run(x2, codes, scales, g, cfg)?.0)
 }
 
-/// The kernel's f32 partial sums `[M, SPLITS, C]` (for profiling; the fragment decode also folds
-/// them itself).
+/// The kernel's f32 partial sums `[M, SPLITS, C]`, which it also folds itself (for profiling).
 pub fn down_cuda_partials(
     x2: &MlxArray,
     codes: &MlxArray,
@@ -126,14 +96,14 @@ pub fn down_cuda_partials(
 }
 
 /// One call: the pre-pass where the configuration has one, then the kernel. Returns the output
-/// where the kernel folds its partials (the fragment decode), and the partials.
+/// and the partials it was folded from.
 fn run(
     x2: &MlxArray,
     codes: &MlxArray,
     scales: &MlxArray,
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
-) -> Result<(Option<MlxArray>, MlxArray)> {
+) -> Result<(MlxArray, MlxArray)> {
     require_supported(g)?;
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
@@ -146,9 +116,6 @@ fn run(
         }
         None => (x2.clone(), None),
     };
-    if cfg.staged() {
-        return Ok((None, prepared.kernel.apply_prepared(&[&b, codes, scales], &prepared.launch)?.remove(0)));
-    }
     // A fresh zeroed array per call: two calls in flight never count into the same one. Two
     // counters at least: a broadcast zero of one element is already contiguous, and MLX would
     // hand the kernel the scalar's own buffer instead of a copy of it.
@@ -158,7 +125,7 @@ fn run(
     };
     let mut outs = prepared.kernel.apply_prepared(&[&b, codes, scales, &counters], &prepared.launch)?;
     let partials = outs.pop().expect("two outputs");
-    Ok((outs.pop(), partials))
+    Ok((outs.pop().expect("two outputs"), partials))
 }
 
 /// The pre-pass kernel of prescaled configurations (`kernels/cuda/prescale.cu`).
@@ -203,17 +170,15 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
     if cfg.prescaled && (sets * m * row_pad > i32::MAX as usize || m > 65535) {
         invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {sets} x {m} x {row_pad} here)");
     }
-    let kernel = kernel(cfg.staged(), cfg.shared_bytes(g, dtype == Dtype::Float32))?;
+    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32))?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
     let ctas = cfg.column_blocks(g);
-    let threads = 32 * cfg.block_warps() as usize;
+    let threads = 32 * cfg.warps as usize;
     let counters = ctas * passes;
-    let mut launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1]);
-    if !cfg.staged() {
-        launch = launch.output(&[m, g.cols], dtype).template_dtype("Y", dtype);
-    }
-    let launch = launch
+    let launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1])
+        .output(&[m, g.cols], dtype)
         .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
+        .template_dtype("Y", dtype)
         // Prescaled activations are f16 whatever the call's dtype.
         .template_dtype("T", if cfg.prescaled { Dtype::Float16 } else { dtype })
         .template_int("R", int("CUDA down kernel", g.rows)?)
@@ -230,8 +195,6 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         .template_bool("SPLIT_X", dtype == Dtype::Float32)
         .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
         .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
-        .template_int("ROW_WARPS", cfg.row_warps as i32)
-        .template_int("PRODUCERS", cfg.producers as i32)
         .template_bool("PRESCALED", cfg.prescaled)
         .template_bool("MBARRIERS", cfg.mbarriers);
     let launch = Arc::new(kernel.prepare(&launch)?);
@@ -258,28 +221,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_decode_registers_only_its_own_sections() {
-        let (fragment, staged) = (variant_source(false).unwrap(), variant_source(true).unwrap());
-        for (text, file) in [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh")] {
-            assert!(text.contains("TRELLIS_DOWN_STAGED"), "{file} has no sections");
-        }
-        for ((body, header), own, other) in [
-            (fragment, ["decode_and_multiply", "mbar_wait"], ["decode_to_tile", "named_sync"]),
-            (staged, ["decode_to_tile", "named_sync"], ["decode_and_multiply", "mbar_wait"]),
-        ] {
-            let text = format!("{header}{body}");
-            let mut code = text.lines().filter(|l| !l.trim_start().starts_with("//"));
-            assert!(code.all(|l| !l.contains("TRELLIS_DOWN_STAGED")));
-            assert!(own.iter().all(|f| text.contains(f)) && !other.iter().any(|f| text.contains(f)), "{own:?}");
-            // Both decodes share the copies, the B tiles and the code runs.
-            assert!(text.contains("auto store_b") && text.contains("struct CodeRun"));
-            // Registered compacted (text outside the compactor's plain subset would go as written).
-            assert!(
-                crate::kernel::compact::compact_plain_cpp(body).is_some()
-                    && crate::kernel::compact::compact_plain_cpp(header).is_some()
-            );
+    fn the_registered_source_is_compacted() {
+        // Text outside the compactor's plain subset would go as written.
+        for (text, file) in [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh"), (FRAGMENT_HEADER, "fragment.cuh")] {
+            let compact = crate::kernel::compact::compact_plain_cpp(text).unwrap_or_else(|| panic!("{file}"));
+            assert!(compact.len() < text.len(), "{file}");
         }
     }
+
     #[test]
     fn too_many_rows_for_prescaled_b_tiles_is_an_error_that_says_so() {
         // Caught while the launch is prepared, before anything runs (so on every back-end).

@@ -30,25 +30,12 @@ pub struct CudaDownConfig {
     /// (ALU pipe), which at one row is the decode's limit. Needs `bias_fold`; like the fold it
     /// applies to 16-bit activations only. It costs registers at wide tiles.
     pub pack_fma: bool,
-    /// 0: each warp decodes its weights straight into its MMA fragments. Otherwise the staged
-    /// kernel: the block decodes each step into a shared-memory tile first (every weight once,
-    /// with the dp4a decode), then its warps, `row_warps` along the pass's rows by
-    /// `warps / row_warps` along the positions, multiply their parts of the output from there.
-    /// Needs `bias_fold` and `pack_fma` off, and `row_warps` dividing `warps` and `mt`.
-    pub row_warps: u32,
-    /// Staged kernel only: 0, or warps added to the block that copy the codes and decode them
-    /// into a ring of two shared-memory A tiles, while the block's
-    /// `warps` build the B tiles and multiply. Named barriers hand each tile over, so the
-    /// decode (integer pipes) and the MMAs (tensor pipe) run at the same time on different
-    /// warps instead of taking turns. The block then has `warps + producers` warps; see
-    /// [`CudaDownConfig::check`] for the shapes whose registers fit.
-    pub producers: u32,
-    /// Fragment decode only: the B operand (activations times the row scales, as f16) comes
+    /// The B operand (activations times the row scales, as f16) comes
     /// from a pre-pass kernel (`kernels/cuda/prescale.cu`) and streams into the code ring with
     /// the codes, one B tile per ring slot, instead of every thread block loading and converting
     /// the activations of each step itself. It costs one more kernel per call and
     /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
-    /// tiles large (17 rows and more, with `mbarriers`). Needs `row_warps` 0.
+    /// tiles large (17 rows and more, with `mbarriers`).
     pub prescaled: bool,
     /// With `prescaled`: the code ring is synchronised by an mbarrier pair per slot instead of
     /// a block barrier per step. A warp waits only for its own step's data, and before it
@@ -60,7 +47,7 @@ pub struct CudaDownConfig {
 impl Default for CudaDownConfig {
     /// A base for explicit configurations (`CudaDownConfig { nc: 2, mt: 8, ..Default::default() }`):
     /// NC 4 tiles in 4-warp blocks, one 8-row tile per pass, 32-row steps, 32 splits, a 4-deep
-    /// ring, the fragments' dp4a decode with no option on. Whether a configuration built on it
+    /// ring, no option on. Whether a configuration built on it
     /// fits a geometry (enough input rows for its splits, its coded blocks, its shared memory)
     /// is for [`CudaDownConfig::check`] to say.
     fn default() -> Self {
@@ -73,8 +60,6 @@ impl Default for CudaDownConfig {
             stages: 4,
             bias_fold: false,
             pack_fma: false,
-            row_warps: 0,
-            producers: 0,
             prescaled: false,
             mbarriers: false,
         }
@@ -87,59 +72,37 @@ impl Default for CudaDownConfig {
 /// GPU's limit fails at launch with MLX's error.
 const SHARED_LIMIT: usize = 227 * 1024;
 
-/// The shared memory the planned fragment-decode configurations keep to: the 48 KB every CUDA
+/// The shared memory the planned configurations keep to: the 48 KB every CUDA
 /// GPU gives a block without opting in, where they were measured (up to five of their blocks
 /// share an SM).
 pub(crate) const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 
-/// The shared memory the planned staged and prescaled 8-warp configurations keep to: their
-/// blocks run two to an SM (128 registers a thread, 8 warps), and two blocks of 112 KB (each with
-/// the 1 KB the GPU reserves per block) fit Hopper's 228 KB. At k = 3 the producer-warp shape's
-/// 64-row steps take 103 KB at 32 rows with 16-bit activations (two A tiles), and the prescaled
-/// 64-row plan 64 KB (one B tile per ring slot).
-pub(crate) const STAGED_PLAN_SHARED_BUDGET: usize = 112 * 1024;
+/// The shared memory the planned prescaled 8-warp configurations keep to: their blocks run two
+/// to an SM (128 registers a thread, 8 warps), and two blocks of 112 KB (each with the 1 KB the
+/// GPU reserves per block) fit Hopper's 228 KB; one B tile per ring slot.
+pub(crate) const WIDE_PLAN_SHARED_BUDGET: usize = 112 * 1024;
 
 impl CudaDownConfig {
-    /// The kernel's shared memory: the code ring, the B tiles (`split_x`: f32 activations,
-    /// carried as two f16 tiles) and the staged kernel's A tiles.
+    /// The kernel's shared memory: the code ring and the B tiles (`split_x`: f32 activations,
+    /// carried as two f16 tiles).
     pub(crate) fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
         let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
         let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
         let b_slots = if self.prescaled { self.stages as usize } else { 2 };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
-        let a_tiles = match (self.staged(), self.specialized()) {
-            (false, _) => 0,
-            (true, false) => 1,
-            (true, true) => 2,
-        };
         let mbarriers = if self.mbarriers { 2 * self.stages as usize * 8 } else { 0 };
-        ring + b_tiles + a_tiles * step_rows * (self.tile_positions() + 8) * 2 + mbarriers
+        ring + b_tiles + mbarriers
     }
 
     /// The shared memory a planned configuration of this kind keeps to: prescaled B tiles in
-    /// 8-warp blocks (two per SM, like the staged kernel's) take one B tile per ring slot.
+    /// 8-warp blocks (two per SM) take one B tile per ring slot.
     pub(crate) fn plan_shared_budget(&self) -> usize {
-        if self.staged() || (self.prescaled && self.warps >= 8) {
-            STAGED_PLAN_SHARED_BUDGET
+        if self.prescaled && self.warps >= 8 {
+            WIDE_PLAN_SHARED_BUDGET
         } else {
             PLAN_SHARED_BUDGET
         }
-    }
-
-    /// Whether the block decodes each step into shared memory first (`row_warps > 0`).
-    pub fn staged(&self) -> bool {
-        self.row_warps > 0
-    }
-
-    /// Whether producer warps decode while the others multiply (`producers > 0`).
-    pub fn specialized(&self) -> bool {
-        self.producers > 0
-    }
-
-    /// Warps per thread block: the multiplying `warps` and the `producers`.
-    pub fn block_warps(&self) -> u32 {
-        self.warps + self.producers
     }
 
     /// The steps of `16 * ks` input rows that `g`'s rows take: the most splits there can be.
@@ -183,37 +146,6 @@ impl CudaDownConfig {
         }
     }
 
-    /// Why producer warps cannot run this configuration on `g` with `dtype` activations, if they
-    /// cannot. They feed the staged kernel; each decodes whole runs of 8 positions of the same
-    /// step rows every step. A block of more than 8 warps leaves a thread at most 168 registers
-    /// (12 warps) or 128 (16), and MLX compiles custom kernels without launch bounds, so only
-    /// shapes whose register count is known are allowed there: 16-bit activations loaded 8 at a
-    /// time, at most 64 accumulators a thread (`nc * mt <= 16`) and 8-row tiles per pass
-    /// `mt <= 8`; f32 ones (two B tiles) with `nc * mt <= 8`. In a survey under NVRTC for
-    /// `sm_90` (docs/cuda-down.md) those took at most 128 registers, all that 16 warps
-    /// leave.
-    fn producer_problem(&self, g: &TrellisGeometry, dtype: Dtype) -> Option<&'static str> {
-        let groups = 2 * self.nc * self.warps; // runs of 8 positions across the tile
-        let runs = 16 * self.ks * groups; // runs per step
-        if !self.staged() {
-            Some("producer warps feed the staged kernel (row_warps > 0)")
-        } else if !(1..=8).contains(&self.producers) || self.warps > 8 {
-            Some("producer warps take 1 to 8 warps beside at most 8 multiplying ones")
-        } else if (32 * self.producers) % groups != 0 || runs % (32 * self.producers) != 0 {
-            Some("the producer warps' threads must split a step's decode runs evenly")
-        } else if self.block_warps() <= 8 {
-            None
-        } else if self.activations_per_load(g) != 8 {
-            Some("blocks of more than 8 warps need activations loaded 8 at a time (rows a multiple of 8)")
-        } else if dtype == Dtype::Float32 && self.nc * self.mt > 8 {
-            Some("blocks of more than 8 warps with f32 activations need nc * mt <= 8")
-        } else if self.nc * self.mt > 16 || self.mt > 8 {
-            Some("blocks of more than 8 warps need nc * mt <= 16 and mt <= 8")
-        } else {
-            None
-        }
-    }
-
     /// Whether this configuration can run `g` with `dtype` activations (see [`Self::check`]).
     pub fn fits(&self, g: &TrellisGeometry, dtype: Dtype) -> bool {
         self.check(g, dtype).is_ok()
@@ -244,22 +176,6 @@ impl CudaDownConfig {
         if self.mbarriers && (!self.prescaled || self.stages < 3) {
             invalid!("CUDA down kernel: mbarriers synchronise the prescaled ring (needs prescaled and stages >= 3, got {} stages)", self.stages);
         }
-        if self.prescaled && self.staged() {
-            invalid!("CUDA down kernel: prescaled B tiles stream into the fragment decode (needs row_warps 0)");
-        }
-        if self.staged() {
-            if self.bias_fold || self.pack_fma {
-                invalid!("CUDA down kernel: the staged kernel (row_warps = {}) decodes y without the bias fold and needs bias_fold and pack_fma off", self.row_warps);
-            }
-            if self.warps % self.row_warps != 0 || self.mt % self.row_warps != 0 {
-                invalid!(
-                    "CUDA down kernel: row_warps = {} must divide warps = {} and mt = {} (the staged warps tile the block's output)",
-                    self.row_warps,
-                    self.warps,
-                    self.mt
-                );
-            }
-        }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
         if !self.prescaled && self.activations_per_load(g) == 1 && (32 * self.warps) % (16 * self.ks) != 0 {
@@ -277,18 +193,6 @@ impl CudaDownConfig {
                 self.splits,
                 self.stages
             );
-        }
-        if self.specialized() {
-            if let Some(problem) = self.producer_problem(g, dtype) {
-                invalid!(
-                    "CUDA down kernel: {problem} (producers = {}, warps = {}, nc = {}, mt = {}, ks = {}, {g}, {dtype} activations)",
-                    self.producers,
-                    self.warps,
-                    self.nc,
-                    self.mt,
-                    self.ks
-                );
-            }
         }
         // A block covers whole coded blocks (a divisor of the row's) or one part of a coded block.
         let tile = self.tile_positions();
@@ -385,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn prescaled_b_tiles_need_the_fragment_decode() {
+    fn prescaled_b_tiles_take_a_b_tile_per_ring_slot() {
         let g = TrellisGeometry::row_major(200, 1024, 3, 256, 12, 0).unwrap();
         let prescaled = CudaDownConfig { prescaled: true, mbarriers: false, ..plan(&g, 40) };
         prescaled.check(&g, Dtype::Float32).unwrap();
@@ -407,9 +311,6 @@ mod tests {
             let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
             assert!(err.contains("mbarriers synchronise the prescaled ring"), "{err}");
         }
-        let staged = CudaDownConfig { row_warps: 2, ..prescaled };
-        let err = staged.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
-        assert!(err.contains("prescaled B tiles stream into the fragment decode"), "{err}");
     }
 
     #[test]
@@ -440,68 +341,5 @@ mod tests {
         let err =
             CudaDownConfig { nc: 8, mt: 1, warps: 6, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("nor a divisor of the 20 coded blocks"), "{err}");
-    }
-
-    #[test]
-    fn producer_warps_are_checked() {
-        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
-        let staged = CudaDownConfig { nc: 2, mt: 8, ks: 4, warps: 8, splits: 13, row_warps: 2, ..Default::default() };
-        let fed = CudaDownConfig { producers: 8, ..staged };
-        fed.check(&qwen, Dtype::Bfloat16).unwrap();
-        assert_eq!(fed.block_warps(), 16);
-        // Two A tiles; the plain staged kernel has one.
-        let a_tile = 64 * (256 + 8) * 2;
-        assert_eq!(fed.shared_bytes(&qwen, false) - staged.shared_bytes(&qwen, false), a_tile);
-        let err = |cfg: CudaDownConfig, g: &TrellisGeometry, dtype: Dtype| cfg.check(g, dtype).unwrap_err().to_string();
-        let bf16 = Dtype::Bfloat16;
-        let fragments = CudaDownConfig { producers: 4, row_warps: 0, ..staged };
-        assert!(err(fragments, &qwen, bf16).contains("producer warps feed the staged kernel"));
-        assert!(err(CudaDownConfig { producers: 9, ..fed }, &qwen, bf16).contains("1 to 8 warps"));
-        assert!(err(CudaDownConfig { warps: 0, ..fed }, &qwen, bf16).contains("0 warps (1 to 8)"));
-        // 3 producer warps (96 threads) cannot split a step's 64 x 32 runs of 8 positions evenly.
-        assert!(err(CudaDownConfig { producers: 3, ..fed }, &qwen, bf16).contains("split a step's decode runs evenly"));
-        // Above 8 warps only shapes whose registers are known: not f32 at nc * mt 16, not one
-        // activation a load (rows not a multiple of 8).
-        let f32_err = err(fed, &qwen, Dtype::Float32);
-        assert!(f32_err.contains("f32 activations need nc * mt <= 8"), "{f32_err}");
-        CudaDownConfig { mt: 4, row_warps: 1, ..fed }.check(&qwen, Dtype::Float32).unwrap();
-        let odd = TrellisGeometry::row_major(100, 1024, 3, 256, 12, 0).unwrap();
-        let odd_fed = CudaDownConfig { splits: 1, ..fed };
-        assert!(err(odd_fed, &odd, bf16).contains("activations loaded 8 at a time"), "{}", err(odd_fed, &odd, bf16));
-        // Up to 8 warps in all, any registers fit: f32 at nc * mt 16, one activation a load.
-        let small = CudaDownConfig { nc: 4, warps: 4, mt: 4, row_warps: 1, producers: 4, ..staged };
-        small.check(&qwen, Dtype::Float32).unwrap();
-        CudaDownConfig { ks: 2, splits: 1, ..small }.check(&odd, bf16).unwrap();
-    }
-
-    #[test]
-    fn staged_configurations_are_checked() {
-        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
-        let staged = CudaDownConfig { nc: 2, mt: 8, warps: 4, splits: 13, row_warps: 2, ..Default::default() };
-        staged.check(&qwen, Dtype::Bfloat16).unwrap();
-        staged.check(&qwen, Dtype::Float32).unwrap();
-        let err = |cfg: CudaDownConfig| cfg.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
-        for other in
-            [CudaDownConfig { bias_fold: true, ..staged }, CudaDownConfig { bias_fold: true, pack_fma: true, ..staged }]
-        {
-            assert!(
-                err(other).contains("staged kernel (row_warps = 2) decodes y without the bias fold"),
-                "{}",
-                err(other)
-            );
-        }
-        // The warps along the rows divide the warps and the 8-row tiles.
-        assert!(
-            err(CudaDownConfig { row_warps: 3, ..staged }).contains("row_warps = 3 must divide warps = 4 and mt = 8")
-        );
-        assert!(err(CudaDownConfig { mt: 2, row_warps: 4, ..staged }).contains("must divide"));
-        // The A tile counts in the shared memory: 64-row steps of 128 positions take 17 KB on
-        // top of the ring and the B tiles (above 48 KB, allowed).
-        let long = CudaDownConfig { ks: 4, ..staged };
-        assert!(long.fits(&qwen, Dtype::Bfloat16) && long.shared_bytes(&qwen, false) > PLAN_SHARED_BUDGET);
-        assert_eq!(
-            long.shared_bytes(&qwen, false) - CudaDownConfig { row_warps: 0, ..long }.shared_bytes(&qwen, false),
-            64 * 136 * 2
-        );
     }
 }

@@ -31,8 +31,7 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// replaced.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, bias fold, IMAD pack, staged warps along the rows, producer warps,
-    // prescaled B tiles on an mbarrier ring).
+    // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring).
     // Up to 16 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
     // (`pack_fma`). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
@@ -41,21 +40,17 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
     // decode and MMA phases overlap. A pass holds just the call's rows (MT = M / 8 rounded up);
     // above 64 rows passes of up to 64 share the rows evenly (72 rows: two passes of 40).
-    // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers) and
-    // at 17-32 rows the staged kernel with producer warps.
+    // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers).
     let tiles = m.div_ceil(8).max(1);
     let pass_tiles = tiles.div_ceil(tiles.div_ceil(8)) as u32; // 8-row tiles a pass, passes of up to 8
-    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, row_warps, producers, prescaled) = match m {
-        0..=1 => (8, 1, 1, 2, 64, true, true, 0, 0, false),
-        2..=8 => (4, 1, 2, 1, 32, true, false, 0, 0, false),
-        9..=16 => (4, 2, 4, 1, 19, true, false, 0, 0, false),
-        // f32 activations keep the producer warps here (their prescaled residue tiles would
-        // double the B tiles).
-        17..=32 if dtype == Dtype::Float32 => (4, tiles as u32, 4, 1, 13, false, false, 1, 4, false),
-        17..=64 => (2, tiles as u32, 4, 1, 13, false, false, 0, 0, true),
+    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled) = match m {
+        0..=1 => (8, 1, 1, 2, 64, true, true, false),
+        2..=8 => (4, 1, 2, 1, 32, true, false, false),
+        9..=16 => (4, 2, 4, 1, 19, true, false, false),
+        17..=64 => (2, tiles as u32, 4, 1, 13, false, false, true),
         // Up to DENSE_MIN_ROWS rows of 16-bit activations, f32 ones, and explicit calls: passes
         // of the 64-row shape.
-        _ => (2, pass_tiles, 4, 1, 13, false, false, 0, 0, true),
+        _ => (2, pass_tiles, 4, 1, 13, false, false, true),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -68,8 +63,6 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         // the kernel applies it to 16-bit activations only.
         bias_fold,
         pack_fma,
-        row_warps,
-        producers,
         prescaled: prescaled && dtype != Dtype::Float32,
         mbarriers: prescaled && dtype != Dtype::Float32,
     };
@@ -82,8 +75,6 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
             || cfg.shared_bytes(g, dtype == Dtype::Float32) > cfg.plan_shared_budget())
     {
         cfg.warps /= 2;
-        // The staged warps along the rows must still divide the warps (all powers of two).
-        cfg.row_warps = cfg.row_warps.min(cfg.warps);
     }
     let with_steps = |ks: u32, stages: u32| {
         // The mbarrier ring needs 3 stages; a shallower ring keeps the block barrier.
@@ -114,7 +105,7 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trellis::cuda::down_config::{PLAN_SHARED_BUDGET, STAGED_PLAN_SHARED_BUDGET};
+    use crate::trellis::cuda::down_config::{PLAN_SHARED_BUDGET, WIDE_PLAN_SHARED_BUDGET};
 
     #[test]
     fn every_planned_configuration_is_valid() {
@@ -136,16 +127,14 @@ mod tests {
         // The measured plan is unchanged where it fits (k <= 4).
         let one = plan(&qwen, 1);
         assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
-        let staged32 = plan_for(&qwen, 32, Dtype::Float32);
-        assert_eq!(
-            (staged32.nc, staged32.mt, staged32.ks, staged32.warps, staged32.row_warps, staged32.producers),
-            (4, 4, 4, 4, 1, 4)
-        );
-        assert_eq!(staged32.block_warps(), 8);
+        // f32 at 17-32 rows: the fragment decode of 8-warp blocks in one pass, B tiles in the
+        // block (it beat the staged decode with producer warps that served those rows).
+        let f32_32 = plan_for(&qwen, 32, Dtype::Float32);
+        assert_eq!((f32_32.nc, f32_32.mt, f32_32.ks, f32_32.warps, f32_32.prescaled), (2, 4, 4, 8, false));
         let wide = plan(&qwen, 64);
         assert_eq!(
-            (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.row_warps, wide.bias_fold),
-            (2, 8, 4, 4, 13, 8, 0, false)
+            (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.bias_fold),
+            (2, 8, 4, 4, 13, 8, false)
         );
         // Prescaled B tiles on an mbarrier ring from 17 rows of 16-bit activations only, in
         // passes that share the rows evenly above 64.
@@ -169,22 +158,11 @@ mod tests {
         }
     }
     #[test]
-    fn the_staged_plan_fits_its_budget() {
-        // 17-32 rows of f32 activations: the staged kernel with producer warps in 64-row steps
-        // and two A tiles; shallower rings or shorter steps fit the staged budget for every code
-        // width.
-        for (k, l) in [(2, 12), (3, 12), (4, 12), (8, 16)] {
-            let g = TrellisGeometry::row_major(17408, 5120, k, 256, l, 0).unwrap();
-            for m in [17, 32] {
-                let cfg = plan_for(&g, m, Dtype::Float32);
-                assert!(cfg.staged() && cfg.specialized(), "k {k} M {m}: {cfg:?}");
-                let bytes = cfg.shared_bytes(&g, true);
-                assert!(bytes > PLAN_SHARED_BUDGET && bytes <= STAGED_PLAN_SHARED_BUDGET, "k {k} M {m}: {bytes}");
-            }
-        }
+    fn the_plans_fit_their_budgets() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
         let planned = plan_for(&qwen, 32, Dtype::Float32);
         assert_eq!((planned.ks, planned.stages), (4, 4));
+        assert!(planned.shared_bytes(&qwen, true) <= planned.plan_shared_budget());
         // The prescaled 64-row plan: four ring slots of codes and B tiles, and their mbarriers.
         assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536 + 4 * 16);
         // Fragment plans keep to 48 KB, but for prescaled B tiles in 8-warp
@@ -192,8 +170,8 @@ mod tests {
         // an even share of them), without the bias fold, in 64-row steps of 8-warp blocks.
         for m in [1, 8, 16, 17, 32, 33, 48, 64, 72, 128] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
-            let budget = if cfg.prescaled && cfg.warps >= 8 { STAGED_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
-            assert!(!cfg.staged() && cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
+            let budget = if cfg.prescaled && cfg.warps >= 8 { WIDE_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
+            assert!(cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
             if m > 16 {
                 let tiles = m.div_ceil(8);
                 let mt = tiles.div_ceil(tiles.div_ceil(8)) as u32;
