@@ -13,9 +13,11 @@ import csv
 import re
 import sys
 
-# The activation dtype's name (bfloat16_t, float16_t, float) and then the template ints and bools.
+# The down kernel's name (src/kernel/registry.rs, then MLX's suffix of template arguments in the
+# order src/trellis/cuda/down.rs gives them): the dtypes Y and T, the ints R C K L NC MT KS WARPS
+# SPLITS STAGES, then the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS.
 CONFIG = re.compile(
-    r"down_mma(?:_staged)?_[0-9a-f]+_[a-z0-9_]*?_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_(\d+)_([tf])_([tf])_([tf])_([tf])_([tf])(?:_([tf]))?(?:_(\d+))?(?:_(\d+))?(?:_([tf]))?(?:_([tf]))?"
+    r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 10 + r"_([tf])" * 6
 )
 
 
@@ -23,12 +25,13 @@ def label(name):
     m = CONFIG.search(name)
     if not m:
         return re.sub(r"\(.*", "", name).replace("void ", "")[:90]
-    _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, mma, bias, pf, pack, row_warps, producers, prescaled, mbarriers = m.groups()
-    decode = ("u8 mma" if mma == "t" else "dp4a") + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
-    staged = f" staged, {row_warps} row warps" if row_warps and row_warps != "0" else ""
-    if producers and producers != "0":
-        staged += f", {producers} producer warps"
-    return f"trellis k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}" + (" prefetch" if pf == "t" else "") + (" prescaled" if prescaled == "t" else "") + (" mbarriers" if mbarriers == "t" else "") + staged
+    _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, bias, pack, prescaled, mbarriers = m.groups()
+    decode = "u8 mma" + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
+    return (
+        f"trellis down k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}"
+        + (" prescaled" if prescaled == "t" else "")
+        + (" mbarriers" if mbarriers == "t" else "")
+    )
 
 
 for path in sys.argv[1:]:
