@@ -25,52 +25,16 @@ use mlx_trellis::trellis::metal::down_mma_wide::{
     down_k3_interleaved_mma_wide, down_k3_interleaved_mma_wide_pass, down_mma_wide, down_mma_wide_pass, passes, plan,
     DownPass, DOWN_ONE_BLOCK,
 };
+#[macro_use]
 mod common;
 
+use common::metal_mode::Mode;
 use common::{gate, to_f64, Case};
 use mlx_trellis::trellis::metal::trellis_scatter::trellis_scatter;
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisGeometry, TrellisLinear};
 use mlx_trellis::{backend, Backend, Dtype, ErrorKind, MetalSimScope, MlxArray, Result};
-
-/// Where the kernels run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Sim,
-    Metal,
-}
-
-impl Mode {
-    /// The scope that routes kernels to the simulator (none on Metal).
-    fn scope(self) -> Option<MetalSimScope> {
-        (self == Mode::Sim).then(MetalSimScope::enter)
-    }
-
-    fn path(self) -> ForwardPath {
-        match self {
-            Mode::Sim => ForwardPath::MetalSim,
-            Mode::Metal => ForwardPath::Metal,
-        }
-    }
-}
-
-/// Each kernel test as a simulator test and a real-Metal twin.
-macro_rules! on_sim_and_metal {
-    ($($body:ident => $sim:ident, $metal:ident;)*) => {$(
-        #[test]
-        fn $sim() {
-            $body(Mode::Sim);
-        }
-
-        #[test]
-        #[ignore = "needs MLX's Metal back-end (a Mac)"]
-        fn $metal() {
-            assert_eq!(backend(), Backend::Metal, "this test needs MLX's Metal back-end; run it on a Mac");
-            $body(Mode::Metal);
-        }
-    )*};
-}
 
 type Kernel = fn(&MlxArray, &MlxArray, &MlxArray, &TrellisGeometry) -> Result<MlxArray>;
 

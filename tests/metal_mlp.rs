@@ -16,10 +16,12 @@
 //! a hundred and seventy kernel variants (template ints are baked per geometry), once per cache.
 #![cfg(feature = "metal-sim")]
 
+#[macro_use]
 mod common;
 
 use std::sync::Once;
 
+use common::metal_mode::Mode;
 use common::to_f64;
 use mlx_trellis::trellis::metal::gate_up_factored::{
     gate_up_factored_row, gate_up_factored_rows, swiglu_factored_row, swiglu_factored_rows,
@@ -30,9 +32,7 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
     synthetic_layer, synthetic_mlp, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear, TrellisMlp,
 };
-use mlx_trellis::{
-    backend, Backend, Dtype, ErrorKind, KernelSource, LaunchConfig, MetalKernel, MetalSimScope, MlxArray, Result,
-};
+use mlx_trellis::{Dtype, ErrorKind, KernelSource, LaunchConfig, MetalKernel, MetalSimScope, MlxArray, Result};
 
 /// Sets `MSL_SIM_STRICT=1` for the simulator's kernel processes, once, before any test of this
 /// binary runs a kernel: every test calls this first, and `Once` holds the others back until it
@@ -40,46 +40,6 @@ use mlx_trellis::{
 fn strict() {
     static STRICT: Once = Once::new();
     STRICT.call_once(|| std::env::set_var("MSL_SIM_STRICT", "1"));
-}
-
-/// Where the kernels run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Sim,
-    Metal,
-}
-
-impl Mode {
-    /// The scope that routes kernels to the simulator (none on Metal).
-    fn scope(self) -> Option<MetalSimScope> {
-        (self == Mode::Sim).then(MetalSimScope::enter)
-    }
-
-    fn path(self) -> ForwardPath {
-        match self {
-            Mode::Sim => ForwardPath::MetalSim,
-            Mode::Metal => ForwardPath::Metal,
-        }
-    }
-}
-
-/// Each kernel test as a simulator test and a real-Metal twin.
-macro_rules! on_sim_and_metal {
-    ($($body:ident => $sim:ident, $metal:ident;)*) => {$(
-        #[test]
-        fn $sim() {
-            strict();
-            $body(Mode::Sim);
-        }
-
-        #[test]
-        #[ignore = "needs MLX's Metal back-end (a Mac)"]
-        fn $metal() {
-            strict();
-            assert_eq!(backend(), Backend::Metal, "this test needs MLX's Metal back-end; run it on a Mac");
-            $body(Mode::Metal);
-        }
-    )*};
 }
 
 /// The relErr gate of an axis-1 kernel's output against the f64 reference: f32 accumulation
@@ -490,6 +450,7 @@ fn wraparound(mode: Mode) {
 }
 
 on_sim_and_metal! {
+    setup = strict;
     factored_forms => factored_forms_match_the_reference_sim, factored_forms_match_the_reference_metal;
     mma_form => mma_form_matches_the_reference_sim, mma_form_matches_the_reference_metal;
     fused_forms => fused_swiglu_forms_match_the_reference_sim, fused_swiglu_forms_match_the_reference_metal;

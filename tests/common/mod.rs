@@ -1,6 +1,10 @@
 //! Helpers shared by the kernel test files.
 #![allow(dead_code)] // each test binary uses a different subset
 
+#[cfg(feature = "metal-sim")]
+#[macro_use]
+pub mod metal_mode;
+
 use mlx_trellis::trellis::reference::forward_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, TrellisGeometry, TrellisLinear};
