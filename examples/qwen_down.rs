@@ -10,10 +10,14 @@
 //! cargo run --release --example qwen_down -- --path generic --rows 1,4 --bits 3
 //! cargo run --release --example qwen_down -- --weights DIR --module model.layers.0.mlp.down_proj
 //! cargo run --release --example qwen_down -- --weights DIR --module NAME --x x.safetensors --out y.safetensors
+//! cargo run --release --example qwen_down -- --weights DIR --mlp model.layers.0.mlp --x x.safetensors --out y.safetensors
 //! ```
 //!
 //! Options:
 //! - `--weights DIR --module NAME`: run a coded module from a model directory;
+//! - `--weights DIR --mlp PREFIX`: run the coded MLP `PREFIX.{gate,up,down}_proj` instead
+//!   (`down(silu(gate(x)) ⊙ up(x))`, checked against the f64 reference of all three; the
+//!   `quantize_mlp` example writes one);
 //! - `--x FILE`: activations (safetensors, tensor `x`, `[M, in]`, float32 or bfloat16) to run
 //!   instead of random ones; `--out FILE` saves the output (tensor `y`, `[M, out]`, x's dtype);
 //! - `--path auto|generic|reference|metal|metal-sim|cuda`: force an implementation;
@@ -25,9 +29,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::reference::{forward_f64, rel_err};
+use mlx_trellis::trellis::reference::{forward_f64, mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_layer, Artifact, CodeLayout, ForwardPath, TrellisLinear};
+use mlx_trellis::trellis::{synthetic_layer, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
 use mlx_trellis::{backend, load_safetensors, save_safetensors, Dtype, MlxArray};
 
 const IN_FEATURES: usize = 17408;
@@ -36,6 +40,7 @@ const OUT_FEATURES: usize = 5120;
 struct Options {
     weights: Option<String>,
     module: Option<String>,
+    mlp: Option<String>,
     x: Option<String>,
     out: Option<String>,
     path: ForwardPath,
@@ -49,6 +54,7 @@ fn parse_args() -> Result<Options> {
     let mut o = Options {
         weights: None,
         module: None,
+        mlp: None,
         x: None,
         out: None,
         path: ForwardPath::Auto,
@@ -63,6 +69,7 @@ fn parse_args() -> Result<Options> {
         match flag.as_str() {
             "--weights" => o.weights = Some(value()?),
             "--module" => o.module = Some(value()?),
+            "--mlp" => o.mlp = Some(value()?),
             "--x" => o.x = Some(value()?),
             "--out" => o.out = Some(value()?),
             "--path" => o.path = value()?.parse()?,
@@ -93,8 +100,11 @@ fn parse_args() -> Result<Options> {
             other => bail!("unknown option {other:?} (see --help)"),
         }
     }
-    if o.weights.is_some() != o.module.is_some() {
-        bail!("--weights and --module go together");
+    if o.module.is_some() && o.mlp.is_some() {
+        bail!("--module and --mlp are exclusive: one module or one MLP");
+    }
+    if o.weights.is_some() != (o.module.is_some() || o.mlp.is_some()) {
+        bail!("--weights goes with --module NAME or --mlp PREFIX");
     }
     if o.out.is_some() && o.x.is_none() {
         bail!("--out needs --x");
@@ -166,7 +176,7 @@ fn verdict(y: &MlxArray, err: f64, gate: f64) -> Result<(bool, &'static str)> {
 }
 
 /// The relErr gate for activations of `dtype` (f32 accumulation; output cast to `dtype`).
-fn gate(dtype: Dtype) -> f64 {
+fn gate_for(dtype: Dtype) -> f64 {
     if dtype == Dtype::Float32 {
         1e-4
     } else {
@@ -175,15 +185,8 @@ fn gate(dtype: Dtype) -> f64 {
 }
 
 fn run_given_x(o: &Options, layer: &TrellisLinear, x_file: &str) -> Result<bool> {
-    let mut file = load_safetensors(x_file)?;
-    let x = file.tensors.remove("x").with_context(|| format!("{x_file} has no tensor \"x\""))?;
     let g = layer.geometry();
-    if x.ndim() != 2 || x.shape()[1] != g.in_features() {
-        bail!("{x_file}: x has shape {:?}, expected [M, {}]", x.shape(), g.in_features());
-    }
-    if !matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16) {
-        bail!("{x_file}: x is {}, expected float32 or bfloat16", x.dtype());
-    }
+    let x = read_x(x_file, g.in_features())?;
     let m = x.shape()[0];
     let y = step(&format!("running {} rows by the {} path", m, o.path), || -> mlx_trellis::Result<_> {
         let y = layer.forward_with(&x, o.path)?;
@@ -194,7 +197,7 @@ fn run_given_x(o: &Options, layer: &TrellisLinear, x_file: &str) -> Result<bool>
     let want =
         step("f64 reference", || -> Result<_> { Ok(forward_f64(&to_f64(&x)?, m, &host.codes, &host.scales, g)?) })?;
     let err = rel_err(&to_f64(&y)?, &want)?;
-    let (ok, status) = verdict(&y, err, gate(x.dtype()))?;
+    let (ok, status) = verdict(&y, err, gate_for(x.dtype()))?;
     println!("| M | layout | path | relErr | gate |\n|---|---|---|---|---|");
     println!("| {m} | {} | {} | {err:.2e} | {status} |", layout_name(layer), o.path);
     if let Some(out) = &o.out {
@@ -202,6 +205,69 @@ fn run_given_x(o: &Options, layer: &TrellisLinear, x_file: &str) -> Result<bool>
         progress(&format!("wrote y {:?} {} to {out}", y.shape(), y.dtype()));
     }
     Ok(ok)
+}
+
+/// Reads the activations `[M, width]` (f32 or bf16) of tensor `x` in `x_file`.
+fn read_x(x_file: &str, width: usize) -> Result<MlxArray> {
+    let mut file = load_safetensors(x_file)?;
+    let x = file.tensors.remove("x").with_context(|| format!("{x_file} has no tensor \"x\""))?;
+    if x.ndim() != 2 || x.shape()[1] != width {
+        bail!("{x_file}: x has shape {:?}, expected [M, {width}]", x.shape());
+    }
+    if !matches!(x.dtype(), Dtype::Float32 | Dtype::Bfloat16) {
+        bail!("{x_file}: x is {}, expected float32 or bfloat16", x.dtype());
+    }
+    Ok(x)
+}
+
+/// Runs a coded MLP on the given activations (`--x`) or on seeded bf16 ones of each `--rows`
+/// count, each result checked against the f64 reference of the three projections.
+fn run_mlp(o: &Options, mlp: &TrellisMlp) -> Result<bool> {
+    let hidden = mlp.hidden();
+    let (gate, up, down) = (mlp.gate().to_host()?, mlp.up().to_host()?, mlp.down().to_host()?);
+    let inputs: Vec<MlxArray> = match &o.x {
+        Some(file) => vec![read_x(file, hidden)?],
+        None => {
+            let max_m = *o.rows.iter().max().expect("at least one row count");
+            let n = max_m.checked_mul(hidden).context("--rows: the activations' size overflows")?;
+            let x_all =
+                MlxArray::from_slice(&gaussian(n, o.seed ^ 0x5eed)?, &[max_m, hidden])?.astype(Dtype::Bfloat16)?;
+            o.rows
+                .iter()
+                .map(|&m| x_all.slice(&[0, 0], &[m as i32, hidden as i32], &[1, 1]))
+                .collect::<mlx_trellis::Result<_>>()?
+        }
+    };
+    let path = if o.path == ForwardPath::Auto { mlp.best_path() } else { o.path };
+    println!(
+        "
+MLP {hidden} -> {} -> {hidden}, MLX back-end {}",
+        mlp.intermediate(),
+        backend()
+    );
+    println!(
+        "| M | dtype | path | relErr | gate |
+|---|---|---|---|---|"
+    );
+    let mut all_ok = true;
+    for x in &inputs {
+        let m = x.shape()[0];
+        let y = step(&format!("MLP, {m} rows by the {path} path"), || -> mlx_trellis::Result<_> {
+            let y = mlp.forward_with(x, path)?;
+            y.eval()?;
+            Ok(y)
+        })?;
+        let want = step("f64 reference", || -> Result<_> { Ok(mlp_forward_f64(&to_f64(x)?, m, &gate, &up, &down)?) })?;
+        let err = rel_err(&to_f64(&y)?, &want)?;
+        let (ok, status) = verdict(&y, err, gate_for(x.dtype()))?;
+        all_ok &= ok;
+        println!("| {m} | {} | {path} | {err:.2e} | {status} |", x.dtype());
+        if let Some(out) = &o.out {
+            save_safetensors(out, [("y", &y)], &BTreeMap::new())?;
+            progress(&format!("wrote y {:?} {} to {out}", y.shape(), y.dtype()));
+        }
+    }
+    Ok(all_ok)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -231,6 +297,11 @@ fn main() -> ExitCode {
 fn run() -> Result<bool> {
     let o = parse_args()?;
     progress(&format!("MLX back-end: {}", backend()));
+    if let (Some(dir), Some(prefix)) = (&o.weights, &o.mlp) {
+        let art = Artifact::open(dir)?;
+        let mlp = step(&format!("loading the MLP {prefix} from {dir}"), || TrellisMlp::from_artifact(&art, prefix))?;
+        return run_mlp(&o, &mlp);
+    }
     let layers = layers(&o)?;
     if let Some(x) = &o.x {
         return run_given_x(&o, &layers[0], x);
@@ -267,7 +338,7 @@ fn run() -> Result<bool> {
             )?;
             let mut times = vec![first.elapsed().as_secs_f64() * 1e3];
             let err = rel_err(&to_f64(&y)?, &want[..m * g.out_features()])?;
-            let (ok, status) = verdict(&y, err, gate(Dtype::Bfloat16))?;
+            let (ok, status) = verdict(&y, err, gate_for(Dtype::Bfloat16))?;
             all_ok &= ok;
             let reps = o.reps.unwrap_or(if slow { 0 } else { 20 });
             if reps > 0 {

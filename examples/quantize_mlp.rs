@@ -1,0 +1,259 @@
+//! Codes a dense SwiGLU MLP (gate, up, down) into a trellis model artifact that `TrellisMlp`
+//! and `qwen_down --mlp` load.
+//!
+//! The dense weights `PREFIX.{gate,up,down}_proj.weight` come from a safetensors file (as a
+//! Hugging Face checkpoint stores them: gate and up `[intermediate, hidden]`, down
+//! `[hidden, intermediate]`) or are seeded Gaussian. Gate and up are coded row-major on axis 1
+//! (stored `[out, in]`, the layout of the gate/up kernels), down on axis 0 (stored `[in, out]`)
+//! in the 3-bit block interleave, or row-major at other bit widths and where the hidden width
+//! is not a multiple of 512 (the interleave's column group). The artifact is then read
+//! back, one forward of four rows by the generic path is checked against the f64 reference of
+//! the read-back codes, and the quantization error against the dense MLP is printed. Exit status
+//! 0 means the check passed; 1 means it did not; 2 is an error.
+//!
+//! ```text
+//! cargo run --release --example quantize_mlp -- --out /tmp/mlp
+//! cargo run --release --example quantize_mlp -- --input model.safetensors --prefix model.layers.0.mlp --out DIR
+//! cargo run --release --example qwen_down -- --weights /tmp/mlp --mlp model.layers.0.mlp
+//! ```
+//!
+//! Options:
+//! - `--input FILE`: the dense checkpoint (any float dtype); `--prefix P` the MLP's name in it and
+//!   in the artifact (default `model.layers.0.mlp`);
+//! - `--hidden H --inter I`: the seeded Gaussian MLP's shape without `--input` (default 512 and
+//!   1024; Qwen3-14B's is 5120 and 17408); `--seed S`;
+//! - `--bits K` (gate and up, default 3), `--down-bits K` (default 3), `--L L` (default 12),
+//!   `--threads N`, `--backend auto|cpu|cuda` (where the block search runs);
+//! - `--out DIR` (required): where `model.safetensors` and `config.json` go.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use mlx_trellis::trellis::encoder::{encode_linear, EncoderBackend, EncoderConfig};
+use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
+use mlx_trellis::{backend, load_safetensors, Backend, Dtype, MlxArray};
+
+const CHECK_ROWS: usize = 4;
+
+struct Options {
+    input: Option<String>,
+    prefix: String,
+    hidden: usize,
+    inter: usize,
+    seed: u64,
+    bits: u32,
+    down_bits: u32,
+    l: u32,
+    threads: Option<usize>,
+    backend: EncoderBackend,
+    out: String,
+}
+
+fn parse_args() -> Result<Options> {
+    let mut o = Options {
+        input: None,
+        prefix: "model.layers.0.mlp".into(),
+        hidden: 512,
+        inter: 1024,
+        seed: 0,
+        bits: 3,
+        down_bits: 3,
+        l: 12,
+        threads: None,
+        backend: EncoderBackend::Auto,
+        out: String::new(),
+    };
+    let mut out = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--input" => o.input = Some(value()?),
+            "--prefix" => o.prefix = value()?,
+            "--hidden" => o.hidden = value()?.parse().context("--hidden takes a count")?,
+            "--inter" => o.inter = value()?.parse().context("--inter takes a count")?,
+            "--seed" => o.seed = value()?.parse().context("--seed takes an integer")?,
+            "--bits" => o.bits = value()?.parse().context("--bits takes 2, 3 or 4")?,
+            "--down-bits" => o.down_bits = value()?.parse().context("--down-bits takes 2, 3 or 4")?,
+            "--L" => o.l = value()?.parse().context("--L takes an integer")?,
+            "--threads" => o.threads = Some(value()?.parse().context("--threads takes a positive integer")?),
+            "--backend" => {
+                o.backend = match value()?.as_str() {
+                    "auto" => EncoderBackend::Auto,
+                    "cpu" => EncoderBackend::Cpu,
+                    "cuda" => EncoderBackend::Cuda,
+                    other => bail!("--backend: {other:?} is not auto, cpu or cuda"),
+                }
+            }
+            "--out" => out = Some(value()?),
+            "-h" | "--help" => {
+                let doc = include_str!("quantize_mlp.rs").lines().take_while(|l| l.starts_with("//!"));
+                println!("{}", doc.map(|l| l.trim_start_matches("//!").trim_start()).collect::<Vec<_>>().join("\n"));
+                std::process::exit(0);
+            }
+            other => bail!("unknown option {other:?} (see --help)"),
+        }
+    }
+    o.out = out.context("--out DIR is required")?;
+    Ok(o)
+}
+
+fn progress(msg: &str) {
+    eprintln!("[quantize_mlp] {msg}");
+}
+
+/// A dense linear weight `W [out, in]` as f32.
+struct Dense {
+    w: Vec<f32>,
+    out_features: usize,
+    in_features: usize,
+}
+
+/// The three dense weights (gate, up, down) from the checkpoint or seeded Gaussian ones, scaled
+/// by `1/sqrt(in)` so the MLP's activations stay of order one.
+fn dense_mlp(o: &Options) -> Result<[Dense; 3]> {
+    let names = ["gate_proj", "up_proj", "down_proj"];
+    if let Some(file) = &o.input {
+        let mut st = load_safetensors(file)?;
+        let mut take = |name: &str| -> Result<Dense> {
+            let key = format!("{}.{name}.weight", o.prefix);
+            let t = st.tensors.remove(&key).with_context(|| format!("{file} has no tensor {key:?}"))?;
+            let shape = t.shape();
+            if shape.len() != 2 {
+                bail!("tensor {key:?} in {file} has shape {shape:?}; expected a 2-D weight [out, in]");
+            }
+            if !matches!(t.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64) {
+                bail!("tensor {key:?} in {file} is {}; expected a float tensor", t.dtype());
+            }
+            let w = t.astype(Dtype::Float32)?.to_vec::<f32>().with_context(|| format!("reading tensor {key:?}"))?;
+            Ok(Dense { w, out_features: shape[0], in_features: shape[1] })
+        };
+        let [gate, up, down] = names.map(&mut take);
+        let (gate, up, down) = (gate?, up?, down?);
+        let (h, i) = (gate.in_features, gate.out_features);
+        if (up.out_features, up.in_features) != (i, h) || (down.out_features, down.in_features) != (h, i) {
+            bail!(
+                "{file}: {}'s weights do not form an MLP: gate [{i}, {h}], up [{}, {}], down [{}, {}] \
+                 (expected up [{i}, {h}] and down [{h}, {i}])",
+                o.prefix,
+                up.out_features,
+                up.in_features,
+                down.out_features,
+                down.in_features
+            );
+        }
+        return Ok([gate, up, down]);
+    }
+    let (h, i) = (o.hidden, o.inter);
+    progress(&format!("making a seeded Gaussian MLP {h} -> {i} -> {h} (seed {})", o.seed));
+    let make = |out_features: usize, in_features: usize, seed: u64| -> Result<Dense> {
+        let n = out_features.checked_mul(in_features).context("the MLP's size overflows")?;
+        let scale = 1.0 / (in_features as f32).sqrt();
+        let w = gaussian(n, seed)?.into_iter().map(|v| v * scale).collect();
+        Ok(Dense { w, out_features, in_features })
+    };
+    Ok([make(i, h, o.seed)?, make(i, h, o.seed.wrapping_add(1))?, make(h, i, o.seed.wrapping_add(2))?])
+}
+
+fn main() -> ExitCode {
+    let result = run();
+    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
+    if let Err(e) = mlx_trellis::synchronize() {
+        eprintln!("error: {e}");
+    }
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("[quantize_mlp] the check failed (see the table)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `down(silu(gate(x)) ⊙ up(x))` in f64 from dense `W [out, in]` weights.
+fn dense_mlp_f64(x: &[f32], m: usize, [gate, up, down]: &[Dense; 3]) -> Vec<f64> {
+    let linear = |x: &[f64], d: &Dense| -> Vec<f64> {
+        let mut y = vec![0f64; m * d.out_features];
+        for mi in 0..m {
+            let xr = &x[mi * d.in_features..(mi + 1) * d.in_features];
+            for (o, wr) in d.w.chunks_exact(d.in_features).enumerate() {
+                y[mi * d.out_features + o] = xr.iter().zip(wr).map(|(&a, &b)| a * b as f64).sum();
+            }
+        }
+        y
+    };
+    let x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let (g, u) = (linear(&x, gate), linear(&x, up));
+    let h: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
+    linear(&h, down)
+}
+
+/// The relErr gate of the generic path's f32 product: 1e-4, or four TF32 units where MLX's CUDA
+/// back-end multiplies f32 matrices in TF32 (its default unless `MLX_ENABLE_TF32=0`).
+fn f32_gate() -> f64 {
+    let tf32 = backend() == Backend::Cuda && std::env::var("MLX_ENABLE_TF32").map_or(true, |v| v.trim() != "0");
+    if tf32 {
+        4.0 * 2f64.powi(-11)
+    } else {
+        1e-4
+    }
+}
+
+fn run() -> Result<bool> {
+    let o = parse_args()?;
+    let dense = dense_mlp(&o)?;
+    let names = ["gate_proj", "up_proj", "down_proj"];
+    let mut coded = Vec::with_capacity(3);
+    for (name, d) in names.iter().zip(&dense) {
+        let (k, axis) = if *name == "down_proj" { (o.down_bits, 0) } else { (o.bits, 1) };
+        // The interleave groups 512 stored columns (down's outputs, the hidden width).
+        let interleave = axis == 0 && k == 3 && d.out_features % 512 == 0;
+        let layout = if interleave { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+        let cfg = EncoderConfig { axis, layout, threads: o.threads, backend: o.backend, ..EncoderConfig::new(k, o.l) };
+        let module = format!("{}.{name}", o.prefix);
+        progress(&format!(
+            "coding {module} W [{}, {}], k = {k}, L = {}, axis {axis}, {layout:?}",
+            d.out_features, d.in_features, o.l
+        ));
+        let start = Instant::now();
+        let enc =
+            encode_linear(&d.w, d.out_features, d.in_features, &cfg).with_context(|| format!("coding {module}"))?;
+        progress(&format!("{module}: {:.2} s, encoder's mse {:.4e}", start.elapsed().as_secs_f64(), enc.mse));
+        coded.push((module.clone(), TrellisLinear::from_host(&module, &enc.layer)?));
+    }
+    let modules: Vec<(&str, &TrellisLinear)> = coded.iter().map(|(n, l)| (n.as_str(), l)).collect();
+    let (hidden, inter) = (dense[0].in_features, dense[0].out_features);
+    let extra = [("hidden_size", serde_json::json!(hidden)), ("intermediate_size", serde_json::json!(inter))];
+    write_artifact(&o.out, &modules, &extra)?;
+    progress(&format!("wrote {} to {}", o.prefix, o.out));
+
+    // The check runs on what was written.
+    let mlp = TrellisMlp::from_artifact(&Artifact::open(&o.out)?, &o.prefix)?;
+    let x = gaussian(CHECK_ROWS * hidden, o.seed ^ 0xC0FFEE)?;
+    let y = mlp.forward_with(&MlxArray::from_slice(&x, &[CHECK_ROWS, hidden])?, ForwardPath::Generic)?;
+    let finite = y.all_finite()?;
+    let got: Vec<f64> = y.to_vec::<f32>()?.into_iter().map(f64::from).collect();
+    let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let (gate, up, down) = (mlp.gate().to_host()?, mlp.up().to_host()?, mlp.down().to_host()?);
+    let want = mlp_forward_f64(&xd, CHECK_ROWS, &gate, &up, &down)?;
+    let err = rel_err(&got, &want)?;
+    let quantization = rel_err(&got, &dense_mlp_f64(&x, CHECK_ROWS, &dense))?;
+    let passed = finite && err < f32_gate();
+    let status = match (finite, passed) {
+        (false, _) => "FAIL (non-finite output)",
+        (true, true) => "ok",
+        (true, false) => "FAIL",
+    };
+    println!("\nTrellis MLP {}: {hidden} -> {inter} -> {hidden}, written to {}", o.prefix, o.out);
+    println!("| check ({CHECK_ROWS} rows, f32, generic path) | relErr | gate |\n|---|---|---|");
+    println!("| vs the f64 reference of the written codes | {err:.2e} | {status} ({:.1e}) |", f32_gate());
+    println!("| vs the dense MLP (quantization error) | {quantization:.2e} | information |");
+    Ok(passed)
+}
