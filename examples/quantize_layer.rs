@@ -40,6 +40,9 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear};
 use mlx_trellis::{load_safetensors, Dtype, MlxArray};
 
+#[path = "common/exit.rs"]
+mod exit;
+
 const QWEN_OUT: usize = 5120;
 const QWEN_IN: usize = 17408;
 const CHECK_ROWS: usize = 4;
@@ -170,22 +173,7 @@ fn dense_forward(x: &[f32], m: usize, stored: &[f32], rows: usize, cols: usize, 
 }
 
 fn main() -> ExitCode {
-    let result = run();
-    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
-    if let Err(e) = mlx_trellis::synchronize() {
-        eprintln!("error: {e}");
-    }
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("[quantize_layer] a check failed (see the table)");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    exit::finish(run(), "[quantize_layer] a check failed (see the table)")
 }
 
 /// Where the block search of `cfg` runs.

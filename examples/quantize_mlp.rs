@@ -36,6 +36,9 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
 use mlx_trellis::{backend, load_safetensors, Backend, Dtype, MlxArray};
 
+#[path = "common/exit.rs"]
+mod exit;
+
 const CHECK_ROWS: usize = 4;
 
 struct Options {
@@ -159,22 +162,7 @@ fn dense_mlp(o: &Options) -> Result<[Dense; 3]> {
 }
 
 fn main() -> ExitCode {
-    let result = run();
-    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
-    if let Err(e) = mlx_trellis::synchronize() {
-        eprintln!("error: {e}");
-    }
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("[quantize_mlp] the check failed (see the table)");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    exit::finish(run(), "[quantize_mlp] the check failed (see the table)")
 }
 
 /// `down(silu(gate(x)) ⊙ up(x))` in f64 from dense `W [out, in]` weights.

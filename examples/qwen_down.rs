@@ -34,6 +34,9 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
 use mlx_trellis::{backend, load_safetensors, save_safetensors, Dtype, MlxArray};
 
+#[path = "common/exit.rs"]
+mod exit;
+
 const IN_FEATURES: usize = 17408;
 const OUT_FEATURES: usize = 5120;
 
@@ -276,22 +279,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> ExitCode {
-    let result = run();
-    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
-    if let Err(e) = mlx_trellis::synchronize() {
-        eprintln!("error: {e}");
-    }
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("[qwen_down] a result missed its relErr gate");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    exit::finish(run(), "[qwen_down] a result missed its relErr gate")
 }
 
 fn run() -> Result<bool> {

@@ -29,6 +29,8 @@
 //! - `--timeout SECONDS` (default 900): the launch's watchdog;
 //! - `--probe`: print MLX's back-end and which distributed back-ends it has, and exit.
 
+#[path = "common/exit.rs"]
+mod exit;
 #[path = "common/tp.rs"]
 mod tp;
 
@@ -342,20 +344,5 @@ fn run() -> Result<bool> {
 }
 
 fn main() -> ExitCode {
-    let result = run();
-    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
-    if let Err(e) = mlx_trellis::synchronize() {
-        eprintln!("error: {e}");
-    }
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => {
-            eprintln!("[qwen_mlp] a result missed its relErr gate");
-            ExitCode::FAILURE
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
-    }
+    exit::finish(run(), "[qwen_mlp] a result missed its relErr gate")
 }
