@@ -292,7 +292,11 @@ impl MlxArray {
         let finite = MlxArray::op(|res, s| unsafe { sys::mlx_isfinite(res, self.raw, s) })?;
         // SAFETY: as above, for `finite`.
         let all = MlxArray::op(|res, s| unsafe { sys::mlx_all(res, finite.raw, false, s) })?;
-        Ok(all.to_vec::<bool>()?.first().copied().unwrap_or(true))
+        // `all` reduces to one element; anything else is MLX failing, never a pass.
+        all.to_vec::<bool>()?
+            .first()
+            .copied()
+            .ok_or_else(|| Error::mlx("all_finite: the reduction returned no element"))
     }
 }
 

@@ -147,21 +147,15 @@ impl fmt::Display for Error {
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Artifact { file, key: Some(key), message } => write!(f, "{}: {key:?}: {message}", file.display()),
             Error::Artifact { file, key: None, message } => write!(f, "{}: {message}", file.display()),
-            // The context's text carries its source's, so `source()` stops here (no repeats in
-            // `anyhow`'s `{:#}`).
             Error::Context { context, source } => write!(f, "{context}: {source}"),
         }
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Io { source, .. } => Some(source.as_ref()),
-            _ => None,
-        }
-    }
-}
+/// Every variant's text carries what is under it (a context its source's, an I/O error the
+/// operating system's), so `source()` is `None` throughout: `anyhow`'s `{:#}` prints each part
+/// once. The operating system's error stays reachable through [`Error::Io`]'s field.
+impl std::error::Error for Error {}
 
 /// Context for the library's own results (`anyhow::Context`'s twin, inside the crate).
 pub(crate) trait ErrorContext<T> {
@@ -216,11 +210,16 @@ mod tests {
     }
 
     #[test]
-    fn io_errors_keep_their_source_for_anyhow() {
+    fn io_errors_print_the_os_error_once_in_anyhow() {
+        let os = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
         let e = Error::io("/nope", std::io::Error::from(std::io::ErrorKind::NotFound));
         assert_eq!(e.kind(), ErrorKind::Io);
-        assert!(std::error::Error::source(&e).is_some());
+        assert!(matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound));
+        let bare = format!("{:#}", anyhow::Error::new(e.clone()));
+        assert_eq!(bare, format!("/nope: {os}"));
         let any = anyhow::Error::new(e.context("opening the model"));
-        assert!(format!("{any:#}").starts_with("opening the model: /nope: "), "{any:#}");
+        let text = format!("{any:#}");
+        assert!(text.starts_with("opening the model: /nope: "), "{text}");
+        assert_eq!(text.matches(os.as_str()).count(), 1, "{text}");
     }
 }

@@ -36,7 +36,7 @@ pub(crate) fn parse<T: DeserializeOwned>(text: &[u8]) -> std::result::Result<T, 
 }
 
 /// Refuses a document with a duplicate key in any object; grammar errors are serde_json's.
-pub(crate) fn check_no_duplicate_keys(text: &[u8]) -> std::result::Result<(), JsonProblem> {
+fn check_no_duplicate_keys(text: &[u8]) -> std::result::Result<(), JsonProblem> {
     let path = RefCell::new(Vec::new());
     let duplicate = RefCell::new(None);
     let mut de = serde_json::Deserializer::from_slice(text);

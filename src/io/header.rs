@@ -18,10 +18,10 @@ use serde_json::value::RawValue;
 
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::json;
+use crate::{alloc, array, json};
 
 /// MLX refuses a header of 10^8 bytes or more.
-pub(crate) const MAX_HEADER_BYTES: u64 = 100_000_000 - 1;
+const MAX_HEADER_BYTES: u64 = 100_000_000 - 1;
 
 /// One tensor as the validated header describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,9 +62,9 @@ pub(crate) fn read_header(path: &Path) -> Result<Header> {
     if n > file_len - 8 {
         return bad(format!("header length {n} runs past the end of the file ({file_len} bytes)"));
     }
-    let mut text = Vec::new();
     // `n` is below 10^8, so the reservation is bounded.
-    text.try_reserve_exact(n as usize).map_err(|_| Error::artifact(path, None, "no memory for its header"))?;
+    let mut text = alloc::try_with_capacity(n as usize, || "its header".into())
+        .map_err(|e| Error::artifact(path, None, e.message()))?;
     (&mut file).take(n).read_to_end(&mut text).map_err(io)?;
     if text.len() as u64 != n {
         return bad(format!("header of {n} bytes ends early (the file changed while it was read?)"));
@@ -96,7 +96,7 @@ fn mlx_dtype(d: safetensors::Dtype) -> Option<Dtype> {
 }
 
 /// Validates header text `text` of a file whose data section holds `data_len` bytes.
-pub(crate) fn parse_header(text: &[u8], data_len: u64) -> std::result::Result<Header, json::JsonProblem> {
+fn parse_header(text: &[u8], data_len: u64) -> std::result::Result<Header, json::JsonProblem> {
     let problem = |key: Option<&str>, message: String| json::JsonProblem { key: key.map(str::to_string), message };
     if std::str::from_utf8(text).is_err() {
         return Err(problem(None, "header is not UTF-8".into()));
@@ -126,14 +126,10 @@ pub(crate) fn parse_header(text: &[u8], data_len: u64) -> std::result::Result<He
                 format!("dimension {d} of shape {:?} exceeds MLX's limit {}", info.shape, i32::MAX),
             ));
         }
-        let bytes = info
-            .shape
-            .iter()
-            .try_fold(1usize, |n, &d| n.checked_mul(d))
-            .and_then(|n| n.checked_mul(dtype.size_of()))
-            .ok_or_else(|| {
-                problem(at, format!("shape {:?} of {:?} overflows the address space", info.shape, info.dtype))
-            })?;
+        // At most `isize::MAX / 8` elements, so the byte size cannot overflow.
+        let bytes = array::element_count(&info.shape).map_err(|_| {
+            problem(at, format!("shape {:?} of {:?} overflows the address space", info.shape, info.dtype))
+        })? * dtype.size_of();
         let (start, end) = info.data_offsets;
         if end < start {
             return Err(problem(at, format!("data_offsets [{start}, {end}] end before they start")));

@@ -57,14 +57,30 @@ fn key_cstring(key: &str) -> Result<CString> {
 /// the tensor), and the tensors are evaluated (read from disk) before this returns.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Safetensors> {
     let path = path.as_ref();
-    load_inner(path, true).with_context(|| format!("loading safetensors file {}", path.display()))
+    load_inner(path, true).map_err(|e| loading(e, path))
 }
 
 /// The tensors of a safetensors file, not yet read from disk (MLX reads each when it is
 /// evaluated): for taking a few tensors out of a large file.
 pub(crate) fn load_safetensors_lazy(path: &Path) -> Result<BTreeMap<String, MlxArray>> {
-    let loaded = load_inner(path, false).with_context(|| format!("loading safetensors file {}", path.display()))?;
+    let loaded = load_inner(path, false).map_err(|e| loading(e, path))?;
     Ok(loaded.tensors)
+}
+
+/// `e` with what was being done, naming `path` only where `e` does not already: file errors
+/// about it do, and so does the one argument loading refuses, a path MLX cannot take
+/// ([`path_cstring`]); MLX's own failures do not.
+fn loading(e: Error, path: &Path) -> Error {
+    let names_path = match e.root() {
+        Error::Io { path: p, .. } | Error::Artifact { file: p, .. } => p == path,
+        Error::InvalidArgument { .. } => true,
+        _ => false,
+    };
+    if names_path {
+        e.context("loading a safetensors file")
+    } else {
+        e.context(format!("loading safetensors file {}", path.display()))
+    }
 }
 
 fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
@@ -80,7 +96,8 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
     call(|| unsafe { sys::mlx_load_safetensors(&mut arrays.0, &mut strings.0, file.as_ptr(), cpu.raw()) })
         .map_err(|e| Error::artifact(path, None, format!("MLX could not read it: {}", e.message())))?;
 
-    let mut out = Safetensors::default();
+    // The strings MLX read are the validated header's (it refused duplicates and non-strings).
+    let mut out = Safetensors { tensors: BTreeMap::new(), metadata: header.metadata };
     // SAFETY: `arrays.0` is a live map; the iterator is freed below before the map.
     let it = unsafe { sys::mlx_map_string_to_array_iterator_new(arrays.0) };
     let result = (|| -> Result<()> {
@@ -127,24 +144,6 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
         return Err(Error::artifact(path, missing.map(String::as_str), "MLX did not read this tensor"));
     }
 
-    // SAFETY: `strings.0` is a live map; the iterator is freed below before the map.
-    let it = unsafe { sys::mlx_map_string_to_string_iterator_new(strings.0) };
-    loop {
-        let mut key: *const c_char = std::ptr::null();
-        let mut value: *const c_char = std::ptr::null();
-        // SAFETY: both out-pointers are valid; `it` is live.
-        let status = unsafe { sys::mlx_map_string_to_string_iterator_next(&mut key, &mut value, it) };
-        if status != 0 {
-            break;
-        }
-        // SAFETY: `key` points at a NUL-terminated string owned by the live map.
-        let k = unsafe { CStr::from_ptr(key) };
-        // SAFETY: as above, for `value`.
-        let v = unsafe { CStr::from_ptr(value) };
-        out.metadata.insert(k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned());
-    }
-    // SAFETY: `it` is live and freed exactly once.
-    unsafe { sys::mlx_map_string_to_string_iterator_free(it) };
     Ok(out)
 }
 

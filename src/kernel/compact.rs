@@ -191,6 +191,7 @@ mod tests {
             ("gate_up.cu", include_str!("../../kernels/cuda/gate_up.cu")),
             ("expand.cu", include_str!("../../kernels/cuda/expand.cu")),
             ("viterbi.cu", include_str!("../../kernels/cuda/viterbi.cu")),
+            ("prescale.cu", include_str!("../../kernels/cuda/prescale.cu")),
         ] {
             let compact = compact_plain_cpp(text).unwrap_or_else(|| panic!("{name} left the plain subset"));
             let directives = |t: &str| t.lines().map(str::trim).filter(|l| l.starts_with('#')).count();

@@ -65,8 +65,8 @@ impl CudaKernel {
     }
 
     /// Checks `cfg` against this kernel and converts it for MLX once, for a configuration
-    /// applied many times ([`CudaKernel::apply_prepared`]); converting it at every call costs a
-    /// few µs of host time with many template arguments.
+    /// applied many times ([`CudaKernel::apply_prepared`]): converting many template arguments
+    /// at every call costs host time (see docs/cuda-down.md, "Registration and launch").
     pub fn prepare(&self, cfg: &LaunchConfig) -> Result<CudaLaunch> {
         // No inputs yet: `apply_prepared` checks their count at each call.
         cfg.validate(&self.source, self.source.input_names.len(), "CUDA")?;

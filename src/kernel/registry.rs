@@ -1,22 +1,34 @@
 //! The one registry of kernel objects. Every kernel family registers its kernels here: a kernel
 //! is built once per [`KernelKey`] (its family, the variant of its source and the launch
 //! parameters MLX fixes at registration), kept for the life of the process, and returned to
-//! every later call without building any text. Safe under concurrent first use: the first
-//! caller builds under the registry's lock, the others wait and get the same kernel.
+//! every later call without building any text. Launches look kernels up under a shared read
+//! lock; the first caller of a key builds it under the write lock, and callers racing it wait and
+//! get the same kernel.
 //!
 //! [`LaunchCache`] is the bounded twin for values derived per call shape (a CUDA launch checked
 //! and converted for MLX once).
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, RwLock};
 
 use crate::error::Result;
 
 use super::cuda::CudaKernel;
 use super::metal::MetalKernel;
 use super::source::KernelSource;
-use super::variant::fnv1a;
+
+/// FNV-1a over several strings (stable across Rust releases, unlike `DefaultHasher`).
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for p in parts {
+        for b in p.bytes().chain([0xff]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
 
 /// What identifies one registered kernel. The caller guarantees that the same key always
 /// describes the same text: the family names a kernel file (or section), the variant the source
@@ -38,8 +50,8 @@ impl KernelKey {
         KernelKey { family, variant: "", shared_memory: 0 }
     }
 
-    /// The MLX kernel name of `text` under this key: MLX caches compiled kernels by name, so the
-    /// name carries a hash of the text.
+    /// The MLX kernel name of `text` under this key: MLX caches compiled kernels by name (plus
+    /// the template arguments), never by text, so the name carries a hash of the text.
     fn name(&self, parts: &[&str]) -> String {
         let variant = if self.variant.is_empty() { String::new() } else { format!("_{}", self.variant) };
         format!("mlx_trellis_{}{variant}_{:016x}", self.family, fnv1a(parts))
@@ -65,59 +77,43 @@ impl KernelText {
     }
 }
 
-/// A registered kernel of either back-end.
-enum Registered {
-    Metal(MetalKernel),
-    Cuda(CudaKernel),
-}
+/// The kernels of one back-end by key: read-locked at every launch, write-locked only to register.
+type Kernels<K> = RwLock<HashMap<KernelKey, &'static K>>;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Backend {
-    Metal,
-    Cuda,
-}
+static METAL: LazyLock<Kernels<MetalKernel>> = LazyLock::new(Default::default);
+static CUDA: LazyLock<Kernels<CudaKernel>> = LazyLock::new(Default::default);
 
-type Kernels = HashMap<(Backend, KernelKey), &'static Registered>;
-
-fn kernels() -> &'static Mutex<Kernels> {
-    static KERNELS: OnceLock<Mutex<Kernels>> = OnceLock::new();
-    KERNELS.get_or_init(Default::default)
-}
-
-/// The kernel registered under `(backend, key)`, built by `build` under the registry's lock on
-/// first use (kernel objects are descriptions: building one copies strings, compiles nothing).
-fn get_or_build(
-    backend: Backend,
+/// The kernel registered under `key` in `kernels`, built by `build` under the write lock on first
+/// use (kernel objects are descriptions: building one copies strings, compiles nothing).
+fn get_or_build<K: Sync>(
+    kernels: &'static Kernels<K>,
     key: KernelKey,
-    build: impl FnOnce() -> Result<Registered>,
-) -> Result<&'static Registered> {
-    let mut map = kernels().lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(k) = map.get(&(backend, key)) {
+    build: impl FnOnce() -> Result<K>,
+) -> Result<&'static K> {
+    if let Some(&k) = kernels.read().unwrap_or_else(PoisonError::into_inner).get(&key) {
+        return Ok(k);
+    }
+    let mut map = kernels.write().unwrap_or_else(PoisonError::into_inner);
+    // Another caller may have registered it between the two locks.
+    if let Some(&k) = map.get(&key) {
         return Ok(k);
     }
     // Leaked on purpose: a registered kernel lives as long as the process, like MLX's own cache
     // of the compiled kernel it names.
-    let k: &'static Registered = Box::leak(Box::new(build()?));
-    map.insert((backend, key), k);
+    let k: &'static K = Box::leak(Box::new(build()?));
+    map.insert(key, k);
     Ok(k)
 }
 
 /// The Metal kernel of `key`, registered from `text()` on first use.
 pub(crate) fn metal(key: KernelKey, text: impl FnOnce() -> Result<KernelText>) -> Result<&'static MetalKernel> {
-    match get_or_build(Backend::Metal, key, || Ok(Registered::Metal(MetalKernel::new(text()?.source(&key), false)?)))? {
-        Registered::Metal(k) => Ok(k),
-        Registered::Cuda(_) => unreachable!("the registry keys kernels by back-end"),
-    }
+    get_or_build(&METAL, key, || MetalKernel::new(text()?.source(&key), false))
 }
 
 /// The CUDA kernel of `key` (with `key.shared_memory` bytes of dynamic shared memory),
 /// registered from `text()` on first use. Fails on an MLX build without CUDA.
 pub(crate) fn cuda(key: KernelKey, text: impl FnOnce() -> Result<KernelText>) -> Result<&'static CudaKernel> {
-    let build = || Ok(Registered::Cuda(CudaKernel::new(text()?.source(&key), key.shared_memory)?));
-    match get_or_build(Backend::Cuda, key, build)? {
-        Registered::Cuda(k) => Ok(k),
-        Registered::Metal(_) => unreachable!("the registry keys kernels by back-end"),
-    }
+    get_or_build(&CUDA, key, || CudaKernel::new(text()?.source(&key), key.shared_memory))
 }
 
 /// A bounded cache of values built once per key (for example a launch configuration converted for
@@ -185,12 +181,6 @@ mod tests {
         });
         assert_eq!(builds.load(Ordering::SeqCst), 1);
         assert!(kernels.iter().all(|&k| k == kernels[0]));
-        let map = kernels_count(KEY);
-        assert_eq!(map, 1, "one entry for the key");
-    }
-
-    fn kernels_count(key: KernelKey) -> usize {
-        kernels().lock().unwrap().keys().filter(|(_, k)| *k == key).count()
     }
 
     #[test]

@@ -12,8 +12,8 @@ use crate::error::{invalid, Result};
 /// `metal_kernel` / `cuda_kernel`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KernelSource {
-    /// Kernel name; MLX caches compiled kernels by it (plus a hash of the source), so give each
-    /// distinct source its own name.
+    /// Kernel name; MLX caches compiled kernels by it (plus the template arguments), never by
+    /// source, so give each distinct source its own name.
     pub name: String,
     /// Names of the input arrays, in the order they are passed to `apply`.
     pub input_names: Vec<String>,

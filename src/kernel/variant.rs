@@ -1,19 +1,6 @@
-//! Pieces of kernel files: a family file's sections, a file's source variants, and the stable
-//! hash that names a registered text.
+//! Pieces of kernel files: a family file's sections and a file's source variants.
 
 use crate::error::{invalid, Result};
-
-/// FNV-1a over several strings (stable across Rust releases, unlike `DefaultHasher`).
-pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325_u64;
-    for p in parts {
-        for b in p.bytes().chain([0xff]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
 
 /// The body `name` of a kernel family file: the lines after `// ---- kernel NAME ----` up to the
 /// next such line. Panics if the section is missing (the files are compiled in).
