@@ -120,6 +120,64 @@ pub(crate) fn check_scales(name: &str, scales: &MlxArray, g: &TrellisGeometry, c
     Ok(())
 }
 
+/// `x` as `[m, features]` rows (checked: at least one dimension, `features` last, a float
+/// dtype), and its leading dimensions. Messages start `who: ` and name the taker `the {noun}`,
+/// followed by ` ({g})` where a geometry is given.
+pub(crate) fn activation_rows(
+    who: &str,
+    noun: &str,
+    x: &MlxArray,
+    features: usize,
+    g: Option<&TrellisGeometry>,
+) -> Result<(MlxArray, Vec<usize>)> {
+    let shape = x.shape();
+    let Some((&inf, lead)) = shape.split_last() else {
+        invalid!("{who}: activations must have at least one dimension, got a scalar");
+    };
+    if inf != features {
+        let of = g.map_or(String::new(), |g| format!(" ({g})"));
+        invalid!("{who}: activations of shape {shape:?} have {inf} features, the {noun} takes {features}{of}");
+    }
+    if !matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
+        invalid!("{who}: activations are {}, expected float32, float16 or bfloat16", x.dtype());
+    }
+    let m: usize = lead.iter().product();
+    Ok((x.reshape(&[m, inf])?, lead.to_vec()))
+}
+
+/// Runs `run` by `path` and returns the path taken with its result. [`ForwardPath::Auto`] takes
+/// `best()`, then the generic path where `best`'s kernels refuse the call as unserved (they serve
+/// the geometry but not this row count).
+pub(crate) fn resolve_auto<T>(
+    path: ForwardPath,
+    best: impl FnOnce() -> ForwardPath,
+    mut run: impl FnMut(ForwardPath) -> Result<T>,
+) -> (ForwardPath, Result<T>) {
+    match path {
+        ForwardPath::Auto => {
+            let best = best();
+            match run(best) {
+                Err(e) if e.kind() == ErrorKind::Unserved && best != ForwardPath::Generic => {
+                    (ForwardPath::Generic, run(ForwardPath::Generic))
+                }
+                y => (best, y),
+            }
+        }
+        path => (path, run(path)),
+    }
+}
+
+/// An array's values as f64 on the host (through f32).
+pub(crate) fn host_f64(x: &MlxArray) -> Result<Vec<f64>> {
+    Ok(x.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
+}
+
+/// f64 values as an array of `shape` and `dtype` (through f32).
+pub(crate) fn from_host_f64(v: &[f64], shape: &[usize], dtype: Dtype) -> Result<MlxArray> {
+    let v32: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+    MlxArray::from_slice(&v32, shape)?.astype(dtype)
+}
+
 impl TrellisLinear {
     /// A layer from its code tensor (uint32, either layout) and scales (float16 `[rows]`, all
     /// finite; they are read to check), with the format parameters `k, t, l, axis`. `name`
@@ -207,40 +265,13 @@ impl TrellisLinear {
     /// `x · W` by a chosen path.
     pub fn forward_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let g = &self.geometry;
-        let shape = x.shape();
-        let Some((&inf, lead)) = shape.split_last() else {
-            invalid!("{}: activations must have at least one dimension, got a scalar", self.name);
-        };
-        if inf != g.in_features() {
-            invalid!(
-                "{}: activations of shape {shape:?} have {inf} features, the layer takes {} ({g})",
-                self.name,
-                g.in_features()
-            );
-        }
-        if !matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
-            invalid!("{}: activations are {}, expected float32, float16 or bfloat16", self.name, x.dtype());
-        }
-        let m: usize = lead.iter().product();
-        let mut out_shape = lead.to_vec();
+        let (x2, mut out_shape) = activation_rows(&self.name, "layer", x, g.in_features(), Some(g))?;
+        let m = x2.shape()[0];
         out_shape.push(g.out_features());
         if m == 0 {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
-        let x2 = x.reshape(&[m, inf])?;
-        let (path, y) = match path {
-            ForwardPath::Auto => {
-                let best = self.best_path();
-                match self.forward_2d(&x2, m, best) {
-                    // The back-end's kernels serve the geometry but not this row count.
-                    Err(e) if e.kind() == ErrorKind::Unserved && best != ForwardPath::Generic => {
-                        (ForwardPath::Generic, self.forward_2d(&x2, m, ForwardPath::Generic))
-                    }
-                    y => (best, y),
-                }
-            }
-            path => (path, self.forward_2d(&x2, m, path)),
-        };
+        let (path, y) = resolve_auto(path, || self.best_path(), |path| self.forward_2d(&x2, m, path));
         y.and_then(|y| y.reshape(&out_shape)).with_context(|| format!("{} ({g}) by the {path} path", self.name))
     }
 
@@ -250,7 +281,7 @@ impl TrellisLinear {
         match path {
             ForwardPath::Auto => unreachable!("resolved by forward_with"),
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
-            ForwardPath::Reference => self.reference_forward(x2, m)?.astype(x2.dtype()),
+            ForwardPath::Reference => self.reference_forward(x2, m),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
                 unserved!("the Metal kernels do not serve {g} (down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256, k 2..4)")
             }
@@ -261,13 +292,11 @@ impl TrellisLinear {
         }
     }
 
-    /// The f64 reference on the host, returned as f32 `[m, out]`.
+    /// The f64 reference on the host, `[m, out]` in `x2`'s dtype (through f32).
     fn reference_forward(&self, x2: &MlxArray, m: usize) -> Result<MlxArray> {
         let host = self.to_host()?;
-        let x: Vec<f64> = x2.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect();
-        let y = forward_f64(&x, m, &host.codes, &host.scales, &self.geometry)?;
-        let y32: Vec<f32> = y.into_iter().map(|v| v as f32).collect();
-        MlxArray::from_slice(&y32, &[m, self.geometry.out_features()])
+        let y = forward_f64(&host_f64(x2)?, m, &host.codes, &host.scales, &self.geometry)?;
+        from_host_f64(&y, &[m, self.geometry.out_features()], x2.dtype())
     }
 }
 

@@ -12,11 +12,9 @@
 use std::fmt;
 
 use crate::array::MlxArray;
-use crate::device::{backend, Backend};
-use crate::dtype::Dtype;
-use crate::error::{invalid, ErrorContext, ErrorKind, Result};
+use crate::error::{invalid, ErrorContext, Result};
 
-use super::linear::{ForwardPath, TrellisLinear};
+use super::linear::{activation_rows, from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
 use super::model::Artifact;
 use super::reference::{mlp_forward_f64, swiglu_f64};
 use super::{cuda, metal};
@@ -60,7 +58,7 @@ impl TrellisMlp {
     /// (each with its own quantization entry), for example `prefix = "model.layers.0.mlp"`.
     pub fn from_artifact(artifact: &Artifact, prefix: &str) -> Result<TrellisMlp> {
         let load = |name: &str| artifact.module(&format!("{prefix}.{name}"));
-        TrellisMlp::new(load("gate_proj")?, load("up_proj")?, load("down_proj")?)
+        (|| TrellisMlp::new(load("gate_proj")?, load("up_proj")?, load("down_proj")?))()
             .with_context(|| format!("MLP {prefix:?}"))
     }
 
@@ -89,13 +87,10 @@ impl TrellisMlp {
         self.gate.geometry().out_features()
     }
 
-    /// The path [`ForwardPath::Auto`] tries first on this machine.
+    /// The path [`ForwardPath::Auto`] tries first on this machine for the gate·up·SwiGLU part:
+    /// the gate's (the fused kernels dispatch on the gate's geometry).
     pub fn best_path(&self) -> ForwardPath {
-        match backend() {
-            Backend::Cuda => ForwardPath::Cuda,
-            Backend::Metal => ForwardPath::Metal,
-            Backend::Cpu => ForwardPath::Generic,
-        }
+        self.gate.best_path()
     }
 
     /// `down(silu(gate(x)) ⊙ up(x))` over the last dimension of `x` (`[..., hidden]`), in `x`'s
@@ -111,8 +106,8 @@ impl TrellisMlp {
             let (x2, lead) = self.rows(x)?;
             let m = x2.shape()[0];
             let y =
-                mlp_forward_f64(&to_f64(&x2)?, m, &self.gate.to_host()?, &self.up.to_host()?, &self.down.to_host()?)?;
-            return from_f64(&y, &lead, self.hidden(), x.dtype());
+                mlp_forward_f64(&host_f64(&x2)?, m, &self.gate.to_host()?, &self.up.to_host()?, &self.down.to_host()?)?;
+            return from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype());
         }
         let h = self.swiglu_with(x, path)?;
         self.down.forward_with(&h, path)
@@ -122,22 +117,11 @@ impl TrellisMlp {
     /// projection, by a chosen path: one fused kernel on the GPU back-ends.
     pub fn swiglu_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let (x2, lead) = self.rows(x)?;
-        let out_shape: Vec<usize> = lead.iter().copied().chain([self.intermediate()]).collect();
+        let out_shape = widths(&lead, self.intermediate());
         if x2.shape()[0] == 0 {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
-        let (path, h) = match path {
-            ForwardPath::Auto => {
-                let best = self.best_path();
-                match self.swiglu_2d(&x2, best) {
-                    Err(e) if e.kind() == ErrorKind::Unserved && best != ForwardPath::Generic => {
-                        (ForwardPath::Generic, self.swiglu_2d(&x2, ForwardPath::Generic))
-                    }
-                    h => (best, h),
-                }
-            }
-            path => (path, self.swiglu_2d(&x2, path)),
-        };
+        let (path, h) = resolve_auto(path, || self.best_path(), |path| self.swiglu_2d(&x2, path));
         h.and_then(|h| h.reshape(&out_shape)).with_context(|| {
             format!("gate·up·SwiGLU of {:?} and {:?} by the {path} path", self.gate.name(), self.up.name())
         })
@@ -149,8 +133,8 @@ impl TrellisMlp {
         match path {
             ForwardPath::Auto => unreachable!("resolved by swiglu_with"),
             ForwardPath::Reference => {
-                let h = swiglu_f64(&to_f64(x2)?, m, &self.gate.to_host()?, &self.up.to_host()?)?;
-                from_f64(&h, &[m], self.intermediate(), x2.dtype())
+                let h = swiglu_f64(&host_f64(x2)?, m, &self.gate.to_host()?, &self.up.to_host()?)?;
+                from_host_f64(&h, &[m, self.intermediate()], x2.dtype())
             }
             ForwardPath::Generic => {
                 let g = self.gate.forward_with(x2, ForwardPath::Generic)?;
@@ -165,30 +149,13 @@ impl TrellisMlp {
 
     /// `x` as `[m, hidden]` rows (checked), and its leading dimensions.
     fn rows(&self, x: &MlxArray) -> Result<(MlxArray, Vec<usize>)> {
-        let shape = x.shape();
-        let Some((&inf, lead)) = shape.split_last() else {
-            invalid!("MLP: activations must have at least one dimension, got a scalar");
-        };
-        if inf != self.hidden() {
-            invalid!("MLP: activations of shape {shape:?} have {inf} features, the MLP takes {}", self.hidden());
-        }
-        if !matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
-            invalid!("MLP: activations are {}, expected float32, float16 or bfloat16", x.dtype());
-        }
-        let m: usize = lead.iter().product();
-        Ok((x.reshape(&[m, inf])?, lead.to_vec()))
+        activation_rows("MLP", "MLP", x, self.hidden(), None)
     }
 }
 
-fn to_f64(x2: &MlxArray) -> Result<Vec<f64>> {
-    Ok(x2.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
-}
-
-/// f64 values `[lead..., width]` as an array of `dtype` (through f32).
-fn from_f64(v: &[f64], lead: &[usize], width: usize, dtype: Dtype) -> Result<MlxArray> {
-    let v32: Vec<f32> = v.iter().map(|&x| x as f32).collect();
-    let shape: Vec<usize> = lead.iter().copied().chain([width]).collect();
-    MlxArray::from_slice(&v32, &shape)?.astype(dtype)
+/// The shape `[lead..., width]`.
+fn widths(lead: &[usize], width: usize) -> Vec<usize> {
+    lead.iter().copied().chain([width]).collect()
 }
 
 impl fmt::Debug for TrellisMlp {

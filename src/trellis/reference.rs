@@ -46,7 +46,7 @@ pub fn block_words<'a>(codes: &'a [u32], g: &TrellisGeometry, r: usize, b: usize
         invalid!("block_words: block {b} of stored row {r} is outside {g} ({} blocks per row)", g.blocks_per_row());
     }
     let start = g.word_index(r, b, 0);
-    match codes.get(start..start + g.words_per_block()) {
+    match start.checked_add(g.words_per_block()).and_then(|end| codes.get(start..end)) {
         Some(words) => Ok(words),
         None => invalid!("block_words: {} code words are too few for {g}", codes.len()),
     }
@@ -135,7 +135,7 @@ pub fn expand(codes: &[u32], scales: &[f16], g: &TrellisGeometry) -> Result<Vec<
 /// `[m, out]`. Weights are `value_f64(state) * scale` (no f32 rounding anywhere).
 ///
 /// The output features are split over the machine's threads, each accumulating its own outputs
-/// in stored-row order straight into the result: the only buffer is the result itself, and the
+/// in input order straight into the result: the only buffer is the result itself, and the
 /// sums do not depend on the thread count.
 pub fn forward_f64(x: &[f64], m: usize, codes: &[u32], scales: &[f16], g: &TrellisGeometry) -> Result<Vec<f64>> {
     check_sizes(codes, scales, g)?;
@@ -353,8 +353,8 @@ mod tests {
 
     #[test]
     fn the_forward_does_not_depend_on_the_thread_split_and_checks_its_inputs() {
-        // Every output accumulates over the stored rows in order, so one thread (a 256-column
-        // layer has one block per row) and the machine's threads give the same bits.
+        // Each checked output, on both axes, is bit for bit a plain serial sum over the inputs in
+        // order: the split over threads changes no sum.
         for axis in [0u32, 1] {
             let h = super::super::synthetic::synthetic_layer(
                 24,

@@ -68,8 +68,7 @@ pub fn synthetic_layer(
         CodeLayout::K3Interleaved => row_major.interleaved()?,
     };
     let mut rng = SplitMix64::new(seed);
-    // The geometry's checks keep this product in range.
-    let words = row_major.rows * row_major.codes_shape()[1];
+    let words = row_major.code_words();
     let mut codes = try_with_capacity(words, || format!("the codes of a synthetic {row_major} layer"))?;
     codes.extend((0..words).map(|_| rng.next_u32()));
     if layout == CodeLayout::K3Interleaved {

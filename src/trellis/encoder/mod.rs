@@ -38,8 +38,7 @@
 //! forward loop free of argmin bookkeeping. Path costs are f32: the vector minima run twice as
 //! wide as in f64, and a block's costs stay small (the row is normalised, so a path costs about
 //! `T * mse`, far from where f32 rounding could change a decision that matters). A block costs
-//! two passes of about `T * 2^L * 4` float operations; on one core of a 2.4 GHz x86-64 (SSE2,
-//! the default target) a pass takes about 0.25 ns per state and step.
+//! two passes of about `T * 2^L * 4` float operations (timings in `docs/encoder.md`).
 //!
 //! # Where the search runs
 //!
@@ -68,7 +67,7 @@ use crate::device::{backend, Backend};
 use crate::error::{invalid, Error, ErrorContext, Result};
 
 use super::cuda::viterbi as viterbi_cuda;
-use super::format::codebook::{lut1mad, words_per_block};
+use super::format::codebook::lut1mad;
 use super::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeometry};
 
 mod block;
@@ -356,8 +355,7 @@ fn encode_inner(
         .collect::<Result<Vec<f16>>>()?;
 
     // The geometry's checks keep these sizes in range; the allocations may still fail.
-    let words_per_row = cols / t * words_per_block(cfg.t, cfg.k) as usize;
-    let mut codes = try_filled(rows * words_per_row, 0u32, || format!("the codes of {geometry}"))?;
+    let mut codes = try_filled(row_major.code_words(), 0u32, || format!("the codes of {geometry}"))?;
     let mut reconstruction = try_filled(rows * cols, 0f32, || format!("the reconstruction of {geometry}"))?;
     let rows_of = RowsOf { weights, codes: &mut codes, reconstruction: &mut reconstruction, scales: &scales, cols };
     if search == BlockSearch::Viterbi && cfg.searches_on_cuda() {

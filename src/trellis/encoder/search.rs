@@ -77,8 +77,8 @@ impl Trellis {
         }
         for (step, &xt) in x.iter().enumerate().skip(1) {
             // Two loop shapes compute the same values; which compiles to tighter vector code
-            // depends on k and the target's vector width (measured: the tiled shape wins for
-            // k = 2, 3 on plain x86-64 and for every k >= 2 with AVX2; it needs k >= 2).
+            // depends on k and the target's vector width (the choice follows the timings in
+            // docs/encoder.md; the tiled shape needs k >= 2).
             if K >= 2 && (K <= 3 || cfg!(target_feature = "avx2")) {
                 self.step_tiled::<K>(step, xt, lut);
             } else {

@@ -308,7 +308,7 @@ mod tests {
         let e = err(&[4, 12], 3, 256, 12, 0);
         assert!(e.starts_with("trellis codes \"w\" of shape [4, 12]"), "{e}");
         // Sizes that overflow: T*k past 32 bits, words*32, groups*512, rows*cols.
-        // T = 2147483664 at k = 2: T*k wrapped to 32 in u32, one word per block.
+        // T = 2147483664 at k = 2: T*k = 2^32 + 32 does not wrap, one block of 134_217_729 words.
         let g = TrellisGeometry::from_codes_shape("w", &[1, 134_217_729], 2, 2_147_483_664, 12, 0).unwrap();
         assert_eq!((g.cols, g.blocks_per_row(), g.words_per_block()), (2_147_483_664, 1, 134_217_729));
         assert!(err(&[1, 2], 2, 2_147_483_664, 12, 0).contains("cols % T != 0"));

@@ -19,7 +19,7 @@ pub fn interleaved_to_row_major(codes: &[u32], rows: usize, cols: usize) -> Resu
 fn relayout(codes: &[u32], rows: usize, cols: usize, to_interleaved: bool) -> Result<Vec<u32>> {
     let row_major = TrellisGeometry::row_major(rows, cols, 3, 256, 12, 0)?;
     let interleaved = row_major.interleaved()?;
-    if codes.len() != rows * cols * 3 / 32 {
+    if codes.len() != row_major.code_words() {
         invalid!("{} code words for {rows} rows of {cols} 3-bit weights", codes.len());
     }
     let (from, to) = if to_interleaved { (row_major, interleaved) } else { (interleaved, row_major) };

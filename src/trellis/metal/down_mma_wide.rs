@@ -7,11 +7,7 @@
 //! z walks chunks of `8 * MT` rows. Code values come from a threadgroup half table of the `2^L`
 //! values. A [`DownPass`] (`S` sub-tiles per SIMD group, `MT` blocks) follows the layout and the
 //! rows ([`plan`]); neither changes a sum. [`SPLITS`] f32 partials `[M, SPLITS, C]` fold in one MLX
-//! `sum`.
-//!
-//! The seed measured, on an M1 Max at the Qwen down shape (17408 x 5120, real weights), at 8, 16,
-//! 24, 32 and 64 rows: 3-bit interleaved 0.24, 0.44, 0.64, 0.84 and 1.65 ms; 2-bit row-major
-//! 0.24, 0.40, 0.58, 0.76 and 1.49 ms (`downMma` at 8 rows 0.45 / 0.43 ms).
+//! `sum`. The seed's timings of these kernels are in `docs/metal-mlp.md`.
 
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
@@ -25,7 +21,9 @@ use crate::trellis::operands::check_operands;
 use super::fold::{apply_and_fold, family_kernel, partials_launch};
 
 const SOURCE: &str = include_str!("../../../kernels/metal/down_mma_wide.metal");
-const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_wide_state.h");
+/// The bit-window helper (`block_state`) of the wide MMA kernels, shared with
+/// [`gate_up_mma`](super::gate_up_mma).
+pub(crate) const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_wide_state.h");
 
 /// SIMD groups per threadgroup (as `downMma`).
 const SG_TG: usize = down_mma::SG_TG;

@@ -23,7 +23,8 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::{check_layer, check_operands, int};
 
 const FILE: &str = include_str!("../../../kernels/metal/gate_up_factored.metal");
-/// The axis-1 helpers (`lane_codes`, `trellis_silu`), shared with [`gate_up_mma`](super::gate_up_mma).
+/// The axis-1 helpers, shared with [`gate_up_mma`](super::gate_up_mma): `lane_codes`,
+/// `trellis_silu`, and `realign_window` (used by `gate_up_mma` only).
 pub(crate) const GATE_UP_HEADER: &str = include_str!("../../../kernels/metal/gate_up.h");
 
 /// Output rows per SIMD group of one projection: each block's 8 activations per lane are loaded
@@ -42,7 +43,7 @@ pub fn supports(g: &TrellisGeometry) -> bool {
 }
 
 /// Refuses as unserved what [`supports`] does not serve (`what` names the kernel).
-pub(crate) fn require_supported(what: &str, g: &TrellisGeometry) -> Result<()> {
+fn require_supported(what: &str, g: &TrellisGeometry) -> Result<()> {
     if !supports(g) {
         unserved!("{what}: serves axis-1 row-major codes with T 256, k 2..4, L <= 16 (got {g})");
     }
@@ -58,15 +59,70 @@ pub(crate) fn arg_names(swiglu: bool) -> &'static [&'static str] {
     }
 }
 
+/// The registry key of an axis-1 `family` in one variant.
+pub(crate) fn key(family: &'static str, swiglu: bool) -> KernelKey {
+    KernelKey { variant: if swiglu { "swiglu" } else { "linear" }, ..KernelKey::of(family) }
+}
+
+/// Checks `x2 [M, C]` and the gate's (or only) layer, then the up layer (the same geometry) of
+/// the fused kernel; returns `M`.
+pub(crate) fn check_layers(
+    what: &str,
+    x2: &MlxArray,
+    layer: (&MlxArray, &MlxArray),
+    up: Option<(&MlxArray, &MlxArray)>,
+    g: &TrellisGeometry,
+) -> Result<usize> {
+    let m = check_operands(what, x2, layer.0, layer.1, g)?;
+    if let Some((codes, scales)) = up {
+        check_layer(&format!("{what} (up projection)"), codes, scales, g)?;
+    }
+    Ok(m)
+}
+
+/// The launch both axis-1 families start from: `grid` threads in threadgroups of
+/// [`TRELLIS_THREADS`], the output `[m, R]` in `x2`'s dtype, and the template values
+/// `T, R, C, K, L, SG_TG` (each family appends its own).
+pub(crate) fn axis_one_launch(
+    what: &str,
+    grid: [usize; 3],
+    x2: &MlxArray,
+    m: usize,
+    g: &TrellisGeometry,
+) -> Result<LaunchConfig> {
+    Ok(LaunchConfig::new(grid, [TRELLIS_THREADS, 1, 1])
+        .output(&[m, g.rows], x2.dtype())
+        .template_dtype("T", x2.dtype())
+        .template_int("R", int(what, g.rows)?)
+        .template_int("C", int(what, g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("SG_TG", TRELLIS_SG_PER_TG as i32))
+}
+
+/// Runs an axis-1 `kernel` on `x2`, the layer and (fused) the up layer; returns its output.
+pub(crate) fn apply(
+    kernel: &MetalKernel,
+    cfg: &LaunchConfig,
+    x2: &MlxArray,
+    layer: (&MlxArray, &MlxArray),
+    up: Option<(&MlxArray, &MlxArray)>,
+) -> Result<MlxArray> {
+    let mut inputs = vec![x2, layer.0, layer.1];
+    if let Some((codes, scales)) = up {
+        inputs.extend([codes, scales]);
+    }
+    Ok(kernel.apply(&inputs, cfg)?.remove(0))
+}
+
 /// The registered kernel of `section` in one variant.
 fn kernel(section: &'static str, swiglu: bool) -> Result<&'static MetalKernel> {
     let family = if section == "ROW" { "gate_up_factored_row" } else { "gate_up_factored_rows" };
-    let key = KernelKey { variant: if swiglu { "swiglu" } else { "linear" }, ..KernelKey::of(family) };
     let body = || {
         source_variant(kernel_section(FILE, section), "SWIGLU", swiglu)
             .with_context(|| format!("Metal kernel {family}"))
     };
-    registered_kernel(key, arg_names(swiglu), &["out"], body, &[METAL_HEADER, GATE_UP_HEADER])
+    registered_kernel(key(family, swiglu), arg_names(swiglu), &["out"], body, &[METAL_HEADER, GATE_UP_HEADER])
 }
 
 /// Checks the call and returns `M`: `x2 [M, C]` (1..8 rows, or exactly 1 for `ROW`), the gate's
@@ -80,10 +136,7 @@ fn check(
     g: &TrellisGeometry,
 ) -> Result<usize> {
     require_supported(what, g)?;
-    let m = check_operands(what, x2, layer.0, layer.1, g)?;
-    if let Some((codes, scales)) = up {
-        check_layer(&format!("{what} (up projection)"), codes, scales, g)?;
-    }
+    let m = check_layers(what, x2, layer, up, g)?;
     match section {
         "ROW" if m != 1 => unserved!("{what}: serves one activation row (got {m})"),
         "ROWS" if !(2..=MAX_ROWS).contains(&m) => unserved!("{what}: M={m} outside 2..{MAX_ROWS}"),
@@ -109,23 +162,11 @@ fn launch(
     let nr = if swiglu { NR_SWIGLU } else { NR };
     let groups = g.rows.div_ceil(nr);
     let grid = [TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), 1];
-    let mut cfg = LaunchConfig::new(grid, [TRELLIS_THREADS, 1, 1])
-        .output(&[m, g.rows], x2.dtype())
-        .template_dtype("T", x2.dtype())
-        .template_int("R", int(what, g.rows)?)
-        .template_int("C", int(what, g.cols)?)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
-        .template_int("NR", nr as i32);
+    let mut cfg = axis_one_launch(what, grid, x2, m, g)?.template_int("NR", nr as i32);
     if section == "ROWS" {
         cfg = cfg.template_int("M", m as i32);
     }
-    let mut inputs = vec![x2, layer.0, layer.1];
-    if let Some((codes, scales)) = up {
-        inputs.extend([codes, scales]);
-    }
-    Ok(kernel(section, swiglu)?.apply(&inputs, &cfg)?.remove(0))
+    apply(kernel(section, swiglu)?, &cfg, x2, layer, up)
 }
 
 /// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype for an axis-1 layer (codes `[out, in*k/32]`).

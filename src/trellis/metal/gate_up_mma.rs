@@ -13,18 +13,16 @@
 
 use crate::array::MlxArray;
 use crate::error::{invalid, unserved, ErrorContext, Result};
-use crate::kernel::registry::KernelKey;
 use crate::kernel::variant::source_variant;
-use crate::kernel::{LaunchConfig, MetalKernel};
+use crate::kernel::MetalKernel;
 
+use super::down_mma_wide::STATE_HEADER;
 use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
-use super::gate_up_factored::{self, arg_names, GATE_UP_HEADER};
+use super::gate_up_factored::{self, apply, arg_names, axis_one_launch, check_layers, key, GATE_UP_HEADER};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::TrellisGeometry;
-use crate::trellis::operands::{check_layer, check_operands, int};
 
 const SOURCE: &str = include_str!("../../../kernels/metal/gate_up_mma.metal");
-const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_wide_state.h");
 
 /// One pass of the kernel: `nt` tiles of 8 output rows per SIMD group, `mt` blocks of 8
 /// activation rows per pass.
@@ -63,9 +61,8 @@ pub fn nw(g: &TrellisGeometry) -> usize {
 }
 
 fn kernel(swiglu: bool) -> Result<&'static MetalKernel> {
-    let key = KernelKey { variant: if swiglu { "swiglu" } else { "linear" }, ..KernelKey::of("gate_up_mma") };
     let body = || source_variant(SOURCE, "SWIGLU", swiglu).with_context(|| "Metal kernel gate_up_mma".to_string());
-    registered_kernel(key, arg_names(swiglu), &["out"], body, &[METAL_HEADER, STATE_HEADER, GATE_UP_HEADER])
+    registered_kernel(key("gate_up_mma", swiglu), arg_names(swiglu), &["out"], body, &[METAL_HEADER, STATE_HEADER, GATE_UP_HEADER])
 }
 
 fn launch(
@@ -83,29 +80,15 @@ fn launch(
     if !(1..=4).contains(&pass.nt) || !(1..=8).contains(&pass.mt) {
         invalid!("{what}: pass {pass:?} needs nt in 1..=4 and mt in 1..=8");
     }
-    let m = check_operands(what, x2, layer.0, layer.1, g)?;
-    if let Some((codes, scales)) = up {
-        check_layer(&format!("{what} (up projection)"), codes, scales, g)?;
-    }
+    let m = check_layers(what, x2, layer, up, g)?;
     let (nt, mt) = (pass.nt as usize, pass.mt as usize);
     let tiles = g.rows.div_ceil(8);
     let grid = [TRELLIS_THREADS, tiles.div_ceil(nt * TRELLIS_SG_PER_TG), m.div_ceil(8 * mt)];
-    let cfg = LaunchConfig::new(grid, [TRELLIS_THREADS, 1, 1])
-        .output(&[m, g.rows], x2.dtype())
-        .template_dtype("T", x2.dtype())
-        .template_int("R", int(what, g.rows)?)
-        .template_int("C", int(what, g.cols)?)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("SG_TG", TRELLIS_SG_PER_TG as i32)
+    let cfg = axis_one_launch(what, grid, x2, m, g)?
         .template_int("NT", nt as i32)
         .template_int("MT", mt as i32)
         .template_int("NW", nw(g) as i32);
-    let mut inputs = vec![x2, layer.0, layer.1];
-    if let Some((codes, scales)) = up {
-        inputs.extend([codes, scales]);
-    }
-    Ok(kernel(swiglu)?.apply(&inputs, &cfg)?.remove(0))
+    apply(kernel(swiglu)?, &cfg, x2, layer, up)
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for an axis-1 layer (codes `[out, in*k/32]`),

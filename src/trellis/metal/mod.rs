@@ -27,6 +27,7 @@ use crate::error::{unserved, Result};
 
 use super::format::{CodeLayout, TrellisGeometry};
 use super::linear::TrellisLinear;
+use gate_up_factored::MAX_ROWS;
 
 /// Whether some Metal kernel serves `g` (for some row counts): a down kernel on axis 0, a gate/up
 /// kernel on axis 1.
@@ -50,8 +51,10 @@ pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGe
     if g.axis == 1 {
         return match m {
             1 if gate_up_factored::supports(g) => gate_up_factored::gate_up_factored_row(x2, codes, scales, g),
-            2..=8 if gate_up_factored::supports(g) => gate_up_factored::gate_up_factored_rows(x2, codes, scales, g),
-            9.. if gate_up_mma::supports(g) => gate_up_mma::gate_up_mma(x2, codes, scales, g),
+            2..=MAX_ROWS if gate_up_factored::supports(g) => {
+                gate_up_factored::gate_up_factored_rows(x2, codes, scales, g)
+            }
+            _ if m > MAX_ROWS && gate_up_mma::supports(g) => gate_up_mma::gate_up_mma(x2, codes, scales, g),
             _ => unserved!("the Metal kernels serve no {m}-row call of {g}"),
         };
     }
@@ -88,8 +91,8 @@ pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result
     let (gc, gs, uc, us) = (gate.codes(), gate.scales(), up.codes(), up.scales());
     match m {
         1 if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_row(x2, gc, gs, uc, us, g),
-        2..=8 if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_rows(x2, gc, gs, uc, us, g),
-        9.. if gate_up_mma::supports(g) => gate_up_mma::swiglu_mma(x2, gc, gs, uc, us, g),
+        2..=MAX_ROWS if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_rows(x2, gc, gs, uc, us, g),
+        _ if m > MAX_ROWS && gate_up_mma::supports(g) => gate_up_mma::swiglu_mma(x2, gc, gs, uc, us, g),
         _ => unserved!("the fused Metal gate·up·SwiGLU serves no {m}-row call of {g}"),
     }
 }
