@@ -163,6 +163,22 @@ fn alone<L>(
     Ok(outs)
 }
 
+/// Layer `l` of the benchmark's chain at `k` bits (down in the 3-bit interleave at 3 bits, else
+/// row-major), seeded so that every run and every `--tp` rank builds the same bits; with its host
+/// copy.
+fn seeded_mlp(
+    l: usize,
+    k: u32,
+    hidden: usize,
+    inter: usize,
+) -> Result<(TrellisMlp, (HostLayer, HostLayer, HostLayer))> {
+    let layout = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+    let h = synthetic_mlp(hidden, inter, k, layout, 1000 * k as u64 + l as u64)?;
+    let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(&format!("model.layers.{l}.mlp.{name}"), h);
+    let mlp = TrellisMlp::new(lin("gate_proj", &h.0)?, lin("up_proj", &h.1)?, lin("down_proj", &h.2)?)?;
+    Ok((mlp, h))
+}
+
 fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
     Ok(a.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
 }
@@ -197,13 +213,11 @@ fn bench() -> Result<()> {
     let mut dense: Option<Vec<Dense>> = None;
     for (bi, &k) in args.bits.iter().enumerate() {
         let t = Instant::now();
-        let down_layout = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
         let mut hosts: Vec<(HostLayer, HostLayer, HostLayer)> = Vec::new();
         let mut layers = Vec::new();
         for l in 0..LAYERS {
-            let h = synthetic_mlp(HIDDEN, INTER, k, down_layout, 1000 * k as u64 + l as u64)?;
-            let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(&format!("model.layers.{l}.mlp.{name}"), h);
-            layers.push(TrellisMlp::new(lin("gate_proj", &h.0)?, lin("up_proj", &h.1)?, lin("down_proj", &h.2)?)?);
+            let (mlp, h) = seeded_mlp(l, k, HIDDEN, INTER)?;
+            layers.push(mlp);
             if l == 0 {
                 hosts.push(h);
             }

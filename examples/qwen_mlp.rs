@@ -239,6 +239,8 @@ fn rank_main(o: &Options, joined: Result<(mlx_trellis::distributed::Group, PathB
 fn parent(o: &Options) -> Result<bool> {
     progress(&format!("MLX back-end: {}", backend()));
     let scratch = std::env::temp_dir().join(format!("qwen_mlp-{}", std::process::id()));
+    // Removed on every way out; a --weights directory is never touched.
+    let _scratch = o.weights.is_none().then(|| tp::TempDir(scratch.clone()));
     let dir = match &o.weights {
         Some(d) => d.clone(),
         None => {
@@ -253,11 +255,7 @@ fn parent(o: &Options) -> Result<bool> {
             scratch.clone()
         }
     };
-    let result = run_parent(o, &dir);
-    if o.weights.is_none() {
-        let _ = std::fs::remove_dir_all(&scratch);
-    }
-    result
+    run_parent(o, &dir)
 }
 
 fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
@@ -279,9 +277,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
         c
     })?;
     report.check()?;
-    // bf16: each rank's partial is rounded and the all-reduce adds in bf16, 2n - 1 roundings of
-    // half a unit (2^-8) against one process's one.
-    let gate = if o.dtype == Dtype::Float32 { 1e-4 } else { ((o.tp as f64 + 1.0) * 2f64.powi(-8)).max(1e-2) };
+    let gate = if o.dtype == Dtype::Float32 { 1e-4 } else { tp::bf16_tp_gate(o.tp) };
     let mut ok = true;
     let mut errs = vec![0f64; o.layers];
     let mut rank0 = BTreeMap::new();
@@ -297,7 +293,6 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
             rank0 = file.metadata;
         }
     }
-    let _ = std::fs::remove_dir_all(&report.out);
     let ms = |k: &str| rank0.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::NAN);
     println!(
         "\nQwen MLP {hidden} -> {inter} -> {hidden}, k{}, {} layers, M = {} {}, path {}, MLX back-end {}",

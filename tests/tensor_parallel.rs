@@ -23,13 +23,14 @@ use std::rc::Rc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use common::mlp_artifact::{bf16_tp_gate, mlp_case, poison_scale, temp_dir, write_mlps, F32_REASSOCIATION};
+use common::mlp_artifact::{mlp_case, poison_scale, temp_dir, write_mlps, F32_REASSOCIATION};
 use common::to_f64;
 use mlx_trellis::distributed::{env, Backend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{Artifact, CodeLayout, ForwardPath};
 use mlx_trellis::{load_safetensors, save_safetensors, Dtype, MlxArray};
+use tp::bf16_tp_gate;
 
 const PREFIX: &str = "model.layers.0.mlp";
 const HIDDEN: usize = 512;

@@ -8,7 +8,7 @@
 //! `NCCL_HOST_IP`/`NCCL_PORT` (rank 0 listens there) and one GPU through
 //! `CUDA_VISIBLE_DEVICES`. Every process gets `NCCL_NVLS_ENABLE=0`. The launcher also sets
 //! [`ROLE`] (`ring`, `nccl`, or `alone` for a one-process run that needs no group) and [`OUT`],
-//! a directory shared by the ranks for their results.
+//! a directory shared by the ranks for their results (removed when the [`Report`] is dropped).
 //!
 //! A watchdog bounds the run: when one process fails, the others are stopped at once (they would
 //! otherwise wait for it in the group's first collective, or forever in the ring's accept), and
@@ -67,6 +67,24 @@ impl Launch {
     }
 }
 
+/// The relErr gate of an `n`-rank MLP with bf16 activations against the whole MLP: each rank's
+/// partial output is rounded to bf16 and the all-reduce adds them in bf16, 2n - 1 roundings of
+/// half a bf16 unit (2^-8 of the value) against the whole MLP's one, so (n + 1) · 2^-8, and never
+/// below the crate's bf16 gate.
+pub fn bf16_tp_gate(n: usize) -> f64 {
+    ((n as f64 + 1.0) * 2f64.powi(-8)).max(1e-2)
+}
+
+/// A directory removed, with all it holds, when this is dropped.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// What became of one process.
 #[derive(Debug)]
 pub struct RankResult {
@@ -107,6 +125,8 @@ pub struct Report {
     pub elapsed: Duration,
     /// The directory the ranks shared ([`OUT`]).
     pub out: PathBuf,
+    /// Removes `out` with the report.
+    _out: TempDir,
 }
 
 impl Report {
@@ -150,7 +170,7 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
-fn fresh_dir() -> Result<PathBuf> {
+fn fresh_dir() -> Result<TempDir> {
     static COUNT: AtomicUsize = AtomicUsize::new(0);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let dir = std::env::temp_dir().join(format!(
@@ -159,11 +179,11 @@ fn fresh_dir() -> Result<PathBuf> {
         COUNT.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
+    Ok(TempDir(dir))
 }
 
-/// The environment of each rank (variables to set; every other variable of a back-end is
-/// removed from the child's environment).
+/// The environment of each rank (variables to set; every other variable of a back-end, and
+/// [`ROLE`], is removed from the child's environment: see [`inherited`]).
 fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec<(String, String)>>> {
     let n = launch.world;
     let mut envs: Vec<Vec<(String, String)>> = (0..n)
@@ -218,21 +238,36 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
     Ok(envs)
 }
 
-/// Reads a child's pipe to its end, echoing lines with `prefix` to standard error if asked.
+/// The variables a rank must not inherit from this process: every back-end's and [`ROLE`].
+fn inherited() -> impl Iterator<Item = &'static str> {
+    [Backend::Ring, Backend::Nccl, Backend::Mpi].into_iter().flat_map(env::variables).copied().chain([ROLE])
+}
+
+/// Reads a child's pipe to its end (bytes that are not UTF-8 replaced), echoing lines with
+/// `prefix` to standard error if asked.
 fn drain(pipe: impl Read + Send + 'static, prefix: Option<String>) -> JoinHandle<String> {
     std::thread::spawn(move || {
         let mut text = String::new();
         let mut reader = BufReader::new(pipe);
-        let mut line = String::new();
-        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+        let mut line = Vec::new();
+        while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+            let l = String::from_utf8_lossy(&line);
             if let Some(p) = &prefix {
-                eprint!("{p}{line}");
+                eprint!("{p}{l}");
             }
-            text.push_str(&line);
+            text.push_str(&l);
             line.clear();
         }
         text
     })
+}
+
+/// Kills and reaps every child (those already ended included).
+fn stop_all(children: &mut [(Child, JoinHandle<String>, JoinHandle<String>)]) {
+    for (c, _, _) in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
 
 /// Starts `launch.world` processes, rank `r` from `command(r)` with its environment added, and
@@ -242,23 +277,21 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
         bail!("a launch has at least one process");
     }
     let backend = launch.resolved_backend()?;
-    let out = fresh_dir()?;
+    let dir = fresh_dir()?;
+    let out = dir.0.clone();
     let envs = environments(launch, backend, &out)?;
     let start = Instant::now();
     let mut children: Vec<(Child, JoinHandle<String>, JoinHandle<String>)> = Vec::new();
     for (r, vars) in envs.iter().enumerate() {
         let mut cmd = command(r);
-        for v in [env::MLX_RANK, env::MLX_HOSTFILE, env::MLX_WORLD_SIZE, env::NCCL_HOST_IP, env::NCCL_PORT, ROLE] {
+        for v in inherited() {
             cmd.env_remove(v);
         }
         cmd.envs(vars.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                for (c, _, _) in &mut children {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
+                stop_all(&mut children);
                 return Err(e).with_context(|| format!("starting rank {r}: {cmd:?}"));
             }
         };
@@ -274,16 +307,28 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
     let mut failures = Vec::new();
     let mut timed_out = false;
     loop {
+        let mut broken = None;
         for (r, (child, _, _)) in children.iter_mut().enumerate() {
             if status[r].is_none() {
-                if let Some(s) = child.try_wait().context("waiting for a rank")? {
-                    status[r] = Some(s);
-                    ended[r] = Some(start.elapsed());
-                    if !s.success() {
-                        failures.push(r);
+                match child.try_wait() {
+                    Ok(Some(s)) => {
+                        status[r] = Some(s);
+                        ended[r] = Some(start.elapsed());
+                        if !s.success() {
+                            failures.push(r);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        broken = Some(e);
+                        break;
                     }
                 }
             }
+        }
+        if let Some(e) = broken {
+            stop_all(&mut children);
+            return Err(e).context("waiting for a rank");
         }
         let reason = if let Some(f) = failures.first() {
             Some(format!("stopped after rank {f} failed"))
@@ -319,7 +364,7 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
             elapsed: ended[r].unwrap_or_default(),
         });
     }
-    Ok(Report { backend, ranks, failures, timed_out, elapsed: start.elapsed(), out })
+    Ok(Report { backend, ranks, failures, timed_out, elapsed: start.elapsed(), out, _out: dir })
 }
 
 /// In a rank: the group the launcher's environment describes (strict), or this process alone for

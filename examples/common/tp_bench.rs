@@ -30,10 +30,10 @@ use anyhow::{bail, Context, Result};
 use mlx_trellis::distributed::{Backend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, ForwardPath, HostLayer, TrellisLinear, TrellisMlp};
+use mlx_trellis::trellis::ForwardPath;
 use mlx_trellis::{backend, eval_all, Dtype, MlxArray};
 
-use super::tp;
+use super::{chain, seeded_mlp, to_f64, tp};
 
 /// Whether the command line asks for the tensor-parallel benchmark.
 pub fn requested() -> bool {
@@ -148,39 +148,15 @@ fn time_alternating(
         .collect())
 }
 
-/// The residual chain over `layers`, `rounds` times: `x <- x + f(layer, x)`.
-fn chain<L>(
-    layers: &[L],
-    rounds: usize,
-    x: &MlxArray,
-    f: &dyn Fn(&L, &MlxArray) -> mlx_trellis::Result<MlxArray>,
-) -> mlx_trellis::Result<Vec<MlxArray>> {
-    let mut x = x.clone();
-    for _ in 0..rounds {
-        for l in layers {
-            x = x.add(&f(l, &x)?)?;
-        }
-    }
-    Ok(vec![x])
-}
-
-fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
-    Ok(a.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
-}
-
 fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
     let (r, n) = (group.rank(), group.size());
     let lead = r == 0;
     let k = a.bits;
-    let layout = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
     let t = Instant::now();
     let mut whole = Vec::new();
     let mut shards = Vec::new();
     for l in 0..a.layers {
-        // The seeds of bench_mlp's layers.
-        let h = synthetic_mlp(a.hidden, a.inter, k, layout, 1000 * k as u64 + l as u64)?;
-        let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(&format!("model.layers.{l}.mlp.{name}"), h);
-        let mlp = TrellisMlp::new(lin("gate_proj", &h.0)?, lin("up_proj", &h.1)?, lin("down_proj", &h.2)?)?;
+        let (mlp, _) = seeded_mlp(l, k, a.hidden, a.inter)?;
         shards.push(ShardedMlp::from_full(&mlp, group.clone())?);
         if lead {
             whole.push(mlp);
@@ -245,12 +221,10 @@ fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
         if n == 1 {
             println!("With one rank MLX returns an all-reduce's input: the TP column is the sharded path around the same kernels.");
         }
-        // Each rank's partial and each addition of the all-reduce rounds to bf16.
-        let gate = ((n as f64 + 1.0) * 2f64.powi(-8)).max(1e-2);
+        let gate = tp::bf16_tp_gate(n);
         if worst >= gate {
             bail!("the sharded layer 0 missed its bf16 gate {gate:.1e} against the unsharded one: relErr {worst:.3e}");
         }
     }
-    mlx_trellis::synchronize()?;
     Ok(())
 }

@@ -8,24 +8,22 @@ use crate::array::MlxArray;
 use crate::device::{DeviceType, Stream};
 use crate::error::{ErrorContext, Result};
 
+use super::backend::Backend;
 use super::group::Group;
 
-/// The stream a collective of `group` runs on: the CPU for the ring and MPI (MLX computes them
-/// there), the current stream for NCCL if it is a GPU's (else the GPU's default), the current
-/// one otherwise. mlx-c always passes a stream, so MLX's own choice (its `communication_stream`
-/// for a caller that names none) is made here.
-fn stream_for(group: &Group) -> Result<Stream> {
-    match group.backend() {
-        Some(b) if b.runs_on_cpu() => Stream::cpu(),
-        Some(_) => {
-            let current = Stream::current()?;
-            if current.device_type() == DeviceType::Gpu {
-                Ok(current)
-            } else {
-                Stream::gpu()
-            }
-        }
-        None => Stream::current(),
+/// The stream a collective over `backend` runs on: the CPU for the ring and MPI (MLX computes
+/// them there), else the current stream if it is a GPU's, else the GPU's default. mlx-c always
+/// passes a stream, so MLX's own choice (its `communication_stream` for a caller that names
+/// none) is made here.
+fn stream_for(backend: Backend) -> Result<Stream> {
+    if backend.runs_on_cpu() {
+        return Stream::cpu();
+    }
+    let current = Stream::current()?;
+    if current.device_type() == DeviceType::Gpu {
+        Ok(current)
+    } else {
+        Stream::gpu()
     }
 }
 
@@ -61,10 +59,10 @@ impl MlxArray {
     }
 
     fn collective(&self, group: &Group, what: &str, f: Collective) -> Result<MlxArray> {
-        let Some(raw) = group.raw() else {
+        let Some((raw, backend)) = group.raw() else {
             return Ok(self.clone());
         };
-        let stream = stream_for(group)?;
+        let stream = stream_for(backend)?;
         let _scope = stream.enter();
         // SAFETY: the array, group and stream handles are live for the duration of the call;
         // MLX keeps its own references to the group and the input in the result.

@@ -27,9 +27,8 @@ use super::env::{plan, Env, Plan};
 /// between layers of one thread with `Rc`. Arrays a collective made keep their own reference to
 /// MLX's group, so dropping the `Group` before they are evaluated is sound.
 pub struct Group {
-    /// MLX's group; `None` for a process alone.
-    raw: Option<sys::mlx_distributed_group>,
-    backend: Option<Backend>,
+    /// MLX's group and its back-end; `None` for a process alone.
+    raw: Option<(sys::mlx_distributed_group, Backend)>,
     rank: usize,
     size: usize,
     _not_sync: PhantomData<Cell<()>>,
@@ -78,7 +77,7 @@ impl Group {
 
     /// This process alone: rank 0 of a group of one, whose collectives return their input.
     pub fn alone() -> Group {
-        Group { raw: None, backend: None, rank: 0, size: 1, _not_sync: PhantomData }
+        Group { raw: None, rank: 0, size: 1, _not_sync: PhantomData }
     }
 
     /// Calls MLX's `distributed::init(strict = true, backend)` on a checked environment.
@@ -101,7 +100,7 @@ impl Group {
     /// Takes ownership of a filled handle and reads its rank and size.
     fn wrap(raw: sys::mlx_distributed_group, backend: Backend) -> Result<Group> {
         // Owned from here: `Drop` frees it whatever fails below.
-        let mut group = Group { raw: Some(raw), backend: Some(backend), rank: 0, size: 1, _not_sync: PhantomData };
+        let mut group = Group { raw: Some((raw, backend)), rank: 0, size: 1, _not_sync: PhantomData };
         // SAFETY: `raw` is a live, filled group handle.
         let rank = call_value(|| unsafe { sys::mlx_distributed_group_rank(raw) })?;
         // SAFETY: as above.
@@ -125,14 +124,14 @@ impl Group {
 
     /// The back-end, or `None` for a process alone.
     pub fn backend(&self) -> Option<Backend> {
-        self.backend
+        self.raw.map(|(_, b)| b)
     }
 
     /// The sub-group of the processes that pass the same `color`, ranked by `key` (by their rank
     /// here where `key` is `None`). Every process of the group must call it. MLX 0.32's ring
     /// cannot split (an [`Error::Mlx`]); NCCL and MPI can. A process alone splits into itself.
     pub fn split(&self, color: i32, key: Option<i32>) -> Result<Group> {
-        let (Some(raw), Some(backend)) = (self.raw, self.backend) else {
+        let Some((raw, backend)) = self.raw else {
             return Ok(Group::alone());
         };
         if color < 0 {
@@ -150,15 +149,15 @@ impl Group {
         Group::wrap(out, backend)
     }
 
-    /// MLX's handle, or `None` for a process alone.
-    pub(crate) fn raw(&self) -> Option<sys::mlx_distributed_group> {
+    /// MLX's handle and its back-end, or `None` for a process alone.
+    pub(crate) fn raw(&self) -> Option<(sys::mlx_distributed_group, Backend)> {
         self.raw
     }
 }
 
 impl Drop for Group {
     fn drop(&mut self) {
-        if let Some(raw) = self.raw.take() {
+        if let Some((raw, _)) = self.raw.take() {
             // SAFETY: the handle is owned by this value and freed exactly once.
             unsafe { sys::mlx_distributed_group_free(raw) };
         }
@@ -167,7 +166,7 @@ impl Drop for Group {
 
 impl fmt::Debug for Group {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.backend {
+        match self.backend() {
             Some(b) => write!(f, "Group({b}, rank {} of {})", self.rank, self.size),
             None => f.write_str("Group(alone, rank 0 of 1)"),
         }

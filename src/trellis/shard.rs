@@ -82,6 +82,17 @@ impl RowShard {
     }
 }
 
+/// Refuses `what`, stored on `axis`, unless the row rule's `want` (see the module docs): gate and
+/// up on axis 1, down on axis 0. On any other axis its stored rows are not the intermediate rows.
+pub(crate) fn check_rule_axis(what: &str, axis: u32, want: u32) -> Result<()> {
+    if axis != want {
+        invalid!(
+            "{what} is stored on axis {axis}, but an MLP shards by stored rows only with gate and up on axis 1 (stored [out, in]) and down on axis 0 (stored [in, out])"
+        );
+    }
+    Ok(())
+}
+
 impl TrellisLinear {
     /// The layer of stored rows `rows` only (codes and scales copied out, so the whole layer can
     /// be dropped): output rows for an axis-1 layer, input rows for an axis-0 one.
@@ -107,14 +118,20 @@ impl TrellisLinear {
 impl TrellisMlp {
     /// Rank `rank`'s shard of `count` (see the module docs): gate, up and down restricted to the
     /// same intermediate rows, `hidden -> intermediate / count -> hidden`. Summed over the ranks,
-    /// the shards' outputs are the MLP's. Refused unless the intermediate rows split into equal
-    /// shards of a multiple of [`SHARD_ROW_MULTIPLE`] rows.
+    /// the shards' outputs are the MLP's. Refused unless gate and up are stored on axis 1 and down
+    /// on axis 0, and the intermediate rows split into equal shards of a multiple of
+    /// [`SHARD_ROW_MULTIPLE`] rows.
     pub fn shard(&self, rank: usize, count: usize) -> Result<TrellisMlp> {
-        let shard = RowShard::new(rank, count)?;
-        let rows = shard.rows(self.intermediate(), &format!("MLP of {:?}", self.down().name()))?;
-        let part = |l: &TrellisLinear| l.row_slice(rows.clone());
-        TrellisMlp::new(part(self.gate())?, part(self.up())?, part(self.down())?)
-            .with_context(|| format!("shard {rank} of {count} of the MLP of {:?}", self.down().name()))
+        let cut = || {
+            let shard = RowShard::new(rank, count)?;
+            for (l, want) in [(self.gate(), 1), (self.up(), 1), (self.down(), 0)] {
+                check_rule_axis(&format!("layer {:?}", l.name()), l.geometry().axis, want)?;
+            }
+            let rows = shard.rows(self.intermediate(), &format!("MLP of {:?}", self.down().name()))?;
+            let part = |l: &TrellisLinear| l.row_slice(rows.clone());
+            TrellisMlp::new(part(self.gate())?, part(self.up())?, part(self.down())?)
+        };
+        cut().with_context(|| format!("shard {rank} of {count} of the MLP of {:?}", self.down().name()))
     }
 }
 
@@ -137,5 +154,8 @@ mod tests {
         for n in [2, 4, 8, 16, 17] {
             assert!(s(0, n).rows(17408, "qwen").is_ok(), "{n}");
         }
+        check_rule_axis("down", 0, 0).unwrap();
+        let e = check_rule_axis("layer \"g\"", 0, 1).unwrap_err();
+        assert!(e.to_string().contains("layer \"g\" is stored on axis 0"), "{e}");
     }
 }

@@ -12,14 +12,6 @@ use mlx_trellis::trellis::{synthetic_mlp, write_artifact, CodeLayout, HostLayer,
 /// that. The tests print the worst they see.
 pub const F32_REASSOCIATION: f64 = 4e-6;
 
-/// The relErr gate of an `n`-rank MLP with bf16 activations against the whole MLP: each rank's
-/// partial output is rounded to bf16 and the all-reduce adds them in bf16, 2n - 1 roundings of
-/// half a bf16 unit (2^-8 of the value) against the whole MLP's one, so (n + 1) · 2^-8, and never
-/// below the crate's bf16 gate.
-pub fn bf16_tp_gate(n: usize) -> f64 {
-    ((n as f64 + 1.0) * 2f64.powi(-8)).max(1e-2)
-}
-
 /// A seeded MLP on the host and on MLX.
 pub struct MlpCase {
     pub host: (HostLayer, HostLayer, HostLayer),

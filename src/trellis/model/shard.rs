@@ -5,11 +5,13 @@
 //! proves every tensor's bytes lie inside the file. The rows of the shard are then read with
 //! seeks: one contiguous range of row-major codes `[R, W]` and of the scales `[R]`, and one range
 //! per 512-column group of the 3-bit interleave `[C/512, R, 48]`. MLX's own loader would map or
-//! read the whole tensor.
+//! read the whole tensor. One load validates each file's header once and opens it once, however
+//! many of its tensors it reads.
 
+use std::collections::btree_map::{BTreeMap, Entry};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use half::f16;
 
@@ -21,16 +23,49 @@ use crate::io::{read_header, TensorEntry};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::linear::{check_codes, TrellisLinear};
 use crate::trellis::mlp::TrellisMlp;
-use crate::trellis::shard::RowShard;
+use crate::trellis::shard::{check_rule_axis, RowShard};
 
 use super::artifact::Artifact;
 
 /// Bytes read at a time (a multiple of every element size).
 const CHUNK: usize = 1 << 20;
 
+/// One file a load reads: its validated header, and its handle once opened.
+struct SeenFile {
+    tensors: BTreeMap<String, TensorEntry>,
+    data_start: u64,
+    handle: Option<File>,
+}
+
+/// The files of one load, by path.
+#[derive(Default)]
+struct Files(BTreeMap<PathBuf, SeenFile>);
+
+impl Files {
+    /// The file at `path`, its header read and validated on first use.
+    fn get(&mut self, path: &Path) -> Result<&mut SeenFile> {
+        Ok(match self.0.entry(path.to_path_buf()) {
+            Entry::Occupied(seen) => seen.into_mut(),
+            Entry::Vacant(slot) => {
+                let header = read_header(path)?;
+                slot.insert(SeenFile { tensors: header.tensors, data_start: header.data_start, handle: None })
+            }
+        })
+    }
+
+    /// The handle of `path`, opened on first use.
+    fn handle(&mut self, path: &Path) -> Result<&mut File> {
+        let seen = self.get(path)?;
+        if seen.handle.is_none() {
+            seen.handle = Some(File::open(path).map_err(|e| Error::io(path, e))?);
+        }
+        Ok(seen.handle.as_mut().expect("opened above"))
+    }
+}
+
 /// One tensor's entry in its file, with where its data starts.
 struct Located {
-    file: std::path::PathBuf,
+    file: PathBuf,
     entry: TensorEntry,
     /// The tensor's first byte in the file.
     start: u64,
@@ -38,14 +73,15 @@ struct Located {
 
 impl Artifact {
     /// Finds tensor `name` in its file's validated header.
-    fn locate(&self, name: &str) -> Result<Located> {
+    fn locate(&self, files: &mut Files, name: &str) -> Result<Located> {
         let file = self.file_of(name)?;
-        let header = read_header(&file)?;
-        let Some(entry) = header.tensors.get(name) else {
+        let seen = files.get(&file)?;
+        let Some(entry) = seen.tensors.get(name) else {
             return Err(Error::artifact(&file, Some(name), format!("tensor {name:?} is missing from this file")));
         };
-        let start = header.data_start + entry.offsets.0 as u64;
-        Ok(Located { file, entry: entry.clone(), start })
+        let start = seen.data_start + entry.offsets.0 as u64;
+        let entry = entry.clone();
+        Ok(Located { file, entry, start })
     }
 
     /// Rank `shard.rank()`'s stored rows of the coded module `module` (see
@@ -53,18 +89,27 @@ impl Artifact {
     /// codes' and scales' dtypes and shapes are checked against the config as
     /// [`Artifact::module`] checks them, and the scales read must be finite.
     pub fn module_shard(&self, module: &str, shard: RowShard) -> Result<TrellisLinear> {
+        self.read_shard(&mut Files::default(), module, shard, None)
+    }
+
+    /// [`Artifact::module_shard`] through the files `files` has read; `axis`, where given, is the
+    /// axis the row rule needs the module stored on.
+    fn read_shard(&self, files: &mut Files, module: &str, shard: RowShard, axis: Option<u32>) -> Result<TrellisLinear> {
         let cfg = self.module_config(module)?;
         let (wname, sname) = (format!("{module}.weight"), format!("{module}.scales"));
-        let w = self.locate(&wname)?;
+        let w = self.locate(files, &wname)?;
         let refuse = |l: &Located, key: &str, m: String| Error::artifact(&l.file, Some(key), m);
         if w.entry.dtype != Dtype::Uint32 {
             return Err(refuse(&w, &wname, format!("trellis codes are {}, expected uint32", w.entry.dtype)));
         }
         let g = TrellisGeometry::from_codes_shape(&wname, &w.entry.shape, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
             .map_err(|e| refuse(&w, &wname, e.message()))?;
+        if let Some(want) = axis {
+            check_rule_axis(&format!("module {module:?}"), g.axis, want)?;
+        }
         self.check_model_dims(module, &g)?;
         let rows = shard.rows(g.rows, &format!("module {module:?}"))?;
-        let s = self.locate(&sname)?;
+        let s = self.locate(files, &sname)?;
         if s.entry.dtype != Dtype::Float16 {
             return Err(refuse(
                 &s,
@@ -93,9 +138,11 @@ impl Artifact {
                 (spans, vec![groups, n, 48])
             }
         };
-        let words = read_le(&w.file, &wname, &spans, u32::from_le_bytes)?;
+        let words = read_le(files.handle(&w.file)?, &w.file, &wname, &spans, u32::from_le_bytes)?;
         let scale_span = [(s.start + rows.start as u64 * 2, n as u64 * 2)];
-        let scales = read_le(&s.file, &sname, &scale_span, |b: [u8; 2]| f16::from_bits(u16::from_le_bytes(b)))?;
+        let scales = read_le(files.handle(&s.file)?, &s.file, &sname, &scale_span, |b: [u8; 2]| {
+            f16::from_bits(u16::from_le_bytes(b))
+        })?;
         if let Some((i, v)) = scales.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             let m = format!("the scale of stored row {} is {v}; scales must be finite", rows.start + i);
             return Err(refuse(&s, &sname, m));
@@ -107,12 +154,17 @@ impl Artifact {
     }
 
     /// Rank `rank`'s shard of `count` of the MLP `PREFIX.{gate,up,down}_proj` (see
-    /// [`TrellisMlp::shard`]), each projection's rows read from disk alone.
+    /// [`TrellisMlp::shard`]), each projection's rows read from disk alone. Refused unless the
+    /// config stores gate and up on axis 1 and down on axis 0.
     pub fn mlp_shard(&self, prefix: &str, rank: usize, count: usize) -> Result<TrellisMlp> {
-        let shard = RowShard::new(rank, count)?;
-        let load = |name: &str| self.module_shard(&format!("{prefix}.{name}"), shard);
-        TrellisMlp::new(load("gate_proj")?, load("up_proj")?, load("down_proj")?)
-            .with_context(|| format!("shard {rank} of {count} of MLP {prefix:?}"))
+        let load = || {
+            let shard = RowShard::new(rank, count)?;
+            let mut files = Files::default();
+            let mut part =
+                |name: &str, axis| self.read_shard(&mut files, &format!("{prefix}.{name}"), shard, Some(axis));
+            TrellisMlp::new(part("gate_proj", 1)?, part("up_proj", 1)?, part("down_proj", 0)?)
+        };
+        load().with_context(|| format!("shard {rank} of {count} of MLP {prefix:?}"))
     }
 }
 
@@ -124,9 +176,10 @@ impl TrellisMlp {
     }
 }
 
-/// Reads the byte ranges `spans` (file offset, length) of tensor `key` in `path` as little-endian
-/// elements of `N` bytes each.
+/// Reads the byte ranges `spans` (file offset, length) of tensor `key` from `file` (at `path`)
+/// as little-endian elements of `N` bytes each.
 fn read_le<const N: usize, T>(
+    file: &mut File,
     path: &Path,
     key: &str,
     spans: &[(u64, u64)],
@@ -135,7 +188,6 @@ fn read_le<const N: usize, T>(
     let total: u64 = spans.iter().map(|s| s.1).sum();
     let count = usize::try_from(total / N as u64).map_err(|_| Error::invalid(format!("{total} bytes of {key:?}")))?;
     let mut out = try_with_capacity(count, || format!("the rows of {key:?} to read"))?;
-    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut buf = vec![0u8; CHUNK];
     for &(offset, len) in spans {
         file.seek(SeekFrom::Start(offset)).map_err(|e| Error::io(path, e))?;
