@@ -4,7 +4,9 @@
 //!
 //! Every figure is per call: `--calls` calls (default 20) are queued and evaluated together, and
 //! the median and best of `--evals` evaluations (default 30) are reported. Activations are bf16.
-//! Each trellis result is checked against the f64 reference (relErr = max|a-b| / max|b|).
+//! Each trellis result is checked against the f64 reference (relErr = max|a-b| / max|b|): after
+//! the table, a relErr of 1e-2 or more or a non-finite output fails the run (exit status 1; 2 is
+//! an error).
 //!
 //! ```text
 //! cargo build --release --example bench_down
@@ -19,6 +21,7 @@
 //! ```
 
 use std::fmt::Write as _;
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -30,8 +33,35 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear};
 use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
 
+#[path = "common/check.rs"]
+mod check;
+#[path = "common/exit.rs"]
+mod exit;
+
+use check::to_f64;
+
 const IN: usize = 17408;
 const OUT: usize = 5120;
+/// The relErr gate of every trellis result.
+const GATE: f64 = 1e-2;
+
+/// The tables' rows, and the results that missed the gate.
+#[derive(Default)]
+struct Report {
+    table: String,
+    failures: Vec<String>,
+}
+
+impl Report {
+    /// Records `what` as a failure unless `y` is finite and its relErr `err` is below [`GATE`].
+    fn check(&mut self, y: &MlxArray, err: f64, what: impl FnOnce() -> String) -> Result<()> {
+        let (ok, status) = check::verdict(y, err, GATE)?;
+        if !ok {
+            self.failures.push(format!("{}: relErr {err:.2e}, {status}", what()));
+        }
+        Ok(())
+    }
+}
 
 struct Args {
     rows: Vec<usize>,
@@ -72,8 +102,8 @@ fn parse() -> Result<Args> {
         let mut v = || it.next().with_context(|| format!("{f} needs a value"));
         match f.as_str() {
             "--rows" => a.rows = v()?.split(',').map(|s| s.parse().context("--rows")).collect::<Result<_>>()?,
-            "--calls" => a.calls = v()?.parse()?,
-            "--evals" => a.evals = v()?.parse()?,
+            "--calls" => a.calls = v()?.parse().context("--calls takes a count")?,
+            "--evals" => a.evals = v()?.parse().context("--evals takes a count")?,
             "--json" => a.json = Some(v()?),
             "--sweep" => a.sweep = true,
             "--configs" => a.configs = parse_configs(&v()?)?,
@@ -107,6 +137,12 @@ fn parse() -> Result<Args> {
     }
     if a.fold_splits.contains(&0) {
         bail!("--splits: split counts start at 1");
+    }
+    if a.rows.contains(&0) {
+        bail!("--rows: row counts start at 1");
+    }
+    if a.calls == 0 || a.evals == 0 {
+        bail!("--calls and --evals start at 1");
     }
     Ok(a)
 }
@@ -154,32 +190,26 @@ fn build(k: u32, layout: CodeLayout) -> Result<Layer> {
     Ok(Layer { name, host, lin, dense, q4, q3 })
 }
 
-fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
-    Ok(a.astype(Dtype::Float32)?.to_vec::<f32>()?.into_iter().map(f64::from).collect())
+fn main() -> ExitCode {
+    exit::finish(bench(), "[bench] a trellis result missed its check (see above)")
 }
 
-fn main() -> Result<()> {
-    let result = bench();
-    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
-    mlx_trellis::synchronize()?;
-    result
-}
-
-fn bench() -> Result<()> {
+fn bench() -> Result<bool> {
     let args = parse()?;
     if backend() != Backend::Cuda {
         bail!("bench_down times the CUDA kernels; this MLX build's back-end is {}", backend());
     }
     let max_m = *args.rows.iter().max().context("no rows")?;
     if args.folds {
-        return folds(&args);
+        return folds(&args).map(|()| true);
     }
-    let mut table = String::new();
+    let mut report = Report::default();
     let mut json = String::from("[\n");
     for &(k, layout) in &args.layouts {
         let layer = build(k, layout)?;
         let g = *layer.lin.geometry();
-        let x_all = MlxArray::from_slice(&gaussian(max_m * IN, 99)?, &[max_m, IN])?.astype(args.dtype)?;
+        let n = max_m.checked_mul(IN).context("--rows: the activations' size overflows")?;
+        let x_all = MlxArray::from_slice(&gaussian(n, 99)?, &[max_m, IN])?.astype(args.dtype)?;
         x_all.eval()?;
         let t = Instant::now();
         let want = forward_f64(&to_f64(&x_all)?, max_m, &layer.host.codes, &layer.host.scales, &g)?;
@@ -189,7 +219,7 @@ fn bench() -> Result<()> {
             x.eval()?;
             let want = &want[..m * OUT];
             if args.sweep {
-                sweep(&layer, &x, m, want, &args, &mut table)?;
+                sweep(&layer, &x, m, want, &args, &mut report)?;
                 continue;
             }
             if args.probe {
@@ -197,11 +227,12 @@ fn bench() -> Result<()> {
                 continue;
             }
             if args.paths {
-                paths(&layer, &x, m, want, &args, &mut table)?;
+                paths(&layer, &x, m, want, &args, &mut report)?;
                 continue;
             }
             let y = layer.lin.forward_with(&x, ForwardPath::Cuda)?;
             let err = rel_err(&to_f64(&y)?, want)?;
+            report.check(&y, err, || format!("{} M={m}", layer.name))?;
             let ours = time(args.calls, args.evals, &|| layer.lin.forward_with(&x, ForwardPath::Cuda))?;
             let wt = layer.dense.t()?;
             let bf16 = time(args.calls, args.evals, &|| x.matmul(&wt))?;
@@ -233,7 +264,7 @@ fn bench() -> Result<()> {
                 )
             };
             let _ = writeln!(
-                table,
+                report.table,
                 "| {} | {m} | {:.1} ({:.1}) | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {rate:.2} | {err:.1e} | {path} |",
                 layer.name, ours.0, ours.1, bf16.0, bf16.0 / ours.0, q4.0, q3.0, q3.0 / ours.0
             );
@@ -260,23 +291,26 @@ fn bench() -> Result<()> {
         println!("| layout | M | trellis µs | MLX bf16 µs | vs bf16 | affine 4-bit µs | affine 3-bit µs | vs affine 3 | Tweights/s | relErr | path |");
         println!("|---|---|---|---|---|---|---|---|---|---|---|");
     }
-    print!("{table}");
+    print!("{}", report.table);
     if let Some(path) = &args.json {
         let body = json.trim_end().trim_end_matches(',').to_string() + "\n]\n";
         std::fs::write(path, body)?;
     }
-    Ok(())
+    for f in &report.failures {
+        eprintln!("[bench] FAIL {f} (gate {GATE:.0e}, against the f64 reference)");
+    }
+    Ok(report.failures.is_empty())
 }
 
 /// Every configuration worth trying at `m` rows, timed and checked against the reference `want`.
-fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
+fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, report: &mut Report) -> Result<()> {
     let g = *layer.lin.geometry();
     let configs = if !args.configs.is_empty() {
         std::iter::once(plan_for(&g, m, x.dtype())).chain(args.configs.iter().copied()).collect()
     } else {
         fragment_configs(&g, x.dtype(), m)
     };
-    time_configs(layer, x, m, want, args, table, configs)
+    time_configs(layer, x, m, want, args, report, configs)
 }
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
@@ -385,15 +419,15 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     configs
 }
 
-/// Times each configuration at `m` rows (whole call and kernel alone) into `table`; one that
-/// fails is reported and skipped.
+/// Times each configuration at `m` rows (whole call and kernel alone) into `report`; one that
+/// fails to run is reported and skipped, one whose result misses the gate is a failure.
 fn time_configs(
     layer: &Layer,
     x: &MlxArray,
     m: usize,
     want: &[f64],
     args: &Args,
-    table: &mut String,
+    report: &mut Report,
     configs: Vec<CudaDownConfig>,
 ) -> Result<()> {
     let g = *layer.lin.geometry();
@@ -411,12 +445,13 @@ fn time_configs(
             }
         };
         let err = rel_err(&to_f64(&y)?, want)?;
+        report.check(&y, err, || format!("{} M={m} {cfg:?}", layer.name))?;
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
         let kernel = time(args.calls, args.evals.min(15), &|| {
             down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg)
         })?;
         let _ = writeln!(
-            table,
+            report.table,
             "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
@@ -438,18 +473,21 @@ fn time_configs(
 
 /// The fused kernel (its plan) against the dense path (decode, then MLX's matmul) at `m` rows,
 /// and the decode alone: where the planned dispatch should switch.
-fn paths(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, table: &mut String) -> Result<()> {
+fn paths(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, report: &mut Report) -> Result<()> {
     let g = *layer.lin.geometry();
     let (codes, scales) = (layer.lin.codes(), layer.lin.scales());
     let cfg = plan(&g, m);
     let fused = || down_cuda_with(x, codes, scales, &g, cfg);
     let dense = || down_cuda_dense(x, codes, scales, &g);
-    let fused_err = rel_err(&to_f64(&fused()?)?, want)?;
-    let dense_err = rel_err(&to_f64(&dense()?)?, want)?;
+    let (y_fused, y_dense) = (fused()?, dense()?);
+    let fused_err = rel_err(&to_f64(&y_fused)?, want)?;
+    let dense_err = rel_err(&to_f64(&y_dense)?, want)?;
+    report.check(&y_fused, fused_err, || format!("{} M={m} fused", layer.name))?;
+    report.check(&y_dense, dense_err, || format!("{} M={m} dense path", layer.name))?;
     let (f, d) = (time(args.calls, args.evals, &fused)?, time(args.calls, args.evals, &dense)?);
     let e = time(args.calls, args.evals, &|| expand_cuda(codes, scales, &g, x.dtype()))?;
     let _ = writeln!(
-        table,
+        report.table,
         "| {} | {m} | {:.1} | {:.1} | {:.1} | {fused_err:.1e} | {dense_err:.1e} |",
         layer.name, f.0, d.0, e.0
     );

@@ -5,8 +5,8 @@
 //! Hugging Face checkpoint stores them: gate and up `[intermediate, hidden]`, down
 //! `[hidden, intermediate]`) or are seeded Gaussian. Gate and up are coded row-major on axis 1
 //! (stored `[out, in]`, the layout of the gate/up kernels), down on axis 0 (stored `[in, out]`)
-//! in the 3-bit block interleave, or row-major at other bit widths and where the hidden width
-//! is not a multiple of 512 (the interleave's column group). The artifact is then read
+//! in the 3-bit block interleave, or row-major at other bit widths, at `--L` other than 12 and
+//! where the hidden width is not a multiple of 512 (the interleave's column group). The artifact is then read
 //! back, one forward of four rows by the generic path is checked against the f64 reference of
 //! the read-back codes, and the quantization error against the dense MLP is printed. Exit status
 //! 0 means the check passed; 1 means it did not; 2 is an error.
@@ -34,8 +34,10 @@ use mlx_trellis::trellis::encoder::{encode_linear, EncoderBackend, EncoderConfig
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
-use mlx_trellis::{backend, load_safetensors, Backend, Dtype, MlxArray};
+use mlx_trellis::{load_safetensors, Dtype, MlxArray};
 
+#[path = "common/check.rs"]
+mod check;
 #[path = "common/exit.rs"]
 mod exit;
 
@@ -166,32 +168,12 @@ fn main() -> ExitCode {
 }
 
 /// `down(silu(gate(x)) ⊙ up(x))` in f64 from dense `W [out, in]` weights.
-fn dense_mlp_f64(x: &[f32], m: usize, [gate, up, down]: &[Dense; 3]) -> Vec<f64> {
-    let linear = |x: &[f64], d: &Dense| -> Vec<f64> {
-        let mut y = vec![0f64; m * d.out_features];
-        for mi in 0..m {
-            let xr = &x[mi * d.in_features..(mi + 1) * d.in_features];
-            for (o, wr) in d.w.chunks_exact(d.in_features).enumerate() {
-                y[mi * d.out_features + o] = xr.iter().zip(wr).map(|(&a, &b)| a * b as f64).sum();
-            }
-        }
-        y
-    };
+fn dense_mlp_f64(x: &[f32], m: usize, [gate, up, down]: &[Dense; 3]) -> Result<Vec<f64>> {
+    let linear = |x: &[f64], d: &Dense| check::dense_f64(x, m, &d.w, d.out_features, d.in_features, 1);
     let x: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-    let (g, u) = (linear(&x, gate), linear(&x, up));
+    let (g, u) = (linear(&x, gate)?, linear(&x, up)?);
     let h: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect();
     linear(&h, down)
-}
-
-/// The relErr gate of the generic path's f32 product: 1e-4, or four TF32 units where MLX's CUDA
-/// back-end multiplies f32 matrices in TF32 (its default unless `MLX_ENABLE_TF32=0`).
-fn f32_gate() -> f64 {
-    let tf32 = backend() == Backend::Cuda && std::env::var("MLX_ENABLE_TF32").map_or(true, |v| v.trim() != "0");
-    if tf32 {
-        4.0 * 2f64.powi(-11)
-    } else {
-        1e-4
-    }
 }
 
 fn run() -> Result<bool> {
@@ -201,8 +183,8 @@ fn run() -> Result<bool> {
     let mut coded = Vec::with_capacity(3);
     for (name, d) in names.iter().zip(&dense) {
         let (k, axis) = if *name == "down_proj" { (o.down_bits, 0) } else { (o.bits, 1) };
-        // The interleave groups 512 stored columns (down's outputs, the hidden width).
-        let interleave = axis == 0 && k == 3 && d.out_features % 512 == 0;
+        // The interleave (k 3, L 12 only) groups 512 stored columns (down's outputs, the hidden width).
+        let interleave = axis == 0 && k == 3 && o.l == 12 && d.out_features % 512 == 0;
         let layout = if interleave { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
         let cfg = EncoderConfig { axis, layout, threads: o.threads, backend: o.backend, ..EncoderConfig::new(k, o.l) };
         let module = format!("{}.{name}", o.prefix);
@@ -226,22 +208,17 @@ fn run() -> Result<bool> {
     let mlp = TrellisMlp::from_artifact(&Artifact::open(&o.out)?, &o.prefix)?;
     let x = gaussian(CHECK_ROWS * hidden, o.seed ^ 0xC0FFEE)?;
     let y = mlp.forward_with(&MlxArray::from_slice(&x, &[CHECK_ROWS, hidden])?, ForwardPath::Generic)?;
-    let finite = y.all_finite()?;
-    let got: Vec<f64> = y.to_vec::<f32>()?.into_iter().map(f64::from).collect();
+    let got = check::to_f64(&y)?;
     let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     let (gate, up, down) = (mlp.gate().to_host()?, mlp.up().to_host()?, mlp.down().to_host()?);
     let want = mlp_forward_f64(&xd, CHECK_ROWS, &gate, &up, &down)?;
     let err = rel_err(&got, &want)?;
-    let quantization = rel_err(&got, &dense_mlp_f64(&x, CHECK_ROWS, &dense))?;
-    let passed = finite && err < f32_gate();
-    let status = match (finite, passed) {
-        (false, _) => "FAIL (non-finite output)",
-        (true, true) => "ok",
-        (true, false) => "FAIL",
-    };
+    let quantization = rel_err(&got, &dense_mlp_f64(&x, CHECK_ROWS, &dense)?)?;
+    let gate = check::f32_gate();
+    let (passed, status) = check::verdict(&y, err, gate)?;
     println!("\nTrellis MLP {}: {hidden} -> {inter} -> {hidden}, written to {}", o.prefix, o.out);
     println!("| check ({CHECK_ROWS} rows, f32, generic path) | relErr | gate |\n|---|---|---|");
-    println!("| vs the f64 reference of the written codes | {err:.2e} | {status} ({:.1e}) |", f32_gate());
+    println!("| vs the f64 reference of the written codes | {err:.2e} | {status} ({gate:.1e}) |");
     println!("| vs the dense MLP (quantization error) | {quantization:.2e} | information |");
     Ok(passed)
 }

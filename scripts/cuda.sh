@@ -3,6 +3,7 @@
 # encoder on the Qwen down shape.
 #
 #   scripts/cuda.sh build   # on the build machine: release binaries into target/cuda-bundle/
+#                           # (also what scripts/gpu_final_tests.sh and gpu_final_bench.sh run)
 #   scripts/cuda.sh run     # on the CUDA machine, in a copy of the checkout that holds
 #                           # target/cuda-bundle/, with MLX's CUDA build on LD_LIBRARY_PATH
 #   scripts/cuda.sh tests   # only the tests of `run`
@@ -29,7 +30,8 @@ bundle=target/cuda-bundle
 
 case "${1:-}" in
 build)
-  cargo build --release --features tuning --example bench_down --example bench_mlp --example qwen_down --example quantize_layer
+  cargo build --release --features tuning --example bench_down --example bench_mlp --example qwen_down \
+    --example qwen_mlp --example quantize_layer
   mkdir -p "$bundle"
   # Test binaries carry a hash in their names: copy them under stable ones.
   cargo test --release --features tuning --no-run --test cuda_down --test cuda_mlp --test mlp --test kernels \
@@ -40,7 +42,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do cp "$exe" "$bundle/test_$name"; done
-  cp target/release/examples/{bench_down,bench_mlp,qwen_down,quantize_layer} "$bundle/"
+  cp target/release/examples/{bench_down,bench_mlp,qwen_down,qwen_mlp,quantize_layer} "$bundle/"
   strip "$bundle"/*  # smaller to carry to the GPU machine
   ls -l "$bundle"
   ;;

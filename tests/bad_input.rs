@@ -2,7 +2,7 @@
 //! takes the example and checks it is now refused with a typed error (or, for the
 //! non-finite class, reported as a failure), never a crash, a panic or a silent "ok".
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use mlx_trellis::trellis::encoder::{encode, stored_from_linear, EncoderConfig};
 use mlx_trellis::trellis::format::codebook::lut1mad;
@@ -14,13 +14,14 @@ use mlx_trellis::trellis::{
 use mlx_trellis::{f16, Dtype, ErrorKind, MlxArray};
 use serde_json::json;
 
+mod common;
+use common::mlp_artifact::poison_scale;
+use common::{join_safetensors, split_safetensors};
+
 const DOWN: &str = "model.layers.0.mlp.down_proj";
 
-fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mlx-trellis-bad-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    common::mlp_artifact::temp_dir(&format!("bad-{tag}"))
 }
 
 fn host() -> HostLayer {
@@ -38,20 +39,12 @@ fn load(dir: &Path) -> mlx_trellis::Result<TrellisLinear> {
     Artifact::open(dir)?.module(DOWN)
 }
 
-/// Rewrites the safetensors header of `dir` by `edit` on its JSON text (the data is kept).
+/// Rewrites the safetensors header of `bytes` into `dir` by `edit` on its JSON text (the data is
+/// kept).
 fn edit_header(dir: &Path, bytes: &[u8], edit: impl FnOnce(String) -> String) {
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header = edit(String::from_utf8(bytes[8..8 + n].to_vec()).unwrap());
-    let mut out = (header.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(dir.join("model.safetensors"), out).unwrap();
-}
-
-/// The header of safetensors `bytes` as JSON, and where its data starts.
-fn header_of(bytes: &[u8]) -> (serde_json::Value, usize) {
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    (serde_json::from_slice(&bytes[8..8 + n]).unwrap(), 8 + n)
+    let (header, data) = split_safetensors(bytes);
+    let text = edit(serde_json::Value::Object(header).to_string());
+    std::fs::write(dir.join("model.safetensors"), join_safetensors(&text, &data)).unwrap();
 }
 
 fn artifact_error(r: mlx_trellis::Result<TrellisLinear>, file: &str, want: &str) -> String {
@@ -93,12 +86,8 @@ fn non_finite_scales_are_refused_and_non_finite_results_never_pass() {
     assert!(e.to_string().contains("the scale of stored row 3 is inf"), "{e}");
     // At load, naming the scales tensor.
     let dir = temp_dir("inf-scale");
-    let bytes = artifact(&dir);
-    let (header, data_start) = header_of(&bytes);
-    let at = data_start + header[format!("{DOWN}.scales")]["data_offsets"][0].as_u64().unwrap() as usize + 2 * 5;
-    let mut nan = bytes.clone();
-    nan[at..at + 2].copy_from_slice(&0x7E00u16.to_le_bytes());
-    std::fs::write(dir.join("model.safetensors"), &nan).unwrap();
+    artifact(&dir);
+    poison_scale(&dir, &format!("{DOWN}.scales"), 5);
     let text = artifact_error(load(&dir), "model.safetensors", "stored row 5 is NaN");
     assert!(text.contains(&format!("\"{DOWN}.scales\"")), "{text}");
     // inf - inf is NaN, which a max fold drops: rel_err must not report 0.
@@ -214,7 +203,8 @@ fn geometry_arithmetic_does_not_wrap() {
         let k = if shape.len() == 3 { 3 } else { 2 };
         assert!(TrellisGeometry::from_codes_shape("w", shape, k, 256, 12, 0).is_err(), "{shape:?}");
     }
-    // Negative MLX dimensions never read as huge ones.
+    // try_shape reads a valid array's dimensions. (Its refusal of a negative MLX dimension is not
+    // reachable here: dimensions past i32::MAX are refused before MLX sees them.)
     let a = MlxArray::from_slice(&[1u32; 4], &[2, 2]).unwrap();
     assert_eq!(a.try_shape().unwrap(), vec![2, 2]);
 }

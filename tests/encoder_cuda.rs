@@ -1,5 +1,6 @@
-//! The encoder's CUDA block search gives the CPU search's bytes. Runs for real on MLX's CUDA
-//! back-end and skips (saying why) everywhere else; the error paths run everywhere.
+//! The encoder's CUDA block search gives the CPU search's bytes. The GPU tests are ignored with
+//! the reason "needs MLX's CUDA back-end" (`--include-ignored` runs them; off CUDA they then
+//! fail); the error paths run everywhere.
 
 use mlx_trellis::trellis::cuda::viterbi::{self, MAX_L};
 use mlx_trellis::trellis::encoder::{encode, Encoded, EncoderBackend, EncoderConfig};

@@ -3,24 +3,15 @@
 
 mod common;
 
+use common::mlp_artifact::{mlp_case, temp_dir, MlpCase};
 use common::{f32_matmul_gate, gate, to_f64};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{
-    synthetic_mlp, write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear, TrellisMlp,
-};
+use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisMlp};
 use mlx_trellis::{Dtype, ErrorKind, MlxArray};
 
-struct Mlp {
-    host: (HostLayer, HostLayer, HostLayer),
-    mlp: TrellisMlp,
-}
-
-fn mlp(hidden: usize, inter: usize, k: u32, down_layout: CodeLayout) -> Mlp {
-    let host = synthetic_mlp(hidden, inter, k, down_layout, (hidden + inter) as u64 + k as u64).unwrap();
-    let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(name, h).unwrap();
-    let mlp = TrellisMlp::new(lin("gate_proj", &host.0), lin("up_proj", &host.1), lin("down_proj", &host.2)).unwrap();
-    Mlp { host, mlp }
+fn mlp(hidden: usize, inter: usize, k: u32, down_layout: CodeLayout) -> MlpCase {
+    mlp_case("mlp", hidden, inter, k, down_layout, (hidden + inter) as u64 + k as u64)
 }
 
 fn x(m: usize, hidden: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
@@ -76,7 +67,7 @@ fn the_reference_path_is_the_f64_mlp_and_keeps_leading_dimensions() {
 #[test]
 fn an_mlp_loads_from_an_artifact() {
     let c = mlp(256, 512, 2, CodeLayout::RowMajor);
-    let dir = std::env::temp_dir().join(format!("mlx_trellis_mlp_artifact_{}", std::process::id()));
+    let dir = temp_dir("mlp-artifact");
     let prefix = "model.layers.3.mlp";
     let (g, u, d) = (c.mlp.gate(), c.mlp.up(), c.mlp.down());
     let names = [format!("{prefix}.gate_proj"), format!("{prefix}.up_proj"), format!("{prefix}.down_proj")];

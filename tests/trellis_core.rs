@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 mod common;
 use common::f32_matmul_gate;
+use common::mlp_artifact::temp_dir;
 
 fn layer(rows: usize, cols: usize, k: u32, l: u32, axis: u32, layout: CodeLayout, seed: u64) -> HostLayer {
     synthetic_layer(rows, cols, k, l, axis, layout, 0.02, seed).unwrap()
@@ -130,13 +131,6 @@ fn forward_keeps_leading_dimensions_and_refuses_bad_activations() {
     let err = lin.forward(&MlxArray::zeros(&[2, 64], Dtype::Int32).unwrap()).unwrap_err();
     assert!(err.to_string().contains("activations are int32"), "{err}");
     assert!("warp".parse::<ForwardPath>().unwrap_err().to_string().contains("unknown path \"warp\""));
-}
-
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("mlx-trellis-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 const DOWN: &str = "model.layers.0.mlp.down_proj";

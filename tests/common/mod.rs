@@ -93,4 +93,19 @@ pub fn to_f64(a: &MlxArray) -> Vec<f64> {
     a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
 }
 
+/// A safetensors file split into its header (as JSON) and its data.
+pub fn split_safetensors(bytes: &[u8]) -> (serde_json::Map<String, serde_json::Value>, Vec<u8>) {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    (header.as_object().unwrap().clone(), bytes[8 + n..].to_vec())
+}
+
+/// A safetensors file of `header` (JSON text) and `data`.
+pub fn join_safetensors(header: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
 pub mod mlp_artifact;
