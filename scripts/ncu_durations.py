@@ -26,7 +26,7 @@ def label(name):
     if not m:
         return re.sub(r"\(.*", "", name).replace("void ", "")[:90]
     _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, bias, pack, prescaled, mbarriers = m.groups()
-    decode = "u8 mma" + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
+    decode = "dp4a" + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
     return (
         f"trellis down k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}"
         + (" prescaled" if prescaled == "t" else "")

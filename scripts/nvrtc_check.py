@@ -8,10 +8,11 @@ Needs NVRTC and the CUDA headers (pip: nvidia-cuda-nvrtc, nvidia-cuda-runtime an
 nvidia-cuda-cccl, CUDA 13, in --site) and MLX's CUDA device headers (mlx/backend/cuda/device/
 from MLX's sources of the linked version, in --mlx-src).
 
-  scripts/nvrtc_check.py --body kernels/cuda/gate_up.cu \\
+  scripts/nvrtc_check.py --arch sm_90 --body kernels/cuda/gate_up.cu \\
       --header kernels/cuda/codebook.cuh --header kernels/cuda/fragment.cuh \\
-      --inputs x:bfloat16 codes:uint32 scales:float16 --outputs y:bfloat16 --shape x \\
-      --define TRELLIS_FUSED=0 --template T=bfloat16 IN=5120 OUT=17408 K=3 L=12 ...
+      --inputs x:bfloat16 codes:uint32 scales:float16 --outputs y:bfloat16 --shape x scales \\
+      --define TRELLIS_FUSED=0 --template T=bfloat16 Y=bfloat16 K=3 L=12 MT=1 RT=2 WARPS=4 \\
+      SPLIT_X=false BIAS_FOLD=true PACK_FMA=true
 """
 import argparse
 import ctypes

@@ -1,5 +1,6 @@
-//! The CUDA down kernel against the f64 reference. Runs for real on MLX's CUDA back-end and
-//! skips (saying why) everywhere else.
+//! The CUDA down kernel against the f64 reference. The tests that run kernels are ignored
+//! without MLX's CUDA back-end (`scripts/cuda.sh` runs them on a CUDA machine); the host-side
+//! checks of their configurations run on every back-end.
 
 use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::down::{uses_dense, DENSE_MIN_ROWS};
@@ -146,8 +147,8 @@ fn every_configuration_matches_the_reference() {
     }
     // Blocks that cover a part of a coded block (two to eight blocks share its codes) with each
     // decode, cycling through the layers, dtypes, steps and splits as above (by `p`, which also
-    // counts the shapes that do not fit: one, a single warp loading 64-row steps of the 100-row
-    // layer one activation at a time).
+    // counts the shapes that do not fit). 17 of the 18 fit: the other is a single warp of NC 4
+    // loading 64-row steps of the 100-row layer one activation at a time.
     let mut p = 0usize;
     let mut part_blocks = 0usize;
     for (nc, warps, mt) in [(2u32, 4u32, 8u32), (2, 2, 4), (2, 2, 2), (4, 1, 1), (8, 1, 2), (2, 1, 1)] {
@@ -171,7 +172,7 @@ fn every_configuration_matches_the_reference() {
             }
         }
     }
-    assert!(part_blocks >= 12, "only {part_blocks} part-block configurations fit");
+    assert_eq!(part_blocks, 17, "part-block configurations that fit");
     assert!(n >= 24, "only {n} configurations ran");
     assert!(per_nc.len() == 3 && per_nc.values().all(|&k| k >= 3), "configurations per NC: {per_nc:?}");
 }
@@ -188,18 +189,15 @@ fn small_layers() -> [Case; 5] {
     ]
 }
 
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn prescaled_configurations_match_the_reference() {
-    // B tiles from the pre-pass kernel (x * scale as f16, the f32 residues as more rows), streamed
-    // into the ring with the codes: the planned shapes (one row with the IMAD pack, 2-8 and 9-16
-    // rows with the bias fold, 17-64 rows in 8-warp blocks) and others: parts of a coded block,
-    // ring depths 2 to 6, steps of 16 to 64 rows, splits
-    // that do not divide the steps; every layer (100 input rows: not a multiple of 8, so the
-    // pre-pass loads one activation at a time and pads the rows), f32, f16 and bf16; each at one
-    // row, one short of a pass and past one pass.
-    // The configurations are checked on every back-end; they run where CUDA is.
-    let layers = small_layers();
+/// The prescaled configurations' test cases on `small_layers()`: (layer, dtype, configuration),
+/// each checked to fit its layer. B tiles from the pre-pass kernel (x * scale as f16, the f32
+/// residues as more rows), streamed into the ring with the codes: the planned shapes (one row
+/// with the IMAD pack, 2-8 and 9-16 rows with the bias fold, 17-64 rows in 8-warp blocks) and
+/// others: parts of a coded block, ring depths 2 to 6, steps of 16 to 64 rows, splits that do
+/// not divide the steps; every layer (100 input rows: not a multiple of 8, so the pre-pass loads
+/// one activation at a time and pads the rows), f32, f16 and bf16. Every other case also with
+/// its ring on mbarriers (3 stages or more), warps drifting apart.
+fn prescaled_configurations(layers: &[Case]) -> Vec<(usize, Dtype, CudaDownConfig)> {
     let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
     let cases = [
         // (layer, dtype, nc, warps, mt, ks, splits, stages, bias_fold, pack_fma)
@@ -239,7 +237,6 @@ fn prescaled_configurations_match_the_reference() {
             (layer, dtype, cfg)
         })
         .collect();
-    // Every other case also with its ring on mbarriers (3 stages or more), warps drifting apart.
     let with_mbarriers: Vec<_> = configs
         .iter()
         .enumerate()
@@ -251,8 +248,33 @@ fn prescaled_configurations_match_the_reference() {
         cfg.check(g, *dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
     }
     assert_eq!(with_mbarriers.len(), 5);
+    configs.into_iter().chain(with_mbarriers).collect()
+}
+
+/// The layer of the unaligned-activations test and its prescaled configuration.
+fn unaligned_case() -> (Case, CudaDownConfig) {
+    // 200 input rows are 4 steps of 64: at most 4 splits.
+    let prescaled = CudaDownConfig { nc: 2, mt: 4, ks: 4, warps: 8, splits: 3, prescaled: true, ..Default::default() };
+    (Case::new(200, 1024, 3, CodeLayout::K3Interleaved), prescaled)
+}
+
+#[test]
+fn prescaled_configurations_fit() {
+    // The GPU tests' configurations, checked on every back-end.
+    assert_eq!(prescaled_configurations(&small_layers()).len(), 17);
+    let (c, prescaled) = unaligned_case();
+    for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+        prescaled.check(c.g(), dtype).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn prescaled_configurations_match_the_reference() {
+    // Each case at one row, one short of a pass and past one pass.
     require_cuda();
-    for (layer, dtype, cfg) in configs.into_iter().chain(with_mbarriers) {
+    let layers = small_layers();
+    for (layer, dtype, cfg) in prescaled_configurations(&layers) {
         let (c, mt) = (&layers[layer], cfg.mt);
         let g = *c.lin.geometry();
         for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
@@ -266,16 +288,11 @@ fn prescaled_configurations_match_the_reference() {
 fn activations_off_16_byte_alignment_load_one_at_a_time() {
     // A row-contiguous view 2 elements into its buffer (MLX passes such views with their offset):
     // rows then start 4 (16-bit) or 8 (f32) bytes off a 16-byte boundary, and the kernel must
-    // not use 16-byte loads on them.
-    let c = Case::new(200, 1024, 3, CodeLayout::K3Interleaved);
+    // not use 16-byte loads on them (`prescaled_configurations_fit` checks the configuration).
+    require_cuda();
+    let (c, prescaled) = unaligned_case();
     let rows = c.g().rows;
     let g = *c.lin.geometry();
-    // 200 input rows are 4 steps of 64: at most 4 splits.
-    let prescaled = CudaDownConfig { nc: 2, mt: 4, ks: 4, warps: 8, splits: 3, prescaled: true, ..Default::default() };
-    for dtype in [Dtype::Bfloat16, Dtype::Float32] {
-        prescaled.check(&g, dtype).unwrap();
-    }
-    require_cuda();
     for dtype in [Dtype::Bfloat16, Dtype::Float32] {
         for m in [1, 9, 24] {
             let (x, xr) = c.x(m, dtype);

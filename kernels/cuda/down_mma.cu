@@ -20,7 +20,8 @@
 // over more decode, and let the compiler read chunk c + 1's code bits while chunk c decodes.
 // Parts let a tile of few warps keep many rows per pass (its accumulators) with several blocks
 // per SM, whose barriers then fall at different times. Each warp writes its own columns of the
-// f32 partials [M, SPLITS, C]; one MLX `sum` folds the splits.
+// f32 partials [M, SPLITS, C]; the last block of each column tile to finish folds the splits
+// (see the kernel's end).
 //
 // Decoding. Lane 4 g + q decodes output positions [p0, p0 + 2 NC) of its warp's tile
 // (p0 = 2 NC g) for four rows of each step: one contiguous run of 2 NC K bits of each row's
@@ -88,6 +89,7 @@
   constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
   static_assert(TILE % 256 == 0 || 256 % TILE == 0, "a block covers whole coded blocks or a part of one");
   static_assert(!PACK_FMA || BIAS_FOLD, "PACK_FMA packs the dp4a decode's biased pairs");
+  static_assert(!(BIAS_FOLD && SPLIT_X), "the bias fold is for 16-bit activations");
   static_assert(PRESCALED || THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
 
   // B tiles in flight: with PRESCALED one per ring slot, copied with the slot's codes.
@@ -204,9 +206,9 @@
   // in-order issue waits at the first instruction that does, and next to the loads that is a
   // full global-memory latency at the top of every step instead of one hidden by the decode.
   // That holds for unpacking too: with one register per value here, the compiler joined the
-  // two load paths below by unpacking the vector loads' words right after them (NVRTC, sm_90,
-  // 18-41 instructions after the loads in the 16-, 32- and 64-row plans). Loads one at a time
-  // write their values into the same words, so the paths join without unpacking.
+  // two load paths below by unpacking the vector loads' words right after them
+  // (docs/cuda-down.md). Loads one at a time write their values into the same words, so the
+  // paths join without unpacking.
   constexpr int X_WORDS = (VW * (int)sizeof(T) + 15) / 16;  // 16-byte words of a load's activations
   struct BLoad {
     uint4 x[B_PER_THREAD][X_WORDS];
@@ -279,27 +281,26 @@
 
   // Step pieces: B fragments of a B tile slot, this lane's code bits of a ring slot, and the
   // decode + MMAs of one step from those registers.
-  // B fragments of the 8-row tiles [t0, t0 + MT) of the pass (and the f32 residue tiles).
-  auto read_b_fragments = [&](int bslot, int chunk, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2], int t0) {
-    constexpr int NT = MT;
+  // B fragments of the pass's MT 8-row tiles (and the f32 residue tiles).
+  auto read_b_fragments = [&](int bslot, int chunk, unsigned (&b_hi)[MT][2], unsigned (&b_lo)[MT][2]) {
     const int col = 16 * chunk + (lane >> 3 & 1) * 8;
 #pragma unroll
-    for (int t = 0; t < NT; t += 2) {
+    for (int t = 0; t < MT; t += 2) {
       const int mat = lane >> 3, row = lane & 7;
-      if (t + 1 < NT) {
+      if (t + 1 < MT) {
         unsigned r[4];
-        trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][0][8 * (t0 + t + (mat >> 1)) + row][col]);
+        trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][0][8 * (t + (mat >> 1)) + row][col]);
         b_hi[t][0] = r[0], b_hi[t][1] = r[1], b_hi[t + 1][0] = r[2], b_hi[t + 1][1] = r[3];
         if (SPLIT_X) {
-          trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t0 + t + (mat >> 1)) + row][col]);
+          trellis_cuda::ldmatrix_x4(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t + (mat >> 1)) + row][col]);
           b_lo[t][0] = r[0], b_lo[t][1] = r[1], b_lo[t + 1][0] = r[2], b_lo[t + 1][1] = r[3];
         }
       } else {
         unsigned r[2];
-        trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][0][8 * (t0 + t) + row][col]);
+        trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][0][8 * t + row][col]);
         b_hi[t][0] = r[0], b_hi[t][1] = r[1];
         if (SPLIT_X) {
-          trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * (t0 + t) + row][col]);
+          trellis_cuda::ldmatrix_x2(r, &b_tile[bslot][SPLIT_X ? 1 : 0][8 * t + row][col]);
           b_lo[t][0] = r[0], b_lo[t][1] = r[1];
         }
       }
@@ -324,7 +325,6 @@
       a[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b0), trellis_cuda::window<L>(w[3], b0));
       a[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1), lift)
                       : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w[2], b1), trellis_cuda::window<L>(w[3], b1));
-      // MT == MT in the fragment decode.
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
         trellis_cuda::mma_16816(acc[s][t], a, b_hi[t]);
@@ -334,10 +334,7 @@
     if (BIAS_FOLD) {
       const unsigned ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 #pragma unroll
-      for (int t = 0; t < MT; ++t) {
-        trellis_cuda::mma_16816(bias_acc[t], ones, b_hi[t]);
-        if (SPLIT_X) trellis_cuda::mma_16816(bias_acc[t], ones, b_lo[t]);
-      }
+      for (int t = 0; t < MT; ++t) trellis_cuda::mma_16816(bias_acc[t], ones, b_hi[t]);
     }
   };
 
@@ -371,8 +368,7 @@
         trellis_cuda::mbar_arrive_on_copies(&full_bar[i]);
       }
     }
-  } else
-  if constexpr (PRESCALED) {
+  } else if constexpr (PRESCALED) {
     // The B tiles' rows past M are zeroed before any copy into the rows below M is issued.
     if (m_base + B_ROWS > M) {
       zero_b_tiles();
@@ -406,14 +402,13 @@
 #pragma unroll
       for (int c = 0; c < KS; ++c) {
         unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-        read_b_fragments(i % STAGES, c, b_hi, b_lo, 0);
+        read_b_fragments(i % STAGES, c, b_hi, b_lo);
         read_code_bits(i % STAGES, c, w);
         decode_and_multiply(w, b_hi, b_lo);
       }
       trellis_cuda::mbar_arrive(&empty_bar[i % STAGES]);
     }
-  } else
-  {
+  } else {
     for (int i = 0; i < steps; ++i) {
       BLoad v_next;
       if (!PRESCALED && i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
@@ -424,7 +419,7 @@
 #pragma unroll
       for (int c = 0; c < KS; ++c) {
         unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-        read_b_fragments(i % B_SLOTS, c, b_hi, b_lo, 0);
+        read_b_fragments(i % B_SLOTS, c, b_hi, b_lo);
         read_code_bits(i % STAGES, c, w);
         decode_and_multiply(w, b_hi, b_lo);
       }

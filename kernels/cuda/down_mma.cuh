@@ -5,7 +5,6 @@
 
 namespace trellis_cuda {
 
-
 // A run of NPOS consecutive positions of one row of a coded block (8 K words): the words that
 // hold its bits (plus L - K bits of the last window, wrapping around inside the block), read
 // from a ring row and realigned so that the run's last position's window starts at bit 0.
@@ -77,7 +76,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
                : "r"(s));
 }
 
-// mbarriers in shared memory (sm_80 and later) for the fragment decode's MBARRIERS ring: init
+// mbarriers in shared memory (sm_80 and later) for the down kernel's MBARRIERS ring: init
 // with the count of arrivals that complete a phase; an arrive by this thread; an arrive that
 // fires once this thread's earlier cp.async copies have landed (noinc: it counts against the
 // init count); and a wait for the phase of the given parity to complete.
@@ -105,6 +104,5 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
       "r"(parity)
       : "memory");
 }
-
 
 }  // namespace trellis_cuda

@@ -1,5 +1,5 @@
 // The down kernel's B operand ready-made: x_scaled[m, r] = f16(x[m, r] * scale[r]) for the
-// fragment decode's PRESCALED mode (down_mma.cu), which then streams its B tiles with cp.async
+// down kernel's PRESCALED mode (down_mma.cu), which then streams its B tiles with cp.async
 // instead of loading and converting activations in every thread block (each of a row's column
 // blocks did that work again).
 //
@@ -9,8 +9,8 @@
 //
 // Thread t of grid row m converts activations [8 t, 8 t + 8) of row m: 16-byte loads where R is
 // a multiple of 8 and both inputs are 16-byte aligned (then 8 activations are all in or all past
-// R), one at a time otherwise; one 16-byte store per set. (One activation per thread took
-// 4.8 µs at 64 rows of the Qwen down projection.) Grid [R_PAD / 8, M].
+// R), one at a time otherwise; one 16-byte store per set (eight activations a thread: one was
+// slower, docs/cuda-down.md). Grid [R_PAD / 8, M].
 // It also zeroes the down kernel's COUNTERS fold counters (its fourth input), so that a
 // prescaled call needs no launch of its own for them.
 // Template ints: R, R_PAD, COUNTERS. Template bool: SPLIT_X. Template type: T (activation dtype).

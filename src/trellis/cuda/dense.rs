@@ -8,12 +8,14 @@
 //! work grows with it; [`down_cuda`](super::down::down_cuda) switches at
 //! [`DENSE_MIN_ROWS`](super::down::DENSE_MIN_ROWS).
 
+use std::sync::Arc;
+
 use crate::array::MlxArray;
 use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
-use crate::kernel::registry::{self, KernelKey, KernelText};
-use crate::kernel::{CudaKernel, LaunchConfig};
+use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
@@ -42,7 +44,7 @@ fn kernel() -> Result<&'static CudaKernel> {
 }
 
 /// The stored matrix `[rows, cols]` as dense weights of `dtype` (f32, f16 or bf16), decoded on
-/// the GPU: `value(state) * f32(scale[r])` as [`reference::expand`](super::reference::expand)
+/// the GPU: `value(state) * f32(scale[r])` as [`reference::expand`](crate::trellis::reference::expand)
 /// computes it, rounded once to `dtype`. `codes` and `scales` are the layer's (uint32 in its
 /// layout, f16 `[rows]`). An error on any back-end but CUDA.
 pub fn expand_cuda(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry, dtype: Dtype) -> Result<MlxArray> {
@@ -56,21 +58,38 @@ pub fn expand_cuda(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry, dty
         invalid!("CUDA expand kernel: dense weights of {dtype} (float32, float16 or bfloat16 only)");
     }
     check_layer("CUDA expand kernel", codes, scales, g)?;
-    let threads = g.rows * g.cols / WEIGHTS_PER_THREAD;
-    if i32::try_from(threads).is_err() {
-        invalid!("CUDA expand kernel: {g} needs {threads} threads, more than one launch grid holds (2^31 - 1)");
-    }
-    // Threads per row are a multiple of 16 (cols % 256 == 0); the widest block that divides.
-    let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads % b == 0).unwrap_or(16);
-    let launch = LaunchConfig::new([threads, 1, 1], [block, 1, 1])
-        .output(&[g.rows, g.cols], dtype)
-        .template_dtype("T", dtype)
-        .template_int("R", int("CUDA expand kernel", g.rows)?)
-        .template_int("C", int("CUDA expand kernel", g.cols)?)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved);
-    Ok(kernel()?.apply(&[codes, scales], &launch)?.remove(0))
+    let prepared = prepared_launch(g, dtype)?;
+    Ok(prepared.kernel.apply_prepared(&[codes, scales], &prepared.launch)?.remove(0))
+}
+
+/// The kernel and its launch, prepared once per geometry and dtype.
+struct Prepared {
+    kernel: &'static CudaKernel,
+    launch: CudaLaunch,
+}
+
+/// The launch depends on the geometry and the output dtype only: one thread per 16 weights of
+/// the stored matrix.
+fn prepared_launch(g: &TrellisGeometry, dtype: Dtype) -> Result<Arc<Prepared>> {
+    static LAUNCHES: LaunchCache<(TrellisGeometry, Dtype), Prepared> = LaunchCache::new(1024);
+    LAUNCHES.get_or_build((*g, dtype), || {
+        let threads = g.rows * g.cols / WEIGHTS_PER_THREAD;
+        if i32::try_from(threads).is_err() {
+            invalid!("CUDA expand kernel: {g} needs {threads} threads, more than one launch grid holds (2^31 - 1)");
+        }
+        // Threads per row are a multiple of 16 (cols % 256 == 0); the widest block that divides.
+        let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads % b == 0).unwrap_or(16);
+        let launch = LaunchConfig::new([threads, 1, 1], [block, 1, 1])
+            .output(&[g.rows, g.cols], dtype)
+            .template_dtype("T", dtype)
+            .template_int("R", int("CUDA expand kernel", g.rows)?)
+            .template_int("C", int("CUDA expand kernel", g.cols)?)
+            .template_int("K", g.k as i32)
+            .template_int("L", g.l as i32)
+            .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved);
+        let kernel = kernel()?;
+        Ok(Prepared { kernel, launch: kernel.prepare(&launch)? })
+    })
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype by decoding `W` to dense weights of that dtype

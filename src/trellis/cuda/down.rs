@@ -28,13 +28,13 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::{check_operands, int};
 
 use super::dense::down_cuda_dense;
-pub use super::down_config::CudaDownConfig;
-use super::down_plan::require_supported;
-pub use super::down_plan::{plan, plan_for, supports, uses_dense, DENSE_MIN_ROWS};
+use super::down_config::CudaDownConfig;
+use super::down_plan::{plan_for, require_supported};
+pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
+use super::FRAGMENT_HEADER;
 
 const SOURCE: &str = include_str!("../../../kernels/cuda/down_mma.cu");
 const HEADER: &str = include_str!("../../../kernels/cuda/down_mma.cuh");
-const FRAGMENT_HEADER: &str = include_str!("../../../kernels/cuda/fragment.cuh");
 const PRESCALE_SOURCE: &str = include_str!("../../../kernels/cuda/prescale.cu");
 
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
@@ -55,8 +55,8 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
     })
 }
 
-/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration
-/// [`plan`] picks, or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration the
+/// plan picks (`down_plan.rs`), or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
 ///
 /// `codes` must start on a 16-byte boundary: the kernel streams it with 16-byte asynchronous
 /// copies. Arrays MLX allocates (loaded, created or computed, and so every `TrellisLinear`'s)
@@ -69,35 +69,12 @@ pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trellis
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);
     }
-    down_cuda_with(x2, codes, scales, g, plan_for(g, m, x2.dtype()))
-}
-
-/// [`down_cuda`] with an explicit configuration (for tuning; every valid configuration gives the
-/// same sums up to f32 rounding order).
-pub fn down_cuda_with(
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    g: &TrellisGeometry,
-    cfg: CudaDownConfig,
-) -> Result<MlxArray> {
-    Ok(run(x2, codes, scales, g, cfg)?.0)
-}
-
-/// The kernel's f32 partial sums `[M, SPLITS, C]`, which it also folds itself (for profiling).
-pub fn down_cuda_partials(
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    g: &TrellisGeometry,
-    cfg: CudaDownConfig,
-) -> Result<MlxArray> {
-    Ok(run(x2, codes, scales, g, cfg)?.1)
+    Ok(run(x2, codes, scales, g, plan_for(g, m, x2.dtype()))?.0)
 }
 
 /// One call: the pre-pass where the configuration has one, then the kernel. Returns the output
-/// and the partials it was folded from.
-fn run(
+/// and the partials it was folded from (the `tuning` feature's calls with a configuration).
+pub(crate) fn run(
     x2: &MlxArray,
     codes: &MlxArray,
     scales: &MlxArray,
@@ -107,21 +84,18 @@ fn run(
     require_supported(g)?;
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
-    let (b, counters) = match &prepared.prescale {
-        Some((prescale, launch)) => {
+    // Fold counters in a fresh zeroed array per call: two calls in flight never count into the
+    // same one.
+    let (b, counters) = match &prepared.pre_pass {
+        PrePass::Prescale(prescale, launch) => {
             let mut outs =
                 prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?;
-            let counters = outs.pop();
-            (outs.remove(0), counters)
+            let counters = outs.pop().expect("two outputs");
+            (outs.pop().expect("two outputs"), counters)
         }
-        None => (x2.clone(), None),
-    };
-    // A fresh zeroed array per call: two calls in flight never count into the same one. Two
-    // counters at least: a broadcast zero of one element is already contiguous, and MLX would
-    // hand the kernel the scalar's own buffer instead of a copy of it.
-    let counters = match counters {
-        Some(c) => c,
-        None => MlxArray::zeros(&[prepared.counters.max(2)], Dtype::Uint32)?,
+        // Two counters at least: a broadcast zero of one element is already contiguous, and MLX
+        // would hand the kernel the scalar's own buffer instead of a copy of it.
+        PrePass::Zeros(counters) => (x2.clone(), MlxArray::zeros(&[(*counters).max(2)], Dtype::Uint32)?),
     };
     let mut outs = prepared.kernel.apply_prepared(&[&b, codes, scales, &counters], &prepared.launch)?;
     let partials = outs.pop().expect("two outputs");
@@ -140,14 +114,22 @@ fn prescale_kernel() -> Result<&'static CudaKernel> {
     })
 }
 
-/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel, and for a
-/// prescaled configuration the pre-pass whose output it reads in place of the activations.
+/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and what comes
+/// before it.
 struct PreparedDown {
     kernel: &'static CudaKernel,
-    launch: Arc<CudaLaunch>,
-    prescale: Option<(&'static CudaKernel, Arc<CudaLaunch>)>,
-    /// Fold counters of the fragment decode: one per column tile and pass.
-    counters: usize,
+    launch: CudaLaunch,
+    pre_pass: PrePass,
+}
+
+/// Where the kernel's B operand and zeroed fold counters (one per column tile and pass) come
+/// from.
+enum PrePass {
+    /// A prescaled configuration's pre-pass kernel, whose outputs the kernel reads in place of the
+    /// activations, and the counters.
+    Prescale(&'static CudaKernel, CudaLaunch),
+    /// The activations as given, and an MLX zeros array of this many counters.
+    Zeros(usize),
 }
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
@@ -170,12 +152,17 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
     if cfg.prescaled && (sets * m * row_pad > i32::MAX as usize || m > 65535) {
         invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {sets} x {m} x {row_pad} here)");
     }
-    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32))?;
     let passes = m.div_ceil(8 * cfg.mt as usize);
     let ctas = cfg.column_blocks(g);
+    // Grid y holds the column tiles, z the splits of every pass (CUDA's y and z are at most 65535).
+    let grid_z = cfg.splits as usize * passes;
+    if ctas > 65535 || grid_z > 65535 {
+        invalid!("CUDA down kernel: {m} rows of {g} are too many for one launch grid ({ctas} column tiles by {} splits x {passes} passes; at most 65535 each)", cfg.splits);
+    }
+    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32))?;
     let threads = 32 * cfg.warps as usize;
     let counters = ctas * passes;
-    let launch = LaunchConfig::new([threads, ctas, cfg.splits as usize * passes], [threads, 1, 1])
+    let launch = LaunchConfig::new([threads, ctas, grid_z], [threads, 1, 1])
         .output(&[m, g.cols], dtype)
         .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
         .template_dtype("Y", dtype)
@@ -197,8 +184,8 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
         .template_bool("PRESCALED", cfg.prescaled)
         .template_bool("MBARRIERS", cfg.mbarriers);
-    let launch = Arc::new(kernel.prepare(&launch)?);
-    let prescale = if cfg.prescaled {
+    let launch = kernel.prepare(&launch)?;
+    let pre_pass = if cfg.prescaled {
         // A thread converts 8 activations (see prescale.cu).
         let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
             .output(&[sets * m, row_pad], Dtype::Float16)
@@ -209,11 +196,11 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
             .template_int("COUNTERS", int("CUDA prescale kernel", counters)?)
             .template_bool("SPLIT_X", dtype == Dtype::Float32);
         let kernel = prescale_kernel()?;
-        Some((kernel, Arc::new(kernel.prepare(&pre)?)))
+        PrePass::Prescale(kernel, kernel.prepare(&pre)?)
     } else {
-        None
+        PrePass::Zeros(counters)
     };
-    Ok(PreparedDown { kernel, launch, prescale, counters })
+    Ok(PreparedDown { kernel, launch, pre_pass })
 }
 
 #[cfg(test)]
@@ -237,5 +224,15 @@ mod tests {
         cfg.check(&g, Dtype::Float32).unwrap();
         let err = prepared_launch(&g, cfg, 65536, Dtype::Float32).err().expect("65536 rows").to_string();
         assert!(err.contains("too many for prescaled B tiles") && err.contains("65536 rows"), "{err}");
+    }
+
+    #[test]
+    fn a_grid_past_cudas_limits_is_an_error_that_says_so() {
+        let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
+        let cfg = CudaDownConfig { nc: 2, mt: 1, ks: 1, warps: 8, splits: 1, ..Default::default() };
+        cfg.check(&g, Dtype::Float32).unwrap();
+        // 8 rows a pass, one split: 65536 passes are one more than grid z holds.
+        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32).err().expect("65536 passes").to_string();
+        assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }
 }

@@ -77,8 +77,8 @@ const SHARED_LIMIT: usize = 227 * 1024;
 /// share an SM).
 pub(crate) const PLAN_SHARED_BUDGET: usize = 48 * 1024;
 
-/// The shared memory the planned prescaled 8-warp configurations keep to: their blocks run two
-/// to an SM (128 registers a thread, 8 warps), and two blocks of 112 KB (each with the 1 KB the
+/// The shared memory the planned prescaled 8-warp configurations keep to: their registers hold
+/// them to two blocks an SM (docs/cuda-down.md), and two blocks of 112 KB (each with the 1 KB the
 /// GPU reserves per block) fit Hopper's 228 KB; one B tile per ring slot.
 pub(crate) const WIDE_PLAN_SHARED_BUDGET: usize = 112 * 1024;
 
@@ -153,6 +153,7 @@ impl CudaDownConfig {
 
     /// This configuration with the deepest code ring, at most `self.stages` steps, that makes it
     /// fit `g` with `dtype` activations; `None` if none does.
+    #[cfg(any(test, feature = "tuning"))]
     pub fn with_deepest_ring(self, g: &TrellisGeometry, dtype: Dtype) -> Option<CudaDownConfig> {
         (2..=self.stages).rev().map(|stages| CudaDownConfig { stages, ..self }).find(|c| c.fits(g, dtype))
     }

@@ -21,6 +21,7 @@ pub(crate) fn require_supported(g: &TrellisGeometry) -> Result<()> {
 }
 
 /// The configuration for `m` rows of 16-bit activations: [`plan_for`] with bf16.
+#[cfg(any(test, feature = "tuning"))]
 pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
     plan_for(g, m, Dtype::Bfloat16)
 }
@@ -41,16 +42,13 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // decode and MMA phases overlap. A pass holds just the call's rows (MT = M / 8 rounded up);
     // above 64 rows passes of up to 64 share the rows evenly (72 rows: two passes of 40).
     // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers).
-    let tiles = m.div_ceil(8).max(1);
-    let pass_tiles = tiles.div_ceil(tiles.div_ceil(8)) as u32; // 8-row tiles a pass, passes of up to 8
     let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled) = match m {
         0..=1 => (8, 1, 1, 2, 64, true, true, false),
         2..=8 => (4, 1, 2, 1, 32, true, false, false),
         9..=16 => (4, 2, 4, 1, 19, true, false, false),
-        17..=64 => (2, tiles as u32, 4, 1, 13, false, false, true),
-        // Up to DENSE_MIN_ROWS rows of 16-bit activations, f32 ones, and explicit calls: passes
-        // of the 64-row shape.
-        _ => (2, pass_tiles, 4, 1, 13, false, false, true),
+        // One pass up to 64 rows; above (up to DENSE_MIN_ROWS rows of 16-bit activations, f32
+        // ones, and explicit calls) passes of the 64-row shape.
+        _ => (2, pass_tiles(m), 4, 1, 13, false, false, true),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -86,6 +84,13 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= c.plan_shared_budget())
         // No fit leaves the planned configuration, whose check then names the problem.
         .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
+}
+
+/// 8-row MMA tiles a pass for `m` activation rows: passes of up to 8 tiles (64 rows) that share
+/// the rows evenly (72 rows: two passes of 5 tiles), in the down and the axis-1 plans alike.
+pub(crate) fn pass_tiles(m: usize) -> u32 {
+    let tiles = m.div_ceil(8).max(1);
+    tiles.div_ceil(tiles.div_ceil(8)) as u32
 }
 
 /// Rows of 16-bit activations from which [`down_cuda`](super::down::down_cuda) decodes the layer
@@ -168,14 +173,13 @@ mod tests {
         // Fragment plans keep to 48 KB, but for prescaled B tiles in 8-warp
         // blocks (one B tile per ring slot); from 17 rows a pass holds just the call's rows (or
         // an even share of them), without the bias fold, in 64-row steps of 8-warp blocks.
-        for m in [1, 8, 16, 17, 32, 33, 48, 64, 72, 128] {
+        for (m, mt) in [(1, 1), (8, 1), (16, 2), (17, 3), (32, 4), (33, 5), (48, 6), (64, 8), (72, 5), (128, 8)] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
             let budget = if cfg.prescaled && cfg.warps >= 8 { WIDE_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
             assert!(cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
+            assert_eq!(cfg.mt, mt, "M {m}: {cfg:?}");
             if m > 16 {
-                let tiles = m.div_ceil(8);
-                let mt = tiles.div_ceil(tiles.div_ceil(8)) as u32;
-                assert_eq!((cfg.nc, cfg.mt, cfg.ks, cfg.warps, cfg.bias_fold), (2, mt, 4, 8, false), "M {m}: {cfg:?}");
+                assert_eq!((cfg.nc, cfg.ks, cfg.warps, cfg.bias_fold), (2, 4, 8, false), "M {m}: {cfg:?}");
             }
         }
     }

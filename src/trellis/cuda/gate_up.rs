@@ -4,12 +4,13 @@
 //! output in the activation dtype: the reduction runs inside each output row, so no partial
 //! sums and no fold.
 //!
-//! [`plan`] picks the kernel's shape for a row count; the kernel file says how the work is split.
+//! The plan (`gate_up_plan.rs`) picks the kernel's shape for a row count; the kernel file says
+//! how the work is split.
 //! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16 (one MLX
 //! conversion per call instead of one per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of
 //! 16-bit activations the layer is decoded once to dense weights for MLX's matmul instead.
 
-use std::sync::OnceLock;
+use std::sync::Arc;
 
 use crate::array::MlxArray;
 use crate::dtype::Dtype;
@@ -20,8 +21,11 @@ use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::linear::TrellisLinear;
+use crate::trellis::operands::{check_layer, check_operands};
 
 use super::dense::expand_cuda;
+use super::gate_up_plan::{plan, AxisOneConfig};
+use super::FRAGMENT_HEADER;
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted by MLX once per
 /// call: every row tile of the layer converts its fragments again otherwise.
@@ -38,84 +42,43 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 }
 
 const SOURCE: &str = include_str!("../../../kernels/cuda/gate_up.cu");
-const FRAGMENT_HEADER: &str = include_str!("../../../kernels/cuda/fragment.cuh");
-
-/// How one call of the axis-1 kernel is shaped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AxisOneConfig {
-    /// 8-row MMA tiles of activation rows per pass (1 to 8).
-    pub mt: u32,
-    /// 16-row tiles of output rows per thread block (1 to 4); every tile of a block reuses its
-    /// activation fragments.
-    pub rt: u32,
-    /// Warps per thread block (1 to 8); they split each row's blocks and add their sums at the end.
-    pub warps: u32,
-    /// Carry y + 1534 in the fragments and subtract the bias at the end (16-bit activations).
-    pub bias_fold: bool,
-    /// Pack half of the code pairs with an IMAD instead of a PRMT (needs `bias_fold`).
-    pub pack_fma: bool,
-}
-
-impl AxisOneConfig {
-    /// An error naming the first reason this shape cannot run `dtype` activations.
-    pub fn check(&self, dtype: Dtype) -> Result<()> {
-        if !(1..=8).contains(&self.mt) || !(1..=4).contains(&self.rt) || !(1..=8).contains(&self.warps) {
-            invalid!(
-                "CUDA axis-1 kernel: mt = {} (1..=8), rt = {} (1..=4), warps = {} (1..=8) out of range",
-                self.mt,
-                self.rt,
-                self.warps
-            );
-        }
-        if self.pack_fma && !self.bias_fold {
-            invalid!("CUDA axis-1 kernel: pack_fma packs the bias fold's pairs (needs bias_fold)");
-        }
-        if self.bias_fold && dtype == Dtype::Float32 {
-            invalid!("CUDA axis-1 kernel: the bias fold is for 16-bit activations");
-        }
-        Ok(())
-    }
-}
 
 /// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=8.
 pub fn supports(g: &TrellisGeometry) -> bool {
     g.axis == 1 && g.layout() == CodeLayout::RowMajor && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k)
 }
 
-/// The shape for `m` rows of `dtype` activations (`fused`: the gate·up·SwiGLU kernel, which
-/// holds two accumulator sets and so takes one row tile a block).
-pub fn plan(m: usize, dtype: Dtype, fused: bool) -> AxisOneConfig {
-    let tiles = m.div_ceil(8).max(1);
-    // Passes of up to 8 tiles (64 rows) that share the rows evenly.
-    let mt = tiles.div_ceil(tiles.div_ceil(8)) as u32;
-    let sixteen_bit = dtype != Dtype::Float32;
-    AxisOneConfig {
-        mt,
-        rt: if fused || mt > 2 { 1 } else { 2 },
-        warps: 4,
-        bias_fold: sixteen_bit && mt <= 2,
-        pack_fma: sixteen_bit && m == 1,
-    }
-}
-
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for an axis-1 layer.
 pub fn linear(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
-    let m = check("CUDA axis-1 kernel", x2, &[(codes, scales)], g)?;
+    let m = check("CUDA axis-1 kernel", x2, codes, scales, g)?;
     if uses_dense(m, x2.dtype()) {
         return x2.matmul(&expand_cuda(codes, scales, g, x2.dtype())?.t()?);
     }
-    linear_with(x2, codes, scales, g, plan(m, x2.dtype(), false))
+    run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false))
 }
 
-/// [`linear`] with an explicit shape (for tuning).
-pub fn linear_with(
+/// [`linear`] with an explicit shape (the `tuning` feature's `axis_one_with`).
+#[cfg(feature = "tuning")]
+pub(crate) fn linear_with(
     x2: &MlxArray,
     codes: &MlxArray,
     scales: &MlxArray,
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
-    let m = check("CUDA axis-1 kernel", x2, &[(codes, scales)], g)?;
+    let m = check("CUDA axis-1 kernel", x2, codes, scales, g)?;
+    run_linear(x2, codes, scales, g, m, cfg)
+}
+
+/// The single projection's launch on checked operands of `m` rows.
+fn run_linear(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    m: usize,
+    cfg: AxisOneConfig,
+) -> Result<MlxArray> {
     let (x, read) = kernel_input(x2, m)?;
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), false)?;
     Ok(prepared.kernel.apply_prepared(&[&x, codes, scales], &prepared.launch)?.remove(0))
@@ -133,36 +96,33 @@ pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result
     swiglu_with(x2, gate, up, plan(m, x2.dtype(), true))
 }
 
-/// [`swiglu`] with an explicit shape (for tuning).
-pub fn swiglu_with(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear, cfg: AxisOneConfig) -> Result<MlxArray> {
+/// [`swiglu`] with an explicit shape (also the `tuning` feature's `swiglu_with`).
+pub(crate) fn swiglu_with(
+    x2: &MlxArray,
+    gate: &TrellisLinear,
+    up: &TrellisLinear,
+    cfg: AxisOneConfig,
+) -> Result<MlxArray> {
     let g = gate.geometry();
     if up.geometry() != g {
         unserved!("CUDA gate·up kernel: gate {g} and up {} differ; the fused kernel needs one geometry", up.geometry());
     }
-    let m = check("CUDA gate·up kernel", x2, &[(gate.codes(), gate.scales()), (up.codes(), up.scales())], g)?;
+    let what = "CUDA gate·up kernel";
+    let m = check(what, x2, gate.codes(), gate.scales(), g)?;
+    check_layer(what, up.codes(), up.scales(), g)?;
     let (x, read) = kernel_input(x2, m)?;
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), true)?;
     let inputs = [&x, gate.codes(), gate.scales(), up.codes(), up.scales()];
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
 
-/// Checks the call: a served geometry, `x2 [M >= 1, in]` in f32/f16/bf16, each layer's codes
-/// and scales in `g`'s shapes. Returns `M`.
-fn check(what: &str, x2: &MlxArray, layers: &[(&MlxArray, &MlxArray)], g: &TrellisGeometry) -> Result<usize> {
+/// Checks the call: a served geometry, then the operands (`x2 [M >= 1, in]` in f32/f16/bf16,
+/// the codes and scales in `g`'s shapes). Returns `M`.
+fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<usize> {
     if !supports(g) {
         unserved!("{what}: unsupported geometry {g} (needs axis 1, row-major codes, T 256, L <= 16, k 2..=8)");
     }
-    let shape = x2.shape();
-    if shape.len() != 2 || shape[0] == 0 || shape[1] != g.in_features() {
-        invalid!("{what}: activations {shape:?} must be [M >= 1, {}]", g.in_features());
-    }
-    if !matches!(x2.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
-        invalid!("{what}: activations are {}, expected float32, float16 or bfloat16", x2.dtype());
-    }
-    for (codes, scales) in layers {
-        crate::trellis::operands::check_layer(what, codes, scales, g)?;
-    }
-    Ok(shape[0])
+    check_operands(what, x2, codes, scales, g)
 }
 
 /// The activations as the kernel reads them, and their dtype: bf16 as f16 from
@@ -175,15 +135,9 @@ fn kernel_input(x2: &MlxArray, m: usize) -> Result<(MlxArray, Dtype)> {
     }
 }
 
-/// The source of one variant (`fused` or the single projection), cut once.
-fn variant_source(fused: bool) -> Result<&'static str> {
-    static SOURCES: [OnceLock<String>; 2] = [OnceLock::new(), OnceLock::new()];
-    let cell = &SOURCES[usize::from(fused)];
-    if let Some(text) = cell.get() {
-        return Ok(text);
-    }
-    let text = source_variant(SOURCE, "TRELLIS_FUSED", fused).context("CUDA axis-1 kernel source gate_up.cu")?;
-    Ok(cell.get_or_init(|| text))
+/// The source of one variant (`fused` or the single projection).
+fn variant_source(fused: bool) -> Result<String> {
+    source_variant(SOURCE, "TRELLIS_FUSED", fused).context("CUDA axis-1 kernel source gate_up.cu")
 }
 
 fn kernel(fused: bool) -> Result<&'static CudaKernel> {
@@ -197,7 +151,7 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
         Ok(KernelText {
             inputs,
             outputs,
-            body: variant_source(fused)?.to_string(),
+            body: variant_source(fused)?,
             header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}"),
         })
     })
@@ -217,17 +171,21 @@ fn prepared_launch(
     read: Dtype,
     dtype: Dtype,
     fused: bool,
-) -> Result<std::sync::Arc<Prepared>> {
+) -> Result<Arc<Prepared>> {
     type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, bool);
     static LAUNCHES: LaunchCache<Key, Prepared> = LaunchCache::new(1024);
     LAUNCHES.get_or_build((*g, cfg, m, read, dtype, fused), || {
-        cfg.check(dtype)?;
+        cfg.check(dtype, fused)?;
         let outputs = g.out_features();
-        let rows_per_block = 16 * cfg.rt as usize;
+        let row_tiles = outputs.div_ceil(16 * cfg.rt as usize);
         let passes = m.div_ceil(8 * cfg.mt as usize);
+        // Grid y holds the row tiles, z the passes (CUDA's y and z are at most 65535).
+        if row_tiles > 65535 || passes > 65535 {
+            invalid!("CUDA axis-1 kernel: {m} rows of {g} are too many for one launch grid ({row_tiles} row tiles by {passes} passes; at most 65535 each)");
+        }
         let threads = 32 * cfg.warps as usize;
         let sixteen_bit = dtype != Dtype::Float32;
-        let launch = LaunchConfig::new([threads, outputs.div_ceil(rows_per_block), passes], [threads, 1, 1])
+        let launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
             .output(&[m, outputs], dtype)
             .template_dtype("T", read)
             .template_dtype("Y", dtype)
@@ -249,28 +207,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_planned_shape_is_valid_and_passes_share_the_rows() {
-        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-            for fused in [false, true] {
-                for m in 1..=300 {
-                    let cfg = plan(m, dtype, fused);
-                    cfg.check(dtype).unwrap_or_else(|e| panic!("M {m} {dtype}: {e}"));
-                    let passes = m.div_ceil(8 * cfg.mt as usize);
-                    // Every pass but the last is full, and the last holds at least one 8-row tile
-                    // more than the full ones leave.
-                    assert!(8 * cfg.mt as usize * (passes - 1) < m, "M {m}: {cfg:?}");
-                    assert!(cfg.mt <= 8);
-                }
-            }
-        }
-        assert_eq!(plan(72, Dtype::Bfloat16, true).mt, 5);
-        assert!(plan(1, Dtype::Bfloat16, false).pack_fma && !plan(1, Dtype::Float32, false).bias_fold);
-    }
-
-    #[test]
     fn each_variant_registers_only_its_own_sections() {
         // Registered compacted: comments (which name both variants) are gone.
-        let compact = |fused| crate::kernel::compact::compact_plain_cpp(variant_source(fused).unwrap()).unwrap();
+        let compact = |fused| crate::kernel::compact::compact_plain_cpp(&variant_source(fused).unwrap()).unwrap();
         let (single, fused) = (compact(false), compact(true));
         assert!(fused.contains("up_codes") && !single.contains("up_codes"));
         assert!(fused.contains("__expf") && !single.contains("__expf"));
@@ -293,5 +232,17 @@ mod tests {
         assert!(err.to_string().contains("[M >= 1, 512]"), "{err}");
         let ints = MlxArray::zeros(&[2, 512], Dtype::Int32).unwrap();
         assert_eq!(linear(&ints, &codes, &scales, &up).unwrap_err().kind(), crate::ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn a_grid_past_cudas_limits_is_an_error_that_says_so() {
+        // Caught while the launch is prepared, before anything runs (so on every back-end).
+        let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
+        let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false };
+        // 8 rows a pass: 65536 passes are one more than grid z holds.
+        let err =
+            prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, false).err().expect("65536 passes");
+        let err = err.to_string();
+        assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }
 }
