@@ -39,7 +39,7 @@ use mlx_trellis::trellis::encoder::{encode, encode_with_progress, stored_from_li
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear};
-use mlx_trellis::{load_safetensors, Dtype, MlxArray};
+use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
 mod check;
@@ -143,16 +143,8 @@ fn progress(msg: &str) {
 fn load_weight(o: &Options) -> Result<(Vec<f32>, usize, usize, String)> {
     if let (Some(file), Some(name)) = (&o.input, &o.tensor) {
         let mut st = load_safetensors(file)?;
-        let t = st.tensors.remove(name).with_context(|| format!("{file} has no tensor {name:?}"))?;
-        let shape = t.shape();
-        if shape.len() != 2 {
-            bail!("tensor {name:?} in {file} has shape {shape:?}; expected a 2-D weight [out, in]");
-        }
-        if !matches!(t.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64) {
-            bail!("tensor {name:?} in {file} is {}; expected a float tensor", t.dtype());
-        }
-        let w = t.astype(Dtype::Float32)?.to_vec::<f32>().with_context(|| format!("reading tensor {name:?}"))?;
-        return Ok((w, shape[0], shape[1], format!("{name} ({})", t.dtype())));
+        let (w, out_features, in_features, dtype) = check::take_dense_weight(&mut st, file, name)?;
+        return Ok((w, out_features, in_features, format!("{name} ({dtype})")));
     }
     let (out, inf) = (o.out_features, o.in_features);
     progress(&format!("making a seeded Gaussian W [{out}, {inf}] (seed {})", o.seed));

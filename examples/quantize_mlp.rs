@@ -34,7 +34,7 @@ use mlx_trellis::trellis::encoder::{encode_linear, EncoderBackend, EncoderConfig
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
-use mlx_trellis::{load_safetensors, Dtype, MlxArray};
+use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
 mod check;
@@ -125,16 +125,8 @@ fn dense_mlp(o: &Options) -> Result<[Dense; 3]> {
         let mut st = load_safetensors(file)?;
         let mut take = |name: &str| -> Result<Dense> {
             let key = format!("{}.{name}.weight", o.prefix);
-            let t = st.tensors.remove(&key).with_context(|| format!("{file} has no tensor {key:?}"))?;
-            let shape = t.shape();
-            if shape.len() != 2 {
-                bail!("tensor {key:?} in {file} has shape {shape:?}; expected a 2-D weight [out, in]");
-            }
-            if !matches!(t.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64) {
-                bail!("tensor {key:?} in {file} is {}; expected a float tensor", t.dtype());
-            }
-            let w = t.astype(Dtype::Float32)?.to_vec::<f32>().with_context(|| format!("reading tensor {key:?}"))?;
-            Ok(Dense { w, out_features: shape[0], in_features: shape[1] })
+            let (w, out_features, in_features, _) = check::take_dense_weight(&mut st, file, &key)?;
+            Ok(Dense { w, out_features, in_features })
         };
         let [gate, up, down] = names.map(&mut take);
         let (gate, up, down) = (gate?, up?, down?);

@@ -66,3 +66,22 @@ pub fn dense_f64(x: &[f64], m: usize, stored: &[f32], rows: usize, cols: usize, 
     }
     Ok(y)
 }
+
+/// The 2-D float tensor `key` of safetensors `file` (already loaded as `st`, the tensor taken out
+/// of it) as f32 `W [out, in]`, with its shape and dtype.
+pub fn take_dense_weight(
+    st: &mut mlx_trellis::Safetensors,
+    file: &str,
+    key: &str,
+) -> Result<(Vec<f32>, usize, usize, Dtype)> {
+    let t = st.tensors.remove(key).with_context(|| format!("{file} has no tensor {key:?}"))?;
+    let shape = t.shape();
+    if shape.len() != 2 {
+        bail!("tensor {key:?} in {file} has shape {shape:?}; expected a 2-D weight [out, in]");
+    }
+    if !matches!(t.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64) {
+        bail!("tensor {key:?} in {file} is {}; expected a float tensor", t.dtype());
+    }
+    let w = t.astype(Dtype::Float32)?.to_vec::<f32>().with_context(|| format!("reading tensor {key:?}"))?;
+    Ok((w, shape[0], shape[1], t.dtype()))
+}
