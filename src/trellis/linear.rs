@@ -14,10 +14,12 @@ use half::f16;
 use crate::array::MlxArray;
 use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
-use crate::error::{invalid, unserved, Error, ErrorContext, ErrorKind, Result};
+use crate::error::{unserved, Error, ErrorContext, ErrorKind, Result};
 
+use super::checks::{activation_rows, check_codes, check_scales};
 use super::format::{HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
+use super::operands::LayerOperands;
 use super::reference::forward_f64;
 use super::{cuda, metal};
 
@@ -88,61 +90,6 @@ pub struct TrellisLinear {
     codes: MlxArray,
     scales: MlxArray,
     geometry: TrellisGeometry,
-}
-
-/// Checks a code tensor (uint32, either layout) against the format parameters and derives its
-/// geometry.
-pub(crate) fn check_codes(name: &str, codes: &MlxArray, k: u32, t: u32, l: u32, axis: u32) -> Result<TrellisGeometry> {
-    if codes.dtype() != Dtype::Uint32 {
-        invalid!("trellis codes {name:?} are {}, expected uint32", codes.dtype());
-    }
-    TrellisGeometry::from_codes_shape(name, &codes.try_shape()?, k, t, l, axis)
-}
-
-/// Checks the scales of the codes `name`: float16 `[rows]`, every one finite (one NaN or
-/// infinite scale would make every output it reaches non-finite).
-pub(crate) fn check_scales(name: &str, scales: &MlxArray, g: &TrellisGeometry, codes: &MlxArray) -> Result<()> {
-    if scales.dtype() != Dtype::Float16 {
-        invalid!("trellis scales of {name:?} are {}, expected float16", scales.dtype());
-    }
-    if scales.try_shape()? != [g.rows] {
-        invalid!(
-            "trellis scales of {name:?} have shape {:?}, expected [{}] (one per stored row of codes {:?})",
-            scales.shape(),
-            g.rows,
-            codes.shape()
-        );
-    }
-    let values = scales.to_vec::<f16>()?;
-    if let Some((row, s)) = values.iter().enumerate().find(|(_, s)| !s.is_finite()) {
-        invalid!("trellis scales of {name:?}: the scale of stored row {row} is {s}; scales must be finite");
-    }
-    Ok(())
-}
-
-/// `x` as `[m, features]` rows (checked: at least one dimension, `features` last, a float
-/// dtype), and its leading dimensions. Messages start `who: ` and name the taker `the {noun}`,
-/// followed by ` ({g})` where a geometry is given.
-pub(crate) fn activation_rows(
-    who: &str,
-    noun: &str,
-    x: &MlxArray,
-    features: usize,
-    g: Option<&TrellisGeometry>,
-) -> Result<(MlxArray, Vec<usize>)> {
-    let shape = x.shape();
-    let Some((&inf, lead)) = shape.split_last() else {
-        invalid!("{who}: activations must have at least one dimension, got a scalar");
-    };
-    if inf != features {
-        let of = g.map_or(String::new(), |g| format!(" ({g})"));
-        invalid!("{who}: activations of shape {shape:?} have {inf} features, the {noun} takes {features}{of}");
-    }
-    if !matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
-        invalid!("{who}: activations are {}, expected float32, float16 or bfloat16", x.dtype());
-    }
-    let m: usize = lead.iter().product();
-    Ok((x.reshape(&[m, inf])?, lead.to_vec()))
 }
 
 /// Runs `run` by `path` and returns the path taken with its result. [`ForwardPath::Auto`] takes
@@ -229,6 +176,11 @@ impl TrellisLinear {
         &self.geometry
     }
 
+    /// The codes, scales and geometry, borrowed, as the back-ends' kernels take them.
+    pub fn operands(&self) -> LayerOperands<'_> {
+        LayerOperands::new(&self.codes, &self.scales, &self.geometry)
+    }
+
     /// Copies the codes and scales to the host.
     pub fn to_host(&self) -> Result<HostLayer> {
         Ok(HostLayer {
@@ -297,6 +249,12 @@ impl TrellisLinear {
         let host = self.to_host()?;
         let y = forward_f64(&host_f64(x2)?, m, &host.codes, &host.scales, &self.geometry)?;
         from_host_f64(&y, &[m, self.geometry.out_features()], x2.dtype())
+    }
+}
+
+impl<'a> From<&'a TrellisLinear> for LayerOperands<'a> {
+    fn from(layer: &'a TrellisLinear) -> Self {
+        layer.operands()
     }
 }
 

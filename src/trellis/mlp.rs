@@ -14,7 +14,8 @@ use std::fmt;
 use crate::array::MlxArray;
 use crate::error::{invalid, ErrorContext, Result};
 
-use super::linear::{activation_rows, from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
+use super::checks::activation_rows;
+use super::linear::{from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
 use super::model::Artifact;
 use super::reference::{mlp_forward_f64, swiglu_f64};
 use super::{cuda, metal};
@@ -141,9 +142,9 @@ impl TrellisMlp {
                 let u = self.up.forward_with(x2, ForwardPath::Generic)?;
                 g.silu()?.multiply(&u)
             }
-            ForwardPath::Cuda => cuda::gate_up::swiglu(x2, &self.gate, &self.up),
-            ForwardPath::Metal => metal::swiglu(x2, &self.gate, &self.up),
-            ForwardPath::MetalSim => metal::swiglu_sim(x2, &self.gate, &self.up),
+            ForwardPath::Cuda => cuda::gate_up::swiglu(x2, self.gate.operands(), self.up.operands()),
+            ForwardPath::Metal => metal::swiglu(x2, self.gate.operands(), self.up.operands()),
+            ForwardPath::MetalSim => metal::swiglu_sim(x2, self.gate.operands(), self.up.operands()),
         }
     }
 

@@ -8,6 +8,7 @@
 //! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk) and [`shard`] (tensor-parallel
 //! shards of an MLP by stored rows).
 
+pub(crate) mod checks;
 pub mod cuda;
 pub mod encoder;
 pub mod format;
@@ -23,6 +24,7 @@ pub mod synthetic;
 
 pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
+pub use operands::LayerOperands;
 pub use mlp::TrellisMlp;
 pub use model::{write_artifact, Artifact, ModuleConfig};
 pub use shard::{RowShard, SHARD_ROW_MULTIPLE};

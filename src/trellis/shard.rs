@@ -12,7 +12,8 @@ use std::ops::Range;
 use crate::error::{invalid, ErrorContext, Result};
 
 use super::format::CodeLayout;
-use super::linear::{check_codes, TrellisLinear};
+use super::checks::check_codes;
+use super::linear::TrellisLinear;
 use super::mlp::TrellisMlp;
 
 /// Stored rows per shard must be a multiple of this (where there is more than one shard).

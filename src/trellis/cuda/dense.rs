@@ -19,7 +19,7 @@ use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_layer, check_operands, int};
+use crate::trellis::checks::{check_layer, check_operands, int};
 
 const SOURCE: &str = include_str!("../../../kernels/cuda/expand.cu");
 

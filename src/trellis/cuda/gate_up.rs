@@ -20,8 +20,8 @@ use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::linear::TrellisLinear;
-use crate::trellis::operands::{check_layer, check_operands};
+use crate::trellis::operands::LayerOperands;
+use crate::trellis::checks::{check_layer, check_operands};
 
 use super::dense::expand_cuda;
 use super::gate_up_plan::{plan, AxisOneConfig};
@@ -85,12 +85,18 @@ fn run_linear(
 }
 
 /// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype: the gate and up projections
-/// of the same rows in one launch.
-pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
+/// of the same rows in one launch. `gate` and `up` are their operands (a
+/// [`TrellisLinear`](crate::trellis::TrellisLinear) reference gives its own).
+pub fn swiglu<'g, 'u>(
+    x2: &MlxArray,
+    gate: impl Into<LayerOperands<'g>>,
+    up: impl Into<LayerOperands<'u>>,
+) -> Result<MlxArray> {
+    let (gate, up) = (gate.into(), up.into());
     let m = x2.shape().first().copied().unwrap_or(0);
-    if uses_dense(m, x2.dtype()) && supports(gate.geometry()) && up.geometry() == gate.geometry() {
-        let g = linear(x2, gate.codes(), gate.scales(), gate.geometry())?;
-        let u = linear(x2, up.codes(), up.scales(), up.geometry())?;
+    if uses_dense(m, x2.dtype()) && supports(gate.geometry) && up.geometry == gate.geometry {
+        let g = linear(x2, gate.codes, gate.scales, gate.geometry)?;
+        let u = linear(x2, up.codes, up.scales, up.geometry)?;
         return g.silu()?.multiply(&u);
     }
     swiglu_with(x2, gate, up, plan(m, x2.dtype(), true))
@@ -99,20 +105,20 @@ pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result
 /// [`swiglu`] with an explicit shape (also the `tuning` feature's `swiglu_with`).
 pub(crate) fn swiglu_with(
     x2: &MlxArray,
-    gate: &TrellisLinear,
-    up: &TrellisLinear,
+    gate: LayerOperands<'_>,
+    up: LayerOperands<'_>,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
-    let g = gate.geometry();
-    if up.geometry() != g {
-        unserved!("CUDA gate·up kernel: gate {g} and up {} differ; the fused kernel needs one geometry", up.geometry());
+    let g = gate.geometry;
+    if up.geometry != g {
+        unserved!("CUDA gate·up kernel: gate {g} and up {} differ; the fused kernel needs one geometry", up.geometry);
     }
     let what = "CUDA gate·up kernel";
-    let m = check(what, x2, gate.codes(), gate.scales(), g)?;
-    check_layer(what, up.codes(), up.scales(), g)?;
+    let m = check(what, x2, gate.codes, gate.scales, g)?;
+    check_layer(what, up.codes, up.scales, g)?;
     let (x, read) = kernel_input(x2, m)?;
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), true)?;
-    let inputs = [&x, gate.codes(), gate.scales(), up.codes(), up.scales()];
+    let inputs = [&x, gate.codes, gate.scales, up.codes, up.scales];
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
 

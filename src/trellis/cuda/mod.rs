@@ -23,7 +23,7 @@ pub mod tuning {
     use crate::array::MlxArray;
     use crate::error::Result;
     use crate::trellis::format::TrellisGeometry;
-    use crate::trellis::linear::TrellisLinear;
+    use crate::trellis::operands::LayerOperands;
 
     pub use super::down_config::CudaDownConfig;
     pub use super::down_plan::{plan, plan_for};
@@ -65,12 +65,12 @@ pub mod tuning {
     }
 
     /// [`swiglu`](super::gate_up::swiglu) with an explicit shape and never the dense path.
-    pub fn swiglu_with(
+    pub fn swiglu_with<'g, 'u>(
         x2: &MlxArray,
-        gate: &TrellisLinear,
-        up: &TrellisLinear,
+        gate: impl Into<LayerOperands<'g>>,
+        up: impl Into<LayerOperands<'u>>,
         cfg: AxisOneConfig,
     ) -> Result<MlxArray> {
-        super::gate_up::swiglu_with(x2, gate, up, cfg)
+        super::gate_up::swiglu_with(x2, gate.into(), up.into(), cfg)
     }
 }

@@ -15,7 +15,7 @@ use crate::kernel::MetalKernel;
 use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::TrellisGeometry;
-use crate::trellis::operands::{check_operands, int};
+use crate::trellis::checks::{check_operands, int};
 
 const FILE: &str = include_str!("../../../kernels/metal/down_k3_interleaved_factored.metal");
 

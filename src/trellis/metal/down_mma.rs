@@ -13,7 +13,7 @@ use crate::kernel::{LaunchConfig, MetalKernel};
 
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_operands, int};
+use crate::trellis::checks::{check_operands, int};
 
 use super::fold::{apply_and_fold, family_kernel, partials_launch};
 

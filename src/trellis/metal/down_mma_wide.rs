@@ -16,7 +16,7 @@ use crate::kernel::MetalKernel;
 use super::down_mma::{self, pass_template_ints};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::check_operands;
+use crate::trellis::checks::check_operands;
 
 use super::fold::{apply_and_fold, family_kernel, partials_launch};
 

@@ -20,7 +20,7 @@ use crate::kernel::{LaunchConfig, MetalKernel};
 use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_layer, check_operands, int};
+use crate::trellis::checks::{check_layer, check_operands, int};
 
 const FILE: &str = include_str!("../../../kernels/metal/gate_up_factored.metal");
 /// The axis-1 helpers, shared with [`gate_up_mma`](super::gate_up_mma): `lane_codes`,

@@ -26,7 +26,7 @@ use crate::array::MlxArray;
 use crate::error::{unserved, Result};
 
 use super::format::{CodeLayout, TrellisGeometry};
-use super::linear::TrellisLinear;
+use super::operands::LayerOperands;
 use gate_up_factored::MAX_ROWS;
 
 /// Whether some Metal kernel serves `g` (for some row counts): a down kernel on axis 0, a gate/up
@@ -82,13 +82,19 @@ pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGe
 /// that reads both code tensors: 1 row -> the factored row kernel, 2..8 -> the factored rows
 /// kernel, more -> the MMA kernel in its planned pass.
 /// [`Error::Unserved`](crate::Error::Unserved) where gate and up differ in geometry or the family
-/// for `M` does not serve it.
-pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
-    let (g, m) = (gate.geometry(), x2.shape().first().copied().unwrap_or(0));
-    if up.geometry() != g {
-        unserved!("the fused Metal gate·up·SwiGLU needs gate and up of one geometry (gate {g}, up {})", up.geometry());
+/// for `M` does not serve it. `gate` and `up` are their operands (a
+/// [`TrellisLinear`](crate::trellis::TrellisLinear) reference gives its own).
+pub fn swiglu<'g, 'u>(
+    x2: &MlxArray,
+    gate: impl Into<LayerOperands<'g>>,
+    up: impl Into<LayerOperands<'u>>,
+) -> Result<MlxArray> {
+    let (gate, up) = (gate.into(), up.into());
+    let (g, m) = (gate.geometry, x2.shape().first().copied().unwrap_or(0));
+    if up.geometry != g {
+        unserved!("the fused Metal gate·up·SwiGLU needs gate and up of one geometry (gate {g}, up {})", up.geometry);
     }
-    let (gc, gs, uc, us) = (gate.codes(), gate.scales(), up.codes(), up.scales());
+    let (gc, gs, uc, us) = (gate.codes, gate.scales, up.codes, up.scales);
     match m {
         1 if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_row(x2, gc, gs, uc, us, g),
         2..=MAX_ROWS if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_rows(x2, gc, gs, uc, us, g),
@@ -99,15 +105,23 @@ pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result
 
 /// [`swiglu`] with the kernel on the CPU simulator.
 #[cfg(feature = "metal-sim")]
-pub fn swiglu_sim(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
+pub fn swiglu_sim<'g, 'u>(
+    x2: &MlxArray,
+    gate: impl Into<LayerOperands<'g>>,
+    up: impl Into<LayerOperands<'u>>,
+) -> Result<MlxArray> {
     let _sim = crate::sim::MetalSimScope::enter();
     swiglu(x2, gate, up)
 }
 
 /// Without the simulator the path cannot run.
 #[cfg(not(feature = "metal-sim"))]
-pub fn swiglu_sim(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
-    let _ = (x2, gate, up);
+pub fn swiglu_sim<'g, 'u>(
+    x2: &MlxArray,
+    gate: impl Into<LayerOperands<'g>>,
+    up: impl Into<LayerOperands<'u>>,
+) -> Result<MlxArray> {
+    let _ = (x2, gate.into(), up.into());
     unserved!("the metal-sim path needs the `metal-sim` feature (cargo build --features metal-sim)")
 }
 

@@ -20,7 +20,8 @@ use crate::array::MlxArray;
 use crate::error::{invalid, Error, Result};
 use crate::io::{load_safetensors_lazy, save_safetensors};
 use crate::json;
-use crate::trellis::linear::{check_codes, check_scales, TrellisLinear};
+use crate::trellis::checks::{check_codes, check_scales};
+use crate::trellis::linear::TrellisLinear;
 
 use super::paths::{check_shard_name, ModelRoot};
 

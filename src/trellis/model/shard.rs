@@ -21,7 +21,8 @@ use crate::dtype::Dtype;
 use crate::error::{Error, ErrorContext, Result};
 use crate::io::{read_header, TensorEntry};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::linear::{check_codes, TrellisLinear};
+use crate::trellis::checks::check_codes;
+use crate::trellis::linear::TrellisLinear;
 use crate::trellis::mlp::TrellisMlp;
 use crate::trellis::shard::{check_rule_axis, RowShard};
 
