@@ -11,8 +11,8 @@ use std::ops::Range;
 
 use crate::error::{invalid, ErrorContext, Result};
 
-use super::format::CodeLayout;
 use super::checks::check_codes;
+use super::format::CodeLayout;
 use super::linear::TrellisLinear;
 use super::mlp::TrellisMlp;
 

@@ -17,9 +17,9 @@ use crate::error::{invalid, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 
+use crate::trellis::checks::{check_layer, check_operands, int};
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::checks::{check_layer, check_operands, int};
 
 const SOURCE: &str = include_str!("../../../kernels/cuda/expand.cu");
 

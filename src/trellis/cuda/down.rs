@@ -23,9 +23,9 @@ use crate::dtype::Dtype;
 use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
+use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::checks::{check_operands, int};
 
 use super::dense::down_cuda_dense;
 use super::down_config::CudaDownConfig;

@@ -18,10 +18,10 @@ use crate::error::{invalid, unserved, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
+use crate::trellis::checks::{check_layer, check_operands};
 use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
-use crate::trellis::checks::{check_layer, check_operands};
 
 use super::dense::expand_cuda;
 use super::gate_up_plan::{plan, AxisOneConfig};

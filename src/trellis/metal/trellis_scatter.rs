@@ -11,9 +11,9 @@ use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 
 use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::checks::{check_operands, int};
 
 const SOURCE: &str = include_str!("../../../kernels/metal/trellis_scatter.metal");
 
