@@ -7,6 +7,7 @@
 //! [`ForwardPath::Generic`] path otherwise.
 
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use half::f16;
@@ -14,10 +15,10 @@ use half::f16;
 use crate::array::MlxArray;
 use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
-use crate::error::{unserved, Error, ErrorContext, ErrorKind, Result};
+use crate::error::{invalid, unserved, Error, ErrorContext, ErrorKind, Result};
 
 use super::checks::{activation_rows, check_codes, check_scales};
-use super::format::{HostLayer, TrellisGeometry};
+use super::format::{CodeLayout, HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
 use super::operands::LayerOperands;
 use super::reference::forward_f64;
@@ -179,6 +180,27 @@ impl TrellisLinear {
     /// The codes, scales and geometry, borrowed, as the back-ends' kernels take them.
     pub fn operands(&self) -> LayerOperands<'_> {
         LayerOperands::new(&self.codes, &self.scales, &self.geometry)
+    }
+
+    /// The layer of stored rows `rows` only (codes and scales copied out, so the whole layer can
+    /// be dropped): output rows for an axis-1 layer, input rows for an axis-0 one. The rule that
+    /// picks a tensor-parallel rank's rows is [`RowShard`](super::RowShard)'s.
+    pub fn row_slice(&self, rows: Range<usize>) -> Result<TrellisLinear> {
+        let g = self.geometry;
+        if rows.start >= rows.end || rows.end > g.rows {
+            invalid!("{}: stored rows {rows:?} are not a non-empty range of its {} rows", self.name, g.rows);
+        }
+        let int = |v: usize| i32::try_from(v).expect("array dimensions fit MLX's int");
+        let (r0, r1) = (int(rows.start), int(rows.end));
+        let shape: Vec<i32> = self.codes.shape().into_iter().map(int).collect();
+        let codes = match g.layout() {
+            CodeLayout::RowMajor => self.codes.slice(&[r0, 0], &[r1, shape[1]], &[1, 1])?,
+            CodeLayout::K3Interleaved => self.codes.slice(&[0, r0, 0], &[shape[0], r1, shape[2]], &[1, 1, 1])?,
+        }
+        .deep_copy()?;
+        let scales = self.scales.slice(&[r0], &[r1], &[1])?.deep_copy()?;
+        let geometry = check_codes(&self.name, &codes, g.k, g.t, g.l, g.axis)?;
+        Ok(TrellisLinear::from_checked(&self.name, codes, scales, geometry))
     }
 
     /// Copies the codes and scales to the host.
