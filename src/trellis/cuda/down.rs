@@ -22,6 +22,7 @@ use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::sources;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::codebook::CUDA_HEADER;
@@ -33,9 +34,9 @@ use super::down_plan::{plan_for, require_supported};
 pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
 use super::FRAGMENT_HEADER;
 
-const SOURCE: &str = include_str!("../../../kernels/cuda/down_mma.cu");
-const HEADER: &str = include_str!("../../../kernels/cuda/down_mma.cuh");
-const PRESCALE_SOURCE: &str = include_str!("../../../kernels/cuda/prescale.cu");
+const SOURCE: &str = sources::CUDA_DOWN_MMA;
+const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
+const PRESCALE_SOURCE: &str = sources::CUDA_PRESCALE;
 
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
 const PRESCALED_ROW_MULTIPLE: usize = 64;

@@ -16,6 +16,7 @@ use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, unserved, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::{check_layer, check_operands};
@@ -41,7 +42,7 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
     m >= DENSE_MIN_ROWS && dtype != Dtype::Float32
 }
 
-const SOURCE: &str = include_str!("../../../kernels/cuda/gate_up.cu");
+const SOURCE: &str = sources::CUDA_GATE_UP;
 
 /// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=8.
 pub fn supports(g: &TrellisGeometry) -> bool {

@@ -12,7 +12,7 @@ pub(crate) mod gate_up_plan;
 pub mod viterbi;
 
 /// The MMA and code-pair helpers shared by the down and axis-1 kernels.
-pub(crate) const FRAGMENT_HEADER: &str = include_str!("../../../kernels/cuda/fragment.cuh");
+pub(crate) const FRAGMENT_HEADER: &str = crate::kernel::sources::CUDA_FRAGMENT;
 
 /// The configuration knobs behind the public entry points (the `tuning` feature), for benchmark
 /// sweeps and tests: the down kernel's configurations and plan, a call with an explicit

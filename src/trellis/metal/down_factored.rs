@@ -17,8 +17,9 @@ use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::{check_operands, int};
+use crate::kernel::sources;
 
-const FILE: &str = include_str!("../../../kernels/metal/down_factored.metal");
+const FILE: &str = sources::METAL_DOWN_FACTORED;
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;

@@ -14,11 +14,12 @@ use crate::kernel::{LaunchConfig, MetalKernel};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::{check_operands, int};
+use crate::kernel::sources;
 
 use super::fold::{apply_and_fold, family_kernel, partials_launch};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/down_mma.metal");
-const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_state.h");
+const SOURCE: &str = sources::METAL_DOWN_MMA;
+const STATE_HEADER: &str = sources::METAL_DOWN_MMA_STATE;
 
 /// SIMD groups per threadgroup.
 pub(crate) const SG_TG: usize = 4;

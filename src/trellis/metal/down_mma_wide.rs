@@ -17,13 +17,14 @@ use super::down_mma::{self, pass_template_ints};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::check_operands;
+use crate::kernel::sources;
 
 use super::fold::{apply_and_fold, family_kernel, partials_launch};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/down_mma_wide.metal");
+const SOURCE: &str = sources::METAL_DOWN_MMA_WIDE;
 /// The bit-window helper (`block_state`) of the wide MMA kernels, shared with
 /// [`gate_up_mma`](super::gate_up_mma).
-pub(crate) const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_wide_state.h");
+pub(crate) const STATE_HEADER: &str = sources::METAL_DOWN_MMA_WIDE_STATE;
 
 /// SIMD groups per threadgroup (as `downMma`).
 const SG_TG: usize = down_mma::SG_TG;

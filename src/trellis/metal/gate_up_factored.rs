@@ -21,11 +21,12 @@ use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::{check_layer, check_operands, int};
+use crate::kernel::sources;
 
-const FILE: &str = include_str!("../../../kernels/metal/gate_up_factored.metal");
+const FILE: &str = sources::METAL_GATE_UP_FACTORED;
 /// The axis-1 helpers, shared with [`gate_up_mma`](super::gate_up_mma): `lane_codes`,
 /// `trellis_silu`, and `realign_window` (used by `gate_up_mma` only).
-pub(crate) const GATE_UP_HEADER: &str = include_str!("../../../kernels/metal/gate_up.h");
+pub(crate) const GATE_UP_HEADER: &str = sources::METAL_GATE_UP_HEADER;
 
 /// Output rows per SIMD group of one projection: each block's 8 activations per lane are loaded
 /// once for the four rows.

@@ -21,8 +21,9 @@ use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use super::gate_up_factored::{self, apply, arg_names, axis_one_launch, check_layers, key, GATE_UP_HEADER};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::TrellisGeometry;
+use crate::kernel::sources;
 
-const SOURCE: &str = include_str!("../../../kernels/metal/gate_up_mma.metal");
+const SOURCE: &str = sources::METAL_GATE_UP_MMA;
 
 /// One pass of the kernel: `nt` tiles of 8 output rows per SIMD group, `mt` blocks of 8
 /// activation rows per pass.

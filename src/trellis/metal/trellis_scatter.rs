@@ -11,11 +11,12 @@ use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 
 use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use crate::kernel::sources;
 use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/trellis_scatter.metal");
+const SOURCE: &str = sources::METAL_TRELLIS_SCATTER;
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
