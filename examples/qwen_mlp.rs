@@ -41,7 +41,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{is_available, Backend, ShardedMlp};
+use mlx_trellis::distributed::{is_available, CollectiveBackend, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
@@ -51,7 +51,7 @@ use mlx_trellis::{backend, eval_all, load_safetensors, save_safetensors, Dtype, 
 
 struct Options {
     tp: usize,
-    backend: Backend,
+    backend: CollectiveBackend,
     bits: u32,
     layers: usize,
     rows: usize,
@@ -69,7 +69,7 @@ struct Options {
 fn parse_args() -> Result<Options> {
     let mut o = Options {
         tp: 2,
-        backend: Backend::Any,
+        backend: CollectiveBackend::Any,
         bits: 3,
         layers: 2,
         rows: 1,
@@ -324,7 +324,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
 fn run() -> Result<bool> {
     let o = parse_args()?;
     if o.probe {
-        let have: Vec<String> = [Backend::Ring, Backend::Nccl, Backend::Mpi]
+        let have: Vec<String> = [CollectiveBackend::Ring, CollectiveBackend::Nccl, CollectiveBackend::Mpi]
             .iter()
             .map(|&b| format!("{b} {}", if is_available(b) { "yes" } else { "no" }))
             .collect();

@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{env, is_available, Backend, Group};
+use mlx_trellis::distributed::{env, is_available, CollectiveBackend, Group};
 
 /// How a process learns it is a rank of a launch: `ring`, `nccl` or `alone`.
 pub const ROLE: &str = "MLX_TRELLIS_TP_ROLE";
@@ -36,9 +36,9 @@ pub const OUT: &str = "MLX_TRELLIS_TP_OUT";
 pub struct Launch {
     /// Processes (ranks).
     pub world: usize,
-    /// [`Backend::Ring`] or [`Backend::Nccl`] ([`Backend::Any`]: NCCL on MLX's CUDA build where it
+    /// [`CollectiveBackend::Ring`] or [`CollectiveBackend::Nccl`] ([`CollectiveBackend::Any`]: NCCL on MLX's CUDA build where it
     /// has NCCL, else the ring).
-    pub backend: Backend,
+    pub backend: CollectiveBackend,
     /// The most the whole launch may take.
     pub timeout: Duration,
     /// NCCL: the GPU each rank sees (`CUDA_VISIBLE_DEVICES`); empty: rank r sees the r-th GPU of
@@ -50,19 +50,23 @@ pub struct Launch {
 
 impl Launch {
     /// `world` processes over `backend`, at most `timeout`, echoing their standard error.
-    pub fn new(world: usize, backend: Backend, timeout: Duration) -> Launch {
+    pub fn new(world: usize, backend: CollectiveBackend, timeout: Duration) -> Launch {
         Launch { world, backend, timeout, gpus: Vec::new(), echo: true }
     }
 
-    /// The back-end the processes will use: [`Backend::Any`] resolved as MLX would on this build.
-    pub fn resolved_backend(&self) -> Result<Backend> {
+    /// The back-end the processes will use: [`CollectiveBackend::Any`] resolved as MLX would on this build.
+    pub fn resolved_backend(&self) -> Result<CollectiveBackend> {
         Ok(match self.backend {
-            Backend::Any if mlx_trellis::backend() == mlx_trellis::Backend::Cuda && is_available(Backend::Nccl) => {
-                Backend::Nccl
+            CollectiveBackend::Any
+                if mlx_trellis::backend() == mlx_trellis::Backend::Cuda && is_available(CollectiveBackend::Nccl) =>
+            {
+                CollectiveBackend::Nccl
             }
-            Backend::Any => Backend::Ring,
-            b @ (Backend::Ring | Backend::Nccl) => b,
-            Backend::Mpi => bail!("the local launcher starts ring and NCCL groups; start MPI ones with mpirun"),
+            CollectiveBackend::Any => CollectiveBackend::Ring,
+            b @ (CollectiveBackend::Ring | CollectiveBackend::Nccl) => b,
+            CollectiveBackend::Mpi => {
+                bail!("the local launcher starts ring and NCCL groups; start MPI ones with mpirun")
+            }
         })
     }
 }
@@ -115,7 +119,7 @@ impl RankResult {
 /// What became of a launch.
 #[derive(Debug)]
 pub struct Report {
-    pub backend: Backend,
+    pub backend: CollectiveBackend,
     pub ranks: Vec<RankResult>,
     /// The ranks that failed by themselves (not stopped by the launcher), in the order the
     /// watchdog saw them end; ranks that end within one of its polls are listed by rank.
@@ -184,7 +188,7 @@ fn fresh_dir() -> Result<TempDir> {
 
 /// The environment of each rank (variables to set; every other variable of a back-end, and
 /// [`ROLE`], is removed from the child's environment: see [`inherited`]).
-fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec<(String, String)>>> {
+fn environments(launch: &Launch, backend: CollectiveBackend, out: &Path) -> Result<Vec<Vec<(String, String)>>> {
     let n = launch.world;
     let mut envs: Vec<Vec<(String, String)>> = (0..n)
         .map(|_| {
@@ -193,8 +197,8 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
         .collect();
     match backend {
         // A ring needs two processes; one process alone needs no group.
-        Backend::Ring if n == 1 => envs[0].push((ROLE.into(), "alone".into())),
-        Backend::Ring => {
+        CollectiveBackend::Ring if n == 1 => envs[0].push((ROLE.into(), "alone".into())),
+        CollectiveBackend::Ring => {
             let ports = free_ports(n)?;
             let hosts: Vec<serde_json::Value> =
                 ports.iter().map(|p| serde_json::json!([format!("127.0.0.1:{p}")])).collect();
@@ -207,7 +211,7 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
                 e.push((env::MLX_HOSTFILE.into(), hostfile.display().to_string()));
             }
         }
-        Backend::Nccl => {
+        CollectiveBackend::Nccl => {
             let port = free_ports(1)?[0];
             // One GPU per rank: those named, else the first n this process sees, else 0..n.
             let gpus: Vec<String> = if !launch.gpus.is_empty() {
@@ -240,7 +244,11 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
 
 /// The variables a rank must not inherit from this process: every back-end's and [`ROLE`].
 fn inherited() -> impl Iterator<Item = &'static str> {
-    [Backend::Ring, Backend::Nccl, Backend::Mpi].into_iter().flat_map(env::variables).copied().chain([ROLE])
+    [CollectiveBackend::Ring, CollectiveBackend::Nccl, CollectiveBackend::Mpi]
+        .into_iter()
+        .flat_map(env::variables)
+        .copied()
+        .chain([ROLE])
 }
 
 /// Reads a child's pipe to its end (bytes that are not UTF-8 replaced), echoing lines with
@@ -375,8 +383,8 @@ pub fn rank_group() -> Option<Result<(Group, PathBuf)>> {
     Some((|| {
         let group = match role.as_str() {
             "alone" => Group::alone(),
-            "ring" => Group::init(Backend::Ring, true)?,
-            "nccl" => Group::init(Backend::Nccl, true)?,
+            "ring" => Group::init(CollectiveBackend::Ring, true)?,
+            "nccl" => Group::init(CollectiveBackend::Nccl, true)?,
             other => bail!("{ROLE} = {other:?} is not ring, nccl or alone"),
         };
         Ok((group, out))

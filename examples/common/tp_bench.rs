@@ -27,7 +27,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{Backend, Group, ShardedMlp};
+use mlx_trellis::distributed::{CollectiveBackend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::ForwardPath;
@@ -42,7 +42,7 @@ pub fn requested() -> bool {
 
 struct Args {
     tp: usize,
-    backend: Backend,
+    backend: CollectiveBackend,
     rows: Vec<usize>,
     bits: u32,
     rounds: usize,
@@ -56,7 +56,7 @@ struct Args {
 fn parse() -> Result<Args> {
     let mut a = Args {
         tp: 1,
-        backend: Backend::Any,
+        backend: CollectiveBackend::Any,
         rows: vec![1, 2, 4, 8, 16, 32, 64, 128],
         bits: 3,
         rounds: 4,

@@ -12,7 +12,7 @@ use crate::error::{invalid, Result};
 use crate::kernel::variant::kernel_section;
 use crate::kernel::MetalKernel;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::launch::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::TrellisGeometry;
 use crate::trellis::checks::{check_operands, int};

@@ -16,7 +16,7 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::{check_operands, int};
 use crate::kernel::sources;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch};
+use super::launch::{apply_and_fold, family_kernel, partials_launch};
 
 const SOURCE: &str = sources::METAL_DOWN_MMA;
 const STATE_HEADER: &str = sources::METAL_DOWN_MMA_STATE;

@@ -19,7 +19,7 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::check_operands;
 use crate::kernel::sources;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch};
+use super::launch::{apply_and_fold, family_kernel, partials_launch};
 
 const SOURCE: &str = sources::METAL_DOWN_MMA_WIDE;
 /// The bit-window helper (`block_state`) of the wide MMA kernels, shared with

@@ -17,7 +17,7 @@ use crate::kernel::registry::KernelKey;
 use crate::kernel::variant::{kernel_section, source_variant};
 use crate::kernel::{LaunchConfig, MetalKernel};
 
-use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::{check_layer, check_operands, int};

@@ -17,7 +17,7 @@ use crate::kernel::variant::source_variant;
 use crate::kernel::MetalKernel;
 
 use super::down_mma_wide::STATE_HEADER;
-use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use super::gate_up_factored::{self, apply, arg_names, axis_one_launch, check_layers, key, GATE_UP_HEADER};
 use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::TrellisGeometry;

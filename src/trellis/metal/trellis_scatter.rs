@@ -10,7 +10,7 @@
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::launch::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::kernel::sources;
 use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::codebook::METAL_HEADER;
