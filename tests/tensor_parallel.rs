@@ -1,6 +1,6 @@
 //! Tensor parallelism across processes on the CPU: MLX's ring back-end over loopback TCP, the
-//! ranks being this test binary started again (`--ignored --exact rank`) by the launcher the
-//! examples use (`examples/common/tp.rs`) under its watchdog.
+//! ranks being this test binary started again (`--ignored --exact rank`) by the library's launcher
+//! (`mlx_trellis::distributed::launcher`) under its watchdog.
 //!
 //! - 2 and 3 processes give the one-process MLP's output (f32 within the reassociation gate,
 //!   bf16 within one bf16 rounding per rank and addition) for the 3-bit interleaved and the 2-bit
@@ -15,9 +15,6 @@
 
 mod common;
 
-#[path = "../examples/common/tp.rs"]
-mod tp;
-
 use std::process::Command;
 use std::rc::Rc;
 use std::sync::Mutex;
@@ -25,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use common::mlp_artifact::{mlp_case, poison_scale, temp_dir, write_mlps, F32_REASSOCIATION};
 use common::to_f64;
-use mlx_trellis::distributed::{env, CollectiveBackend, Group, ShardedMlp};
+use mlx_trellis::distributed::launcher as tp;
+use mlx_trellis::distributed::{bf16_tp_gate, env, CollectiveBackend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{Artifact, CodeLayout, ForwardPath};
 use mlx_trellis::{load_safetensors, save_safetensors, Dtype, MlxArray};
-use tp::bf16_tp_gate;
 
 const PREFIX: &str = "model.layers.0.mlp";
 const HIDDEN: usize = 512;

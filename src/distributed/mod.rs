@@ -16,6 +16,9 @@
 //! | nccl | `MLX_RANK`, `MLX_WORLD_SIZE`, `NCCL_HOST_IP`, `NCCL_PORT` (rank 0 listens there); one GPU per process through `CUDA_VISIBLE_DEVICES` |
 //! | mpi | set by Open MPI's `mpirun` (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`) |
 //!
+//! [`launcher`] starts the processes of a group on one machine (the examples' and tests' way to
+//! run one).
+//!
 //! ```no_run
 //! use std::rc::Rc;
 //! use mlx_trellis::distributed::{CollectiveBackend, Group, ShardedMlp};
@@ -38,8 +41,9 @@ mod backend;
 mod collectives;
 pub mod env;
 mod group;
+pub mod launcher;
 mod mlp;
 
 pub use backend::{is_available, CollectiveBackend};
 pub use group::Group;
-pub use mlp::ShardedMlp;
+pub use mlp::{bf16_tp_gate, ShardedMlp};
