@@ -257,7 +257,7 @@ impl TrellisLinear {
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
             ForwardPath::Reference => self.reference_forward(x2, m),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
-                unserved!("the Metal kernels do not serve {g} (down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256, k 2..4)")
+                unserved!("the Metal kernels do not serve {g} (k 2..4; down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256)")
             }
             ForwardPath::Metal => metal::forward(x2, &self.codes, &self.scales, g),
             ForwardPath::MetalSim => metal::forward_sim(x2, &self.codes, &self.scales, g),

@@ -44,9 +44,10 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 
 const SOURCE: &str = sources::CUDA_GATE_UP;
 
-/// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=8.
+/// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=4 (the
+/// widths it is tested at against the reference; wider codes are refused as unserved).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 1 && g.layout() == CodeLayout::RowMajor && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k)
+    g.axis == 1 && g.layout() == CodeLayout::RowMajor && g.t == 256 && g.l <= 16 && (2..=4).contains(&g.k)
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for an axis-1 layer.
@@ -127,7 +128,9 @@ pub(crate) fn swiglu_with(
 /// the codes and scales in `g`'s shapes). Returns `M`.
 fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<usize> {
     if !supports(g) {
-        unserved!("{what}: unsupported geometry {g} (needs axis 1, row-major codes, T 256, L <= 16, k 2..=8)");
+        unserved!(
+            "{what}: unsupported geometry {g} (needs axis 1, row-major codes, T 256, L <= 16, k 2..=4; k 5..8 are untested on this kernel)"
+        );
     }
     check_operands(what, x2, codes, scales, g)
 }
@@ -239,6 +242,20 @@ mod tests {
         assert!(err.to_string().contains("[M >= 1, 512]"), "{err}");
         let ints = MlxArray::zeros(&[2, 512], Dtype::Int32).unwrap();
         assert_eq!(linear(&ints, &codes, &scales, &up).unwrap_err().kind(), crate::ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn codes_wider_than_the_tested_widths_are_unserved_naming_them() {
+        for k in [5, 6, 8] {
+            let up = TrellisGeometry::row_major(256, 512, k, 256, 16, 1).unwrap();
+            assert!(!supports(&up));
+            let x = MlxArray::zeros(&[2, 512], Dtype::Float32).unwrap();
+            let codes = MlxArray::zeros(&up.codes_shape(), Dtype::Uint32).unwrap();
+            let scales = MlxArray::zeros(&[256], Dtype::Float16).unwrap();
+            let err = linear(&x, &codes, &scales, &up).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::Unserved, "{err}");
+            assert!(err.to_string().contains("k 2..=4; k 5..8 are untested"), "{err}");
+        }
     }
 
     #[test]

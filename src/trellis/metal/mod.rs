@@ -30,9 +30,19 @@ use super::format::{CodeLayout, TrellisGeometry};
 use super::operands::LayerOperands;
 use gate_up_factored::MAX_ROWS;
 
+/// The code widths the dispatch ([`serves`], [`forward`]) hands to the Metal kernels: those every
+/// family is tested at against the reference. The down families on their own (the `tuning`
+/// feature) keep the seed's wider rules.
+pub const SERVED_BITS: std::ops::RangeInclusive<u32> = 2..=4;
+
 /// Whether some Metal kernel serves `g` (for some row counts): a down kernel on axis 0, a gate/up
-/// kernel on axis 1.
+/// kernel on axis 1, k in [`SERVED_BITS`].
 pub fn serves(g: &TrellisGeometry) -> bool {
+    SERVED_BITS.contains(&g.k) && serves_any_bits(g)
+}
+
+/// [`serves`] but for the code width.
+fn serves_any_bits(g: &TrellisGeometry) -> bool {
     down_factored::supports(g)
         || down_k3_interleaved_factored::supports(g)
         || down_mma::supports(g)
@@ -45,10 +55,13 @@ pub fn serves(g: &TrellisGeometry) -> bool {
 /// `M` rows: 1 -> the factored row kernel, 2..3 -> the factored rows kernel, 4..8 -> the MMA
 /// kernel, more -> the wide MMA kernel in its planned pass. Axis 1: 1 -> the gate/up factored
 /// row kernel, 2..8 -> its rows kernel, more -> the gate/up MMA kernel in its planned pass.
-/// [`Error::Unserved`](crate::Error::Unserved) where the family for `M` does not serve the
-/// geometry.
+/// [`Error::Unserved`](crate::Error::Unserved) where k is outside [`SERVED_BITS`] or the family
+/// for `M` does not serve the geometry.
 pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
+    if !SERVED_BITS.contains(&g.k) {
+        unserved!("the Metal kernels serve k 2..=4 (the widths they are tested at), not {g}");
+    }
     if g.axis == 1 {
         return match m {
             1 if gate_up_factored::supports(g) => gate_up_factored::gate_up_factored_row(x2, codes, scales, g),
@@ -138,4 +151,26 @@ pub fn forward_sim(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trell
 pub fn forward_sim(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let _ = (x2, codes, scales, g);
     unserved!("the metal-sim path needs the `metal-sim` feature (cargo build --features metal-sim)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::Dtype;
+
+    #[test]
+    fn the_dispatch_refuses_widths_outside_the_tested_ones() {
+        // T 128 at k 5..8 (and any T at k 1) fits the down families' own rules.
+        for (k, t) in [(1, 256), (5, 128), (8, 128)] {
+            let g = TrellisGeometry::row_major(64, 512, k, t, 12, 0).unwrap();
+            assert!(!serves(&g), "{g}");
+            let x = MlxArray::zeros(&[1, 64], Dtype::Float32).unwrap();
+            let codes = MlxArray::zeros(&g.codes_shape(), Dtype::Uint32).unwrap();
+            let scales = MlxArray::zeros(&[64], Dtype::Float16).unwrap();
+            let e = forward(&x, &codes, &scales, &g).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Unserved, "{e}");
+            assert!(e.to_string().contains("k 2..=4"), "{e}");
+        }
+        assert!(serves(&TrellisGeometry::row_major(64, 512, 3, 256, 12, 0).unwrap()));
+    }
 }
