@@ -66,7 +66,7 @@ pub(crate) fn activation_rows(
     Ok((x.reshape(&[m, inf])?, lead.to_vec()))
 }
 
-/// Checks what the seed's checks leave open (a wrong operand would read out of bounds on the
+/// Checks every kernel path makes before launching (a wrong operand would read out of bounds on the
 /// GPU): `x2` is `[M >= 1, in_features]` (the stored rows on axis 0, the stored columns on axis
 /// 1) in f32/f16/bf16, `codes` and `scales` fit `g`. Returns `M`.
 pub(crate) fn check_operands(

@@ -1,5 +1,5 @@
-//! What the Metal kernel families share to register and launch their kernels (the seed's
-//! `launch`): the launch constants, the registration of a family's kernel once
+//! What the Metal kernel families share to register and launch their kernels: the launch
+//! constants, the registration of a family's kernel once
 //! ([`family_kernel`], [`registered_kernel`]), the launch of a split-K kernel
 //! ([`partials_launch`]) and the one fold of its partials ([`apply_and_fold`]: MLX's `sum` over
 //! the splits, then the cast to the activation dtype).

@@ -32,7 +32,7 @@ use gate_up_factored::MAX_ROWS;
 
 /// The code widths the dispatch ([`serves`], [`forward`]) hands to the Metal kernels: those every
 /// family is tested at against the reference. The down families on their own (the `tuning`
-/// feature) keep the seed's wider rules.
+/// feature) keep their own, wider rules.
 pub const SERVED_BITS: std::ops::RangeInclusive<u32> = 2..=4;
 
 /// Whether some Metal kernel serves `g` (for some row counts): a down kernel on axis 0, a gate/up
