@@ -7,7 +7,7 @@
 //! ([`CollectiveBackend`]; the device back-end is [`crate::Backend`]): the **ring** (TCP,
 //! collectives on the CPU; MLX's CPU and macOS builds), **NCCL** (MLX's CUDA build, collectives
 //! on the GPU) and **MPI** (Open MPI, started by `mpirun`). A process learns its place in the
-//! group from environment variables, which [`Group::init`] checks before MLX reads them ([`env`]
+//! group from environment variables, which [`Group::init`] checks before MLX reads them ([`env`](mod@env)
 //! lists them):
 //!
 //! | back-end | variables |

@@ -55,8 +55,8 @@ fn key_cstring(key: &str) -> Result<CString> {
 }
 
 /// Reads every tensor and the metadata of a safetensors file. The header is validated before MLX
-/// sees the file (see [`header`]: a malformed one is an [`Error::Artifact`] naming the file and
-/// the tensor), and the tensors are evaluated (read from disk) before this returns.
+/// sees the file (every rule of the format is checked: a malformed header is an
+/// [`Error::Artifact`] naming the file and the tensor), and the tensors are evaluated (read from disk) before this returns.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Safetensors> {
     let path = path.as_ref();
     load_inner(path, true).map_err(|e| loading(e, path))

@@ -1,6 +1,6 @@
 //! Trellis-coded weights: the format, the reference decoder, and the paths that run coded layers.
 //!
-//! A folder per job and per back-end: [`format`] (geometry, codebook, code layouts, host layers),
+//! A folder per job and per back-end: [`format`](mod@format) (geometry, codebook, code layouts, host layers),
 //! [`reference`](mod@reference) (the plain-Rust decoder every kernel is checked against),
 //! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
 //! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the seed's

@@ -1,7 +1,7 @@
 //! The Metal kernels on Apple GPUs, one file per kernel family: the seed's down-projection
 //! families (axis 0, with the seed's names), the gate/up families (axis 1: `gate_up_factored`,
 //! `gate_up_mma`, each also the fused gate·up·SwiGLU), what they share to register and launch
-//! their kernels ([`launch`]: the launch constants, the registration, the fold of split-K partials),
+//! their kernels (`launch.rs`: the launch constants, the registration, the fold of split-K partials),
 //! and the dispatch: which family serves `M` activation rows of a geometry (the seed's model
 //! graph on axis 0).
 

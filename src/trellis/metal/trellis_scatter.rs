@@ -2,8 +2,8 @@
 //! `trellisScatter` contract), against which the factored and MMA kernels are checked.
 //!
 //! Weights are f32 `value(state) * scale` with `value = float(y) * TRELLIS_RCP`, multiplied into
-//! `x[r]` unfactored. Traversal as [`down_factored_row`](super::down_factored::down_factored_row):
-//! lane per word of a block, the neighbour word by `simd_shuffle`, [`SPLITS`] input-row splits
+//! `x[r]` unfactored. Traversal as [`down_factored_row`](crate::trellis::metal::down_factored::down_factored_row):
+//! lane per word of a block, the neighbour word by `simd_shuffle`, [`SPLITS`](crate::trellis::metal::trellis_scatter::SPLITS) input-row splits
 //! into f32 partials `[M, SPLITS, C]` that one MLX `sum` folds. One SIMD group serves one
 //! activation row, so any `M` runs; both code layouts.
 
