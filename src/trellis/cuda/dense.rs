@@ -19,7 +19,6 @@ use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 
 use crate::kernel::sources;
 use crate::trellis::checks::{check_layer, check_operands, int};
-use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 const SOURCE: &str = sources::CUDA_EXPAND;
@@ -39,7 +38,7 @@ fn kernel() -> Result<&'static CudaKernel> {
             inputs: &["codes", "scales"],
             outputs: &["weights"],
             body: SOURCE.into(),
-            header: CUDA_HEADER.into(),
+            header: sources::CUDA_CODEBOOK.into(),
         })
     })
 }

@@ -25,14 +25,12 @@ use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::{check_operands, int};
-use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 use super::dense::down_cuda_dense;
 use super::down_config::CudaDownConfig;
 use super::down_plan::{plan_for, require_supported};
 pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
-use super::FRAGMENT_HEADER;
 
 const SOURCE: &str = sources::CUDA_DOWN_MMA;
 const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
@@ -51,7 +49,7 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
             inputs: &["x", "codes", "scales", "counters"],
             outputs: &["y", "partial"],
             body: SOURCE.to_string(),
-            header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}\n{HEADER}"),
+            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n"),
         })
     })
 }
@@ -211,7 +209,9 @@ mod tests {
     #[test]
     fn the_registered_source_is_compacted() {
         // Text outside the compactor's plain subset would go as written.
-        for (text, file) in [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh"), (FRAGMENT_HEADER, "fragment.cuh")] {
+        for (text, file) in
+            [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh"), (sources::CUDA_FRAGMENT, "fragment.cuh")]
+        {
             let compact = crate::kernel::compact::compact_plain_cpp(text).unwrap_or_else(|| panic!("{file}"));
             assert!(compact.len() < text.len(), "{file}");
         }

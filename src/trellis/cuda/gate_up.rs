@@ -20,13 +20,11 @@ use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::{check_layer, check_operands};
-use crate::trellis::format::codebook::CUDA_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
 use super::dense::expand_cuda;
 use super::gate_up_plan::{plan, AxisOneConfig};
-use super::FRAGMENT_HEADER;
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted by MLX once per
 /// call: every row tile of the layer converts its fragments again otherwise.
@@ -162,7 +160,7 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
             inputs,
             outputs,
             body: variant_source(fused)?,
-            header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}"),
+            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
         })
     })
 }

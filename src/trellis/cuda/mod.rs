@@ -1,7 +1,8 @@
 //! The trellis kernels of MLX's CUDA back-end, one concern per file: the down projection's
 //! configuration, plan and launch ([`down`]), the axis-1 projections and the fused
 //! gate·up·SwiGLU ([`gate_up`], their shape and plan in `gate_up_plan.rs`), the decode-once
-//! dense path ([`dense`]) and the encoder's block search ([`viterbi`]).
+//! dense path ([`dense`]) and the encoder's block search ([`viterbi`]). The kernel texts come from
+//! the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
 
 pub mod dense;
 pub mod down;
@@ -10,9 +11,6 @@ pub(crate) mod down_plan;
 pub mod gate_up;
 pub(crate) mod gate_up_plan;
 pub mod viterbi;
-
-/// The MMA and code-pair helpers shared by the down and axis-1 kernels.
-pub(crate) const FRAGMENT_HEADER: &str = crate::kernel::sources::CUDA_FRAGMENT;
 
 /// The configuration knobs behind the public entry points (the `tuning` feature), for benchmark
 /// sweeps and tests: the down kernel's configurations and plan, a call with an explicit

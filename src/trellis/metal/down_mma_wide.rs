@@ -14,7 +14,6 @@ use crate::error::{invalid, Result};
 use crate::kernel::MetalKernel;
 
 use super::down_mma::{self, pass_template_ints};
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::check_operands;
 use crate::kernel::sources;
@@ -122,7 +121,7 @@ pub fn down_mma_wide_pass(
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMmaWide: needs row-major codes");
     }
-    let k = family_kernel("down_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_mma_wide", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false, pass)
 }
 
@@ -138,7 +137,7 @@ pub fn down_k3_interleaved_mma_wide_pass(
     if g.block_interleave != 2 || g.k != 3 {
         invalid!("downK3InterleavedMmaWide: needs 3-bit block-interleaved codes");
     }
-    let k = family_kernel("down_k3i_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_k3i_mma_wide", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true, pass)
 }
 

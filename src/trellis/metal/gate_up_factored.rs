@@ -18,7 +18,6 @@ use crate::kernel::variant::{kernel_section, source_variant};
 use crate::kernel::{LaunchConfig, MetalKernel};
 
 use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::checks::{check_layer, check_operands, int};
 use crate::kernel::sources;
@@ -123,7 +122,7 @@ fn kernel(section: &'static str, swiglu: bool) -> Result<&'static MetalKernel> {
         source_variant(kernel_section(FILE, section), "SWIGLU", swiglu)
             .with_context(|| format!("Metal kernel {family}"))
     };
-    registered_kernel(key(family, swiglu), arg_names(swiglu), &["out"], body, &[METAL_HEADER, GATE_UP_HEADER])
+    registered_kernel(key(family, swiglu), arg_names(swiglu), &["out"], body, &[sources::METAL_CODEBOOK, GATE_UP_HEADER])
 }
 
 /// Checks the call and returns `M`: `x2 [M, C]` (1..8 rows, or exactly 1 for `ROW`), the gate's

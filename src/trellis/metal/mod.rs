@@ -3,7 +3,8 @@
 //! `gate_up_mma`, each also the fused gate·up·SwiGLU), what they share to register and launch
 //! their kernels (`launch.rs`: the launch constants, the registration, the fold of split-K partials),
 //! and the dispatch: which family serves `M` activation rows of a geometry (the seed's model
-//! graph on axis 0).
+//! graph on axis 0). The kernel texts come from the crate's one table of `kernels/` files
+//! (`src/kernel/sources.rs`).
 
 pub(crate) mod launch;
 

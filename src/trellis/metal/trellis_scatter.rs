@@ -13,7 +13,6 @@ use crate::error::{invalid, Result};
 use super::launch::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::kernel::sources;
 use crate::trellis::checks::{check_operands, int};
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 const SOURCE: &str = sources::METAL_TRELLIS_SCATTER;
@@ -34,7 +33,7 @@ pub fn trellis_scatter(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &T
     }
     let what = "trellisScatter";
     let m = check_operands(what, x2, codes, scales, g)?;
-    let kernel = family_kernel("scatter", || SOURCE, &[METAL_HEADER])?;
+    let kernel = family_kernel("scatter", || SOURCE, &[sources::METAL_CODEBOOK])?;
     let nb = 32 / g.words_per_block();
     let groups = (g.cols / g.t as usize).div_ceil(nb);
     let grid = [TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS * m];
