@@ -6,7 +6,9 @@
 //! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the seed's
 //! Metal kernel families, one file each, with the seed's names), [`cuda`] (the CUDA kernels),
 //! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk) and [`shard`] (tensor-parallel
-//! shards of an MLP by stored rows).
+//! shards of an MLP by stored rows). The layer types depend on the back-ends, never the reverse:
+//! `cuda/` and `metal/` take [`LayerOperands`] (codes, scales, geometry), and every check of a
+//! layer's operands is in `checks.rs`.
 
 pub(crate) mod checks;
 pub mod cuda;
