@@ -29,8 +29,6 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
 use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
 
-#[path = "common/tp.rs"]
-mod tp;
 #[path = "common/tp_bench.rs"]
 mod tp_bench;
 

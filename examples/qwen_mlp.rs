@@ -4,7 +4,7 @@
 //! It writes seeded synthetic coded MLP layers as a model artifact (or takes `--weights DIR`),
 //! runs the residual chain `x <- x + mlp_l(x)` over the layers in this process with every layer
 //! whole, then starts `--tp N` processes of itself as one MLX distributed group on this machine
-//! (`examples/common/tp.rs`). Each loads only its rows of each layer from the safetensors file,
+//! (`mlx_trellis::distributed::launcher`). Each loads only its rows of each layer from the safetensors file,
 //! runs the same chain with one all-reduce per layer, and writes its outputs back. This process
 //! prints the per-layer time of each and the relErr of every rank's layer outputs against its own
 //! (gate: 1e-4 for f32 activations; for bf16 (N + 1) · 2^-8, at least 1e-2: each rank's partial
@@ -31,8 +31,6 @@
 
 #[path = "common/exit.rs"]
 mod exit;
-#[path = "common/tp.rs"]
-mod tp;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,7 +39,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{is_available, Backend, ShardedMlp};
+use mlx_trellis::distributed::launcher as tp;
+use mlx_trellis::distributed::{bf16_tp_gate, is_available, CollectiveBackend, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
@@ -51,7 +50,7 @@ use mlx_trellis::{backend, eval_all, load_safetensors, save_safetensors, Dtype, 
 
 struct Options {
     tp: usize,
-    backend: Backend,
+    backend: CollectiveBackend,
     bits: u32,
     layers: usize,
     rows: usize,
@@ -69,7 +68,7 @@ struct Options {
 fn parse_args() -> Result<Options> {
     let mut o = Options {
         tp: 2,
-        backend: Backend::Any,
+        backend: CollectiveBackend::Any,
         bits: 3,
         layers: 2,
         rows: 1,
@@ -207,7 +206,7 @@ fn write_synthetic(o: &Options, dir: &Path) -> Result<()> {
 }
 
 /// One rank: its shard of every layer (its rows alone read from disk), the chain, its timings.
-fn rank_main(o: &Options, joined: Result<(mlx_trellis::distributed::Group, PathBuf)>) -> Result<()> {
+fn rank_main(o: &Options, joined: mlx_trellis::Result<(mlx_trellis::distributed::Group, PathBuf)>) -> Result<()> {
     let (group, out) = joined?;
     let group = Rc::new(group);
     let (rank, n) = (group.rank(), group.size());
@@ -277,7 +276,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
         c
     })?;
     report.check()?;
-    let gate = if o.dtype == Dtype::Float32 { 1e-4 } else { tp::bf16_tp_gate(o.tp) };
+    let gate = if o.dtype == Dtype::Float32 { 1e-4 } else { bf16_tp_gate(o.tp) };
     let mut ok = true;
     let mut errs = vec![0f64; o.layers];
     let mut rank0 = BTreeMap::new();
@@ -324,7 +323,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
 fn run() -> Result<bool> {
     let o = parse_args()?;
     if o.probe {
-        let have: Vec<String> = [Backend::Ring, Backend::Nccl, Backend::Mpi]
+        let have: Vec<String> = [CollectiveBackend::Ring, CollectiveBackend::Nccl, CollectiveBackend::Mpi]
             .iter()
             .map(|&b| format!("{b} {}", if is_available(b) { "yes" } else { "no" }))
             .collect();

@@ -1,6 +1,6 @@
 //! `bench_mlp --tp N`: the MLP benchmark's residual chain of distinct layers with every layer
 //! split over N processes (one all-reduce per layer), started on this machine by the launcher
-//! of `tp.rs` (`--backend any|ring|nccl`; any: NCCL on MLX's CUDA build when it has it).
+//! of `mlx_trellis::distributed::launcher` (`--backend any|ring|nccl`; any: NCCL on MLX's CUDA build when it has it).
 //!
 //! Each rank builds the same seeded layers as `bench_mlp`, keeps its shard of each, and times
 //! per evaluation: the sharded chain `x <- x + all_sum(mlp_shard_l(x))`, its local part alone
@@ -27,13 +27,14 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{Backend, Group, ShardedMlp};
+use mlx_trellis::distributed::launcher as tp;
+use mlx_trellis::distributed::{bf16_tp_gate, CollectiveBackend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::ForwardPath;
 use mlx_trellis::{backend, eval_all, Dtype, MlxArray};
 
-use super::{chain, seeded_mlp, to_f64, tp};
+use super::{chain, seeded_mlp, to_f64};
 
 /// Whether the command line asks for the tensor-parallel benchmark.
 pub fn requested() -> bool {
@@ -42,7 +43,7 @@ pub fn requested() -> bool {
 
 struct Args {
     tp: usize,
-    backend: Backend,
+    backend: CollectiveBackend,
     rows: Vec<usize>,
     bits: u32,
     rounds: usize,
@@ -56,7 +57,7 @@ struct Args {
 fn parse() -> Result<Args> {
     let mut a = Args {
         tp: 1,
-        backend: Backend::Any,
+        backend: CollectiveBackend::Any,
         rows: vec![1, 2, 4, 8, 16, 32, 64, 128],
         bits: 3,
         rounds: 4,
@@ -221,7 +222,7 @@ fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
         if n == 1 {
             println!("With one rank MLX returns an all-reduce's input: the TP column is the sharded path around the same kernels.");
         }
-        let gate = tp::bf16_tp_gate(n);
+        let gate = bf16_tp_gate(n);
         if worst >= gate {
             bail!("the sharded layer 0 missed its bf16 gate {gate:.1e} against the unsharded one: relErr {worst:.3e}");
         }

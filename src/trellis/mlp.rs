@@ -8,15 +8,21 @@
 //! forced path whose kernels do not serve a part fails with
 //! [`Error::Unserved`](crate::Error::Unserved); [`ForwardPath::Auto`] falls back to the generic
 //! path part by part.
+//!
+//! Every method of the type is here, its tensor-parallel shards included ([`TrellisMlp::shard`],
+//! [`TrellisMlp::from_artifact_shard`]); the row rule they apply is [`RowShard`]'s (`shard.rs`),
+//! and the reading of a shard's rows from disk is [`Artifact::mlp_shard`]'s (`model/`).
 
 use std::fmt;
 
 use crate::array::MlxArray;
 use crate::error::{invalid, ErrorContext, Result};
 
-use super::linear::{activation_rows, from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
+use super::checks::activation_rows;
+use super::linear::{from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
 use super::model::Artifact;
 use super::reference::{mlp_forward_f64, swiglu_f64};
+use super::shard::{check_rule_axis, RowShard};
 use super::{cuda, metal};
 
 /// One coded MLP: gate, up and down projections of matching widths.
@@ -60,6 +66,30 @@ impl TrellisMlp {
         let load = |name: &str| artifact.module(&format!("{prefix}.{name}"));
         (|| TrellisMlp::new(load("gate_proj")?, load("up_proj")?, load("down_proj")?))()
             .with_context(|| format!("MLP {prefix:?}"))
+    }
+
+    /// [`Artifact::mlp_shard`]: rank `rank`'s shard of `count` of the MLP `prefix`, read from disk
+    /// alone.
+    pub fn from_artifact_shard(artifact: &Artifact, prefix: &str, rank: usize, count: usize) -> Result<TrellisMlp> {
+        artifact.mlp_shard(prefix, rank, count)
+    }
+
+    /// Rank `rank`'s shard of `count` (see [`RowShard`]): gate, up and down restricted to the
+    /// same intermediate rows, `hidden -> intermediate / count -> hidden`. Summed over the ranks,
+    /// the shards' outputs are the MLP's. Refused unless gate and up are stored on axis 1 and down
+    /// on axis 0, and the intermediate rows split into equal shards of a multiple of
+    /// [`SHARD_ROW_MULTIPLE`](super::SHARD_ROW_MULTIPLE) rows.
+    pub fn shard(&self, rank: usize, count: usize) -> Result<TrellisMlp> {
+        let cut = || {
+            let shard = RowShard::new(rank, count)?;
+            for (l, want) in [(self.gate(), 1), (self.up(), 1), (self.down(), 0)] {
+                check_rule_axis(&format!("layer {:?}", l.name()), l.geometry().axis, want)?;
+            }
+            let rows = shard.rows(self.intermediate(), &format!("MLP of {:?}", self.down().name()))?;
+            let part = |l: &TrellisLinear| l.row_slice(rows.clone());
+            TrellisMlp::new(part(self.gate())?, part(self.up())?, part(self.down())?)
+        };
+        cut().with_context(|| format!("shard {rank} of {count} of the MLP of {:?}", self.down().name()))
     }
 
     /// The gate projection.
@@ -141,9 +171,9 @@ impl TrellisMlp {
                 let u = self.up.forward_with(x2, ForwardPath::Generic)?;
                 g.silu()?.multiply(&u)
             }
-            ForwardPath::Cuda => cuda::gate_up::swiglu(x2, &self.gate, &self.up),
-            ForwardPath::Metal => metal::swiglu(x2, &self.gate, &self.up),
-            ForwardPath::MetalSim => metal::swiglu_sim(x2, &self.gate, &self.up),
+            ForwardPath::Cuda => cuda::gate_up::swiglu(x2, self.gate.operands(), self.up.operands()),
+            ForwardPath::Metal => metal::swiglu(x2, self.gate.operands(), self.up.operands()),
+            ForwardPath::MetalSim => metal::swiglu_sim(x2, self.gate.operands(), self.up.operands()),
         }
     }
 

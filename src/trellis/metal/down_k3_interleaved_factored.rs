@@ -12,12 +12,12 @@ use crate::error::{invalid, Result};
 use crate::kernel::variant::kernel_section;
 use crate::kernel::MetalKernel;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
-use crate::trellis::format::codebook::METAL_HEADER;
+use super::launch::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::TrellisGeometry;
-use crate::trellis::operands::{check_operands, int};
+use crate::trellis::checks::{check_operands, int};
+use crate::kernel::sources;
 
-const FILE: &str = include_str!("../../../kernels/metal/down_k3_interleaved_factored.metal");
+const FILE: &str = sources::METAL_DOWN_K3_INTERLEAVED_FACTORED;
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
@@ -65,7 +65,7 @@ pub fn down_k3_interleaved_factored_row(
     if x2.shape().first() != Some(&1) {
         invalid!("downK3InterleavedFactoredRow: expects one activation row");
     }
-    let k = family_kernel("down_k3i_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
+    let k = family_kernel("down_k3i_factored_row", || kernel_section(FILE, "ROW"), &[sources::METAL_CODEBOOK])?;
     launch(k, x2, codes, scales, g, 1)
 }
 
@@ -81,6 +81,6 @@ pub fn down_k3_interleaved_factored_rows(
     if !(2..=4).contains(&m) {
         invalid!("downK3InterleavedFactoredRows: M={m} outside 2..4");
     }
-    let k = family_kernel("down_k3i_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
+    let k = family_kernel("down_k3i_factored_rows", || kernel_section(FILE, "ROWS"), &[sources::METAL_CODEBOOK])?;
     launch(k, x2, codes, scales, g, m)
 }

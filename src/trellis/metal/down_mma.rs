@@ -11,14 +11,14 @@ use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::kernel::{LaunchConfig, MetalKernel};
 
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_operands, int};
+use crate::trellis::checks::{check_operands, int};
+use crate::kernel::sources;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch};
+use super::launch::{apply_and_fold, family_kernel, partials_launch};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/down_mma.metal");
-const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_state.h");
+const SOURCE: &str = sources::METAL_DOWN_MMA;
+const STATE_HEADER: &str = sources::METAL_DOWN_MMA_STATE;
 
 /// SIMD groups per threadgroup.
 pub(crate) const SG_TG: usize = 4;
@@ -93,7 +93,7 @@ pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisG
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMma: needs row-major codes");
     }
-    let k = family_kernel("down_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_mma", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false)
 }
 
@@ -108,6 +108,6 @@ pub fn down_k3_interleaved_mma(
     if g.block_interleave != 2 || g.k != 3 {
         invalid!("downK3InterleavedMma: needs 3-bit block-interleaved codes");
     }
-    let k = family_kernel("down_k3i_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_k3i_mma", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true)
 }

@@ -14,16 +14,16 @@ use crate::error::{invalid, Result};
 use crate::kernel::MetalKernel;
 
 use super::down_mma::{self, pass_template_ints};
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::check_operands;
+use crate::trellis::checks::check_operands;
+use crate::kernel::sources;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch};
+use super::launch::{apply_and_fold, family_kernel, partials_launch};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/down_mma_wide.metal");
+const SOURCE: &str = sources::METAL_DOWN_MMA_WIDE;
 /// The bit-window helper (`block_state`) of the wide MMA kernels, shared with
 /// [`gate_up_mma`](super::gate_up_mma).
-pub(crate) const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_wide_state.h");
+pub(crate) const STATE_HEADER: &str = sources::METAL_DOWN_MMA_WIDE_STATE;
 
 /// SIMD groups per threadgroup (as `downMma`).
 const SG_TG: usize = down_mma::SG_TG;
@@ -121,7 +121,7 @@ pub fn down_mma_wide_pass(
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMmaWide: needs row-major codes");
     }
-    let k = family_kernel("down_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_mma_wide", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false, pass)
 }
 
@@ -137,7 +137,7 @@ pub fn down_k3_interleaved_mma_wide_pass(
     if g.block_interleave != 2 || g.k != 3 {
         invalid!("downK3InterleavedMmaWide: needs 3-bit block-interleaved codes");
     }
-    let k = family_kernel("down_k3i_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_k3i_mma_wide", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true, pass)
 }
 

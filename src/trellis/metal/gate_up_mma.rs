@@ -17,12 +17,12 @@ use crate::kernel::variant::source_variant;
 use crate::kernel::MetalKernel;
 
 use super::down_mma_wide::STATE_HEADER;
-use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use super::gate_up_factored::{self, apply, arg_names, axis_one_launch, check_layers, key, GATE_UP_HEADER};
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::TrellisGeometry;
+use crate::kernel::sources;
 
-const SOURCE: &str = include_str!("../../../kernels/metal/gate_up_mma.metal");
+const SOURCE: &str = sources::METAL_GATE_UP_MMA;
 
 /// One pass of the kernel: `nt` tiles of 8 output rows per SIMD group, `mt` blocks of 8
 /// activation rows per pass.
@@ -62,7 +62,7 @@ pub fn nw(g: &TrellisGeometry) -> usize {
 
 fn kernel(swiglu: bool) -> Result<&'static MetalKernel> {
     let body = || source_variant(SOURCE, "SWIGLU", swiglu).with_context(|| "Metal kernel gate_up_mma".to_string());
-    registered_kernel(key("gate_up_mma", swiglu), arg_names(swiglu), &["out"], body, &[METAL_HEADER, STATE_HEADER, GATE_UP_HEADER])
+    registered_kernel(key("gate_up_mma", swiglu), arg_names(swiglu), &["out"], body, &[sources::METAL_CODEBOOK, STATE_HEADER, GATE_UP_HEADER])
 }
 
 fn launch(

@@ -1,5 +1,7 @@
-//! What the seed's Metal kernel families share (the seed's `launch`): the launch constants, the
-//! registration of a family's kernel, and the one fold of split-K partials (MLX's `sum` over
+//! What the Metal kernel families share to register and launch their kernels: the launch
+//! constants, the registration of a family's kernel once
+//! ([`family_kernel`], [`registered_kernel`]), the launch of a split-K kernel
+//! ([`partials_launch`]) and the one fold of its partials ([`apply_and_fold`]: MLX's `sum` over
 //! the splits, then the cast to the activation dtype).
 
 use crate::array::MlxArray;
