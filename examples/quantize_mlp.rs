@@ -17,20 +17,14 @@
 //! cargo run --release --example qwen_down -- --weights /tmp/mlp --mlp model.layers.0.mlp
 //! ```
 //!
-//! Options:
-//! - `--input FILE`: the dense checkpoint (any float dtype); `--prefix P` the MLP's name in it and
-//!   in the artifact (default `model.layers.0.mlp`);
-//! - `--hidden H --inter I`: the seeded Gaussian MLP's shape without `--input` (default 512 and
-//!   1024; Qwen3-14B's is 5120 and 17408); `--seed S`;
-//! - `--bits K` (gate and up, default 3), `--down-bits K` (default 3), `--L L` (default 12),
-//!   `--threads N`, `--backend auto|cpu|cuda` (where the block search runs);
-//! - `--out DIR` (required): where `model.safetensors` and `config.json` go.
+//! `--help` lists every option.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::encoder::{encode_linear, EncoderBackend, EncoderConfig};
+use clap::Parser;
+use mlx_trellis::trellis::encoder::{encode_linear, EncoderConfig};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
@@ -38,72 +32,64 @@ use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
 mod check;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/exit.rs"]
 mod exit;
 
 const CHECK_ROWS: usize = 4;
 
+/// Codes a dense SwiGLU MLP (gate, up, down) into a trellis model artifact that `TrellisMlp` and
+/// `qwen_down --mlp` load.
+///
+/// The dense weights PREFIX.{gate,up,down}_proj.weight come from a safetensors file (as a Hugging
+/// Face checkpoint stores them: gate and up [intermediate, hidden], down [hidden, intermediate])
+/// or are seeded Gaussian. Gate and up are coded row-major on axis 1 (stored [out, in]), down on
+/// axis 0 (stored [in, out]) in the 3-bit block interleave, or row-major at other bit widths, at
+/// --L other than 12 and where the hidden width is not a multiple of 512. The artifact is read
+/// back, one forward of four rows by the generic path is checked against the f64 reference of the
+/// read-back codes, and the quantization error against the dense MLP is printed. Exit status: 0
+/// the check passed, 1 it did not, 2 an error.
+#[derive(Parser)]
+#[command(
+    after_help = "Examples:
+  cargo run --release --example quantize_mlp -- --out /tmp/mlp
+  cargo run --release --example quantize_mlp -- --input model.safetensors --prefix model.layers.0.mlp --out DIR
+  cargo run --release --example qwen_down -- --weights /tmp/mlp --mlp model.layers.0.mlp"
+)]
 struct Options {
+    /// The dense checkpoint (safetensors, any float dtype) [default: a seeded Gaussian MLP]
+    #[arg(long, value_name = "FILE")]
     input: Option<String>,
+    /// The MLP's name in the checkpoint and in the artifact
+    #[arg(long, value_name = "P", default_value = "model.layers.0.mlp")]
     prefix: String,
+    /// Hidden width of the seeded Gaussian MLP (Qwen3-14B: 5120)
+    #[arg(long, value_name = "H", default_value_t = 512)]
     hidden: usize,
+    /// Intermediate width of the seeded Gaussian MLP (Qwen3-14B: 17408)
+    #[arg(long, value_name = "I", default_value_t = 1024)]
     inter: usize,
-    seed: u64,
+    #[command(flatten)]
+    seed: cli::SeedArg,
+    /// Bits per weight of gate and up
+    #[arg(long, value_name = "K", default_value_t = 3)]
     bits: u32,
+    /// Bits per weight of down
+    #[arg(long = "down-bits", value_name = "K", default_value_t = 3)]
     down_bits: u32,
+    /// Trellis state bits
+    #[arg(long = "L", value_name = "L", default_value_t = 12)]
     l: u32,
-    threads: Option<usize>,
-    backend: EncoderBackend,
+    #[command(flatten)]
+    encoder: cli::EncoderArgs,
+    /// Where model.safetensors and config.json go
+    #[arg(long, value_name = "DIR")]
     out: String,
 }
 
 fn parse_args() -> Result<Options> {
-    let mut o = Options {
-        input: None,
-        prefix: "model.layers.0.mlp".into(),
-        hidden: 512,
-        inter: 1024,
-        seed: 0,
-        bits: 3,
-        down_bits: 3,
-        l: 12,
-        threads: None,
-        backend: EncoderBackend::Auto,
-        out: String::new(),
-    };
-    let mut out = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--input" => o.input = Some(value()?),
-            "--prefix" => o.prefix = value()?,
-            "--hidden" => o.hidden = value()?.parse().context("--hidden takes a count")?,
-            "--inter" => o.inter = value()?.parse().context("--inter takes a count")?,
-            "--seed" => o.seed = value()?.parse().context("--seed takes an integer")?,
-            "--bits" => o.bits = value()?.parse().context("--bits takes 2, 3 or 4")?,
-            "--down-bits" => o.down_bits = value()?.parse().context("--down-bits takes 2, 3 or 4")?,
-            "--L" => o.l = value()?.parse().context("--L takes an integer")?,
-            "--threads" => o.threads = Some(value()?.parse().context("--threads takes a positive integer")?),
-            "--backend" => {
-                o.backend = match value()?.as_str() {
-                    "auto" => EncoderBackend::Auto,
-                    "cpu" => EncoderBackend::Cpu,
-                    "cuda" => EncoderBackend::Cuda,
-                    other => bail!("--backend: {other:?} is not auto, cpu or cuda"),
-                }
-            }
-            "--out" => out = Some(value()?),
-            "-h" | "--help" => {
-                let doc = include_str!("quantize_mlp.rs").lines().take_while(|l| l.starts_with("//!"));
-                println!("{}", doc.map(|l| l.trim_start_matches("//!").trim_start()).collect::<Vec<_>>().join("\n"));
-                std::process::exit(0);
-            }
-            other => bail!("unknown option {other:?} (see --help)"),
-        }
-    }
-    o.out = out.context("--out DIR is required")?;
-    Ok(o)
+    Ok(Options::parse())
 }
 
 fn progress(msg: &str) {
@@ -145,14 +131,14 @@ fn dense_mlp(o: &Options) -> Result<[Dense; 3]> {
         return Ok([gate, up, down]);
     }
     let (h, i) = (o.hidden, o.inter);
-    progress(&format!("making a seeded Gaussian MLP {h} -> {i} -> {h} (seed {})", o.seed));
+    progress(&format!("making a seeded Gaussian MLP {h} -> {i} -> {h} (seed {})", o.seed.seed));
     let make = |out_features: usize, in_features: usize, seed: u64| -> Result<Dense> {
         let n = out_features.checked_mul(in_features).context("the MLP's size overflows")?;
         let scale = 1.0 / (in_features as f32).sqrt();
         let w = gaussian(n, seed)?.into_iter().map(|v| v * scale).collect();
         Ok(Dense { w, out_features, in_features })
     };
-    Ok([make(i, h, o.seed)?, make(i, h, o.seed.wrapping_add(1))?, make(h, i, o.seed.wrapping_add(2))?])
+    Ok([make(i, h, o.seed.seed)?, make(i, h, o.seed.seed.wrapping_add(1))?, make(h, i, o.seed.seed.wrapping_add(2))?])
 }
 
 fn main() -> ExitCode {
@@ -178,7 +164,7 @@ fn run() -> Result<bool> {
         // The interleave (k 3, L 12 only) groups 512 stored columns (down's outputs, the hidden width).
         let interleave = axis == 0 && k == 3 && o.l == 12 && d.out_features % 512 == 0;
         let layout = if interleave { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
-        let cfg = EncoderConfig { axis, layout, threads: o.threads, backend: o.backend, ..EncoderConfig::new(k, o.l) };
+        let cfg = EncoderConfig { axis, layout, threads: o.encoder.threads, backend: o.encoder.backend, ..EncoderConfig::new(k, o.l) };
         let module = format!("{}.{name}", o.prefix);
         progress(&format!(
             "coding {module} W [{}, {}], k = {k}, L = {}, axis {axis}, {layout:?}",
@@ -198,7 +184,7 @@ fn run() -> Result<bool> {
 
     // The check runs on what was written.
     let mlp = TrellisMlp::from_artifact(&Artifact::open(&o.out)?, &o.prefix)?;
-    let x = gaussian(CHECK_ROWS * hidden, o.seed ^ 0xC0FFEE)?;
+    let x = gaussian(CHECK_ROWS * hidden, o.seed.seed ^ 0xC0FFEE)?;
     let y = mlp.forward_with(&MlxArray::from_slice(&x, &[CHECK_ROWS, hidden])?, ForwardPath::Generic)?;
     let got = check::to_f64(&y)?;
     let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
