@@ -33,7 +33,7 @@ pub enum ForwardPath {
     Generic,
     /// The plain-Rust f64 reference on the host (slow; for checks).
     Reference,
-    /// The Metal kernels (Apple GPUs): the seed's down kernels on axis 0, the gate/up kernels on
+    /// The Metal kernels (Apple GPUs): the upstream down kernels on axis 0, the gate/up kernels on
     /// axis 1.
     Metal,
     /// The Metal kernels on the CPU simulator of MLX's Metal wrapping (needs the

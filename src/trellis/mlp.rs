@@ -1,4 +1,4 @@
-//! [`TrellisMlp`]: a coded MLP of the Qwen/Llama convention (spec §9),
+//! [`TrellisMlp`]: a coded MLP of the Qwen/Llama convention (docs/format.md §9),
 //! `y = down(silu(gate(x)) ⊙ up(x))`, with gate and up stored `[out, in]` (axis 1) and down
 //! stored `[in, out]` (axis 0), each its own [`TrellisLinear`].
 //!

@@ -3,8 +3,8 @@
 //! A folder per job and per back-end: [`format`](mod@format) (geometry, codebook, code layouts, host layers),
 //! [`reference`](mod@reference) (the plain-Rust decoder every kernel is checked against),
 //! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
-//! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the seed's
-//! Metal kernel families, one file each, with the seed's names), [`cuda`] (the CUDA kernels),
+//! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the upstream
+//! Metal kernel families, one file each, with the upstream names), [`cuda`] (the CUDA kernels),
 //! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk) and [`shard`] (tensor-parallel
 //! shards of an MLP by stored rows). The layer types depend on the back-ends, never the reverse:
 //! `cuda/` and `metal/` take [`LayerOperands`] (codes, scales, geometry), and every check of a

@@ -1,4 +1,4 @@
-//! Tensor-parallel shards of a coded MLP by stored rows (spec §9): one rule for every
+//! Tensor-parallel shards of a coded MLP by stored rows (docs/format.md §9): one rule for every
 //! projection. Gate and up (axis 1, stored `[out, in]`) store output rows and down (axis 0,
 //! stored `[in, out]`) stores input rows, so rank `r` of `n` takes stored rows
 //! `[r·R/n, (r+1)·R/n)` of each code tensor (row-major `[R, W]` along its first axis, the 3-bit

@@ -1,4 +1,4 @@
-//! The encoder: dense weights to trellis codes with a tail-biting Viterbi (spec §8).
+//! The encoder: dense weights to trellis codes with a tail-biting Viterbi (docs/format.md §8).
 //!
 //! # What it computes
 //!

@@ -1,5 +1,5 @@
 //! Down projections (axis 0) over row-major codes with the input scale factored out, on Metal:
-//! `kernels/metal/down_factored.metal` (the seed's `downFactoredRow` / `downFactoredRows`).
+//! `kernels/metal/down_factored.metal` (the upstream `downFactoredRow` / `downFactoredRows`).
 //!
 //! Each input row's activation is pre-multiplied by `scale * (1/147.8)` and the weights
 //! contribute their integer code value `y`. Lane per word of a block, running sums per
@@ -62,7 +62,7 @@ fn launch(
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
-/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the seed's `downFactoredRow`).
+/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the upstream `downFactoredRow`).
 pub fn down_factored_row(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     if x2.shape().first() != Some(&1) {
         invalid!("downFactoredRow: expects one activation row");
@@ -71,7 +71,7 @@ pub fn down_factored_row(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: 
     launch(k, x2, codes, scales, g, 1)
 }
 
-/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the seed's
+/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the upstream
 /// `downFactoredRows`).
 pub fn down_factored_rows(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);

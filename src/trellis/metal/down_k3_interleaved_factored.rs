@@ -1,6 +1,6 @@
 //! Down projections (axis 0) over 3-bit codes in the block-interleaved layout
 //! `[cols/512, rows, 48]` (T 256, L 12) with the input scale factored out, on Metal:
-//! `kernels/metal/down_k3_interleaved_factored.metal` (the seed's
+//! `kernels/metal/down_k3_interleaved_factored.metal` (the upstream
 //! `downK3InterleavedFactoredRow` / `downK3InterleavedFactoredRows`).
 //!
 //! One block per SIMD group, every lane owning 8 consecutive positions (24 bits), so all 32
@@ -55,7 +55,7 @@ fn launch(
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
-/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the seed's `downK3InterleavedFactoredRow`).
+/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the upstream `downK3InterleavedFactoredRow`).
 pub fn down_k3_interleaved_factored_row(
     x2: &MlxArray,
     codes: &MlxArray,
@@ -69,7 +69,7 @@ pub fn down_k3_interleaved_factored_row(
     launch(k, x2, codes, scales, g, 1)
 }
 
-/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the seed's
+/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the upstream
 /// `downK3InterleavedFactoredRows`).
 pub fn down_k3_interleaved_factored_rows(
     x2: &MlxArray,

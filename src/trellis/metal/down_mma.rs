@@ -1,5 +1,5 @@
 //! Verify-width down projections (1..8 activation rows) on the simdgroup matrix unit, on Metal:
-//! `kernels/metal/down_mma.metal` (the seed's `downMma` / `downK3InterleavedMma`).
+//! `kernels/metal/down_mma.metal` (the upstream `downMma` / `downK3InterleavedMma`).
 //!
 //! A SIMD group owns `8 * S` consecutive positions of one 256-position block and a split of the
 //! input rows; per 8-row step every lane decodes `2S` positions of one input row into the B
@@ -88,7 +88,7 @@ fn launch(
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256), 1..8 rows
-/// (the seed's `downMma`).
+/// (the upstream `downMma`).
 pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMma: needs row-major codes");
@@ -97,7 +97,7 @@ pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisG
     launch(k, x2, codes, scales, g, false)
 }
 
-/// [`down_mma`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the seed's
+/// [`down_mma`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the upstream
 /// `downK3InterleavedMma`).
 pub fn down_k3_interleaved_mma(
     x2: &MlxArray,

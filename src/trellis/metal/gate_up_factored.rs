@@ -1,6 +1,6 @@
 //! Gate/up projections (axis 1) and the fused gate·up·SwiGLU for 1..8 activation rows with the
-//! 1MAD arithmetic, on Metal: `kernels/metal/gate_up_factored.metal` (a new family in the seed's
-//! style; the seed has no axis-1 kernels).
+//! 1MAD arithmetic, on Metal: `kernels/metal/gate_up_factored.metal` (a new family in the
+//! upstream style; upstream has no axis-1 kernels).
 //!
 //! Codes `[R, C*k/32]` (`R` output rows, `C` inputs) hold each output row's trellis along its
 //! input, so the reduction runs inside one stored row: a SIMD group owns output rows (`NR` of

@@ -17,7 +17,7 @@ pub const TRELLIS_THREADS: usize = 128;
 pub const TRELLIS_SG_PER_TG: usize = 4;
 
 /// The Metal kernel of `family`, registered once from `body()` and the concatenated `headers`
-/// with the seed's arguments (`x, codes, scales -> partial`).
+/// with the upstream arguments (`x, codes, scales -> partial`).
 pub(crate) fn family_kernel(
     family: &'static str,
     body: impl FnOnce() -> &'static str,

@@ -1,8 +1,8 @@
-//! The Metal kernels on Apple GPUs, one file per kernel family: the seed's down-projection
-//! families (axis 0, with the seed's names), the gate/up families (axis 1: `gate_up_factored`,
+//! The Metal kernels on Apple GPUs, one file per kernel family: the upstream down-projection
+//! families (axis 0, with the upstream names), the gate/up families (axis 1: `gate_up_factored`,
 //! `gate_up_mma`, each also the fused gate·up·SwiGLU), what they share to register and launch
 //! their kernels (`launch.rs`: the launch constants, the registration, the fold of split-K partials),
-//! and the dispatch: which family serves `M` activation rows of a geometry (the seed's model
+//! and the dispatch: which family serves `M` activation rows of a geometry (the upstream model
 //! graph on axis 0). The kernel texts come from the crate's one table of `kernels/` files
 //! (`src/kernel/sources.rs`).
 
@@ -19,7 +19,7 @@ crate::tuning_mods! {
     gate_up_mma;
 }
 
-/// The seed's baseline: decoded f32 weights times activations, no factoring (the `tuning`
+/// The upstream baseline: decoded f32 weights times activations, no factoring (the `tuning`
 /// feature; the factored kernels are checked against it).
 #[cfg(feature = "tuning")]
 pub mod trellis_scatter;
@@ -52,7 +52,7 @@ fn serves_any_bits(g: &TrellisGeometry) -> bool {
         || gate_up_mma::supports(g)
 }
 
-/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype. Axis 0, by the seed's model-graph dispatch for
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype. Axis 0, by the upstream model-graph dispatch for
 /// `M` rows: 1 -> the factored row kernel, 2..3 -> the factored rows kernel, 4..8 -> the MMA
 /// kernel, more -> the wide MMA kernel in its planned pass. Axis 1: 1 -> the gate/up factored
 /// row kernel, 2..8 -> its rows kernel, more -> the gate/up MMA kernel in its planned pass.

@@ -1,4 +1,4 @@
-//! The baseline Metal down projection: `kernels/metal/trellis_scatter.metal` (the seed's
+//! The baseline Metal down projection: `kernels/metal/trellis_scatter.metal` (the upstream
 //! `trellisScatter` contract), against which the factored and MMA kernels are checked.
 //!
 //! Weights are f32 `value(state) * scale` with `value = float(y) * TRELLIS_RCP`, multiplied into

@@ -1,4 +1,4 @@
-//! Model artifacts on disk (spec §5): `config.json` plus `*.safetensors`, a single file or shards
+//! Model artifacts on disk (docs/format.md §5): `config.json` plus `*.safetensors`, a single file or shards
 //! listed in `model.safetensors.index.json`.
 //!
 //! A coded module `<path>` has the tensors `<path>.weight` (uint32 codes, either layout) and

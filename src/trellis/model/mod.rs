@@ -1,4 +1,4 @@
-//! Model artifacts on disk (spec §5): reading coded modules (or one rank's rows of them) from a
+//! Model artifacts on disk (docs/format.md §5): reading coded modules (or one rank's rows of them) from a
 //! model directory and writing one.
 
 mod artifact;
