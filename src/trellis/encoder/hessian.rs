@@ -94,26 +94,75 @@ pub(super) fn feedback_factor(h: &[f64], n: usize, damping: f64, group: usize, t
 /// Below this many multiply-adds a step runs on the calling thread (spawning costs more).
 const PARALLEL_WORK: usize = 1 << 16;
 
-/// In place: the upper triangle of `r` (holding the damped H) becomes `R` with `H = R Rᵀ`,
-/// computed column by column from the last. False if a pivot is not positive and finite.
+/// Columns of `R` finished per panel in [`upper_cholesky`].
+const PANEL: usize = 32;
+
+/// In place: the upper triangle of `r` (holding the damped H) becomes `R` with `H = R Rᵀ`.
+/// False if a pivot is not positive and finite.
+///
+/// `R[i, j] = (H[i, j] − R[i, j+1..] · R[j, j+1..]) / R[j, j]`, from the last column. Columns
+/// go in panels of [`PANEL`], from the last: first every row subtracts its dot products with
+/// the panel rows over the columns already finished (each row's tail read once per panel, the
+/// panel's tails staying in cache), then the panel's own triangle is finished, then the rows
+/// above it subtract the in-panel remainder and divide.
 fn upper_cholesky(r: &mut [f64], n: usize, threads: usize) -> bool {
-    for j in (0..n).rev() {
-        let (above, from_j) = r.split_at_mut(j * n);
-        let tail = j + 1..n;
-        let pivot = from_j[j] - dot(&from_j[tail.clone()], &from_j[tail.clone()]);
-        if !(pivot > 0.0 && pivot.is_finite()) {
-            return false;
+    let mut p1 = n;
+    while p1 > 0 {
+        let p0 = p1.saturating_sub(PANEL);
+        let width = p1 - p0;
+        // The panel rows' finished tails, [width, n - p1].
+        let tail_len = n - p1;
+        let mut tails = vec![0f64; width * tail_len];
+        if tail_len > 0 {
+            for (m, t) in tails.chunks_exact_mut(tail_len).enumerate() {
+                t.copy_from_slice(&r[(p0 + m) * n + p1..(p0 + m + 1) * n]);
+            }
         }
-        let rjj = pivot.sqrt();
-        from_j[j] = rjj;
-        let row_j = &from_j[tail];
-        let column = |_: usize, run: &mut [f64]| {
-            for row in run.chunks_exact_mut(n) {
-                row[j] = (row[j] - dot(&row[j + 1..], row_j)) / rjj;
+        let tails = &tails;
+        let update = |first: usize, run: &mut [f64]| {
+            for (k, row) in run.chunks_exact_mut(n).enumerate() {
+                let i = first + k;
+                let (head, tail) = row.split_at_mut(p1);
+                for j in i.max(p0)..p1 {
+                    head[j] -= dot(tail, &tails[(j - p0) * tail_len..(j - p0 + 1) * tail_len]);
+                }
             }
         };
-        let threads = if j * (n - j) >= PARALLEL_WORK { threads } else { 1 };
-        rows_in_parallel(above, n, threads, column);
+        let threads_a = if p1 * tail_len * width >= PARALLEL_WORK { threads } else { 1 };
+        rows_in_parallel(&mut r[..p1 * n], n, threads_a, update);
+        // The panel's own triangle, column by column from its last.
+        for j in (p0..p1).rev() {
+            let row_j = j * n;
+            let pivot = r[row_j + j] - dot(&r[row_j + j + 1..row_j + p1], &r[row_j + j + 1..row_j + p1]);
+            if !(pivot > 0.0 && pivot.is_finite()) {
+                return false;
+            }
+            let rjj = pivot.sqrt();
+            r[row_j + j] = rjj;
+            for i in p0..j {
+                let (above, from_j) = r.split_at_mut(row_j);
+                let row_i = &mut above[i * n..(i + 1) * n];
+                row_i[j] = (row_i[j] - dot(&row_i[j + 1..p1], &from_j[j + 1..p1])) / rjj;
+            }
+        }
+        // The rows above the panel: the in-panel remainder and the division.
+        let mut block = vec![0f64; width * width];
+        for m in 0..width {
+            block[m * width..(m + 1) * width].copy_from_slice(&r[(p0 + m) * n + p0..(p0 + m) * n + p1]);
+        }
+        let block = &block;
+        let finish = |_: usize, run: &mut [f64]| {
+            for row in run.chunks_exact_mut(n) {
+                let seg = &mut row[p0..p1];
+                for m in (0..width).rev() {
+                    let panel_row = &block[m * width..(m + 1) * width];
+                    seg[m] = (seg[m] - dot(&seg[m + 1..], &panel_row[m + 1..])) / panel_row[m];
+                }
+            }
+        };
+        let threads_b = if p0 * width * width >= PARALLEL_WORK { threads } else { 1 };
+        rows_in_parallel(&mut r[..p0 * n], n, threads_b, finish);
+        p1 = p0;
     }
     true
 }
@@ -152,15 +201,14 @@ fn divide_diagonal_blocks(r: &mut [f64], n: usize, group: usize, threads: usize)
     }
 }
 
-/// Rows of `E` and `W` that share one pass over `H` in [`proxy_error`].
-const PROXY_ROWS: usize = 4;
-/// Columns of `H` per tile in [`proxy_error`] (the partial products stay in L1).
-const PROXY_TILE: usize = 256;
+/// Rows that share one pass over `H` in [`proxy_error`] (four rows of `E`, four of `W`).
+const PROXY_ROWS: usize = 8;
 
 /// The proxy error of a coded linear layer: `w` is the dense weight `[out, in]` (row-major),
 /// `reconstruction` the decoded stored matrix of the code (`[in, out]` for `axis` 0, `[out, in]`
 /// for axis 1, as [`Encoded::reconstruction`](super::Encoded::reconstruction) holds it), `h` the
-/// input's second moment `[in, in]` in the same basis as `w`. Sums in f64 in a fixed order on
+/// input's second moment `[in, in]` in the same basis as `w` (read as symmetric: its upper
+/// triangle). Sums in f64 in a fixed order on
 /// `threads` threads (`None`: one per core); the result does not depend on the thread count.
 pub fn proxy_error(
     w: &[f32],
@@ -198,38 +246,43 @@ pub fn proxy_error(
     }
     let mut forms = vec![0f64; 2 * out];
     let ew = &ew;
-    rows_in_parallel(&mut forms, PROXY_ROWS * 2, threads, |first, run| {
-        quadratic_forms(&ew[first * PROXY_ROWS * 2 * n..], h, n, run);
+    rows_in_parallel(&mut forms, PROXY_ROWS, threads, |first, run| {
+        quadratic_forms(&ew[first * PROXY_ROWS * n..], h, n, run);
     });
     let error = forms.iter().step_by(2).sum();
     let reference = forms.iter().skip(1).step_by(2).sum();
     Ok(ProxyError { error, reference })
 }
 
-/// `out[r] = v_r H v_rᵀ` for the first `out.len()` rows `v_r` of `rows` (each `n` long),
-/// `PROXY_ROWS * 2` rows per pass over `H`, in tiles of its columns.
+/// `out[r] = v_r H v_rᵀ` for the first `out.len()` rows `v_r` of `rows` (each `n` long), up to
+/// [`PROXY_ROWS`] rows per pass over the upper triangle of `H` (taken as symmetric):
+/// `v H vᵀ = Σ_b v_b (H_bb v_b + 2 Σ_{a>b} H_ba v_a)`. The pass's rows are interleaved
+/// (`PROXY_ROWS` values per index) so that each `H` entry feeds all of them from one load.
 fn quadratic_forms(rows: &[f64], h: &[f64], n: usize, out: &mut [f64]) {
-    let per_pass = PROXY_ROWS * 2;
-    let mut partial = vec![0f64; per_pass * PROXY_TILE];
-    for (pass, forms) in out.chunks_mut(per_pass).enumerate() {
-        let vs = &rows[pass * per_pass * n..(pass * per_pass + forms.len()) * n];
-        forms.fill(0.0);
-        let mut b0 = 0;
-        while b0 < n {
-            let b1 = (b0 + PROXY_TILE).min(n);
-            let width = b1 - b0;
-            partial.fill(0.0);
-            for a in 0..n {
-                let h_row = &h[a * n + b0..a * n + b1];
-                for (r, v) in vs.chunks_exact(n).enumerate() {
-                    axpy(&mut partial[r * PROXY_TILE..r * PROXY_TILE + width], v[a], h_row);
+    let mut packed = vec![0f64; n * PROXY_ROWS];
+    for (pass, forms) in out.chunks_mut(PROXY_ROWS).enumerate() {
+        packed.fill(0.0);
+        for (r, v) in rows[pass * PROXY_ROWS * n..].chunks_exact(n).take(forms.len()).enumerate() {
+            for (a, &x) in v.iter().enumerate() {
+                packed[a * PROXY_ROWS + r] = x;
+            }
+        }
+        let mut sums = [0f64; PROXY_ROWS];
+        for b in 0..n {
+            let mut tail = [0f64; PROXY_ROWS];
+            let h_tail = &h[b * n + b + 1..(b + 1) * n];
+            for (&hv, va) in h_tail.iter().zip(packed[(b + 1) * PROXY_ROWS..].chunks_exact(PROXY_ROWS)) {
+                for (t, &x) in tail.iter_mut().zip(va) {
+                    *t += hv * x;
                 }
             }
-            for (r, (form, v)) in forms.iter_mut().zip(vs.chunks_exact(n)).enumerate() {
-                *form += dot(&v[b0..b1], &partial[r * PROXY_TILE..r * PROXY_TILE + width]);
+            let vb = &packed[b * PROXY_ROWS..(b + 1) * PROXY_ROWS];
+            let diagonal = h[b * n + b];
+            for ((s, &t), &x) in sums.iter_mut().zip(&tail).zip(vb) {
+                *s += x * (diagonal * x + 2.0 * t);
             }
-            b0 = b1;
         }
+        forms.copy_from_slice(&sums[..forms.len()]);
     }
 }
 
@@ -293,7 +346,8 @@ mod tests {
 
     #[test]
     fn the_factor_reassembles_the_damped_matrix_with_block_diagonal_d() {
-        for (n, group) in [(7usize, 1usize), (10, 3), (12, 4), (9, 9)] {
+        // Past one panel of the factorisation too (70 = 2 x 32 + 6).
+        for (n, group) in [(7usize, 1usize), (10, 3), (12, 4), (9, 9), (70, 1), (70, 16)] {
             let h = spd(n, n as u64 + group as u64);
             let damping = 0.05;
             let u = feedback_factor(&h, n, damping, group, 2).unwrap().unwrap();
@@ -326,7 +380,7 @@ mod tests {
             };
             let left = solve_upper(&damped); // U⁻¹ H'
             let transposed: Vec<f64> = (0..n * n).map(|i| left[(i % n) * n + i / n]).collect();
-            let m = solve_upper(&transposed); // U⁻¹ (U⁻¹ H')ᵀ = (U⁻¹ H' U⁻ᵀ)ᵀ
+            let m = solve_upper(&transposed); // U⁻¹ H' U⁻ᵀ (H' is symmetric)
             let scale = damped.iter().fold(0f64, |a, v| a.max(v.abs()));
             for i in 0..n {
                 for j in 0..n {
