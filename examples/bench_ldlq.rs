@@ -78,7 +78,8 @@ fn parse_args() -> Result<Options> {
 /// `H = Xᵀ X` of `samples` seeded inputs of `n` features (see the file's docs).
 fn hessian(n: usize, samples: usize, seed: u64) -> Vec<f64> {
     let mut rng = SplitMix64::new(seed);
-    let spikes: Vec<Vec<f64>> = (0..4).map(|_| (0..n).map(|_| rng.next_gaussian() / (n as f64).sqrt()).collect()).collect();
+    let spikes: Vec<Vec<f64>> =
+        (0..4).map(|_| (0..n).map(|_| rng.next_gaussian() / (n as f64).sqrt()).collect()).collect();
     let mut h = vec![0f64; n * n];
     let mut x = vec![0f64; n];
     for _ in 0..samples {

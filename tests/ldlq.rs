@@ -13,6 +13,8 @@ use mlx_trellis::trellis::encoder::{
 use mlx_trellis::trellis::reference::{block_state, block_words, expand};
 use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
 use mlx_trellis::trellis::CodeLayout;
+mod common;
+use common::require_cuda;
 
 const T: usize = 256;
 
@@ -40,7 +42,8 @@ fn identity(n: usize, value: f64) -> Vec<f64> {
 /// condition number in the thousands.
 fn ill_conditioned(n: usize, seed: u64) -> Vec<f64> {
     let mut rng = SplitMix64::new(seed);
-    let spikes: Vec<Vec<f64>> = (0..4).map(|_| (0..n).map(|_| rng.next_gaussian() / (n as f64).sqrt()).collect()).collect();
+    let spikes: Vec<Vec<f64>> =
+        (0..4).map(|_| (0..n).map(|_| rng.next_gaussian() / (n as f64).sqrt()).collect()).collect();
     let mut h = vec![0f64; n * n];
     let mut x = vec![0f64; n];
     for _ in 0..2 * n {
@@ -153,7 +156,8 @@ fn assert_exact_ldlq(w: &[f32], out: usize, inp: usize, h: &[f64], k: u32, axis:
     for o in 0..out {
         for i in 0..inp {
             let first_of_group = i / group * group;
-            let feedback: f64 = (0..first_of_group).map(|j| (w[o * inp + j] as f64 - rec[at(o, j)] as f64) * u[j * inp + i]).sum();
+            let feedback: f64 =
+                (0..first_of_group).map(|j| (w[o * inp + j] as f64 - rec[at(o, j)] as f64) * u[j * inp + i]).sum();
             let want = w[o * inp + i] as f64 + feedback;
             worst = worst.max((targets[at(o, i)] as f64 - want).abs());
         }
@@ -173,7 +177,8 @@ fn assert_exact_ldlq(w: &[f32], out: usize, inp: usize, h: &[f64], k: u32, axis:
             assert_eq!(scale, half::f16::from_f64(rms / lut_rms), "{what}: scale of stored row {r}");
         }
         for b in 0..cols / T {
-            let x: Vec<f32> = targets[r * cols + b * T..r * cols + (b + 1) * T].iter().map(|&v| v / scale.to_f32()).collect();
+            let x: Vec<f32> =
+                targets[r * cols + b * T..r * cols + (b + 1) * T].iter().map(|&v| v / scale.to_f32()).collect();
             let path = block_path(&x, k, 12, BlockSearch::Viterbi).unwrap();
             let words = block_words(&got.encoded.layer.codes, &g, r, b).unwrap();
             let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, 12).unwrap()).collect();
@@ -340,6 +345,41 @@ fn invalid_ldlq_settings_are_refused_by_name() {
     assert!(encode_linear_ldlq(&bad, 4, 256, Some(&h), &config(2, 1), &LdlqConfig::default()).is_err());
 }
 
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn ldlq_on_the_cuda_search_gives_the_cpu_bytes() {
+    require_cuda();
+    // Axis 1 (one block per row per step), axis 0 one stored row per step and 16 per step, and
+    // the 3-bit interleaved layout.
+    let cases = [
+        (1u32, 64usize, 1024usize, 1usize, CodeLayout::RowMajor),
+        (0, 512, 256, 1, CodeLayout::RowMajor),
+        (0, 512, 256, 16, CodeLayout::RowMajor),
+        (0, 512, 256, 1, CodeLayout::K3Interleaved),
+    ];
+    for (axis, out, inp, group, layout) in cases {
+        let w = gaussian(out * inp, 200 + axis as u64).unwrap();
+        let h = ill_conditioned(inp, 201);
+        let ldlq = LdlqConfig { stored_row_group: group, ..LdlqConfig::default() };
+        let ks: &[u32] = if layout == CodeLayout::K3Interleaved { &[3] } else { &[2, 3, 4] };
+        for &k in ks {
+            let what = format!("axis {axis} k {k} group {group} {layout:?}");
+            let on = |backend| EncoderConfig { backend, layout, ..config(k, axis) };
+            let cpu = encode_linear_ldlq(&w, out, inp, Some(&h), &on(EncoderBackend::Cpu), &ldlq).unwrap();
+            let gpu = encode_linear_ldlq(&w, out, inp, Some(&h), &on(EncoderBackend::Cuda), &ldlq).unwrap();
+            assert_eq!(gpu.outcome, cpu.outcome, "{what}: {:?}", gpu.warnings);
+            assert_eq!(gpu.encoded.layer.scales, cpu.encoded.layer.scales, "{what}: scales");
+            if let Some(i) = cpu.encoded.layer.codes.iter().zip(&gpu.encoded.layer.codes).position(|(a, b)| a != b) {
+                panic!("{what}: code word {i} differs between the CPU and CUDA searches");
+            }
+            assert_eq!(gpu.encoded.layer.codes.len(), cpu.encoded.layer.codes.len(), "{what}");
+            assert_eq!(gpu.proxy, cpu.proxy, "{what}: proxy error");
+            assert_decodes(&gpu, &what);
+            println!("{what}: same bytes, relative proxy error {:.4e}", gpu.proxy.unwrap().relative());
+        }
+    }
+}
+
 fn tensor(name: &str, rows: usize, cols: usize, errors: [f64; 3]) -> TensorOptions {
     let candidates = [2u32, 3, 4]
         .iter()
@@ -358,8 +398,11 @@ fn stored_bits_count_codes_and_scales() {
 #[test]
 fn the_allocator_keeps_the_budget_and_takes_the_best_ratio_first() {
     // Three tensors of the same size: "b" gains most from its first upgrade, "a" next.
-    let tensors =
-        vec![tensor("c", 256, 512, [4.0, 3.5, 3.4]), tensor("b", 256, 512, [10.0, 2.0, 1.0]), tensor("a", 256, 512, [6.0, 3.0, 2.9])];
+    let tensors = vec![
+        tensor("c", 256, 512, [4.0, 3.5, 3.4]),
+        tensor("b", 256, 512, [10.0, 2.0, 1.0]),
+        tensor("a", 256, 512, [6.0, 3.0, 2.9]),
+    ];
     let per_k = |k: u64| (256 * 512 * k + 256 * 16) as f64 / (256.0 * 512.0);
     let minimum = per_k(2);
     let low = allocate_bits(&tensors, minimum).unwrap();

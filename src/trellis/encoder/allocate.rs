@@ -182,7 +182,11 @@ fn check_tensor(t: &TensorOptions) -> Result<()> {
             invalid!("allocate_bits: tensor {name:?} at k = {} stores no bits", c.k);
         }
         if !(c.error.is_finite() && c.error >= 0.0) {
-            invalid!("allocate_bits: tensor {name:?} at k = {} has error {} (must be finite and at least 0)", c.k, c.error);
+            invalid!(
+                "allocate_bits: tensor {name:?} at k = {} has error {} (must be finite and at least 0)",
+                c.k,
+                c.error
+            );
         }
     }
     Ok(())

@@ -13,7 +13,7 @@
 //! in forward order). The error of each group is then weighted by its own `D_k` only, and the
 //! feedback is the best linear correction from the groups already coded.
 //!
-//! [`feedback_factor`] computes `U`: the upper Cholesky factor `H = R Rᵀ` (`R` upper
+//! The factorisation computes `U`: the upper Cholesky factor `H = R Rᵀ` (`R` upper
 //! triangular, computed from the last index backwards), then `U = R B⁻¹` with
 //! `B = blockdiag(R_kk)` (so `D_k = R_kk R_kkᵀ`). All in f64.
 
@@ -77,7 +77,13 @@ pub(super) fn check_len(h: &[f64], n: usize, what: &str) -> Result<()> {
 /// `group` indices starting at 0) of `H + damping · mean(diag H) · I`, reading the upper
 /// triangle of `h` (H is taken as symmetric). `None` when the damped matrix is not positive
 /// definite in f64 (a pivot is not positive, or a value not finite).
-pub(super) fn feedback_factor(h: &[f64], n: usize, damping: f64, group: usize, threads: usize) -> Result<Option<Vec<f64>>> {
+pub(super) fn feedback_factor(
+    h: &[f64],
+    n: usize,
+    damping: f64,
+    group: usize,
+    threads: usize,
+) -> Result<Option<Vec<f64>>> {
     let shift = damping * mean_diagonal(h, n);
     let mut r = try_filled(h.len(), 0f64, || format!("the feedback factor [{n}, {n}]"))?;
     for i in 0..n {
@@ -409,7 +415,9 @@ mod tests {
         let w: Vec<f32> = (0..out * n).map(|_| rng.next_gaussian() as f32).collect();
         let rec_linear: Vec<f32> = w.iter().map(|&v| v + 0.1 * rng.next_gaussian() as f32).collect();
         let form = |m: &dyn Fn(usize, usize) -> f64| -> f64 {
-            (0..out).map(|o| (0..n).map(|a| (0..n).map(|b| m(o, a) * h[a * n + b] * m(o, b)).sum::<f64>()).sum::<f64>()).sum()
+            (0..out)
+                .map(|o| (0..n).map(|a| (0..n).map(|b| m(o, a) * h[a * n + b] * m(o, b)).sum::<f64>()).sum::<f64>())
+                .sum()
         };
         let want_error = form(&|o, a| rec_linear[o * n + a] as f64 - w[o * n + a] as f64);
         let want_reference = form(&|o, a| w[o * n + a] as f64);
@@ -432,7 +440,8 @@ mod tests {
         let r = rotate_hessian(&h, &q, n, Some(2)).unwrap();
         for c in 0..n {
             for d in 0..n {
-                let want: f64 = (0..n).map(|a| (0..n).map(|b| q[a * n + c] * h[a * n + b] * q[b * n + d]).sum::<f64>()).sum();
+                let want: f64 =
+                    (0..n).map(|a| (0..n).map(|b| q[a * n + c] * h[a * n + b] * q[b * n + d]).sum::<f64>()).sum();
                 assert!((r[c * n + d] - want).abs() <= 1e-10 * want.abs().max(1.0), "[{c}, {d}]");
             }
         }

@@ -190,22 +190,35 @@ fn encode_ldlq(
     let (stored, rows, cols) = stored_from_linear(w, out_features, in_features, cfg.axis)?;
     let t = cfg.t as usize;
     if rows == 0 || cols == 0 || cols % t != 0 {
-        invalid!("LDLQ: the stored matrix [{rows}, {cols}] is empty or not a whole number of {t}-weight blocks per row");
+        invalid!(
+            "LDLQ: the stored matrix [{rows}, {cols}] is empty or not a whole number of {t}-weight blocks per row"
+        );
     }
     if let Some(i) = stored.iter().position(|v| !v.is_finite()) {
-        invalid!("LDLQ: stored weight at row {}, column {} is {} (the input must be finite)", i / cols, i % cols, stored[i]);
+        invalid!(
+            "LDLQ: stored weight at row {}, column {} is {} (the input must be finite)",
+            i / cols,
+            i % cols,
+            stored[i]
+        );
     }
     let n = in_features;
     let threads = cfg.thread_count(rows.max(cols));
     let mut warnings = Vec::new();
     let unweighted = |warnings: Vec<String>, proxy_h: Option<&[f64]>, progress: &mut dyn FnMut(usize, usize)| {
         let blocks = rows * (cols / t);
-        let encoded = encode_with_progress(&stored, rows, cols, cfg, &mut |done, _| progress(done * (cols / t), blocks))?;
+        let encoded =
+            encode_with_progress(&stored, rows, cols, cfg, &mut |done, _| progress(done * (cols / t), blocks))?;
         let proxy = match proxy_h {
-            Some(h) => Some(proxy_error(w, &encoded.reconstruction, out_features, in_features, cfg.axis, h, Some(threads))?),
+            Some(h) => {
+                Some(proxy_error(w, &encoded.reconstruction, out_features, in_features, cfg.axis, h, Some(threads))?)
+            }
             None => None,
         };
-        Ok::<_, crate::Error>((LdlqEncoded { encoded, outcome: LdlqOutcome::Unweighted, proxy, warnings }, stored.clone()))
+        Ok::<_, crate::Error>((
+            LdlqEncoded { encoded, outcome: LdlqOutcome::Unweighted, proxy, warnings },
+            stored.clone(),
+        ))
     };
     let Some(h) = hessian else {
         warnings.push("LDLQ: no H given; coded unweighted".to_string());
@@ -223,7 +236,16 @@ fn encode_ldlq(
         let step = match feedback_factor(h, n, damping, group, threads)? {
             None => Err(format!("H + {damping} · mean(diag H) · I is not positive definite")),
             Some(u) => {
-                let coder = FeedbackCoder { stored: &stored, rows, cols, u: &u, n, cfg, growth_limit: ldlq.growth_limit, threads };
+                let coder = FeedbackCoder {
+                    stored: &stored,
+                    rows,
+                    cols,
+                    u: &u,
+                    n,
+                    cfg,
+                    growth_limit: ldlq.growth_limit,
+                    threads,
+                };
                 if cfg.axis == 1 {
                     coder.code_input_blocks(progress)?
                 } else {
@@ -234,7 +256,8 @@ fn encode_ldlq(
         match step {
             Ok((codes, scales, reconstruction, targets)) => {
                 let encoded = finish(&stored, rows, cols, cfg, codes, scales, reconstruction)?;
-                let proxy = proxy_error(w, &encoded.reconstruction, out_features, in_features, cfg.axis, h, Some(threads))?;
+                let proxy =
+                    proxy_error(w, &encoded.reconstruction, out_features, in_features, cfg.axis, h, Some(threads))?;
                 let outcome = LdlqOutcome::Weighted { damping };
                 return Ok((LdlqEncoded { encoded, outcome, proxy: Some(proxy), warnings }, targets));
             }
@@ -317,15 +340,22 @@ impl FeedbackCoder<'_> {
         for b in 0..blocks {
             let c0 = b * t;
             let (stored, residual_ref) = (self.stored, &residual);
-            // target[o] = W[o, c0..c0+T] + Σ_{j < c0} residual[o, j] · U[j, c0..c0+T]
+            // target[o] = W[o, c0..c0+T] + Σ_{j < c0} residual[o, j] · U[j, c0..c0+T], for
+            // FEEDBACK_ROWS rows per pass over U's slice (each row's sum in the same order).
             rows_in_parallel(&mut target, t, self.threads, |first, run| {
-                for (i, acc) in run.chunks_exact_mut(t).enumerate() {
-                    let o = first + i;
-                    for (a, &v) in acc.iter_mut().zip(&stored[o * cols + c0..o * cols + c0 + t]) {
-                        *a = v as f64;
+                for (pass, accs) in run.chunks_mut(FEEDBACK_ROWS * t).enumerate() {
+                    let o0 = first + pass * FEEDBACK_ROWS;
+                    for (i, acc) in accs.chunks_exact_mut(t).enumerate() {
+                        let o = o0 + i;
+                        for (a, &v) in acc.iter_mut().zip(&stored[o * cols + c0..o * cols + c0 + t]) {
+                            *a = v as f64;
+                        }
                     }
-                    for (j, &r) in residual_ref[o * cols..o * cols + c0].iter().enumerate() {
-                        axpy(acc, r, &u[j * n + c0..j * n + c0 + t]);
+                    for j in 0..c0 {
+                        let u_row = &u[j * n + c0..j * n + c0 + t];
+                        for (i, acc) in accs.chunks_exact_mut(t).enumerate() {
+                            axpy(acc, residual_ref[(o0 + i) * cols + j], u_row);
+                        }
                     }
                 }
             });
@@ -346,15 +376,18 @@ impl FeedbackCoder<'_> {
                 scales: &scales,
                 cols: t,
             };
-            search_and_code(step, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| progress(b * rows + done, blocks * rows))
-                .with_context(|| format!("LDLQ: input block {b}"))?;
+            search_and_code(step, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| {
+                progress(b * rows + done, blocks * rows)
+            })
+            .with_context(|| format!("LDLQ: input block {b}"))?;
             for o in 0..rows {
                 let words = o * words_per_row + b * wpb;
                 codes[words..words + wpb].copy_from_slice(&step_codes[o * wpb..(o + 1) * wpb]);
                 let at = o * cols + c0;
                 reconstruction[at..at + t].copy_from_slice(&step_rec[o * t..(o + 1) * t]);
                 targets_all[at..at + t].copy_from_slice(&target_f32[o * t..(o + 1) * t]);
-                for ((res, &w), &q) in residual[at..at + t].iter_mut().zip(&stored[at..at + t]).zip(&step_rec[o * t..]) {
+                for ((res, &w), &q) in residual[at..at + t].iter_mut().zip(&stored[at..at + t]).zip(&step_rec[o * t..])
+                {
                     *res = w as f64 - q as f64;
                 }
             }
@@ -444,7 +477,9 @@ impl FeedbackCoder<'_> {
                 .with_context(|| format!("LDLQ: stored rows {g0}..{g1}"))?;
                 targets_all[g0 * cols..g1 * cols].copy_from_slice(&targets);
                 let at = g0 * cols..g1 * cols;
-                for ((res, &w), &q) in residual[at.clone()].iter_mut().zip(&self.stored[at.clone()]).zip(&reconstruction[at]) {
+                for ((res, &w), &q) in
+                    residual[at.clone()].iter_mut().zip(&self.stored[at.clone()]).zip(&reconstruction[at])
+                {
                     *res = w as f64 - q as f64;
                 }
                 g0 = g1;
@@ -454,6 +489,9 @@ impl FeedbackCoder<'_> {
         Ok(Ok((codes, scales, reconstruction, targets_all)))
     }
 }
+
+/// Axis 1: output rows whose feedback shares one pass over the factor's column block.
+const FEEDBACK_ROWS: usize = 4;
 
 /// Stored rows whose feedback from earlier rows is summed in one pass (a multiple of the group).
 const SPAN_ROWS: usize = 64;

@@ -49,6 +49,14 @@
 //! reconstruction run on the CPU threads either way. The rows go to the GPU in chunks of at most
 //! 65,536 blocks.
 //!
+//! # Hessian-weighted coding and bit allocation
+//!
+//! [`encode_linear_ldlq`] chooses the codes against the layer's input second moment `H`
+//! (LDLQ / BlockLDLQ; algorithm, damping, guard and fallbacks in [`ldlq`]), minimising the
+//! output error `tr(E H Eᵀ)` ([`proxy_error`]) instead of the plain squared error; every block it
+//! codes goes through the same search dispatch as [`encode`]. [`allocate`] picks bits per weight
+//! per tensor from a budget of stored bits.
+//!
 //! # Determinism
 //!
 //! Every block is coded by the same sequence of f32 operations whatever thread runs it; threads
@@ -72,16 +80,16 @@ use super::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeom
 
 pub mod allocate;
 mod block;
-mod hessian;
-mod ldlq;
+pub mod hessian;
+pub mod ldlq;
 mod parallel;
 mod search;
 
 use block::BlockCoder;
 pub use hessian::{proxy_error, rotate_hessian, ProxyError};
-pub use ldlq::{encode_linear_ldlq, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded, LdlqOutcome};
 #[doc(hidden)]
 pub use ldlq::encode_linear_ldlq_with_targets;
+pub use ldlq::{encode_linear_ldlq, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded, LdlqOutcome};
 
 /// The block length every shipped model uses and the only one the encoder accepts.
 pub const BLOCK_LEN: u32 = 256;
