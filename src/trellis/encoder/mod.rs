@@ -49,6 +49,14 @@
 //! reconstruction run on the CPU threads either way. The rows go to the GPU in chunks of at most
 //! 65,536 blocks.
 //!
+//! # Hessian-weighted coding and bit allocation
+//!
+//! [`encode_linear_ldlq`] chooses the codes against the layer's input second moment `H`
+//! (LDLQ / BlockLDLQ; algorithm, damping, guard and fallbacks in [`ldlq`]), minimising the
+//! output error `tr(E H Eᵀ)` ([`proxy_error`]) instead of the plain squared error; every block it
+//! codes goes through the same search dispatch as [`encode`]. [`allocate`] picks bits per weight
+//! per tensor from a budget of stored bits.
+//!
 //! # Determinism
 //!
 //! Every block is coded by the same sequence of f32 operations whatever thread runs it; threads
@@ -70,10 +78,18 @@ use super::cuda::viterbi as viterbi_cuda;
 use super::format::codebook::lut1mad;
 use super::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeometry};
 
+pub mod allocate;
 mod block;
+pub mod hessian;
+pub mod ldlq;
+mod parallel;
 mod search;
 
 use block::BlockCoder;
+pub use hessian::{proxy_error, rotate_hessian, ProxyError};
+#[doc(hidden)]
+pub use ldlq::encode_linear_ldlq_with_targets;
+pub use ldlq::{encode_linear_ldlq, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded, LdlqOutcome};
 
 /// The block length every shipped model uses and the only one the encoder accepts.
 pub const BLOCK_LEN: u32 = 256;
@@ -358,11 +374,7 @@ fn encode_inner(
     let mut codes = try_filled(row_major.code_words(), 0u32, || format!("the codes of {geometry}"))?;
     let mut reconstruction = try_filled(rows * cols, 0f32, || format!("the reconstruction of {geometry}"))?;
     let rows_of = RowsOf { weights, codes: &mut codes, reconstruction: &mut reconstruction, scales: &scales, cols };
-    if search == BlockSearch::Viterbi && cfg.searches_on_cuda() {
-        search_on_cuda(rows_of, cfg, &lut, progress)?;
-    } else {
-        code_rows(rows_of, 0, None, cfg, &lut, search, &mut |done| progress(done, rows))?;
-    }
+    search_and_code(rows_of, cfg, &lut, search, progress)?;
 
     let sq: f64 = weights.iter().zip(&reconstruction).map(|(&w, &q)| (w as f64 - q as f64).powi(2)).sum();
     let mse = sq / (rows * cols) as f64;
@@ -371,6 +383,25 @@ fn encode_inner(
         CodeLayout::K3Interleaved => row_major_to_interleaved(&codes, rows, cols)?,
     };
     Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse })
+}
+
+/// Codes the rows of `all` with their given scales through the configured search: the CUDA
+/// kernel for [`BlockSearch::Viterbi`] where [`EncoderConfig::searches_on_cuda`], the CPU threads
+/// otherwise. Every caller that codes rows goes through here, so all of them search on the same
+/// back-end with the same bytes as a result.
+fn search_and_code(
+    all: RowsOf<'_>,
+    cfg: &EncoderConfig,
+    lut: &[f32],
+    search: BlockSearch,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    if search == BlockSearch::Viterbi && cfg.searches_on_cuda() {
+        search_on_cuda(all, cfg, lut, progress)
+    } else {
+        let rows = all.scales.len();
+        code_rows(all, 0, None, cfg, lut, search, &mut |done| progress(done, rows))
+    }
 }
 
 /// Blocks per CUDA launch: bounds the host and device copies of a launch (64 MiB of f32 input).
