@@ -635,11 +635,14 @@ fn every_corrupted_artifact_loads_checked_or_is_refused_with_a_typed_error() {
     let progress = Arc::new(AtomicU64::new(0));
     let current = Arc::new(Mutex::new(vec![String::new(); threads as usize]));
 
-    // The watchdog: a case that stops the sweep's progress for longer than HANG fails it.
+    // The watchdog: a case that stops the sweep's progress for longer than HANG fails it. It ends
+    // with the sweep (the other test of this binary may still run).
     let (wd_progress, wd_current) = (progress.clone(), current.clone());
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wd_finished = finished.clone();
     std::thread::spawn(move || {
         let (mut last, mut since) = (0, Instant::now());
-        loop {
+        while !wd_finished.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(500));
             let now = wd_progress.load(Ordering::Relaxed);
             if now != last {
@@ -668,6 +671,7 @@ fn every_corrupted_artifact_loads_checked_or_is_refused_with_a_typed_error() {
         }
         failures.extend(t.failures);
     }
+    finished.store(true, Ordering::Relaxed);
     let secs = start.elapsed().as_secs_f64();
     let done: u64 = outcomes.values().sum::<u64>() + failures.len() as u64;
     // Straight to stderr, past the test harness's capture, so that every run shows it.
@@ -843,9 +847,11 @@ fn extreme_values_and_misleading_files_are_served_or_refused() {
     let base = common::mlp_artifact::temp_dir("edge-sweep");
     let (progress, current) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(String::new())));
     let (wd_progress, wd_current) = (progress.clone(), current.clone());
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wd_finished = finished.clone();
     std::thread::spawn(move || {
         let (mut last, mut since) = (0, Instant::now());
-        loop {
+        while !wd_finished.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(500));
             let now = wd_progress.load(Ordering::Relaxed);
             if now != last {
@@ -876,6 +882,7 @@ fn extreme_values_and_misleading_files_are_served_or_refused() {
         }
         progress.fetch_add(1, Ordering::Relaxed);
     }
+    finished.store(true, Ordering::Relaxed);
     let _ = writeln!(
         std::io::stderr(),
         "edge sweep: {EDGE_CASES} cases in {:.1} s: {outcomes:?}",
