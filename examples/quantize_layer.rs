@@ -5,7 +5,8 @@
 //! encoder's output is decoded again by the reference decoder (from the written artifact when
 //! `--out` is given), and the mean squared error of those decoded weights, whether they agree bit
 //! for bit with the encoder's own reconstruction, and the encode rate are printed as a table.
-//! Exit status 0 means the decode agreed (and `--check` passed); 1 means it did not; 2 is an
+//! Exit status 0 means the decode agreed and the relative error is within its bound
+//! (`encoder::RELATIVE_MSE_BOUND` (1/2)), and `--check` passed; 1 means one of them did not; 2 is an
 //! error.
 //!
 //! ```text
@@ -21,10 +22,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use mlx_trellis::trellis::encoder::{encode, encode_with_progress, stored_from_linear, EncoderBackend, EncoderConfig};
+use mlx_trellis::trellis::encoder::{
+    encode, encode_with_progress, quality, stored_from_linear, EncoderBackend, EncoderConfig,
+};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear};
+use mlx_trellis::trellis::{
+    check_artifact_dir, write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear,
+};
 use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
@@ -45,16 +50,15 @@ const CHECK_ROWS: usize = 4;
 /// down projection, 5120 x 17408, about 2.5 minutes on two cores at k 3, L 12). The codes are
 /// decoded again by the reference decoder (from the written artifact when --out is given); the
 /// table shows the mean squared error, whether the decode agrees bit for bit with the encoder's
-/// own reconstruction, and the encode rate. Exit status: 0 the decode agreed (and --check and
+/// own reconstruction, and the encode rate. Exit status: 0 the decode agreed, the relative error
+/// (mean squared error over mean squared weight) is below its bound (1/2) (and --check and
 /// --compare-cpu passed), 1 one of them did not, 2 an error.
 #[derive(Parser)]
-#[command(
-    after_help = "Examples:
+#[command(after_help = "Examples:
   cargo run --release --example quantize_layer -- --rows 5120 --cols 1024 --bits 3 --L 12
   cargo run --release --example quantize_layer -- --bits 3 --L 12 --layout interleaved --out DIR --check
   cargo run --release --example quantize_layer -- --input model.safetensors --tensor model.layers.0.mlp.down_proj.weight --out DIR
-  cargo run --release --example quantize_layer -- --backend cuda --compare-cpu 512"
-)]
+  cargo run --release --example quantize_layer -- --backend cuda --compare-cpu 512")]
 struct Options {
     /// A safetensors file holding the dense weight (any float dtype); goes with --tensor
     #[arg(long, value_name = "FILE", requires = "tensor")]
@@ -145,7 +149,16 @@ fn run() -> Result<bool> {
         ..EncoderConfig::new(o.k, o.l)
     };
     cfg.validate()?;
+    if let Some(dir) = &o.out {
+        // Refused now rather than after the encode.
+        check_artifact_dir(dir).with_context(|| format!("--out {dir}"))?;
+    }
+    if o.input.is_none() {
+        cfg.check_linear(o.out_features, o.in_features)
+            .context("--rows (output features) and --cols (input features)")?;
+    }
     let (w, out_features, in_features, source) = load_weight(&o)?;
+    cfg.check_linear(out_features, in_features).with_context(|| format!("coding {source}"))?;
     let (stored, rows, cols) =
         stored_from_linear(&w, out_features, in_features, o.axis).with_context(|| format!("coding {source}"))?;
     drop(w);
@@ -194,13 +207,13 @@ fn run() -> Result<bool> {
         && decoded.iter().zip(&encoded.reconstruction).all(|(a, b)| a.to_bits() == b.to_bits());
     let sq: f64 = stored.iter().zip(&decoded).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
     let mse = sq / stored.len() as f64;
-    let power = stored.iter().map(|&a| (a as f64).powi(2)).sum::<f64>() / stored.len() as f64;
+    let q = quality(&stored, &encoded)?;
 
     println!("\nTrellis encoder: {source}, W [{out_features}, {in_features}]");
-    println!("| stored | k | L | axis | layout | search | mse (reference decode) | mse / mean w² | encode s | weights/s | decode = encoder's reconstruction |");
+    println!("| stored | k | L | axis | layout | search | mse (reference decode) | mse / mean w² (gate) | encode s | weights/s | decode = encoder's reconstruction |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| [{rows}, {cols}] | {} | {} | {} | {} | {} | {mse:.4e} | {:.5} | {encode_s:.2} | {rate:.3e} | {} |",
+        "| [{rows}, {cols}] | {} | {} | {} | {} | {} | {mse:.4e} | {:.3e} ({} {:.1e}) | {encode_s:.2} | {rate:.3e} | {} |",
         o.k,
         o.l,
         o.axis,
@@ -209,10 +222,18 @@ fn run() -> Result<bool> {
             CodeLayout::K3Interleaved => "interleaved",
         },
         search_on(&cfg),
-        if power > 0.0 { mse / power } else { 0.0 },
+        q.relative_mse,
+        if q.passes() { "ok" } else { "FAIL" },
+        q.bound,
         if agrees { "yes" } else { "NO" }
     );
-    let mut ok = agrees;
+    if q.zero_rows + q.flushed_rows > 0 {
+        println!(
+            "\n{} stored rows are all zeros (coded exactly); {} are too small for an f16 scale (below 2^-14 · RMS(lut)) and decode to zeros",
+            q.zero_rows, q.flushed_rows
+        );
+    }
+    let mut ok = agrees && q.passes();
 
     if o.compare_cpu_rows > 0 {
         // The same rows through both searches, row-major, must give the same bytes.

@@ -56,9 +56,11 @@ pub mod distributed;
 mod dtype;
 mod error;
 mod ffi;
+mod files;
 mod io;
 mod json;
 mod kernel;
+mod memory;
 mod ops;
 #[cfg(feature = "metal-sim")]
 mod sim;
@@ -70,8 +72,10 @@ pub use device::{
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, ErrorKind, Result};
+pub use files::open_regular_file;
 pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
+pub use memory::available_memory;
 pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
 #[cfg(feature = "metal-sim")]
 pub use sim::MetalSimScope;

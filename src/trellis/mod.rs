@@ -27,7 +27,7 @@ pub mod synthetic;
 pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
 pub use mlp::TrellisMlp;
-pub use model::{write_artifact, Artifact, ModuleConfig};
+pub use model::{check_artifact_dir, write_artifact, Artifact, ModuleConfig};
 pub use operands::LayerOperands;
 pub use shard::{RowShard, SHARD_ROW_MULTIPLE};
 pub use synthetic::{synthetic_layer, synthetic_mlp};

@@ -76,7 +76,7 @@ impl<'a> BlockCoder<'a> {
                 }
                 None => {
                     for (xi, &w) in self.x.iter_mut().zip(block) {
-                        *xi = w / scale;
+                        *xi = super::normalised(w, scale);
                     }
                     self.search_block();
                 }

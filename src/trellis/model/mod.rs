@@ -5,4 +5,4 @@ mod artifact;
 mod paths;
 mod shard;
 
-pub use artifact::{write_artifact, Artifact, ModuleConfig};
+pub use artifact::{check_artifact_dir, write_artifact, Artifact, ModuleConfig};
