@@ -59,6 +59,8 @@ mod ffi;
 mod io;
 mod json;
 mod kernel;
+pub mod llama;
+pub mod nn;
 mod ops;
 #[cfg(feature = "metal-sim")]
 mod sim;
