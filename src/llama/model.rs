@@ -128,7 +128,7 @@ struct Embedding(Linear);
 impl Embedding {
     fn lookup(&self, ids: &MlxArray, dtype: Dtype) -> Result<MlxArray> {
         match &self.0 {
-            Linear::Dense(table) => table.take(ids, 0),
+            Linear::Dense(table_t) => table_t.take(ids, 1)?.t(),
             Linear::Affine { weight, scales, biases, group_size, bits, .. } => {
                 let rows = |a: &MlxArray| a.take(ids, 0);
                 dequantize(&rows(weight)?, &rows(scales)?, &rows(biases)?, *group_size, *bits)?.astype(dtype)
@@ -189,7 +189,7 @@ impl LlamaModel {
                 let name = gguf_tensor_name(&hf)?;
                 let layer = match plan.for_module(&hf) {
                     LinearPlan::AsShipped => Linear::from_gguf(gguf.tensor(&name)?, dtype)?,
-                    LinearPlan::Dense => Linear::Dense(gguf.dense_f32(&name)?.astype(dtype)?),
+                    LinearPlan::Dense => Linear::dense(&gguf.dense_f32(&name)?, dtype)?,
                     LinearPlan::Affine { bits, group_size } => {
                         Linear::affine_from_dense(&gguf.dense_f32(&name)?, bits, group_size, dtype)
                             .with_context(|| format!("re-quantizing {name}"))?
