@@ -89,6 +89,10 @@ impl LayerPlan {
     }
 }
 
+/// A callback that sees the input of each linear layer by Hugging Face module name
+/// ([`LlamaModel::forward_observed`]); an error stops the forward pass.
+pub type Observer<'a> = dyn FnMut(&str, &MlxArray) -> Result<()> + 'a;
+
 /// The keys and values of every layer: what a decoder has already seen.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -250,7 +254,7 @@ impl LlamaModel {
             let mlp_names = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"].map(|l| hf_module(i, l));
             if mlp_names.iter().all(|n| coded.contains(n)) {
                 let mlp = TrellisMlp::from_artifact(artifact, &format!("model.layers.{i}.mlp"))?;
-                block.mlp = Mlp::Trellis(Box::new(mlp));
+                block.mlp = Mlp::Trellis(mlp);
                 check_mlp(&block.mlp, &self.config).with_context(|| format!("block {i}"))?;
                 self.replaced.extend(mlp_names);
                 continue;
@@ -361,17 +365,12 @@ impl LlamaModel {
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
-        observe: &mut dyn FnMut(&str, &MlxArray) -> Result<()>,
+        observe: &mut Observer<'_>,
     ) -> Result<MlxArray> {
         self.run(tokens, cache, Some(observe))
     }
 
-    fn run(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        mut observe: Option<&mut dyn FnMut(&str, &MlxArray) -> Result<()>>,
-    ) -> Result<MlxArray> {
+    fn run(&self, tokens: &[u32], cache: &mut KvCache, mut observe: Option<&mut Observer<'_>>) -> Result<MlxArray> {
         let c = &self.config;
         if tokens.is_empty() {
             invalid!("forward needs at least one token");
