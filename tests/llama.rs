@@ -252,3 +252,48 @@ fn sampling_is_greedy_or_within_the_nucleus() -> Result<()> {
     }
     Ok(())
 }
+
+/// A quantized model directory: a seeded trellis down projection (k 4, coded along its 1536
+/// inputs) replaces block 3's, over the base GGUF the directory holds; a base file named outside
+/// the directory is refused.
+#[test]
+fn a_quantized_directory_replaces_its_coded_modules() -> Result<()> {
+    use mlx_trellis::trellis::{synthetic_layer, write_artifact, CodeLayout, TrellisLinear};
+    let base = smollm2()?;
+    let dir = common::mlp_artifact::temp_dir("llama-artifact");
+    let linked = dir.join("base.gguf");
+    if std::fs::hard_link(&base, &linked).is_err() {
+        std::fs::copy(&base, &linked)?;
+    }
+    let module = "model.layers.3.mlp.down_proj";
+    let host = synthetic_layer(576, 1536, 4, 12, 1, CodeLayout::RowMajor, 0.02, 11)?;
+    let layer = TrellisLinear::from_host(module, &host)?;
+    write_artifact(&dir, &[(module, &layer)], &[("base_gguf", serde_json::json!("base.gguf"))])?;
+    let model = LlamaModel::from_artifact(&dir, mlx_trellis::Dtype::Float32)?;
+    assert_eq!(model.replaced_modules().iter().collect::<Vec<_>>(), [module]);
+    let want_bits = (layer.codes().size() * 32 + layer.scales().size() * 16) as f64 / (1536.0 * 576.0);
+    let bits = model.bits_per_weight(|n| n == module).unwrap();
+    assert!((bits - want_bits).abs() < 1e-12 && (4.0..4.1).contains(&bits), "{bits} vs {want_bits}");
+    // The coded layer is the one block 3 runs: its output is what the layer computes on the
+    // SwiGLU output the model hands it.
+    let mut down_input = None;
+    let logits = model.forward_observed(&PROMPT_IDS, &mut model.new_cache(), &mut |name, x| {
+        if name == module {
+            down_input = Some(x.clone());
+        }
+        Ok(())
+    })?;
+    assert!(logits.all_finite()?);
+    let x = down_input.expect("the observer saw the coded module");
+    assert_eq!(x.shape(), [1, 5, 1536]);
+    assert_eq!(layer.forward(&x)?.shape(), [1, 5, 576]);
+
+    let outside = common::mlp_artifact::temp_dir("llama-artifact-outside");
+    let escape = format!("../{}/base.gguf", dir.file_name().unwrap().to_string_lossy());
+    write_artifact(&outside, &[(module, &layer)], &[("base_gguf", serde_json::json!(escape))])?;
+    let e = LlamaModel::from_artifact(&outside, mlx_trellis::Dtype::Float32).unwrap_err();
+    assert_eq!(e.kind(), mlx_trellis::ErrorKind::Artifact, "{e}");
+    std::fs::remove_dir_all(&dir)?;
+    std::fs::remove_dir_all(&outside)?;
+    Ok(())
+}
