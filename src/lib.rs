@@ -61,6 +61,8 @@ mod io;
 mod json;
 mod kernel;
 mod memory;
+pub mod llama;
+pub mod nn;
 mod ops;
 #[cfg(feature = "metal-sim")]
 mod sim;
@@ -73,6 +75,7 @@ pub use device::{
 pub use dtype::{Dtype, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use files::open_regular_file;
+pub use io::gguf::{GgmlType, Gguf, GgufTensor, GGUF_GROUP_SIZE};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use memory::available_memory;
