@@ -36,28 +36,35 @@
 //
 // The widths IN (x_shape[1]) and OUT (scales_shape[0]) and the row count M (x_shape[0]) are read
 // at run time: one compiled kernel serves every layer of a bit width and shape. Template ints:
-// K, L, MT, RT, WARPS. Template bools: SPLIT_X (f32 activations as hi + lo), BIAS_FOLD,
+// K, L, MT, RT, WARPS, and in the fused variant KU, the up projection's bits per weight (K is
+// the gate's): artifacts that allocate bits per tensor give gate and up different widths of the
+// same rows, inputs, T and L, and one launch serves them; every per-matrix width below is a
+// compile-time constant once the loops over the matrices are unrolled, so KU = K compiles to
+// the code of one width. Template bools: SPLIT_X (f32 activations as hi + lo), BIAS_FOLD,
 // PACK_FMA. Template types: T (activations as the kernel reads them: f32, f16 or bf16; the host
 // hands 16-bit activations of many rows over as f16, converted once by MLX), Y (the output
 // dtype). Inputs: x [M, IN], codes [OUT, IN K / 32], scales [OUT] (f16), and in the fused
-// variant up_codes and up_scales of the same shapes. Output: y [M, OUT] in Y.
+// variant up_codes [OUT, IN KU / 32] and up_scales [OUT]. Output: y [M, OUT] in Y.
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
-  constexpr int WPB = 8 * K;            // words per coded block
-  const int NB = IN / 256;              // blocks per row
-  const int ROW_WORDS = NB * WPB;       // words per row
-  constexpr int RUN = 2 * K + 1;        // words of a lane's run
-  constexpr int ROWS = 16 * RT;         // output rows per thread block
-  constexpr int SETS = SPLIT_X ? 2 : 1; // f16 B sets (f32: hi, lo)
 #if TRELLIS_FUSED
   constexpr int NMAT = 2;               // gate, up
+  constexpr int K_UP = KU;
 #else
   constexpr int NMAT = 1;
+  constexpr int K_UP = K;
 #endif
-  static_assert(L <= 16 && L >= K, "L-bit windows");
+  // Bits per weight of matrix a (0: gate or the only one, 1: up); constant once a is unrolled.
+  auto k_of = [](int a) { return a == 0 ? K : K_UP; };
+  constexpr int K_MAX = K > K_UP ? K : K_UP;
+  const int NB = IN / 256;              // blocks per row
+  constexpr int RUN = 2 * K_MAX + 1;    // words of a lane's run (the widest matrix's)
+  constexpr int ROWS = 16 * RT;         // output rows per thread block
+  constexpr int SETS = SPLIT_X ? 2 : 1; // f16 B sets (f32: hi, lo)
+  static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
   static_assert(!PACK_FMA || BIAS_FOLD, "PACK_FMA packs the biased pairs");
   static_assert(!(BIAS_FOLD && SPLIT_X), "the bias fold is for 16-bit activations");
 
@@ -83,28 +90,36 @@
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int o = min(row0 + 16 * r + 8 * h + g, OUT - 1);
-        rows[a][r][h] = mats[a] + (size_t)o * ROW_WORDS;
+        rows[a][r][h] = mats[a] + (size_t)o * (NB * 8 * k_of(a));  // words per row
       }
-  // The run's words in a block: 2 K pairs of words from word0 (even, so 8-byte aligned), then
-  // the word after them, which wraps to word 0 where q = 0.
-  const int word0 = 2 * K * (3 - q);
-  const int word_last = q == 0 ? 0 : word0 + 2 * K;
+  // The run's words in a block of k-bit codes: 2 k pairs of words from word 2 k (3 - q) (even,
+  // so 8-byte aligned), then the word after them, which wraps to word 0 where q = 0. A matrix
+  // narrower than K_MAX leaves its last entries of a run unused.
+  int word0[NMAT], word_last[NMAT];
+#pragma unroll
+  for (int a = 0; a < NMAT; ++a) {
+    word0[a] = 2 * k_of(a) * (3 - q);
+    word_last[a] = q == 0 ? 0 : word0[a] + 2 * k_of(a);
+  }
   using Runs = unsigned[NMAT][RT][2][RUN];
   auto load_runs = [&](int b, Runs& w) {
 #pragma unroll
-    for (int a = 0; a < NMAT; ++a)
+    for (int a = 0; a < NMAT; ++a) {
+      const int ka = k_of(a);
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t* blk = rows[a][r][h] + b * WPB;
+          const uint32_t* blk = rows[a][r][h] + b * (8 * ka);
 #pragma unroll
-          for (int j = 0; j < K; ++j) {
-            const uint2 v = *reinterpret_cast<const uint2*>(blk + word0 + 2 * j);
+          for (int j = 0; j < K_MAX; ++j) {
+            if (j >= ka) break;
+            const uint2 v = *reinterpret_cast<const uint2*>(blk + word0[a] + 2 * j);
             w[a][r][h][2 * j] = v.x, w[a][r][h][2 * j + 1] = v.y;
           }
-          w[a][r][h][2 * K] = blk[word_last];
+          w[a][r][h][2 * ka] = blk[word_last[a]];
         }
+    }
   };
 
   // B: lane (g, q) of 8-row tile t holds activation row m_base + 8 t + g at the lane's positions.
@@ -161,13 +176,14 @@
     }
   }
 
-  // Chunk c of a block: position 64 q + 4 c + j of the lane's rows sits at run bit (63 - 4 c - j) K.
+  // Chunk c of a block: position 64 q + 4 c + j of the lane's rows sits at run bit (63 - 4 c - j) k.
   auto multiply_chunk = [&](const Runs& w, int c, const unsigned (&bc)[MT][SETS][2]) {
-    const int b0 = (63 - 4 * c) * K, b1 = b0 - K, b2 = b0 - 2 * K, b3 = b0 - 3 * K;
 #pragma unroll
     for (int a = 0; a < NMAT; ++a)
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
+        const int ka = k_of(a);
+        const int b0 = (63 - 4 * c) * ka, b1 = b0 - ka, b2 = b0 - 2 * ka, b3 = b0 - 3 * ka;
         const unsigned(&lo)[RUN] = w[a][r][0];
         const unsigned(&hi)[RUN] = w[a][r][1];
         unsigned f[4];
@@ -209,7 +225,8 @@
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < RUN; ++j) w[a][r][h][j] = w_next[a][r][h][j];
+          for (int j = 0; j < RUN; ++j)
+            if (j <= 2 * k_of(a)) w[a][r][h][j] = w_next[a][r][h][j];
   }
 
   // Warp 0 adds the other warps' sums in warp order (a fixed order: the same bits every run).

@@ -19,7 +19,7 @@ use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
-use crate::trellis::checks::{check_layer, check_operands};
+use crate::trellis::checks::{check_operands, same_but_bits};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
@@ -80,13 +80,21 @@ fn run_linear(
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
     let (x, read) = kernel_input(x2, m)?;
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), false)?;
+    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), None)?;
     Ok(prepared.kernel.apply_prepared(&[&x, codes, scales], &prepared.launch)?.remove(0))
 }
 
+/// Whether the fused kernel serves gate `gate` with up `up`: both served ([`supports`]) and of
+/// the same rows, inputs, T, L and layout; their bit widths may differ (artifacts that allocate
+/// bits per tensor).
+pub fn fuses(gate: &TrellisGeometry, up: &TrellisGeometry) -> bool {
+    supports(gate) && supports(up) && same_but_bits(gate, up)
+}
+
 /// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype: the gate and up projections
-/// of the same rows in one launch. `gate` and `up` are their operands (a
-/// [`TrellisLinear`](crate::trellis::TrellisLinear) reference gives its own).
+/// of the same rows in one launch, gate and up of the same or different bit widths ([`fuses`]).
+/// `gate` and `up` are their operands (a [`TrellisLinear`](crate::trellis::TrellisLinear)
+/// reference gives its own).
 pub fn swiglu<'g, 'u>(
     x2: &MlxArray,
     gate: impl Into<LayerOperands<'g>>,
@@ -94,7 +102,7 @@ pub fn swiglu<'g, 'u>(
 ) -> Result<MlxArray> {
     let (gate, up) = (gate.into(), up.into());
     let m = x2.shape().first().copied().unwrap_or(0);
-    if uses_dense(m, x2.dtype()) && supports(gate.geometry) && up.geometry == gate.geometry {
+    if uses_dense(m, x2.dtype()) && fuses(gate.geometry, up.geometry) {
         let g = linear(x2, gate.codes, gate.scales, gate.geometry)?;
         let u = linear(x2, up.codes, up.scales, up.geometry)?;
         return g.silu()?.multiply(&u);
@@ -109,15 +117,15 @@ pub(crate) fn swiglu_with(
     up: LayerOperands<'_>,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
-    let g = gate.geometry;
-    if up.geometry != g {
-        unserved!("CUDA gate·up kernel: gate {g} and up {} differ; the fused kernel needs one geometry", up.geometry);
-    }
+    let (g, ug) = (gate.geometry, up.geometry);
     let what = "CUDA gate·up kernel";
+    if !same_but_bits(g, ug) {
+        unserved!("{what}: gate {g} and up {ug} differ in more than their bit widths; the fused kernel needs the same rows, inputs, T, L and layout");
+    }
     let m = check(what, x2, gate.codes, gate.scales, g)?;
-    check_layer(what, up.codes, up.scales, g)?;
+    check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
     let (x, read) = kernel_input(x2, m)?;
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), true)?;
+    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Some(ug.k))?;
     let inputs = [&x, gate.codes, gate.scales, up.codes, up.scales];
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
@@ -165,24 +173,28 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
     })
 }
 
-/// One call's kernel and launch, prepared once per geometry, shape, row count, dtype and variant.
+/// One call's kernel and launch, prepared once per geometry, shape, row count, dtype and variant
+/// (and the up projection's bit width in the fused one).
 struct Prepared {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,
 }
 
-/// `read` is the dtype the kernel reads the activations in, `dtype` the output's.
+/// `read` is the dtype the kernel reads the activations in, `dtype` the output's; `up_bits` is
+/// the fused variant's up projection's k (`None`: the single projection). `g` is the gate's (or
+/// the only) geometry.
 fn prepared_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
     m: usize,
     read: Dtype,
     dtype: Dtype,
-    fused: bool,
+    up_bits: Option<u32>,
 ) -> Result<Arc<Prepared>> {
-    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, bool);
+    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, Option<u32>);
     static LAUNCHES: LaunchCache<Key, Prepared> = LaunchCache::new(1024);
-    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, fused), || {
+    let fused = up_bits.is_some();
+    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, up_bits), || {
         cfg.check(dtype, fused)?;
         let outputs = g.out_features();
         let row_tiles = outputs.div_ceil(16 * cfg.rt as usize);
@@ -193,7 +205,7 @@ fn prepared_launch(
         }
         let threads = 32 * cfg.warps as usize;
         let sixteen_bit = dtype != Dtype::Float32;
-        let launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
+        let mut launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
             .output(&[m, outputs], dtype)
             .template_dtype("T", read)
             .template_dtype("Y", dtype)
@@ -205,6 +217,9 @@ fn prepared_launch(
             .template_bool("SPLIT_X", !sixteen_bit)
             .template_bool("BIAS_FOLD", cfg.bias_fold && sixteen_bit)
             .template_bool("PACK_FMA", cfg.pack_fma && cfg.bias_fold && sixteen_bit);
+        if let Some(k) = up_bits {
+            launch = launch.template_int("KU", k as i32);
+        }
         let kernel = kernel(fused)?;
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)? })
     })
@@ -263,7 +278,7 @@ mod tests {
         let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false };
         // 8 rows a pass: 65536 passes are one more than grid z holds.
         let err =
-            prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, false).err().expect("65536 passes");
+            prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, None).err().expect("65536 passes");
         let err = err.to_string();
         assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }
