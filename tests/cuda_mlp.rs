@@ -287,7 +287,9 @@ fn concurrent_mixed_width_calls_equal_sequential_calls() {
     for m in [1, 9, 40, 100] {
         for dtype in [Dtype::Bfloat16, Dtype::Float32] {
             let xs: Vec<MlxArray> = (0..4)
-                .map(|i| x(m, 768, dtype, 1.0).0.multiply(&MlxArray::full(&[1], 1.0 + i as f64, dtype).unwrap()).unwrap())
+                .map(|i| {
+                    x(m, 768, dtype, 1.0).0.multiply(&MlxArray::full(&[1], 1.0 + i as f64, dtype).unwrap()).unwrap()
+                })
                 .collect();
             let cfg = axis_one_plan(m, dtype, true);
             let call = |x: &MlxArray| swiglu_with(x, mlp.gate(), mlp.up(), cfg).unwrap();
