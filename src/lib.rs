@@ -60,6 +60,7 @@ mod io;
 mod json;
 mod kernel;
 mod ops;
+mod process;
 #[cfg(feature = "metal-sim")]
 mod sim;
 pub mod trellis;
@@ -73,6 +74,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
+pub use process::exit_process;
 #[cfg(feature = "metal-sim")]
 pub use sim::MetalSimScope;
 

@@ -444,7 +444,9 @@ fn wraparound(mode: Mode) {
 /// 2..4, output rows not multiples of 8 or 16, inputs of one block and of several, L 8, 12 and 16
 /// (16: the factored forms only), row counts of both factored forms and of the MMA form
 /// (several passes, not multiples of 8).
-const MIXED_PAIRS: [(u32, u32, usize, usize, u32, &[usize]); 6] = [
+type MixedPair = (u32, u32, usize, usize, u32, &'static [usize]);
+
+const MIXED_PAIRS: [MixedPair; 6] = [
     (2, 3, 37, 512, 12, &[1, 2, 9, 40]),
     (3, 2, 70, 256, 8, &[1, 5, 17, 64]),
     (2, 4, 45, 768, 12, &[1, 8, 23, 33]),
