@@ -24,7 +24,7 @@
 //! if let Some(joined) = rank_group() {
 //!     let (group, out) = joined?; // a rank: do its part, write its results under `out`
 //!     # let _ = (group, out);
-//!     return Ok(());
+//!     mlx_trellis::exit_process(0); // every exit path of a rank ends so
 //! }
 //! // The parent: this program again as two ranks of a ring on this machine.
 //! let exe = std::env::current_exe().map_err(|e| mlx_trellis::Error::io("the running program", e))?;
@@ -409,7 +409,10 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
 }
 
 /// In a rank: the group the launcher's environment describes (strict), or this process alone for
-/// a one-process ring launch. `None` when this process was not started by the launcher.
+/// a one-process ring launch. `None` when this process was not started by the launcher. A rank
+/// ends through [`exit_process`](crate::exit_process) on every path, a failed set-up included
+/// (on CUDA, returning from `main` can abort in MLX's static destructors instead of exiting with
+/// the rank's status).
 pub fn rank_group() -> Option<Result<(Group, PathBuf)>> {
     let role = std::env::var(ROLE).ok()?;
     let out = PathBuf::from(std::env::var(OUT).unwrap_or_default());
