@@ -7,6 +7,15 @@
 // applied once per output when the partial sums are written (folding it into x * scale would
 // push small activations into f16's subnormal range).
 //
+// Magnitudes. Before the conversion to f16 each activation row's products are multiplied by a
+// power of two 2^e that brings their largest |x * scale| into f16's range (row_exponent in
+// fragment.cuh), and the f32 sums are multiplied by 2^-e when written: exact, so activations of
+// any magnitude an f32 holds keep f16's relative precision, where a plain conversion would
+// round products above 65504 to infinity and those below 6e-8 to zero. The block takes e from
+// the slice of the row it reads (its split of the input rows), in one pass over that slice
+// before its main loop; with PRESCALED the pre-pass has applied a power of two of the whole
+// row, given in x_exp.
+//
 // Work split. A block of WARPS warps owns TILE = 16 NC WARPS consecutive output positions (warp
 // w: positions [16 NC w, 16 NC (w + 1)) of the tile): CB = TILE / 256 whole coded blocks, or
 // where TILE < 256 one of the PARTS = 256 / TILE parts of a coded block (blockIdx.y = coded
@@ -58,7 +67,9 @@
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
 // warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES.
 // The kernel folds its partials itself (see its end): it takes a fourth input, counters (u32,
-// one per column tile and pass, zero), and writes y [M, C] in Y besides the f32 partials.
+// one per column tile and pass, zero), and writes y [M, C] in Y besides the f32 partials. Its
+// fifth input, x_exp (f16 [M], integers), holds the pre-pass's exponents with PRESCALED and is
+// not read otherwise.
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
 // by per-slot mbarriers instead of a block barrier per step). Template types: T (activation
@@ -178,6 +189,32 @@
         trellis_cuda::cp_async16_zfill(&b_tile[slot][0][0][0] + b_copy_dst[u], x + b_copy_src[u] + STEP_ROWS * i, true);
     }
   };
+  // The power of two of each row of the pass (1 past M): from the block's own pass over its
+  // slice of x * scale or, with PRESCALED, from the pre-pass. row_unlift undoes it on the sums.
+  __shared__ float row_lift[B_ROWS], row_unlift[B_ROWS];
+  if constexpr (PRESCALED) {
+    for (int t = tid; t < B_ROWS; t += THREADS) {
+      const int e = m_base + t < M ? (int)__half2float(x_exp[m_base + t]) : 0;
+      row_lift[t] = trellis_cuda::pow2(e), row_unlift[t] = trellis_cuda::pow2(-e);
+    }
+  } else {
+    // One warp per row, its lanes along the split's input rows (consecutive lanes, consecutive
+    // rows), the same f32 products store_b converts.
+    const int r_end = min(R, (step_begin + steps) * STEP_ROWS);
+    for (int t = warp; t < B_ROWS; t += WARPS) {
+      const int m = m_base + t;
+      float amax = 0.0f;
+      if (m < M) {
+        const T* xr = x + (size_t)m * R;
+        for (int r = r_begin + lane; r < r_end; r += 32) amax = fmaxf(amax, fabsf(float(xr[r]) * __half2float(scales[r])));
+      }
+      amax = trellis_cuda::warp_max(amax);
+      const int e = trellis_cuda::row_exponent(amax);
+      if (lane == 0) row_lift[t] = trellis_cuda::pow2(e), row_unlift[t] = trellis_cuda::pow2(-e);
+    }
+  }
+  __syncthreads();  // the rows' powers, before store_b and the partials' writes read them
+
   // Per-thread B plan: load e = b_lane + u * THREADS of every step is VW activations (row
   // e / (STEP_ROWS / VW) of the pass, step rows kk..kk + VW - 1). THREADS is a multiple of the
   // loads per B row, so kk is the same for all of a thread's loads and one set of VW scales
@@ -247,10 +284,11 @@
       const int e = b_lane + u * THREADS;
       if (b_live[u]) {
         const T* xs = reinterpret_cast<const T*>(v.x[u]);
+        const float lift = row_lift[e / (STEP_ROWS / VW)];
         alignas(16) __half hi[VW], lo[VW];  // read back as one uint4 when VW == 8
 #pragma unroll
         for (int j = 0; j < VW; ++j) {
-          const float xv = float(xs[j]) * __half2float(s[j]);
+          const float xv = float(xs[j]) * __half2float(s[j]) * lift;
           hi[j] = __float2half_rn(xv);
           lo[j] = __float2half_rn(xv - __half2float(hi[j]));
         }
@@ -436,11 +474,13 @@
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       const int m = m_base + 8 * t + 2 * q;
+      const float unlift[2] = {row_unlift[8 * t + 2 * q], row_unlift[8 * t + 2 * q + 1]};
 #pragma unroll
       for (int s = 0; s < NC; ++s) {
         float d[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP;
+        for (int e = 0; e < 4; ++e)
+          d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP * unlift[e & 1];
         float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 2 * s;
         if (m < M) *reinterpret_cast<float2*>(out) = make_float2(d[0], d[2]);
         if (m + 1 < M) *reinterpret_cast<float2*>(out + (size_t)SPLITS * C) = make_float2(d[1], d[3]);

@@ -30,11 +30,11 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use super::dense::down_cuda_dense;
 use super::down_config::CudaDownConfig;
 use super::down_plan::{plan_for, require_supported};
+use super::prescale;
 pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
 
 const SOURCE: &str = sources::CUDA_DOWN_MMA;
 const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
-const PRESCALE_SOURCE: &str = sources::CUDA_PRESCALE;
 
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
 const PRESCALED_ROW_MULTIPLE: usize = 64;
@@ -46,7 +46,7 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
     let key = KernelKey { family: "down_mma", variant: "", shared_memory };
     registry::cuda(key, || {
         Ok(KernelText {
-            inputs: &["x", "codes", "scales", "counters"],
+            inputs: &["x", "codes", "scales", "counters", "x_exp"],
             outputs: &["y", "partial"],
             body: SOURCE.to_string(),
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n"),
@@ -85,32 +85,26 @@ pub(crate) fn run(
     let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
     // Fold counters in a fresh zeroed array per call: two calls in flight never count into the
     // same one.
-    let (b, counters) = match &prepared.pre_pass {
+    // Without the pre-pass the kernel finds its rows' powers of two itself and does not read
+    // x_exp (the pre-pass's exponents): the scales stand in for it.
+    let (b, counters, x_exp) = match &prepared.pre_pass {
         PrePass::Prescale(prescale, launch) => {
             let mut outs =
                 prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?;
-            let counters = outs.pop().expect("two outputs");
-            (outs.pop().expect("two outputs"), counters)
+            let x_exp = outs.pop().expect("three outputs");
+            let counters = outs.pop().expect("three outputs");
+            (outs.pop().expect("three outputs"), counters, x_exp)
         }
         // Two counters at least: a broadcast zero of one element is already contiguous, and MLX
         // would hand the kernel the scalar's own buffer instead of a copy of it.
-        PrePass::Zeros(counters) => (x2.clone(), MlxArray::zeros(&[(*counters).max(2)], Dtype::Uint32)?),
+        PrePass::Zeros(counters) => {
+            (x2.clone(), MlxArray::zeros(&[(*counters).max(2)], Dtype::Uint32)?, scales.clone())
+        }
     };
-    let mut outs = prepared.kernel.apply_prepared(&[&b, codes, scales, &counters], &prepared.launch)?;
+    let inputs = [&b, codes, scales, &counters, &x_exp];
+    let mut outs = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
     let partials = outs.pop().expect("two outputs");
     Ok((outs.pop().expect("two outputs"), partials))
-}
-
-/// The pre-pass kernel of prescaled configurations (`kernels/cuda/prescale.cu`).
-fn prescale_kernel() -> Result<&'static CudaKernel> {
-    registry::cuda(KernelKey::of("prescale"), || {
-        Ok(KernelText {
-            inputs: &["x", "scales"],
-            outputs: &["x_scaled", "counters"],
-            body: PRESCALE_SOURCE.into(),
-            header: String::new(),
-        })
-    })
 }
 
 /// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and what comes
@@ -185,17 +179,7 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         .template_bool("MBARRIERS", cfg.mbarriers);
     let launch = kernel.prepare(&launch)?;
     let pre_pass = if cfg.prescaled {
-        // A thread converts 8 activations (see prescale.cu).
-        let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
-            .output(&[sets * m, row_pad], Dtype::Float16)
-            .output(&[counters], Dtype::Uint32)
-            .template_dtype("T", dtype)
-            .template_int("R", int("CUDA prescale kernel", g.rows)?)
-            .template_int("R_PAD", int("CUDA prescale kernel", row_pad)?)
-            .template_int("COUNTERS", int("CUDA prescale kernel", counters)?)
-            .template_bool("SPLIT_X", dtype == Dtype::Float32);
-        let kernel = prescale_kernel()?;
-        PrePass::Prescale(kernel, kernel.prepare(&pre)?)
+        PrePass::Prescale(prescale::kernel()?, prescale::prepare(m, g.rows, row_pad, dtype, counters, true)?)
     } else {
         PrePass::Zeros(counters)
     };

@@ -6,9 +6,10 @@
 //!
 //! The plan (`gate_up_plan.rs`) picks the kernel's shape for a row count; the kernel file says
 //! how the work is split.
-//! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16 (one MLX
-//! conversion per call instead of one per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of
-//! 16-bit activations the layer is decoded once to dense weights for MLX's matmul instead.
+//! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16, each row
+//! multiplied by a power of two into f16's range (one pre-pass launch per call, `prescale.cu`,
+//! instead of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit
+//! activations the layer is decoded once to dense weights for MLX's matmul instead.
 
 use std::sync::Arc;
 
@@ -25,9 +26,11 @@ use crate::trellis::operands::LayerOperands;
 
 use super::dense::expand_cuda;
 use super::gate_up_plan::{plan, AxisOneConfig};
+use super::prescale;
 
-/// Rows of bf16 activations from which the kernel reads them as f16, converted by MLX once per
-/// call: every row tile of the layer converts its fragments again otherwise.
+/// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
+/// the pre-pass (each row brought into f16's range by a power of two): every row tile of the
+/// layer converts its fragments again otherwise.
 pub const CONVERT_MIN_ROWS: usize = 17;
 
 /// Rows of 16-bit activations from which [`linear`] and [`swiglu`] decode the layer to dense
@@ -79,9 +82,10 @@ fn run_linear(
     m: usize,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
-    let (x, read) = kernel_input(x2, m)?;
+    let read = read_dtype(x2, m);
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), None)?;
-    Ok(prepared.kernel.apply_prepared(&[&x, codes, scales], &prepared.launch)?.remove(0))
+    let (x, x_exp) = prepared.kernel_input(x2, scales)?;
+    Ok(prepared.kernel.apply_prepared(&[&x, &x_exp, codes, scales], &prepared.launch)?.remove(0))
 }
 
 /// Whether the fused kernel serves gate `gate` with up `up`: both served ([`supports`]) and of
@@ -124,9 +128,10 @@ pub(crate) fn swiglu_with(
     }
     let m = check(what, x2, gate.codes, gate.scales, g)?;
     check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
-    let (x, read) = kernel_input(x2, m)?;
+    let read = read_dtype(x2, m);
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Some(ug.k))?;
-    let inputs = [&x, gate.codes, gate.scales, up.codes, up.scales];
+    let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
+    let inputs = [&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales];
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
 
@@ -141,13 +146,13 @@ fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Tre
     check_operands(what, x2, codes, scales, g)
 }
 
-/// The activations as the kernel reads them, and their dtype: bf16 as f16 from
+/// The dtype the kernel reads `m` rows of `x2` in: bf16 as the pre-pass's f16 from
 /// [`CONVERT_MIN_ROWS`] rows, else as given.
-fn kernel_input(x2: &MlxArray, m: usize) -> Result<(MlxArray, Dtype)> {
+fn read_dtype(x2: &MlxArray, m: usize) -> Dtype {
     if x2.dtype() == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS {
-        Ok((x2.astype(Dtype::Float16)?, Dtype::Float16))
+        Dtype::Float16
     } else {
-        Ok((x2.clone(), x2.dtype()))
+        x2.dtype()
     }
 }
 
@@ -160,9 +165,9 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
     let key = KernelKey { family: "gate_up", variant: if fused { "fused" } else { "single" }, shared_memory: 0 };
     registry::cuda(key, || {
         let (inputs, outputs): (&'static [&'static str], &'static [&'static str]) = if fused {
-            (&["x", "codes", "scales", "up_codes", "up_scales"], &["y"])
+            (&["x", "x_exp", "codes", "scales", "up_codes", "up_scales"], &["y"])
         } else {
-            (&["x", "codes", "scales"], &["y"])
+            (&["x", "x_exp", "codes", "scales"], &["y"])
         };
         Ok(KernelText {
             inputs,
@@ -174,10 +179,31 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
 }
 
 /// One call's kernel and launch, prepared once per geometry, shape, row count, dtype and variant
-/// (and the up projection's bit width in the fused one).
+/// (and the up projection's bit width in the fused one), with the pre-pass that hands bf16
+/// activations over as f16 where the kernel reads them so.
 struct Prepared {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,
+    hand_over: Option<CudaLaunch>,
+}
+
+impl Prepared {
+    /// The kernel's `x` and `x_exp` inputs for `x2`: the pre-pass's f16 activations and their
+    /// rows' exponents, or `x2` itself with `placeholder` (any f16 array) as `x_exp`, which the
+    /// kernel then does not read.
+    fn kernel_input(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<(MlxArray, MlxArray)> {
+        match &self.hand_over {
+            Some(launch) => {
+                let mut outs = prescale::kernel()?
+                    .apply_prepared(&[x2, placeholder], launch)
+                    .context("CUDA axis-1 kernel: the activations handed over as f16")?;
+                let x_exp = outs.pop().expect("three outputs");
+                outs.pop();
+                Ok((outs.pop().expect("three outputs"), x_exp))
+            }
+            None => Ok((x2.clone(), placeholder.clone())),
+        }
+    }
 }
 
 /// `read` is the dtype the kernel reads the activations in, `dtype` the output's; `up_bits` is
@@ -216,12 +242,19 @@ fn prepared_launch(
             .template_int("WARPS", cfg.warps as i32)
             .template_bool("SPLIT_X", !sixteen_bit)
             .template_bool("BIAS_FOLD", cfg.bias_fold && sixteen_bit)
-            .template_bool("PACK_FMA", cfg.pack_fma && cfg.bias_fold && sixteen_bit);
+            .template_bool("PACK_FMA", cfg.pack_fma && cfg.bias_fold && sixteen_bit)
+            // Rows' powers of two: found by the kernel for bf16 and f32 read as they are, given
+            // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
+            .template_bool("LIFT", read != Dtype::Float16)
+            .template_bool("HANDED", read != dtype);
         if let Some(k) = up_bits {
             launch = launch.template_int("KU", k as i32);
         }
         let kernel = kernel(fused)?;
-        Ok(Prepared { kernel, launch: kernel.prepare(&launch)? })
+        let inputs = g.in_features();
+        let hand_over =
+            if read != dtype { Some(prescale::prepare(m, inputs, inputs, dtype, 0, false)?) } else { None };
+        Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
     })
 }
 
