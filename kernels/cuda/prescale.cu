@@ -20,11 +20,15 @@
 // past R), one at a time otherwise; one 16-byte store per set.
 // Block 0 also zeroes the down kernel's COUNTERS fold counters (its fourth input), so that a
 // prescaled call needs no launch of its own for them (COUNTERS 0: none).
+// Without WRITE_X only the exponents are written (and the counters zeroed): the down kernel's
+// other configurations convert their activations in the thread block, with these exponents.
 // Template ints: R, R_PAD, COUNTERS. Template bools: SPLIT_X, ROW_SCALES (multiply by scales;
-// false: `scales` is not read). Template type: T (activation dtype).
-// Grid [blockDim.x, M] threads, any whole number of warps a block (at most 32).
+// false: `scales` is not read), WRITE_X. Template type: T (activation dtype).
+// Grid [blockDim.x, min(M, 65535), ceil(M / 65535)] threads (row m = blockIdx.y + gridDim.y
+// blockIdx.z: grid y holds at most 65535), any whole number of warps a block (at most 32).
   const int M = x_shape[0];
-  const int m = blockIdx.y;
+  const int m = blockIdx.y + gridDim.y * blockIdx.z;
+  if (m >= M) return;
   const int tid = threadIdx.x, threads = blockDim.x;
   if (m == 0) {
     for (int i = tid; i < COUNTERS; i += threads) counters[i] = 0u;
@@ -69,7 +73,7 @@
   const int e = trellis_cuda::row_exponent(amax);
   const float lift = trellis_cuda::pow2(e);
   if (tid == 0) x_exp[m] = __float2half((float)e);
-  for (int r0 = 8 * tid; r0 < R_PAD; r0 += 8 * threads) {
+  for (int r0 = 8 * tid; WRITE_X && r0 < R_PAD; r0 += 8 * threads) {
     float v[8];
     load(r0, v);
     alignas(16) __half hi[8], lo[8];

@@ -30,8 +30,8 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use super::dense::down_cuda_dense;
 use super::down_config::CudaDownConfig;
 use super::down_plan::{plan_for, require_supported};
-use super::prescale;
 pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
+use super::prescale::{self, PrePassOutput};
 
 const SOURCE: &str = sources::CUDA_DOWN_MMA;
 const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
@@ -83,46 +83,29 @@ pub(crate) fn run(
     require_supported(g)?;
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
-    // Fold counters in a fresh zeroed array per call: two calls in flight never count into the
-    // same one.
-    // Without the pre-pass the kernel finds its rows' powers of two itself and does not read
-    // x_exp (the pre-pass's exponents): the scales stand in for it.
-    let (b, counters, x_exp) = match &prepared.pre_pass {
-        PrePass::Prescale(prescale, launch) => {
-            let mut outs =
-                prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?;
-            let x_exp = outs.pop().expect("three outputs");
-            let counters = outs.pop().expect("three outputs");
-            (outs.pop().expect("three outputs"), counters, x_exp)
-        }
-        // Two counters at least: a broadcast zero of one element is already contiguous, and MLX
-        // would hand the kernel the scalar's own buffer instead of a copy of it.
-        PrePass::Zeros(counters) => {
-            (x2.clone(), MlxArray::zeros(&[(*counters).max(2)], Dtype::Uint32)?, scales.clone())
-        }
-    };
-    let inputs = [&b, codes, scales, &counters, &x_exp];
+    // The pre-pass gives the rows' exponents and the fold counters, a fresh zeroed array per
+    // call (two calls in flight never count into the same one), and in prescaled
+    // configurations the converted activations the kernel reads in place of x2.
+    let mut outs = prescale::kernel()?
+        .apply_prepared(&[x2, scales], &prepared.pre_pass)
+        .context("CUDA down kernel: the activations' pre-pass")?;
+    let x_exp = outs.pop().expect("three outputs");
+    let counters = outs.pop().expect("three outputs");
+    let x_scaled = outs.pop().expect("three outputs");
+    let b = if cfg.prescaled { &x_scaled } else { x2 };
+    let inputs = [b, codes, scales, &counters, &x_exp];
     let mut outs = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
     let partials = outs.pop().expect("two outputs");
     Ok((outs.pop().expect("two outputs"), partials))
 }
 
-/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and what comes
-/// before it.
+/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and the
+/// pre-pass before it (`prescale.cu`: the rows' exponents, the zeroed fold counters and, for
+/// prescaled configurations, the converted activations).
 struct PreparedDown {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,
-    pre_pass: PrePass,
-}
-
-/// Where the kernel's B operand and zeroed fold counters (one per column tile and pass) come
-/// from.
-enum PrePass {
-    /// A prescaled configuration's pre-pass kernel, whose outputs the kernel reads in place of the
-    /// activations, and the counters.
-    Prescale(&'static CudaKernel, CudaLaunch),
-    /// The activations as given, and an MLX zeros array of this many counters.
-    Zeros(usize),
+    pre_pass: CudaLaunch,
 }
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
@@ -178,11 +161,8 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         .template_bool("PRESCALED", cfg.prescaled)
         .template_bool("MBARRIERS", cfg.mbarriers);
     let launch = kernel.prepare(&launch)?;
-    let pre_pass = if cfg.prescaled {
-        PrePass::Prescale(prescale::kernel()?, prescale::prepare(m, g.rows, row_pad, dtype, counters, true)?)
-    } else {
-        PrePass::Zeros(counters)
-    };
+    let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
+    let pre_pass = prescale::prepare(m, g.rows, row_pad, dtype, counters, true, output)?;
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 

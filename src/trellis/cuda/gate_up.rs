@@ -26,7 +26,7 @@ use crate::trellis::operands::LayerOperands;
 
 use super::dense::expand_cuda;
 use super::gate_up_plan::{plan, AxisOneConfig};
-use super::prescale;
+use super::prescale::{self, PrePassOutput};
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
 /// the pre-pass (each row brought into f16's range by a power of two): every row tile of the
@@ -253,7 +253,7 @@ fn prepared_launch(
         let kernel = kernel(fused)?;
         let inputs = g.in_features();
         let hand_over =
-            if read != dtype { Some(prescale::prepare(m, inputs, inputs, dtype, 0, false)?) } else { None };
+            if read != dtype { Some(prescale::prepare(m, inputs, inputs, dtype, 0, false, PrePassOutput::Activations)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
     })
 }
