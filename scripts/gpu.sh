@@ -5,6 +5,7 @@
 #   scripts/gpu.sh setup DIR                  # MLX's CUDA build (pip) into DIR; writes DIR/env.sh
 #   scripts/gpu.sh build                      # test and example binaries into the bundle
 #   scripts/gpu.sh test [NAME...]             # the bundle's test binaries, ignored GPU tests included
+#   scripts/gpu.sh exits [N]                  # N (50) failing runs must each exit 2, none abort
 #   scripts/gpu.sh bench [mlp|down|encoder|all]
 #   scripts/gpu.sh profile [mlp [M] | down [M] | latency [contenders|sweep] | ab BASE_BENCH_DOWN ROWS...]
 #   scripts/gpu.sh tp [one | multi N]         # tensor parallelism over NCCL
@@ -36,7 +37,7 @@ mlx_version="${MLX_VERSION:-0.32.2}"
 python="${PYTHON:-python3}"
 
 usage() {
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -236,23 +237,78 @@ run_tests() {
         --skip quality_table --test-threads "$threads"
     fi
   done
-  [ "${#@}" = 0 ] && clean_exit
+  [ "${#@}" = 0 ] && exits
 }
 
-# clean_exit: a call that fails after GPU work (the Metal path forced on CUDA) must end in exit
-# status 2, never in an abort ("terminate called", status 134), 20 times over; the main example's
-# success path must end in 0.
-clean_exit() {
-  [ -x "$bundle/qwen_down" ] || return 0
-  local i rc codes="" bad=0
-  for i in $(seq 20); do
-    timeout 60 "$bundle/qwen_down" --path metal --rows 1 --bits 2 >"$out/clean_exit_$i.txt" 2>&1
+# exits [N]: how runs that fail end. N (50) failing invocations of mixed kinds (a forced path
+# that does not serve the layer or MLP, a broken artifact, activations of the wrong width or
+# dtype) must each end in exit status 2 and never in an abort ("terminate called ...
+# Destroy(handle_) failed: driver shutting down", status 134); so must an NCCL rank 1 started
+# without its rank 0 (3 runs); the main example's success path must end in 0. Every run's output
+# is in $out/exits/.
+exits() {
+  local n="${1:-50}" dir="$out/exits"
+  [ -x "$bundle/qwen_down" ] && [ -x "$bundle/quantize_mlp" ] && [ -x "$bundle/qwen_mlp" ] || {
+    note "FAILED  exits: qwen_down, quantize_mlp and qwen_mlp must be in the bundle"
+    failed=1
+    return
+  }
+  rm -rf "$dir" && mkdir -p "$dir"
+  # A valid MLP artifact (hidden 512), a copy whose safetensors is cut short, and activations
+  # files of the wrong width and of an integer dtype.
+  step exits_artifact 600 "$bundle/quantize_mlp" --out "$dir/good" >/dev/null || return
+  mkdir -p "$dir/truncated"
+  cp "$dir/good/config.json" "$dir/truncated/"
+  head -c 4096 "$dir/good/model.safetensors" >"$dir/truncated/model.safetensors"
+  "$python" - "$dir" <<'EOF' || { note "FAILED  exits: could not write the activations files"; failed=1; return; }
+import json, struct, sys
+def write(path, dtype, shape, data):
+    header = json.dumps({"x": {"dtype": dtype, "shape": shape, "data_offsets": [0, len(data)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + data)
+d = sys.argv[1]
+write(f"{d}/x_wide.safetensors", "F32", [2, 100], struct.pack("<200f", *([0.5] * 200)))
+write(f"{d}/x_int.safetensors", "I32", [2, 512], struct.pack("<1024i", *([1] * 1024)))
+EOF
+  local mlp=(--weights "$dir/good" --mlp model.layers.0.mlp)
+  local i rc log codes="" aborts=0 bad=0 kind cmd=()
+  for i in $(seq "$n"); do
+    log="$dir/run_$i.txt"
+    case $((i % 5)) in
+    0) kind="forced Metal path, synthetic layer"; cmd=("$bundle/qwen_down" --path metal --rows 1 --bits 2) ;;
+    1) kind="forced Metal path, MLP artifact"; cmd=("$bundle/qwen_down" "${mlp[@]}" --path metal) ;;
+    2) kind="truncated artifact"; cmd=("$bundle/qwen_down" --weights "$dir/truncated" --mlp model.layers.0.mlp --path cuda) ;;
+    3) kind="activations of the wrong width"; cmd=("$bundle/qwen_down" "${mlp[@]}" --x "$dir/x_wide.safetensors" --path cuda) ;;
+    4) kind="integer activations"; cmd=("$bundle/qwen_down" "${mlp[@]}" --x "$dir/x_int.safetensors" --path auto) ;;
+    esac
+    echo "# $kind: ${cmd[*]}" >"$log"
+    timeout 120 "${cmd[@]}" >>"$log" 2>&1
     rc=$?
     codes="$codes $rc"
-    if [ "$rc" != 2 ] || grep -q "terminate called" "$out/clean_exit_$i.txt"; then bad=1; fi
+    grep -q "terminate called" "$log" && aborts=$((aborts + 1))
+    [ "$rc" = 2 ] && ! grep -q "terminate called" "$log" || bad=$((bad + 1))
   done
-  if [ "$bad" = 0 ]; then note "ok      clean exit after an error, 20 runs (exit codes$codes)"; else
-    note "FAILED  clean exit after an error, 20 runs (exit codes$codes; see $out/clean_exit_*.txt)"
+  if [ "$bad" = 0 ]; then
+    note "ok      exits: $n failing runs, every one exit 2, $aborts aborts"
+  else
+    note "FAILED  exits: $n failing runs, $bad not ending in exit 2, $aborts aborts (exit codes$codes; see $dir/run_*.txt)"
+    failed=1
+  fi
+  # An NCCL rank 1 whose rank 0 never starts: its set-up fails within MLX_NCCL_TIMEOUT.
+  local port
+  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  codes="" bad=0
+  for i in 1 2 3; do
+    log="$dir/nccl_rank1_$i.txt"
+    timeout 120 env MLX_TRELLIS_TP_ROLE=nccl MLX_TRELLIS_TP_OUT="$dir" MLX_RANK=1 MLX_WORLD_SIZE=2 \
+      NCCL_HOST_IP=127.0.0.1 NCCL_PORT="$port" MLX_NCCL_TIMEOUT=3000 "$bundle/qwen_mlp" >"$log" 2>&1
+    rc=$?
+    codes="$codes $rc"
+    [ "$rc" = 2 ] && ! grep -q "terminate called" "$log" || bad=1
+  done
+  if [ "$bad" = 0 ]; then note "ok      exits: NCCL rank 1 without rank 0, 3 runs, exit 2 each"; else
+    note "FAILED  exits: NCCL rank 1 without rank 0 (exit codes$codes; see $dir/nccl_rank1_*.txt)"
     failed=1
   fi
   step qwen_down_ok 300 "$bundle/qwen_down" --rows 1 --bits 2 >/dev/null
@@ -453,6 +509,7 @@ case "$cmd" in
 setup) setup "$@" ;;
 build) build ;;
 test) prepare; run_tests "$@"; finish ;;
+exits) prepare; exits "$@"; finish ;;
 bench) prepare; bench "$@"; finish ;;
 profile) prepare; profile "$@"; finish ;;
 tp) prepare; tp "$@"; finish ;;

@@ -274,10 +274,10 @@ pub fn active_memory() -> Result<usize> {
 }
 
 /// Waits until everything queued on this thread's default stream has run, and then frees MLX's
-/// cache of released buffers: call it before the process exits after GPU work, on success and
-/// after an error alike. On MLX's CUDA back-end, work still queued when the process exits is torn
-/// down while the CUDA driver itself shuts down, and MLX's CUDA objects then throw from their
-/// destructors (the process aborts instead of exiting with its status).
+/// cache of released buffers. A program that ran MLX work ends through
+/// [`exit_process`](crate::exit_process), which calls this first: on MLX's CUDA back-end,
+/// returning from `main` runs MLX's C++ static destructors while the CUDA driver shuts down, and
+/// they abort the process.
 pub fn synchronize() -> Result<()> {
     // SAFETY: no preconditions; it waits on the default stream of the calling thread.
     call(|| unsafe { sys::mlx_synchronize_default() })?;

@@ -64,6 +64,7 @@ mod memory;
 pub mod llama;
 pub mod nn;
 mod ops;
+mod process;
 #[cfg(feature = "metal-sim")]
 mod sim;
 pub mod trellis;
@@ -80,6 +81,7 @@ pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use memory::available_memory;
 pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
+pub use process::exit_process;
 #[cfg(feature = "metal-sim")]
 pub use sim::MetalSimScope;
 

@@ -186,6 +186,130 @@ fn fused_mlp_k4_matches_the_reference() {
     fused_swiglu_and_mlp_match_the_reference(256, 1024, 4, CodeLayout::RowMajor);
 }
 
+/// Row counts of the mixed-width tests: every planned pass shape (1..8 tiles of 8 rows, one
+/// and two passes), the IMAD pack (1), the f16 hand-over (17), the dense path's start (65), and
+/// counts that are not multiples of 8 or 16.
+const MIXED_ROWS: [usize; 22] = [1, 2, 3, 5, 7, 8, 9, 13, 16, 17, 23, 24, 31, 33, 40, 47, 57, 64, 65, 72, 100, 127];
+
+/// A gate of `kg` bits and an up of `ku` bits over the same 200 output rows (not a multiple of
+/// 16) and 768 inputs (3 blocks, not a multiple of the 4 warps), L 12, and a down projection.
+fn mixed_mlp(kg: u32, ku: u32) -> ((HostLayer, HostLayer, HostLayer), TrellisMlp) {
+    let (hidden, inter) = (768, 200);
+    let scale = (1.0 / (hidden as f64).sqrt()) as f32;
+    let gate = synthetic_layer(inter, hidden, kg, 12, 1, CodeLayout::RowMajor, scale, 90 + kg as u64).unwrap();
+    let up = synthetic_layer(inter, hidden, ku, 12, 1, CodeLayout::RowMajor, scale, 95 + ku as u64).unwrap();
+    let down = synthetic_layer(inter, hidden, 3, 12, 0, CodeLayout::RowMajor, 0.07, 99).unwrap();
+    let lin = |name: &str, l: &HostLayer| TrellisLinear::from_host(name, l).unwrap();
+    let mlp = TrellisMlp::new(lin("gate", &gate), lin("up", &up), lin("down", &down)).unwrap();
+    ((gate, up, down), mlp)
+}
+
+/// Gate and up of bits `kg` and `ku` (artifacts that allocate bits per tensor): the fused kernel
+/// (one launch, `ForwardPath::Cuda`) at every kind of row count and dtype against the reference,
+/// the planned fused shape forced where the plan takes the dense path (16-bit, 65+ rows), and
+/// the whole MLP.
+fn mixed_widths_match_the_reference(kg: u32, ku: u32) {
+    require_cuda();
+    let (h, mlp) = mixed_mlp(kg, ku);
+    for &m in &MIXED_ROWS {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            let (x, xr) = x(m, 768, dtype, 1.0);
+            let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+            let what = format!("SwiGLU gate k{kg} up k{ku}");
+            let s = mlp.swiglu_with(&x, ForwardPath::Cuda).unwrap();
+            check(&what, &s, &want, m, 200, dtype, gate(dtype));
+            let cfg = axis_one_plan(m, dtype, true);
+            let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
+            check(&format!("{what} {cfg:?}"), &s, &want, m, 200, dtype, gate(dtype));
+            if [1, 17, 65].contains(&m) {
+                let want = mlp_forward_f64(&xr, m, &h.0, &h.1, &h.2).unwrap();
+                let y = mlp.forward_with(&x, ForwardPath::Cuda).unwrap();
+                check(&format!("MLP gate k{kg} up k{ku}"), &y, &want, m, 768, dtype, gate(dtype));
+                let y = mlp.forward(&x).unwrap();
+                check(&format!("MLP (Auto) gate k{kg} up k{ku}"), &y, &want, m, 768, dtype, gate(dtype));
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mixed_widths_k2_k3_match_the_reference() {
+    mixed_widths_match_the_reference(2, 3);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mixed_widths_k3_k2_match_the_reference() {
+    mixed_widths_match_the_reference(3, 2);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mixed_widths_k2_k4_match_the_reference() {
+    mixed_widths_match_the_reference(2, 4);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mixed_widths_k4_k2_match_the_reference() {
+    mixed_widths_match_the_reference(4, 2);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mixed_widths_k3_k4_match_the_reference() {
+    mixed_widths_match_the_reference(3, 4);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mixed_widths_k4_k3_match_the_reference() {
+    mixed_widths_match_the_reference(4, 3);
+}
+
+/// The same-width pairs through the same sweep (the kernel's KU = K instances).
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn equal_widths_through_the_mixed_sweep_match_the_reference() {
+    for k in [2, 3, 4] {
+        mixed_widths_match_the_reference(k, k);
+    }
+}
+
+/// Four fused calls of one mixed-width MLP evaluated together (MLX may run independent kernels
+/// of one evaluation concurrently) give the bits of the same calls run one at a time.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn concurrent_mixed_width_calls_equal_sequential_calls() {
+    require_cuda();
+    let (_, mlp) = mixed_mlp(2, 4);
+    for m in [1, 9, 40, 100] {
+        for dtype in [Dtype::Bfloat16, Dtype::Float32] {
+            let xs: Vec<MlxArray> = (0..4)
+                .map(|i| {
+                    x(m, 768, dtype, 1.0).0.multiply(&MlxArray::full(&[1], 1.0 + i as f64, dtype).unwrap()).unwrap()
+                })
+                .collect();
+            let cfg = axis_one_plan(m, dtype, true);
+            let call = |x: &MlxArray| swiglu_with(x, mlp.gate(), mlp.up(), cfg).unwrap();
+            let alone: Vec<Vec<f64>> = xs
+                .iter()
+                .map(|x| {
+                    let y = call(x);
+                    y.eval().unwrap();
+                    to_f64(&y)
+                })
+                .collect();
+            let together: Vec<MlxArray> = xs.iter().map(call).collect();
+            mlx_trellis::eval_all(&together.iter().collect::<Vec<_>>()).unwrap();
+            for (i, (y, want)) in together.iter().zip(&alone).enumerate() {
+                assert_eq!(&to_f64(y), want, "M {m} {dtype}: call {i} in flight with three others");
+            }
+        }
+    }
+}
+
 /// Activations at the edges of f16's range (the kernel multiplies them as f16): |x| near 6e4,
 /// and values near f16's smallest normal numbers.
 #[test]
@@ -216,6 +340,14 @@ fn bad_mlp_inputs_give_typed_errors() {
     let x = MlxArray::zeros(&[2, 512], Dtype::Bfloat16).unwrap();
     let err = mlx_trellis::trellis::cuda::gate_up::swiglu(&x, &lin, &other).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unserved, "{err}");
+    // Gate and up of different L have no fused kernel; of different k they do.
+    let (_, l16) = up_layer(64, 512, 2, 16);
+    let err = mlx_trellis::trellis::cuda::gate_up::swiglu(&x, &lin, &l16).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unserved, "{err}");
+    assert!(err.to_string().contains("differ in more than their bit widths"), "{err}");
+    let (_, k4) = up_layer(64, 512, 4, 12);
+    assert!(mlx_trellis::trellis::cuda::gate_up::fuses(lin.geometry(), k4.geometry()));
+    assert!(!mlx_trellis::trellis::cuda::gate_up::fuses(lin.geometry(), l16.geometry()));
     // k 3 L 12 interleaved is an axis-0 layout: no axis-1 kernel serves it.
     let host = synthetic_layer(512, 1024, 3, 12, 0, CodeLayout::K3Interleaved, 0.02, 3).unwrap();
     let down = TrellisLinear::from_host("down", &host).unwrap();

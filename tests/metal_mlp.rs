@@ -30,7 +30,8 @@ use mlx_trellis::trellis::metal::gate_up_mma::{gate_up_mma, gate_up_mma_pass, sw
 use mlx_trellis::trellis::reference::{forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
-    synthetic_layer, synthetic_mlp, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear, TrellisMlp,
+    synthetic_layer, synthetic_mlp, CodeLayout, ForwardPath, HostLayer, LayerOperands, TrellisGeometry, TrellisLinear,
+    TrellisMlp,
 };
 use mlx_trellis::{Dtype, ErrorKind, KernelSource, LaunchConfig, MetalKernel, MetalSimScope, MlxArray, Result};
 
@@ -143,14 +144,14 @@ impl Worst {
 }
 
 type Kernel = fn(&MlxArray, &MlxArray, &MlxArray, &TrellisGeometry) -> Result<MlxArray>;
-type Fused = fn(&MlxArray, &MlxArray, &MlxArray, &MlxArray, &MlxArray, &TrellisGeometry) -> Result<MlxArray>;
+type Fused = fn(&MlxArray, LayerOperands<'_>, LayerOperands<'_>) -> Result<MlxArray>;
 
 fn linear(kernel: Kernel, c: &Up) -> impl Fn(&MlxArray) -> Result<MlxArray> + '_ {
     move |x| kernel(x, c.lin.codes(), c.lin.scales(), c.g())
 }
 
 fn fused(kernel: Fused, p: &Pair) -> impl Fn(&MlxArray) -> Result<MlxArray> + '_ {
-    move |x| kernel(x, p.gate.lin.codes(), p.gate.lin.scales(), p.up.lin.codes(), p.up.lin.scales(), p.g())
+    move |x| kernel(x, p.gate.lin.operands(), p.up.lin.operands())
 }
 
 /// The factored form for `m` rows: the row kernel for one, the rows kernel for 2..8.
@@ -290,15 +291,7 @@ fn mma_passes_are_bit_identical(mode: Mode) {
         };
         let fus = |pass: UpPass| {
             bits(run("swiglu_mma_pass", p.g(), &x, &|x| {
-                swiglu_mma_pass(
-                    x,
-                    p.gate.lin.codes(),
-                    p.gate.lin.scales(),
-                    p.up.lin.codes(),
-                    p.up.lin.scales(),
-                    p.g(),
-                    pass,
-                )
+                swiglu_mma_pass(x, p.gate.lin.operands(), p.up.lin.operands(), pass)
             }))
         };
         let (first, first_fused) = (lin(passes[0]), fus(passes[0]));
@@ -447,6 +440,70 @@ fn wraparound(mode: Mode) {
     }
 }
 
+/// (gate k, up k, output rows, inputs, L, row counts): every ordered pair of different widths in
+/// 2..4, output rows not multiples of 8 or 16, inputs of one block and of several, L 8, 12 and 16
+/// (16: the factored forms only), row counts of both factored forms and of the MMA form
+/// (several passes, not multiples of 8).
+type MixedPair = (u32, u32, usize, usize, u32, &'static [usize]);
+
+const MIXED_PAIRS: [MixedPair; 6] = [
+    (2, 3, 37, 512, 12, &[1, 2, 9, 40]),
+    (3, 2, 70, 256, 8, &[1, 5, 17, 64]),
+    (2, 4, 45, 768, 12, &[1, 8, 23, 33]),
+    (4, 2, 21, 512, 16, &[1, 3, 7]),
+    (3, 4, 53, 256, 12, &[1, 4, 12, 57]),
+    (4, 3, 100, 1280, 8, &[1, 6, 26]),
+];
+
+/// A gate of `kg` bits and an up of `ku` bits over the same rows and inputs.
+fn mixed_pair(kg: u32, ku: u32, rows: usize, cols: usize, l: u32) -> Pair {
+    let seed = (rows * 131 + cols * 7) as u64 + 10 * kg as u64 + ku as u64;
+    Pair { gate: Up::new(rows, cols, kg, l, seed), up: Up::new(rows, cols, ku, l, seed ^ 0x5eed) }
+}
+
+fn mixed_widths(mode: Mode) {
+    // The fused kernels with gate and up of different bit widths (artifacts that allocate bits
+    // per tensor): every form against the f64 reference, f32 at every row count, f16 and bf16 at
+    // the first two; then TrellisMlp's path (the fused kernel, then the down kernels) on such an
+    // MLP.
+    let _sim = mode.scope();
+    let mut worst = Worst::default();
+    for &(kg, ku, rows, cols, l, ms) in &MIXED_PAIRS {
+        let p = mixed_pair(kg, ku, rows, cols, l);
+        assert_ne!(p.gate.g().k, p.up.g().k);
+        for (i, &m) in ms.iter().enumerate() {
+            let dtypes: &[Dtype] =
+                if i < 2 { &[Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] } else { &[Dtype::Float32] };
+            for &dtype in dtypes {
+                let (x, xr) = x(m, cols, dtype);
+                let (what, kernel) = if m > 8 { ("swiglu_mma", swiglu_mma as Fused) } else { factored_swiglu(m) };
+                let got = run(what, p.g(), &x, &fused(kernel, &p));
+                let what = format!("{what} gate k{kg} up k{ku}");
+                worst.check(&what, p.g(), m, dtype, &got, &p.reference(&xr, m));
+            }
+        }
+    }
+    let path = mode.path();
+    for (kg, ku, layout, m, dtype) in
+        [(2, 4, CodeLayout::RowMajor, 1, Dtype::Float32), (4, 3, CodeLayout::K3Interleaved, 12, Dtype::Bfloat16)]
+    {
+        let base = synthetic_mlp(512, 136, 3, layout, 60 + kg as u64).unwrap();
+        let gate = synthetic_layer(136, 512, kg, 12, 1, CodeLayout::RowMajor, 0.044, 61).unwrap();
+        let up = synthetic_layer(136, 512, ku, 12, 1, CodeLayout::RowMajor, 0.044, 62).unwrap();
+        let host = (gate, up, base.2);
+        let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(name, h).unwrap();
+        let mlp =
+            TrellisMlp::new(lin("gate_proj", &host.0), lin("up_proj", &host.1), lin("down_proj", &host.2)).unwrap();
+        let (x, xr) = x(m, 512, dtype);
+        let (h_want, y_want) = mlp_reference(&host, &xr, m);
+        let h = mlp.swiglu_with(&x, path).unwrap_or_else(|e| panic!("SwiGLU k {kg}/{ku} M {m}: {e:#}"));
+        worst.check("TrellisMlp::swiglu_with (mixed k)", mlp.gate().geometry(), m, dtype, &to_f64(&h), &h_want);
+        let y = mlp.forward_with(&x, path).unwrap_or_else(|e| panic!("MLP k {kg}/{ku} M {m}: {e:#}"));
+        worst.check("TrellisMlp::forward_with (mixed k)", mlp.down().geometry(), m, dtype, &to_f64(&y), &y_want);
+    }
+    worst.print();
+}
+
 on_sim_and_metal! {
     setup = strict;
     factored_forms => factored_forms_match_the_reference_sim, factored_forms_match_the_reference_metal;
@@ -456,6 +513,7 @@ on_sim_and_metal! {
     dispatch => dispatch_picks_the_axis_1_kernels_sim, dispatch_picks_the_axis_1_kernels_metal;
     mlp => mlp_runs_fused_swiglu_then_down_sim, mlp_runs_fused_swiglu_then_down_metal;
     wraparound => wrapped_windows_decode_inside_their_block_sim, wrapped_windows_decode_inside_their_block_metal;
+    mixed_widths => fused_swiglu_of_mixed_widths_matches_the_reference_sim, fused_swiglu_of_mixed_widths_matches_the_reference_metal;
 }
 
 /// The error's kind and full text (context chain included).
@@ -485,9 +543,10 @@ fn bad_inputs_and_unserved_calls_give_typed_errors() {
     let x1 = zeros(1, 512, Dtype::Float32);
     let lin = |k: Kernel, u: &Up, x: &MlxArray| error_of(k(x, u.lin.codes(), u.lin.scales(), u.g()));
     let fus = |k: Fused, up: (&MlxArray, &MlxArray), x: &MlxArray| {
-        error_of(k(x, p.gate.lin.codes(), p.gate.lin.scales(), up.0, up.1, p.g()))
+        error_of(k(x, p.gate.lin.operands(), LayerOperands::new(up.0, up.1, p.g())))
     };
     let up = (p.up.lin.codes(), p.up.lin.scales());
+    let up_ops = LayerOperands::new(up.0, up.1, p.g());
     let f32_scales = MlxArray::ones(&[37], Dtype::Float32).unwrap();
     let cases: Vec<((ErrorKind, String), ErrorKind, &str)> = vec![
         // Wrong widths, dtypes and operands.
@@ -511,7 +570,7 @@ fn bad_inputs_and_unserved_calls_give_typed_errors() {
             "pass UpPass { nt: 0, mt: 1 } needs nt in 1..=4 and mt in 1..=8",
         ),
         (
-            error_of(swiglu_mma_pass(&x1, up.0, up.1, up.0, up.1, p.g(), UpPass { nt: 1, mt: 9 })),
+            error_of(swiglu_mma_pass(&x1, up_ops, up_ops, UpPass { nt: 1, mt: 9 })),
             Invalid,
             "needs nt in 1..=4 and mt in 1..=8",
         ),
@@ -537,17 +596,18 @@ fn bad_inputs_and_unserved_calls_give_typed_errors() {
         assert_eq!(kind, want_kind, "{got}");
         assert!(got.contains(want), "expected {want:?} in {got:?}");
     }
-    // Gate and up of different bit widths (a valid MLP) have no fused kernel: the Metal path
-    // refuses the MLP as unserved, and so it does an MLP of L 16 at more than 8 rows.
+    // Gate and up of different L (a valid MLP) have no fused kernel (different bit widths do,
+    // see mixed_widths): the Metal path refuses the MLP as unserved, and so it does an MLP of
+    // L 16 at more than 8 rows.
     let host = synthetic_mlp(256, 64, 2, CodeLayout::RowMajor, 5).unwrap();
-    let up3 = synthetic_layer(64, 256, 3, 12, 1, CodeLayout::RowMajor, 0.06, 6).unwrap();
+    let up_l8 = synthetic_layer(64, 256, 2, 8, 1, CodeLayout::RowMajor, 0.06, 6).unwrap();
     let l = |name: &str, h: &HostLayer| TrellisLinear::from_host(name, h).unwrap();
-    let mixed = TrellisMlp::new(l("gate", &host.0), l("up", &up3), l("down", &host.2)).unwrap();
+    let mixed = TrellisMlp::new(l("gate", &host.0), l("up", &up_l8), l("down", &host.2)).unwrap();
     let x = zeros(1, 256, Dtype::Float32);
     for path in [ForwardPath::MetalSim, ForwardPath::Metal] {
         let e = mixed.forward_with(&x, path).unwrap_err();
         assert_eq!(e.kind(), Unserved, "{e:#}");
-        assert!(format!("{e:#}").contains("needs gate and up of one geometry"), "{e:#}");
+        assert!(format!("{e:#}").contains("needs gate and up of one geometry but for their bit widths"), "{e:#}");
     }
     let g16 = synthetic_layer(64, 256, 2, 16, 1, CodeLayout::RowMajor, 0.06, 7).unwrap();
     let u16 = synthetic_layer(64, 256, 2, 16, 1, CodeLayout::RowMajor, 0.06, 8).unwrap();

@@ -100,9 +100,14 @@ fn rank() {
         save_safetensors(path, tensors, &Default::default())?;
         Ok(())
     };
-    if let Err(e) = run() {
-        eprintln!("rank failed: {e:#}");
-        std::process::exit(1);
+    // A rank ends through exit_process on both paths (MLX's CUDA objects must not be destroyed
+    // at exit: see mlx_trellis::exit_process), before the test harness would print its summary.
+    match run() {
+        Ok(()) => mlx_trellis::exit_process(0),
+        Err(e) => {
+            eprintln!("rank failed: {e:#}");
+            mlx_trellis::exit_process(1)
+        }
     }
 }
 

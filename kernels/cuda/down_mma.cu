@@ -7,6 +7,16 @@
 // applied once per output when the partial sums are written (folding it into x * scale would
 // push small activations into f16's subnormal range).
 //
+// Magnitudes. Before the conversion to f16 each activation row's products are multiplied by a
+// power of two 2^e that brings their largest |x * scale| into f16's range (row_exponent in
+// fragment.cuh), and the f32 sums are multiplied by 2^-e when written: exact, so activations of
+// any magnitude an f32 holds keep f16's relative precision, where a plain conversion would
+// round products above 65504 to infinity and those below 6e-8 to zero. e comes from the
+// pre-pass (prescale.cu: the row's largest |x * scale|, one thread block a row) in x_exp; with
+// PRESCALED the pre-pass has also applied it, otherwise store_b does. (A pass over the block's
+// own slice of the row before the main loop made ptxas allocate the main loop's registers
+// differently: 16 % more instructions in it at one row, NVRTC sm_90.)
+//
 // Work split. A block of WARPS warps owns TILE = 16 NC WARPS consecutive output positions (warp
 // w: positions [16 NC w, 16 NC (w + 1)) of the tile): CB = TILE / 256 whole coded blocks, or
 // where TILE < 256 one of the PARTS = 256 / TILE parts of a coded block (blockIdx.y = coded
@@ -58,7 +68,8 @@
 // M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
 // warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES.
 // The kernel folds its partials itself (see its end): it takes a fourth input, counters (u32,
-// one per column tile and pass, zero), and writes y [M, C] in Y besides the f32 partials.
+// one per column tile and pass, zero), and writes y [M, C] in Y besides the f32 partials. Its
+// fifth input, x_exp (f16 [M], integers), holds the rows' exponents from the pre-pass.
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
 // by per-slot mbarriers instead of a block barrier per step). Template types: T (activation
@@ -178,6 +189,15 @@
         trellis_cuda::cp_async16_zfill(&b_tile[slot][0][0][0] + b_copy_dst[u], x + b_copy_src[u] + STEP_ROWS * i, true);
     }
   };
+  // The power of two of each row of the pass (1 past M), from the pre-pass's exponents;
+  // row_unlift undoes it on the sums.
+  __shared__ float row_lift[B_ROWS], row_unlift[B_ROWS];
+  for (int t = tid; t < B_ROWS; t += THREADS) {
+    const int e = m_base + t < M ? (int)__half2float(x_exp[m_base + t]) : 0;
+    row_lift[t] = trellis_cuda::pow2(e), row_unlift[t] = trellis_cuda::pow2(-e);
+  }
+  __syncthreads();  // the rows' powers, before store_b and the partials' writes read them
+
   // Per-thread B plan: load e = b_lane + u * THREADS of every step is VW activations (row
   // e / (STEP_ROWS / VW) of the pass, step rows kk..kk + VW - 1). THREADS is a multiple of the
   // loads per B row, so kk is the same for all of a thread's loads and one set of VW scales
@@ -198,6 +218,14 @@
     b_row[u] = b_live[u] ? r_begin + b_kk : R;  // R: never read
     b_x[u] = x + (size_t)(m < M ? m : 0) * R + r_begin + b_kk;
   }
+  // Each load's row's power of two, read once for 16-bit activations (in the loop it cost the
+  // one-row k 2 plan 13 more instructions a step); f32 ones read it from shared memory in
+  // store_b (held in registers, it took their one-row plan from 80 to 97 registers, fewer
+  // blocks per SM). NVRTC sm_90 counts.
+  float b_lift[B_PER_THREAD];
+#pragma unroll
+  for (int u = 0; u < B_PER_THREAD; ++u)
+    b_lift[u] = SPLIT_X ? 1.0f : row_lift[min((b_lane + u * THREADS) / (STEP_ROWS / VW), B_ROWS - 1)];
   // 16-byte loads need 16-byte aligned rows: MLX's buffers are, a view into one may not be.
   const bool vector_loads = VW == 8 && ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(scales)) & 15) == 0;
   // Step `i`'s activations and scales as loaded (this thread's share of the B tile), held in the
@@ -247,10 +275,11 @@
       const int e = b_lane + u * THREADS;
       if (b_live[u]) {
         const T* xs = reinterpret_cast<const T*>(v.x[u]);
+        const float lift = SPLIT_X ? row_lift[e / (STEP_ROWS / VW)] : b_lift[u];
         alignas(16) __half hi[VW], lo[VW];  // read back as one uint4 when VW == 8
 #pragma unroll
         for (int j = 0; j < VW; ++j) {
-          const float xv = float(xs[j]) * __half2float(s[j]);
+          const float xv = float(xs[j]) * __half2float(s[j]) * lift;
           hi[j] = __float2half_rn(xv);
           lo[j] = __float2half_rn(xv - __half2float(hi[j]));
         }
@@ -436,11 +465,13 @@
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       const int m = m_base + 8 * t + 2 * q;
+      const float unlift[2] = {row_unlift[8 * t + 2 * q], row_unlift[8 * t + 2 * q + 1]};
 #pragma unroll
       for (int s = 0; s < NC; ++s) {
         float d[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP;
+        for (int e = 0; e < 4; ++e)
+          d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP * unlift[e & 1];
         float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 2 * s;
         if (m < M) *reinterpret_cast<float2*>(out) = make_float2(d[0], d[2]);
         if (m + 1 < M) *reinterpret_cast<float2*>(out + (size_t)SPLITS * C) = make_float2(d[1], d[3]);

@@ -65,4 +65,33 @@ __device__ __forceinline__ __half2 half2_of(float a, float b) {
   return __float22half2_rn(make_float2(a, b));
 }
 
+// Activations and activation x scale products reach the tensor cores as f16, whose range is
+// 6e-8 (2^-24, subnormal below 2^-14) to 65504: real activations run from far below to far
+// above it. So each activation row is brought into range first by a power of two, 2^e, chosen
+// from the largest |value| the kernel will convert for that row (amax): amax * 2^e lies in
+// [2^14, 2^15), so nothing overflows, not even after rounding or in an f32 hi + lo pair, and
+// values down to 2^-29 of amax stay normal f16 numbers. The f32 accumulator is multiplied by
+// 2^-e before it is written. Both multiplies are exact (powers of two, away from f32's own
+// limits), so for activations already in f16's range the results are the bits of no prescale.
+// A zero or non-finite amax gets e = 0 (a non-finite input makes its outputs non-finite either
+// way); e is clamped to [-100, 100], far past f32 activations of any use (amax from 2^-86).
+__device__ __forceinline__ int row_exponent(float amax) {
+  if (!(amax > 0.0f) || !(amax <= 3.402823466e38f)) return 0;
+  int e;
+  frexpf(amax, &e);  // amax = f * 2^e, f in [0.5, 1)
+  return max(-100, min(100, 15 - e));
+}
+
+// 2^e as an f32, exactly (|e| <= 126).
+__device__ __forceinline__ float pow2(int e) {
+  return __int_as_float((127 + e) << 23);
+}
+
+// The largest value of `v` over the 32 lanes of a warp.
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 }  // namespace trellis_cuda

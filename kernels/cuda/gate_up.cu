@@ -30,34 +30,52 @@
 // With PACK_FMA (and BIAS_FOLD) half of the pairs are packed by an IMAD on the FMA-heavy pipe
 // instead of a PRMT on the ALU pipe, which at one row is the decode's limit.
 //
+// Magnitudes. The activations reach the tensor cores as f16 (range 6e-8 ... 65504), so each
+// activation row is first multiplied by a power of two 2^e that brings its largest |x| into
+// f16's range (row_exponent in fragment.cuh), and the row's outputs by 2^-e before they are
+// written: exact, so activations of any magnitude an f32 or a bf16 holds keep f16's relative
+// precision instead of rounding to infinity or zero. With LIFT (bf16 or f32 activations read as
+// they are) the block finds e itself, in one pass over the whole row before its main loop; with
+// HANDED the activations are the pre-pass's (prescale.cu: f16 already multiplied by 2^e) and e
+// comes in x_exp (f16 [M], integers); f16 activations read as they are need neither (they are
+// f16 numbers already, exactly).
+//
 // Activations load 8 at a time (16-byte loads) where x starts on a 16-byte boundary (MLX's
 // buffers do; a view may not), one at a time otherwise. Rows past M are zero and never loaded;
 // output rows past OUT read row OUT - 1 and are not written.
 //
 // The widths IN (x_shape[1]) and OUT (scales_shape[0]) and the row count M (x_shape[0]) are read
 // at run time: one compiled kernel serves every layer of a bit width and shape. Template ints:
-// K, L, MT, RT, WARPS. Template bools: SPLIT_X (f32 activations as hi + lo), BIAS_FOLD,
-// PACK_FMA. Template types: T (activations as the kernel reads them: f32, f16 or bf16; the host
-// hands 16-bit activations of many rows over as f16, converted once by MLX), Y (the output
-// dtype). Inputs: x [M, IN], codes [OUT, IN K / 32], scales [OUT] (f16), and in the fused
-// variant up_codes and up_scales of the same shapes. Output: y [M, OUT] in Y.
+// K, L, MT, RT, WARPS, and in the fused variant KU, the up projection's bits per weight (K is
+// the gate's): artifacts that allocate bits per tensor give gate and up different widths of the
+// same rows, inputs, T and L, and one launch serves them; every per-matrix width below is a
+// compile-time constant once the loops over the matrices are unrolled, so KU = K compiles to
+// the code of one width. Template bools: SPLIT_X (f32 activations as hi + lo), BIAS_FOLD,
+// PACK_FMA, LIFT and HANDED (the rows' powers of two, above). Template types: T (activations
+// as the kernel reads them: f32, f16 or bf16; the host hands bf16 activations of many rows over
+// as the pre-pass's f16), Y (the output dtype). Inputs: x [M, IN], x_exp [M] (f16, read with
+// HANDED only), codes [OUT, IN K / 32], scales [OUT] (f16), and in the fused variant up_codes
+// [OUT, IN KU / 32] and up_scales [OUT]. Output: y [M, OUT] in Y.
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
-  constexpr int WPB = 8 * K;            // words per coded block
-  const int NB = IN / 256;              // blocks per row
-  const int ROW_WORDS = NB * WPB;       // words per row
-  constexpr int RUN = 2 * K + 1;        // words of a lane's run
-  constexpr int ROWS = 16 * RT;         // output rows per thread block
-  constexpr int SETS = SPLIT_X ? 2 : 1; // f16 B sets (f32: hi, lo)
 #if TRELLIS_FUSED
   constexpr int NMAT = 2;               // gate, up
+  constexpr int K_UP = KU;
 #else
   constexpr int NMAT = 1;
+  constexpr int K_UP = K;
 #endif
-  static_assert(L <= 16 && L >= K, "L-bit windows");
+  // Bits per weight of matrix a (0: gate or the only one, 1: up); constant once a is unrolled.
+  auto k_of = [](int a) { return a == 0 ? K : K_UP; };
+  constexpr int K_MAX = K > K_UP ? K : K_UP;
+  const int NB = IN / 256;              // blocks per row
+  constexpr int RUN = 2 * K_MAX + 1;    // words of a lane's run (the widest matrix's)
+  constexpr int ROWS = 16 * RT;         // output rows per thread block
+  constexpr int SETS = SPLIT_X ? 2 : 1; // f16 B sets (f32: hi, lo)
+  static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
   static_assert(!PACK_FMA || BIAS_FOLD, "PACK_FMA packs the biased pairs");
   static_assert(!(BIAS_FOLD && SPLIT_X), "the bias fold is for 16-bit activations");
 
@@ -83,28 +101,36 @@
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int o = min(row0 + 16 * r + 8 * h + g, OUT - 1);
-        rows[a][r][h] = mats[a] + (size_t)o * ROW_WORDS;
+        rows[a][r][h] = mats[a] + (size_t)o * (NB * 8 * k_of(a));  // words per row
       }
-  // The run's words in a block: 2 K pairs of words from word0 (even, so 8-byte aligned), then
-  // the word after them, which wraps to word 0 where q = 0.
-  const int word0 = 2 * K * (3 - q);
-  const int word_last = q == 0 ? 0 : word0 + 2 * K;
+  // The run's words in a block of k-bit codes: 2 k pairs of words from word 2 k (3 - q) (even,
+  // so 8-byte aligned), then the word after them, which wraps to word 0 where q = 0. A matrix
+  // narrower than K_MAX leaves its last entries of a run unused.
+  int word0[NMAT], word_last[NMAT];
+#pragma unroll
+  for (int a = 0; a < NMAT; ++a) {
+    word0[a] = 2 * k_of(a) * (3 - q);
+    word_last[a] = q == 0 ? 0 : word0[a] + 2 * k_of(a);
+  }
   using Runs = unsigned[NMAT][RT][2][RUN];
   auto load_runs = [&](int b, Runs& w) {
 #pragma unroll
-    for (int a = 0; a < NMAT; ++a)
+    for (int a = 0; a < NMAT; ++a) {
+      const int ka = k_of(a);
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t* blk = rows[a][r][h] + b * WPB;
+          const uint32_t* blk = rows[a][r][h] + b * (8 * ka);
 #pragma unroll
-          for (int j = 0; j < K; ++j) {
-            const uint2 v = *reinterpret_cast<const uint2*>(blk + word0 + 2 * j);
+          for (int j = 0; j < K_MAX; ++j) {
+            if (j >= ka) break;
+            const uint2 v = *reinterpret_cast<const uint2*>(blk + word0[a] + 2 * j);
             w[a][r][h][2 * j] = v.x, w[a][r][h][2 * j + 1] = v.y;
           }
-          w[a][r][h][2 * K] = blk[word_last];
+          w[a][r][h][2 * ka] = blk[word_last[a]];
         }
+    }
   };
 
   // B: lane (g, q) of 8-row tile t holds activation row m_base + 8 t + g at the lane's positions.
@@ -117,6 +143,45 @@
     live[t] = m < M;
     x_rows[t] = x + (size_t)(live[t] ? m : 0) * IN + 64 * q;
   }
+  // Each row's power of two: e of row m_base + i in row_exp[i] (0 past M, and without LIFT or
+  // HANDED). With LIFT every thread of the block strides the row (16-byte loads where aligned)
+  // and the warps fold their largest |x| in shared memory (non-negative floats order as their
+  // bits).
+  static_assert(!(LIFT && HANDED), "the pre-pass's activations are lifted already");
+  __shared__ int row_exp[8 * MT];
+  __shared__ unsigned row_amax[8 * MT];
+  if (LIFT) {
+    for (int i = threadIdx.x; i < 8 * MT; i += 32 * WARPS) row_amax[i] = 0u;
+    __syncthreads();
+    for (int i = 0; i < 8 * MT && m_base + i < M; ++i) {
+      const T* xr = x + (size_t)(m_base + i) * IN;
+      float amax = 0.0f;
+      for (int j = 8 * threadIdx.x; j < IN; j += 8 * 32 * WARPS) {
+        alignas(16) T xs[8];
+        if (vector_loads) {
+#pragma unroll
+          for (int w = 0; w < (int)sizeof(xs) / 16; ++w) reinterpret_cast<uint4*>(xs)[w] = reinterpret_cast<const uint4*>(xr + j)[w];
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) xs[k] = xr[j + k];
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(float(xs[k])));
+      }
+      amax = trellis_cuda::warp_max(amax);
+      if (lane == 0) atomicMax(&row_amax[i], __float_as_uint(amax));
+    }
+    __syncthreads();
+  }
+  for (int i = threadIdx.x; i < 8 * MT; i += 32 * WARPS) {
+    const bool in = m_base + i < M;
+    row_exp[i] = HANDED && in ? (int)__half2float(x_exp[m_base + i]) : LIFT && in ? trellis_cuda::row_exponent(__uint_as_float(row_amax[i])) : 0;
+  }
+  __syncthreads();
+  // This lane's rows' factors: 2^e for the activations it converts (LIFT).
+  float x_lift[MT];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) x_lift[t] = trellis_cuda::pow2(row_exp[8 * t + g]);
   // The B fragments of chunks c and c + 1 (c even) of block b for every tile and set.
   auto load_b = [&](int b, int c, unsigned (&bf)[2][MT][SETS][2]) {
 #pragma unroll
@@ -135,10 +200,11 @@
       }
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        const __half2 hi = trellis_cuda::half2_of(xs[2 * p], xs[2 * p + 1]);
+        const __half2 hi = LIFT ? __float22half2_rn(make_float2(float(xs[2 * p]) * x_lift[t], float(xs[2 * p + 1]) * x_lift[t]))
+                                : trellis_cuda::half2_of(xs[2 * p], xs[2 * p + 1]);
         bf[p >> 1][t][0][p & 1] = *reinterpret_cast<const unsigned*>(&hi);
         if (SPLIT_X) {
-          const float2 v = make_float2(float(xs[2 * p]), float(xs[2 * p + 1]));
+          const float2 v = make_float2(float(xs[2 * p]) * x_lift[t], float(xs[2 * p + 1]) * x_lift[t]);
           const float2 hf = __half22float2(hi);
           const __half2 lo = __float22half2_rn(make_float2(v.x - hf.x, v.y - hf.y));
           bf[p >> 1][t][SPLIT_X ? 1 : 0][p & 1] = *reinterpret_cast<const unsigned*>(&lo);
@@ -161,13 +227,14 @@
     }
   }
 
-  // Chunk c of a block: position 64 q + 4 c + j of the lane's rows sits at run bit (63 - 4 c - j) K.
+  // Chunk c of a block: position 64 q + 4 c + j of the lane's rows sits at run bit (63 - 4 c - j) k.
   auto multiply_chunk = [&](const Runs& w, int c, const unsigned (&bc)[MT][SETS][2]) {
-    const int b0 = (63 - 4 * c) * K, b1 = b0 - K, b2 = b0 - 2 * K, b3 = b0 - 3 * K;
 #pragma unroll
     for (int a = 0; a < NMAT; ++a)
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
+        const int ka = k_of(a);
+        const int b0 = (63 - 4 * c) * ka, b1 = b0 - ka, b2 = b0 - 2 * ka, b3 = b0 - 3 * ka;
         const unsigned(&lo)[RUN] = w[a][r][0];
         const unsigned(&hi)[RUN] = w[a][r][1];
         unsigned f[4];
@@ -209,7 +276,8 @@
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < RUN; ++j) w[a][r][h][j] = w_next[a][r][h][j];
+          for (int j = 0; j < RUN; ++j)
+            if (j <= 2 * k_of(a)) w[a][r][h][j] = w_next[a][r][h][j];
   }
 
   // Warp 0 adds the other warps' sums in warp order (a fixed order: the same bits every run).
@@ -246,9 +314,10 @@
       for (int t = 0; t < MT; ++t) {
         const int m = m_base + 8 * t + 2 * q + (e & 1);
         if (m >= M) continue;
+        const float unlift = trellis_cuda::pow2(-row_exp[8 * t + 2 * q + (e & 1)]);
         float v[NMAT];
 #pragma unroll
-        for (int a = 0; a < NMAT; ++a) v[a] = (acc[a][r][t][e] - (BIAS_FOLD ? 1534.0f * bias[t][e] : 0.0f)) * s[a];
+        for (int a = 0; a < NMAT; ++a) v[a] = (acc[a][r][t][e] - (BIAS_FOLD ? 1534.0f * bias[t][e] : 0.0f)) * s[a] * unlift;
 #if TRELLIS_FUSED
         const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
 #else

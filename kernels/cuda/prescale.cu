@@ -1,49 +1,88 @@
-// The down kernel's B operand ready-made: x_scaled[m, r] = f16(x[m, r] * scale[r]) for the
-// down kernel's PRESCALED mode (down_mma.cu), which then streams its B tiles with cp.async
-// instead of loading and converting activations in every thread block (each of a row's column
-// blocks did that work again).
+// Activations ready-made for the tensor cores as f16, one thread block per activation row:
+// x_scaled[m, r] = f16(x[m, r] * scale[r] * 2^e[m]), with the row's power of two e[m] (f16's
+// range, see row_exponent in fragment.cuh) chosen from the row's largest |x * scale| and written
+// to x_exp[m] (an integer, exact as an f16). Two callers:
+// - the down kernel's PRESCALED mode (down_mma.cu, ROW_SCALES true), which then streams its B
+//   tiles with cp.async instead of loading and converting activations in every thread block
+//   (each of a row's column blocks did that work again), and undoes 2^e[m] on its sums;
+// - the axis-1 kernel's hand-over of bf16 activations of many rows (gate_up.cu, ROW_SCALES
+//   false: no scales, x_scaled = f16(x * 2^e)), converted once per call instead of once per row
+//   tile of the layer.
 //
 // Rows are padded with zeros to R_PAD (a multiple of 64: whole steps of any step length). With
-// SPLIT_X (f32 activations) rows M..2M - 1 hold the residues f16(x * scale - hi), as the kernel
-// itself splits them. The arithmetic is the kernel's own: one f32 product, rounded to f16.
+// SPLIT_X (f32 activations) rows M..2M - 1 hold the residues f16(x * scale * 2^e - hi), as the
+// down kernel itself splits them. The arithmetic is the kernel's own: one f32 product, an exact
+// power of two, rounded to f16.
 //
-// Thread t of grid row m converts activations [8 t, 8 t + 8) of row m: 16-byte loads where R is
-// a multiple of 8 and both inputs are 16-byte aligned (then 8 activations are all in or all past
-// R), one at a time otherwise; one 16-byte store per set (eight activations a thread: one was
-// slower, docs/cuda-down.md). Grid [R_PAD / 8, M].
-// It also zeroes the down kernel's COUNTERS fold counters (its fourth input), so that a
-// prescaled call needs no launch of its own for them.
-// Template ints: R, R_PAD, COUNTERS. Template bool: SPLIT_X. Template type: T (activation dtype).
+// Thread block m (grid row m) reads its row twice: once for the largest |x * scale| (folded
+// across the block), then to convert it, 8 activations a thread at a time: 16-byte loads where R
+// is a multiple of 8 and both inputs are 16-byte aligned (then 8 activations are all in or all
+// past R), one at a time otherwise; one 16-byte store per set.
+// Block 0 also zeroes the down kernel's COUNTERS fold counters (its fourth input), so that a
+// prescaled call needs no launch of its own for them (COUNTERS 0: none).
+// Without WRITE_X only the exponents are written (and the counters zeroed): the down kernel's
+// other configurations convert their activations in the thread block, with these exponents.
+// Template ints: R, R_PAD, COUNTERS. Template bools: SPLIT_X, ROW_SCALES (multiply by scales;
+// false: `scales` is not read), WRITE_X. Template type: T (activation dtype).
+// Grid [blockDim.x, min(M, 65535), ceil(M / 65535)] threads (row m = blockIdx.y + gridDim.y
+// blockIdx.z: grid y holds at most 65535), any whole number of warps a block (at most 32).
   const int M = x_shape[0];
-  const int r0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
-  const int m = blockIdx.y;
+  const int m = blockIdx.y + gridDim.y * blockIdx.z;
+  if (m >= M) return;
+  const int tid = threadIdx.x, threads = blockDim.x;
   if (m == 0) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < COUNTERS; i += gridDim.x * blockDim.x) counters[i] = 0u;
+    for (int i = tid; i < COUNTERS; i += threads) counters[i] = 0u;
   }
-  if (r0 >= R_PAD) return;
   constexpr int X_WORDS = 8 * (int)sizeof(T) / 16;  // 16-byte words of 8 activations
-  const bool vector_loads = R % 8 == 0 && ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(scales)) & 15) == 0;
-  alignas(16) T xs[8];
-  alignas(16) __half s[8];
-  if (vector_loads) {
-    const bool in = r0 < R;
+  const bool vector_loads =
+      R % 8 == 0 && ((reinterpret_cast<size_t>(x) | (ROW_SCALES ? reinterpret_cast<size_t>(scales) : 0)) & 15) == 0;
+  // The products of activations [r0, r0 + 8) of row m with their scales (0 past R).
+  auto load = [&](int r0, float (&v)[8]) {
+    alignas(16) T xs[8];
+    alignas(16) __half s[8];
+    if (vector_loads) {
+      const bool in = r0 < R;
 #pragma unroll
-    for (int w = 0; w < X_WORDS; ++w)
-      reinterpret_cast<uint4*>(xs)[w] = in ? reinterpret_cast<const uint4*>(x + (size_t)m * R + r0)[w] : make_uint4(0, 0, 0, 0);
-    *reinterpret_cast<uint4*>(s) = in ? *reinterpret_cast<const uint4*>(scales + r0) : make_uint4(0, 0, 0, 0);
-  } else {
+      for (int w = 0; w < X_WORDS; ++w)
+        reinterpret_cast<uint4*>(xs)[w] = in ? reinterpret_cast<const uint4*>(x + (size_t)m * R + r0)[w] : make_uint4(0, 0, 0, 0);
+      if (ROW_SCALES) *reinterpret_cast<uint4*>(s) = in ? *reinterpret_cast<const uint4*>(scales + r0) : make_uint4(0, 0, 0, 0);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        xs[j] = r0 + j < R ? x[(size_t)m * R + r0 + j] : T(0.0f);
+        if (ROW_SCALES) s[j] = r0 + j < R ? scales[r0 + j] : __half(0.0f);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = ROW_SCALES ? float(xs[j]) * __half2float(s[j]) : float(xs[j]);
+  };
+  // The row's largest |x * scale|, folded over the block's warps.
+  __shared__ float warp_amax[32];
+  float amax = 0.0f;
+  for (int r0 = 8 * tid; r0 < R; r0 += 8 * threads) {
+    float v[8];
+    load(r0, v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  }
+  amax = trellis_cuda::warp_max(amax);
+  if ((tid & 31) == 0) warp_amax[tid >> 5] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int w = 0; w < (threads + 31) / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  const int e = trellis_cuda::row_exponent(amax);
+  const float lift = trellis_cuda::pow2(e);
+  if (tid == 0) x_exp[m] = __float2half((float)e);
+  for (int r0 = 8 * tid; WRITE_X && r0 < R_PAD; r0 += 8 * threads) {
+    float v[8];
+    load(r0, v);
+    alignas(16) __half hi[8], lo[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      xs[j] = r0 + j < R ? x[(size_t)m * R + r0 + j] : T(0.0f);
-      s[j] = r0 + j < R ? scales[r0 + j] : __half(0.0f);
+      const float p = v[j] * lift;
+      hi[j] = __float2half_rn(p);
+      lo[j] = __float2half_rn(p - __half2float(hi[j]));
     }
+    *reinterpret_cast<uint4*>(x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
+    if (SPLIT_X) *reinterpret_cast<uint4*>(x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);
   }
-  alignas(16) __half hi[8], lo[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float v = float(xs[j]) * __half2float(s[j]);
-    hi[j] = __float2half_rn(v);
-    lo[j] = __float2half_rn(v - __half2float(hi[j]));
-  }
-  *reinterpret_cast<uint4*>(x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
-  if (SPLIT_X) *reinterpret_cast<uint4*>(x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);

@@ -10,15 +10,18 @@
 //
 // Bodies of MLX custom Metal kernels (mx.fast.metal_kernel): MLX writes the signature. Inputs
 // x (T [M, C]), codes (uint32 [R, C*K/32]), scales (half [R]); output out (T [M, R]). Header:
-// codebook.h + gate_up.h. Template ints R, C, K, L, SG_TG (4), NR, and M (ROWS only); template
-// type T. Grid [32*SG_TG, ceil(ceil(R / NR) / SG_TG), 1] threads, threadgroup [32*SG_TG, 1, 1].
+// codebook.h + gate_up.h. Template ints R, C, K, L, SG_TG (4), NR, M (ROWS only) and KU (the
+// fused variant only); template type T. Grid [32*SG_TG, ceil(ceil(R / NR) / SG_TG), 1] threads, threadgroup [32*SG_TG, 1, 1].
 // Needs T 256, K 2..4, L <= 16, NR * M <= 32.
 //
 // Two kernels, one section each (a `// ---- kernel NAME ----` line starts a body): ROW, one
 // activation row; ROWS, M (2..8) rows sharing each decoded weight. Each has two variants, cut
 // at registration (`#if SWIGLU`): a gate or up projection alone, and the fused gate·up·SwiGLU
 // (inputs x, codes, scales, up_codes, up_scales: codes/scales are the gate's; both code
-// tensors read for the same output rows, out = silu(gate) * up).
+// tensors read for the same output rows, out = silu(gate) * up). The fused variant takes the
+// up projection's bits per weight as its own template int KU (K is the gate's): artifacts that
+// allocate bits per tensor give gate and up different widths of the same rows and inputs, and
+// the up codes' words per block, the lane's word and offset follow KU.
 // ---- kernel ROW ----
   const uint lane = thread_index_in_simdgroup;
   const uint o0 = (threadgroup_position_in_grid.y * (uint)SG_TG + simdgroup_index_in_threadgroup) * (uint)NR;
@@ -32,17 +35,23 @@
   const uint next = (wi + 1u == wpb) ? 0u : wi + 1u;
   const device uint32_t* rowCodes[NR];
 #if SWIGLU
+  // The up codes' block geometry at their own width KU.
+  const uint upWpb = 8u * (uint)KU;
+  const ulong upRowWords = (ulong)nBlocks * upWpb;
+  const uint upBit0 = lane * 8u * (uint)KU;
+  const uint upWi = upBit0 >> 5, upOff = upBit0 & 31u;
+  const uint upNext = (upWi + 1u == upWpb) ? 0u : upWi + 1u;
   const device uint32_t* upCodes[NR];
   float accUp[NR];
 #endif
   float acc[NR];
   #pragma clang loop unroll(full)
   for (uint r = 0; r < (uint)NR; ++r) {
-    const ulong at = (ulong)metal::min(o0 + r, (uint)R - 1u) * rowWords;
-    rowCodes[r] = codes + at;
+    const uint row = metal::min(o0 + r, (uint)R - 1u);
+    rowCodes[r] = codes + (ulong)row * rowWords;
     acc[r] = 0.0f;
 #if SWIGLU
-    upCodes[r] = up_codes + at;
+    upCodes[r] = up_codes + (ulong)row * upRowWords;
     accUp[r] = 0.0f;
 #endif
   }
@@ -53,6 +62,9 @@
     #pragma clang loop unroll(full)
     for (uint i = 0; i < 8u; ++i) xv[i] = float(xl[-(int)i]);
     const uint w0 = b * wpb + wi, w1 = b * wpb + next;
+#if SWIGLU
+    const uint u0 = b * upWpb + upWi, u1 = b * upWpb + upNext;
+#endif
     #pragma clang loop unroll(full)
     for (uint r = 0; r < (uint)NR; ++r) {
       float yv[8];
@@ -60,7 +72,7 @@
       #pragma clang loop unroll(full)
       for (uint i = 0; i < 8u; ++i) acc[r] = metal::fma(yv[i], xv[i], acc[r]);
 #if SWIGLU
-      lane_codes<K, L>(upCodes[r][w0], upCodes[r][w1], off, yv);
+      lane_codes<KU, L>(upCodes[r][u0], upCodes[r][u1], upOff, yv);
       #pragma clang loop unroll(full)
       for (uint i = 0; i < 8u; ++i) accUp[r] = metal::fma(yv[i], xv[i], accUp[r]);
 #endif
@@ -95,16 +107,22 @@
   const uint next = (wi + 1u == wpb) ? 0u : wi + 1u;
   const device uint32_t* rowCodes[NR];
 #if SWIGLU
+  // The up codes' block geometry at their own width KU.
+  const uint upWpb = 8u * (uint)KU;
+  const ulong upRowWords = (ulong)nBlocks * upWpb;
+  const uint upBit0 = lane * 8u * (uint)KU;
+  const uint upWi = upBit0 >> 5, upOff = upBit0 & 31u;
+  const uint upNext = (upWi + 1u == upWpb) ? 0u : upWi + 1u;
   const device uint32_t* upCodes[NR];
   float accUp[NR][M];
 #endif
   float acc[NR][M];
   #pragma clang loop unroll(full)
   for (uint r = 0; r < (uint)NR; ++r) {
-    const ulong at = (ulong)metal::min(o0 + r, (uint)R - 1u) * rowWords;
-    rowCodes[r] = codes + at;
+    const uint row = metal::min(o0 + r, (uint)R - 1u);
+    rowCodes[r] = codes + (ulong)row * rowWords;
 #if SWIGLU
-    upCodes[r] = up_codes + at;
+    upCodes[r] = up_codes + (ulong)row * upRowWords;
 #endif
     #pragma clang loop unroll(full)
     for (uint m = 0; m < (uint)M; ++m) {
@@ -118,6 +136,9 @@
   const device T* xl = x + 255u - 8u * lane;
   for (uint b = 0; b < nBlocks; ++b, xl += 256) {
     const uint w0 = b * wpb + wi, w1 = b * wpb + next;
+#if SWIGLU
+    const uint u0 = b * upWpb + upWi, u1 = b * upWpb + upNext;
+#endif
     // Every weight decoded once, then multiplied by each activation row's value.
     float yv[NR][8];
     #pragma clang loop unroll(full)
@@ -125,7 +146,7 @@
 #if SWIGLU
     float yu[NR][8];
     #pragma clang loop unroll(full)
-    for (uint r = 0; r < (uint)NR; ++r) lane_codes<K, L>(upCodes[r][w0], upCodes[r][w1], off, yu[r]);
+    for (uint r = 0; r < (uint)NR; ++r) lane_codes<KU, L>(upCodes[r][u0], upCodes[r][u1], upOff, yu[r]);
 #endif
     #pragma clang loop unroll(full)
     for (uint m = 0; m < (uint)M; ++m) {

@@ -24,7 +24,10 @@
 //
 // Two variants, cut at registration (`#if SWIGLU`): a gate or up projection alone, and the fused
 // gate·up·SwiGLU (inputs x, codes, scales, up_codes, up_scales: codes/scales are the gate's;
-// both code tensors read for the same output rows, out = silu(gate) * up).
+// both code tensors read for the same output rows, out = silu(gate) * up). The fused variant
+// takes the up projection's bits per weight KU and window words NWU (ceil((15*KU + L) / 32)) as
+// template ints of their own: gate and up may have different widths of the same rows and inputs
+// (artifacts that allocate bits per tensor); the half table of code values serves both, one L.
   const uint M = (uint)x_shape[0];
   const uint lane = thread_index_in_simdgroup;
   threadgroup half codebook[1 << L];
@@ -45,14 +48,19 @@
   const uint wLane = bitLane >> 5, off0 = bitLane & 31u;
   const device uint32_t* rowCodes[NT];
 #if SWIGLU
+  // The up codes' geometry at their own width KU.
+  const uint upWpb = 8u * (uint)KU;
+  const ulong upRowWords = (ulong)nBlocks * upWpb;
+  const uint upBitLane = 8u * fn * (uint)KU;
+  const uint upWLane = upBitLane >> 5, upOff0 = upBitLane & 31u;
   const device uint32_t* upCodes[NT];
 #endif
   #pragma clang loop unroll(full)
   for (uint t = 0; t < (uint)NT; ++t) {
-    const ulong at = (ulong)metal::min(8u * (tile0 + t) + fm, (uint)R - 1u) * rowWords;
-    rowCodes[t] = codes + at;
+    const uint row = metal::min(8u * (tile0 + t) + fm, (uint)R - 1u);
+    rowCodes[t] = codes + (ulong)row * rowWords;
 #if SWIGLU
-    upCodes[t] = up_codes + at;
+    upCodes[t] = up_codes + (ulong)row * upRowWords;
 #endif
   }
   const uint mBase = threadgroup_position_in_grid.z * 8u * (uint)MT;
@@ -87,13 +95,19 @@
       }
       uint w[NT][NW], v[NT][NW];
 #if SWIGLU
-      uint wu[NT][NW], vu[NT][NW];
+      uint upWordAt[NWU + 1];
+      #pragma clang loop unroll(full)
+      for (uint i = 0; i <= (uint)NWU; ++i) {
+        const uint wi = upWLane + 2u * c * (uint)KU + i;
+        upWordAt[i] = b * upWpb + (wi >= upWpb ? wi - upWpb : wi);
+      }
+      uint wu[NT][NWU], vu[NT][NWU];
 #endif
       #pragma clang loop unroll(full)
       for (uint t = 0; t < (uint)NT; ++t) {
         realign_window<NW>(rowCodes[t], wordAt, off0, w[t], v[t]);
 #if SWIGLU
-        realign_window<NW>(upCodes[t], wordAt, off0, wu[t], vu[t]);
+        realign_window<NWU>(upCodes[t], upWordAt, upOff0, wu[t], vu[t]);
 #endif
       }
       // B entry fm at step s is chunk position 8*fm + s: input 256*b + 255 - 64*c - 8*fm - s.
@@ -115,8 +129,8 @@
           for (uint bk = 0; bk < (uint)MT; ++bk)
             metal::simdgroup_multiply_accumulate(acc[t][bk], a, bx[bk], acc[t][bk]);
 #if SWIGLU
-          a.thread_elements()[0] = codebook[block_state<K, L>(wu[t], vu[t], s)];
-          a.thread_elements()[1] = codebook[block_state<K, L>(wu[t], vu[t], s + 8u)];
+          a.thread_elements()[0] = codebook[block_state<KU, L>(wu[t], vu[t], s)];
+          a.thread_elements()[1] = codebook[block_state<KU, L>(wu[t], vu[t], s + 8u)];
           #pragma clang loop unroll(full)
           for (uint bk = 0; bk < (uint)MT; ++bk)
             metal::simdgroup_multiply_accumulate(accUp[t][bk], a, bx[bk], accUp[t][bk]);

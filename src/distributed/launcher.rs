@@ -32,7 +32,7 @@
 //! if let Some(joined) = rank_group() {
 //!     let (group, out) = joined?; // a rank: do its part, write its results under `out`
 //!     # let _ = (group, out);
-//!     return Ok(());
+//!     mlx_trellis::exit_process(0); // every exit path of a rank ends so
 //! }
 //! // The parent: this program again as two ranks of a ring on this machine.
 //! let exe = std::env::current_exe().map_err(|e| mlx_trellis::Error::io("the running program", e))?;
@@ -505,7 +505,10 @@ fn ask_for_death_signal(parent: u32) -> std::io::Result<()> {
 }
 
 /// In a rank: the group the launcher's environment describes (strict), or this process alone for
-/// a one-process ring launch. `None` when this process was not started by the launcher.
+/// a one-process ring launch. `None` when this process was not started by the launcher. A rank
+/// ends through [`exit_process`](crate::exit_process) on every path, a failed set-up included
+/// (on CUDA, returning from `main` can abort in MLX's static destructors instead of exiting with
+/// the rank's status).
 pub fn rank_group() -> Option<Result<(Group, PathBuf)>> {
     let role = std::env::var(ROLE).ok()?;
     let out = PathBuf::from(std::env::var(OUT).unwrap_or_default());

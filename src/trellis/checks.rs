@@ -112,3 +112,10 @@ pub(crate) fn check_layer(what: &str, codes: &MlxArray, scales: &MlxArray, g: &T
 pub(crate) fn int(what: &str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::invalid(format!("{what}: {v} does not fit a template int")))
 }
+
+/// Whether `gate` and `up` are the same geometry but for their bit widths: what a fused
+/// gate·up·SwiGLU kernel needs (both read for the same output rows over the same inputs, with
+/// the same blocks and state width).
+pub(crate) fn same_but_bits(gate: &TrellisGeometry, up: &TrellisGeometry) -> bool {
+    *up == TrellisGeometry { k: up.k, ..*gate }
+}

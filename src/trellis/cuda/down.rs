@@ -31,10 +31,10 @@ use super::dense::down_cuda_dense;
 use super::down_config::CudaDownConfig;
 use super::down_plan::{plan_for, require_supported};
 pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
+use super::prescale::{self, PrePassOutput};
 
 const SOURCE: &str = sources::CUDA_DOWN_MMA;
 const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
-const PRESCALE_SOURCE: &str = sources::CUDA_PRESCALE;
 
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
 const PRESCALED_ROW_MULTIPLE: usize = 64;
@@ -46,7 +46,7 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
     let key = KernelKey { family: "down_mma", variant: "", shared_memory };
     registry::cuda(key, || {
         Ok(KernelText {
-            inputs: &["x", "codes", "scales", "counters"],
+            inputs: &["x", "codes", "scales", "counters", "x_exp"],
             outputs: &["y", "partial"],
             body: SOURCE.to_string(),
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n"),
@@ -83,52 +83,29 @@ pub(crate) fn run(
     require_supported(g)?;
     let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
-    // Fold counters in a fresh zeroed array per call: two calls in flight never count into the
-    // same one.
-    let (b, counters) = match &prepared.pre_pass {
-        PrePass::Prescale(prescale, launch) => {
-            let mut outs =
-                prescale.apply_prepared(&[x2, scales], launch).context("CUDA down kernel: prescaled activations")?;
-            let counters = outs.pop().expect("two outputs");
-            (outs.pop().expect("two outputs"), counters)
-        }
-        // Two counters at least: a broadcast zero of one element is already contiguous, and MLX
-        // would hand the kernel the scalar's own buffer instead of a copy of it.
-        PrePass::Zeros(counters) => (x2.clone(), MlxArray::zeros(&[(*counters).max(2)], Dtype::Uint32)?),
-    };
-    let mut outs = prepared.kernel.apply_prepared(&[&b, codes, scales, &counters], &prepared.launch)?;
+    // The pre-pass gives the rows' exponents and the fold counters, a fresh zeroed array per
+    // call (two calls in flight never count into the same one), and in prescaled
+    // configurations the converted activations the kernel reads in place of x2.
+    let mut outs = prescale::kernel()?
+        .apply_prepared(&[x2, scales], &prepared.pre_pass)
+        .context("CUDA down kernel: the activations' pre-pass")?;
+    let x_exp = outs.pop().expect("three outputs");
+    let counters = outs.pop().expect("three outputs");
+    let x_scaled = outs.pop().expect("three outputs");
+    let b = if cfg.prescaled { &x_scaled } else { x2 };
+    let inputs = [b, codes, scales, &counters, &x_exp];
+    let mut outs = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
     let partials = outs.pop().expect("two outputs");
     Ok((outs.pop().expect("two outputs"), partials))
 }
 
-/// The pre-pass kernel of prescaled configurations (`kernels/cuda/prescale.cu`).
-fn prescale_kernel() -> Result<&'static CudaKernel> {
-    registry::cuda(KernelKey::of("prescale"), || {
-        Ok(KernelText {
-            inputs: &["x", "scales"],
-            outputs: &["x_scaled", "counters"],
-            body: PRESCALE_SOURCE.into(),
-            header: String::new(),
-        })
-    })
-}
-
-/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and what comes
-/// before it.
+/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and the
+/// pre-pass before it (`prescale.cu`: the rows' exponents, the zeroed fold counters and, for
+/// prescaled configurations, the converted activations).
 struct PreparedDown {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,
-    pre_pass: PrePass,
-}
-
-/// Where the kernel's B operand and zeroed fold counters (one per column tile and pass) come
-/// from.
-enum PrePass {
-    /// A prescaled configuration's pre-pass kernel, whose outputs the kernel reads in place of the
-    /// activations, and the counters.
-    Prescale(&'static CudaKernel, CudaLaunch),
-    /// The activations as given, and an MLX zeros array of this many counters.
-    Zeros(usize),
+    pre_pass: CudaLaunch,
 }
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
@@ -184,21 +161,8 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         .template_bool("PRESCALED", cfg.prescaled)
         .template_bool("MBARRIERS", cfg.mbarriers);
     let launch = kernel.prepare(&launch)?;
-    let pre_pass = if cfg.prescaled {
-        // A thread converts 8 activations (see prescale.cu).
-        let pre = LaunchConfig::new([row_pad / 8, m, 1], [128, 1, 1])
-            .output(&[sets * m, row_pad], Dtype::Float16)
-            .output(&[counters], Dtype::Uint32)
-            .template_dtype("T", dtype)
-            .template_int("R", int("CUDA prescale kernel", g.rows)?)
-            .template_int("R_PAD", int("CUDA prescale kernel", row_pad)?)
-            .template_int("COUNTERS", int("CUDA prescale kernel", counters)?)
-            .template_bool("SPLIT_X", dtype == Dtype::Float32);
-        let kernel = prescale_kernel()?;
-        PrePass::Prescale(kernel, kernel.prepare(&pre)?)
-    } else {
-        PrePass::Zeros(counters)
-    };
+    let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
+    let pre_pass = prescale::prepare(m, g.rows, row_pad, dtype, counters, true, output)?;
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 

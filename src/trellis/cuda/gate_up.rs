@@ -6,9 +6,10 @@
 //!
 //! The plan (`gate_up_plan.rs`) picks the kernel's shape for a row count; the kernel file says
 //! how the work is split.
-//! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16 (one MLX
-//! conversion per call instead of one per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of
-//! 16-bit activations the layer is decoded once to dense weights for MLX's matmul instead.
+//! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16, each row
+//! multiplied by a power of two into f16's range (one pre-pass launch per call, `prescale.cu`,
+//! instead of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit
+//! activations the layer is decoded once to dense weights for MLX's matmul instead.
 
 use std::sync::Arc;
 
@@ -19,15 +20,17 @@ use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
-use crate::trellis::checks::{check_layer, check_operands};
+use crate::trellis::checks::{check_operands, same_but_bits};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
 use super::dense::expand_cuda;
 use super::gate_up_plan::{plan, AxisOneConfig};
+use super::prescale::{self, PrePassOutput};
 
-/// Rows of bf16 activations from which the kernel reads them as f16, converted by MLX once per
-/// call: every row tile of the layer converts its fragments again otherwise.
+/// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
+/// the pre-pass (each row brought into f16's range by a power of two): every row tile of the
+/// layer converts its fragments again otherwise.
 pub const CONVERT_MIN_ROWS: usize = 17;
 
 /// Rows of 16-bit activations from which [`linear`] and [`swiglu`] decode the layer to dense
@@ -79,14 +82,23 @@ fn run_linear(
     m: usize,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
-    let (x, read) = kernel_input(x2, m)?;
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), false)?;
-    Ok(prepared.kernel.apply_prepared(&[&x, codes, scales], &prepared.launch)?.remove(0))
+    let read = read_dtype(x2, m);
+    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), None)?;
+    let (x, x_exp) = prepared.kernel_input(x2, scales)?;
+    Ok(prepared.kernel.apply_prepared(&[&x, &x_exp, codes, scales], &prepared.launch)?.remove(0))
+}
+
+/// Whether the fused kernel serves gate `gate` with up `up`: both served ([`supports`]) and of
+/// the same rows, inputs, T, L and layout; their bit widths may differ (artifacts that allocate
+/// bits per tensor).
+pub fn fuses(gate: &TrellisGeometry, up: &TrellisGeometry) -> bool {
+    supports(gate) && supports(up) && same_but_bits(gate, up)
 }
 
 /// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype: the gate and up projections
-/// of the same rows in one launch. `gate` and `up` are their operands (a
-/// [`TrellisLinear`](crate::trellis::TrellisLinear) reference gives its own).
+/// of the same rows in one launch, gate and up of the same or different bit widths ([`fuses`]).
+/// `gate` and `up` are their operands (a [`TrellisLinear`](crate::trellis::TrellisLinear)
+/// reference gives its own).
 pub fn swiglu<'g, 'u>(
     x2: &MlxArray,
     gate: impl Into<LayerOperands<'g>>,
@@ -94,7 +106,7 @@ pub fn swiglu<'g, 'u>(
 ) -> Result<MlxArray> {
     let (gate, up) = (gate.into(), up.into());
     let m = x2.shape().first().copied().unwrap_or(0);
-    if uses_dense(m, x2.dtype()) && supports(gate.geometry) && up.geometry == gate.geometry {
+    if uses_dense(m, x2.dtype()) && fuses(gate.geometry, up.geometry) {
         let g = linear(x2, gate.codes, gate.scales, gate.geometry)?;
         let u = linear(x2, up.codes, up.scales, up.geometry)?;
         return g.silu()?.multiply(&u);
@@ -109,16 +121,17 @@ pub(crate) fn swiglu_with(
     up: LayerOperands<'_>,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
-    let g = gate.geometry;
-    if up.geometry != g {
-        unserved!("CUDA gate·up kernel: gate {g} and up {} differ; the fused kernel needs one geometry", up.geometry);
-    }
+    let (g, ug) = (gate.geometry, up.geometry);
     let what = "CUDA gate·up kernel";
+    if !same_but_bits(g, ug) {
+        unserved!("{what}: gate {g} and up {ug} differ in more than their bit widths; the fused kernel needs the same rows, inputs, T, L and layout");
+    }
     let m = check(what, x2, gate.codes, gate.scales, g)?;
-    check_layer(what, up.codes, up.scales, g)?;
-    let (x, read) = kernel_input(x2, m)?;
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), true)?;
-    let inputs = [&x, gate.codes, gate.scales, up.codes, up.scales];
+    check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
+    let read = read_dtype(x2, m);
+    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Some(ug.k))?;
+    let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
+    let inputs = [&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales];
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
 
@@ -133,13 +146,13 @@ fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Tre
     check_operands(what, x2, codes, scales, g)
 }
 
-/// The activations as the kernel reads them, and their dtype: bf16 as f16 from
+/// The dtype the kernel reads `m` rows of `x2` in: bf16 as the pre-pass's f16 from
 /// [`CONVERT_MIN_ROWS`] rows, else as given.
-fn kernel_input(x2: &MlxArray, m: usize) -> Result<(MlxArray, Dtype)> {
+fn read_dtype(x2: &MlxArray, m: usize) -> Dtype {
     if x2.dtype() == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS {
-        Ok((x2.astype(Dtype::Float16)?, Dtype::Float16))
+        Dtype::Float16
     } else {
-        Ok((x2.clone(), x2.dtype()))
+        x2.dtype()
     }
 }
 
@@ -152,9 +165,9 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
     let key = KernelKey { family: "gate_up", variant: if fused { "fused" } else { "single" }, shared_memory: 0 };
     registry::cuda(key, || {
         let (inputs, outputs): (&'static [&'static str], &'static [&'static str]) = if fused {
-            (&["x", "codes", "scales", "up_codes", "up_scales"], &["y"])
+            (&["x", "x_exp", "codes", "scales", "up_codes", "up_scales"], &["y"])
         } else {
-            (&["x", "codes", "scales"], &["y"])
+            (&["x", "x_exp", "codes", "scales"], &["y"])
         };
         Ok(KernelText {
             inputs,
@@ -165,24 +178,49 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
     })
 }
 
-/// One call's kernel and launch, prepared once per geometry, shape, row count, dtype and variant.
+/// One call's kernel and launch, prepared once per geometry, shape, row count, dtype and variant
+/// (and the up projection's bit width in the fused one), with the pre-pass that hands bf16
+/// activations over as f16 where the kernel reads them so.
 struct Prepared {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,
+    hand_over: Option<CudaLaunch>,
 }
 
-/// `read` is the dtype the kernel reads the activations in, `dtype` the output's.
+impl Prepared {
+    /// The kernel's `x` and `x_exp` inputs for `x2`: the pre-pass's f16 activations and their
+    /// rows' exponents, or `x2` itself with `placeholder` (any f16 array) as `x_exp`, which the
+    /// kernel then does not read.
+    fn kernel_input(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<(MlxArray, MlxArray)> {
+        match &self.hand_over {
+            Some(launch) => {
+                let mut outs = prescale::kernel()?
+                    .apply_prepared(&[x2, placeholder], launch)
+                    .context("CUDA axis-1 kernel: the activations handed over as f16")?;
+                let x_exp = outs.pop().expect("three outputs");
+                outs.pop();
+                Ok((outs.pop().expect("three outputs"), x_exp))
+            }
+            None => Ok((x2.clone(), placeholder.clone())),
+        }
+    }
+}
+
+/// `read` is the dtype the kernel reads the activations in, `dtype` the output's; `up_bits` is
+/// the fused variant's up projection's k (`None`: the single projection). `g` is the gate's (or
+/// the only) geometry.
 fn prepared_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
     m: usize,
     read: Dtype,
     dtype: Dtype,
-    fused: bool,
+    up_bits: Option<u32>,
 ) -> Result<Arc<Prepared>> {
-    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, bool);
+    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, Option<u32>);
     static LAUNCHES: LaunchCache<Key, Prepared> = LaunchCache::new(1024);
-    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, fused), || {
+    let fused = up_bits.is_some();
+    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, up_bits), || {
         cfg.check(dtype, fused)?;
         let outputs = g.out_features();
         let row_tiles = outputs.div_ceil(16 * cfg.rt as usize);
@@ -193,7 +231,7 @@ fn prepared_launch(
         }
         let threads = 32 * cfg.warps as usize;
         let sixteen_bit = dtype != Dtype::Float32;
-        let launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
+        let mut launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
             .output(&[m, outputs], dtype)
             .template_dtype("T", read)
             .template_dtype("Y", dtype)
@@ -204,9 +242,19 @@ fn prepared_launch(
             .template_int("WARPS", cfg.warps as i32)
             .template_bool("SPLIT_X", !sixteen_bit)
             .template_bool("BIAS_FOLD", cfg.bias_fold && sixteen_bit)
-            .template_bool("PACK_FMA", cfg.pack_fma && cfg.bias_fold && sixteen_bit);
+            .template_bool("PACK_FMA", cfg.pack_fma && cfg.bias_fold && sixteen_bit)
+            // Rows' powers of two: found by the kernel for bf16 and f32 read as they are, given
+            // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
+            .template_bool("LIFT", read != Dtype::Float16)
+            .template_bool("HANDED", read != dtype);
+        if let Some(k) = up_bits {
+            launch = launch.template_int("KU", k as i32);
+        }
         let kernel = kernel(fused)?;
-        Ok(Prepared { kernel, launch: kernel.prepare(&launch)? })
+        let inputs = g.in_features();
+        let hand_over =
+            if read != dtype { Some(prescale::prepare(m, inputs, inputs, dtype, 0, false, PrePassOutput::Activations)?) } else { None };
+        Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
     })
 }
 
@@ -263,7 +311,7 @@ mod tests {
         let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false };
         // 8 rows a pass: 65536 passes are one more than grid z holds.
         let err =
-            prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, false).err().expect("65536 passes");
+            prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, None).err().expect("65536 passes");
         let err = err.to_string();
         assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }

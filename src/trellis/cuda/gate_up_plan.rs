@@ -57,12 +57,13 @@ impl AxisOneConfig {
     }
 
     /// The kernel's static shared memory: `partial[max(WARPS - 1, 1)][SLOTS][32]` f32, SLOTS
-    /// being a lane's accumulators (one set per matrix) and bias sums.
+    /// being a lane's accumulators (one set per matrix) and bias sums, and each pass row's
+    /// exponent and largest |x| (4 bytes each).
     fn shared_bytes(&self, fused: bool) -> usize {
         let (mt, rt) = (self.mt as usize, self.rt as usize);
         let matrices = if fused { 2 } else { 1 };
         let slots = matrices * rt * mt * 4 + if self.bias_fold { mt * 4 } else { 0 };
-        (self.warps as usize).saturating_sub(1).max(1) * slots * 32 * 4
+        (self.warps as usize).saturating_sub(1).max(1) * slots * 32 * 4 + 2 * 8 * mt * 4
     }
 }
 
@@ -108,7 +109,7 @@ mod tests {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
         let big = AxisOneConfig { mt: 8, rt: 4, warps: 8, bias_fold: true, pack_fma: false };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
-        assert!(err.contains("258048 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
+        assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
         // The single projection holds one set (160 sums a lane): 3 warps (two warps' sums) fit,
         // 4 do not.
         let single = AxisOneConfig { warps: 3, ..big };

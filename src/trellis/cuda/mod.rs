@@ -1,7 +1,8 @@
 //! The trellis kernels of MLX's CUDA back-end, one concern per file: the down projection's
 //! configuration, plan and launch ([`down`]), the axis-1 projections and the fused
 //! gate·up·SwiGLU ([`gate_up`], their shape and plan in `gate_up_plan.rs`), the decode-once
-//! dense path ([`dense`]) and the encoder's block search ([`viterbi`]). The kernel texts come from
+//! dense path ([`dense`]), the activations pre-pass both kernel families use (`prescale.rs`) and
+//! the encoder's block search ([`viterbi`]). The kernel texts come from
 //! the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
 
 pub mod dense;
@@ -10,6 +11,7 @@ pub(crate) mod down_config;
 pub(crate) mod down_plan;
 pub mod gate_up;
 pub(crate) mod gate_up_plan;
+pub(crate) mod prescale;
 pub mod viterbi;
 
 /// The configuration knobs behind the public entry points (the `tuning` feature), for benchmark

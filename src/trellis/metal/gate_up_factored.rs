@@ -9,7 +9,7 @@
 //! in once per output and the output is written in the activation dtype: no partials, no MLX
 //! fold. Two kernels (one activation row; 2..8 rows sharing each decoded weight), each in two
 //! variants: one projection, and the fused `silu(x · Wg) ⊙ (x · Wu)` that reads both code
-//! tensors for the same output rows.
+//! tensors for the same output rows (gate and up of the same or different bit widths).
 
 use crate::array::MlxArray;
 use crate::error::{unserved, ErrorContext, Result};
@@ -19,7 +19,8 @@ use crate::kernel::{LaunchConfig, MetalKernel};
 
 use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::checks::{check_layer, check_operands, int};
+use crate::trellis::checks::{check_layer, check_operands, int, same_but_bits};
+use crate::trellis::operands::LayerOperands;
 use crate::kernel::sources;
 
 const FILE: &str = sources::METAL_GATE_UP_FACTORED;
@@ -64,40 +65,54 @@ pub(crate) fn key(family: &'static str, swiglu: bool) -> KernelKey {
     KernelKey { variant: if swiglu { "swiglu" } else { "linear" }, ..KernelKey::of(family) }
 }
 
-/// Checks `x2 [M, C]` and the gate's (or only) layer, then the up layer (the same geometry) of
-/// the fused kernel; returns `M`.
+/// Checks `x2 [M, C]` and the gate's (or only) layer, then the up layer of the fused kernel
+/// (the gate's geometry but for its bit width, which `supported` must accept too); returns `M`.
 pub(crate) fn check_layers(
     what: &str,
     x2: &MlxArray,
-    layer: (&MlxArray, &MlxArray),
-    up: Option<(&MlxArray, &MlxArray)>,
-    g: &TrellisGeometry,
+    layer: LayerOperands<'_>,
+    up: Option<LayerOperands<'_>>,
+    supported: fn(&TrellisGeometry) -> bool,
 ) -> Result<usize> {
-    let m = check_operands(what, x2, layer.0, layer.1, g)?;
-    if let Some((codes, scales)) = up {
-        check_layer(&format!("{what} (up projection)"), codes, scales, g)?;
+    let g = layer.geometry;
+    let m = check_operands(what, x2, layer.codes, layer.scales, g)?;
+    if let Some(up) = up {
+        let ug = up.geometry;
+        if !same_but_bits(g, ug) {
+            unserved!("{what}: gate {g} and up {ug} differ in more than their bit widths (the fused kernel reads both for the same rows, inputs, T and L)");
+        }
+        if !supported(ug) {
+            unserved!("{what}: serves axis-1 row-major codes with T 256, k 2..4 (got up {ug})");
+        }
+        check_layer(&format!("{what} (up projection)"), up.codes, up.scales, ug)?;
     }
     Ok(m)
 }
 
 /// The launch both axis-1 families start from: `grid` threads in threadgroups of
 /// [`TRELLIS_THREADS`], the output `[m, R]` in `x2`'s dtype, and the template values
-/// `T, R, C, K, L, SG_TG` (each family appends its own).
+/// `T, R, C, K, L, SG_TG`, and `KU` (the up projection's k) for the fused variant (each family
+/// appends its own).
 pub(crate) fn axis_one_launch(
     what: &str,
     grid: [usize; 3],
     x2: &MlxArray,
     m: usize,
     g: &TrellisGeometry,
+    up: Option<&TrellisGeometry>,
 ) -> Result<LaunchConfig> {
-    Ok(LaunchConfig::new(grid, [TRELLIS_THREADS, 1, 1])
+    let cfg = LaunchConfig::new(grid, [TRELLIS_THREADS, 1, 1])
         .output(&[m, g.rows], x2.dtype())
         .template_dtype("T", x2.dtype())
         .template_int("R", int(what, g.rows)?)
         .template_int("C", int(what, g.cols)?)
         .template_int("K", g.k as i32)
         .template_int("L", g.l as i32)
-        .template_int("SG_TG", TRELLIS_SG_PER_TG as i32))
+        .template_int("SG_TG", TRELLIS_SG_PER_TG as i32);
+    Ok(match up {
+        Some(ug) => cfg.template_int("KU", ug.k as i32),
+        None => cfg,
+    })
 }
 
 /// Runs an axis-1 `kernel` on `x2`, the layer and (fused) the up layer; returns its output.
@@ -105,12 +120,12 @@ pub(crate) fn apply(
     kernel: &MetalKernel,
     cfg: &LaunchConfig,
     x2: &MlxArray,
-    layer: (&MlxArray, &MlxArray),
-    up: Option<(&MlxArray, &MlxArray)>,
+    layer: LayerOperands<'_>,
+    up: Option<LayerOperands<'_>>,
 ) -> Result<MlxArray> {
-    let mut inputs = vec![x2, layer.0, layer.1];
-    if let Some((codes, scales)) = up {
-        inputs.extend([codes, scales]);
+    let mut inputs = vec![x2, layer.codes, layer.scales];
+    if let Some(up) = up {
+        inputs.extend([up.codes, up.scales]);
     }
     Ok(kernel.apply(&inputs, cfg)?.remove(0))
 }
@@ -126,17 +141,17 @@ fn kernel(section: &'static str, swiglu: bool) -> Result<&'static MetalKernel> {
 }
 
 /// Checks the call and returns `M`: `x2 [M, C]` (1..8 rows, or exactly 1 for `ROW`), the gate's
-/// (or only) layer, and the up layer (the same geometry) for the fused kernel.
+/// (or only) layer, and the up layer (the gate's geometry but for its bit width) for the fused
+/// kernel.
 fn check(
     what: &str,
     section: &str,
     x2: &MlxArray,
-    layer: (&MlxArray, &MlxArray),
-    up: Option<(&MlxArray, &MlxArray)>,
-    g: &TrellisGeometry,
+    layer: LayerOperands<'_>,
+    up: Option<LayerOperands<'_>>,
 ) -> Result<usize> {
-    require_supported(what, g)?;
-    let m = check_layers(what, x2, layer, up, g)?;
+    require_supported(what, layer.geometry)?;
+    let m = check_layers(what, x2, layer, up, supports)?;
     match section {
         "ROW" if m != 1 => unserved!("{what}: serves one activation row (got {m})"),
         "ROWS" if !(2..=MAX_ROWS).contains(&m) => unserved!("{what}: M={m} outside 2..{MAX_ROWS}"),
@@ -147,10 +162,10 @@ fn check(
 fn launch(
     section: &'static str,
     x2: &MlxArray,
-    layer: (&MlxArray, &MlxArray),
-    up: Option<(&MlxArray, &MlxArray)>,
-    g: &TrellisGeometry,
+    layer: LayerOperands<'_>,
+    up: Option<LayerOperands<'_>>,
 ) -> Result<MlxArray> {
+    let g = layer.geometry;
     let swiglu = up.is_some();
     let what = match (section, swiglu) {
         ("ROW", false) => "gateUpFactoredRow",
@@ -158,11 +173,11 @@ fn launch(
         (_, false) => "gateUpFactoredRows",
         (_, true) => "swigluFactoredRows",
     };
-    let m = check(what, section, x2, layer, up, g)?;
+    let m = check(what, section, x2, layer, up)?;
     let nr = if swiglu { NR_SWIGLU } else { NR };
     let groups = g.rows.div_ceil(nr);
     let grid = [TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), 1];
-    let mut cfg = axis_one_launch(what, grid, x2, m, g)?.template_int("NR", nr as i32);
+    let mut cfg = axis_one_launch(what, grid, x2, m, g, up.map(|u| u.geometry))?.template_int("NR", nr as i32);
     if section == "ROWS" {
         cfg = cfg.template_int("M", m as i32);
     }
@@ -176,7 +191,7 @@ pub fn gate_up_factored_row(
     scales: &MlxArray,
     g: &TrellisGeometry,
 ) -> Result<MlxArray> {
-    launch("ROW", x2, (codes, scales), None, g)
+    launch("ROW", x2, LayerOperands::new(codes, scales, g), None)
 }
 
 /// `x2 [M, in] · W -> [M, out]` for 2..8 activation rows sharing each decoded weight.
@@ -186,32 +201,18 @@ pub fn gate_up_factored_rows(
     scales: &MlxArray,
     g: &TrellisGeometry,
 ) -> Result<MlxArray> {
-    launch("ROWS", x2, (codes, scales), None, g)
+    launch("ROWS", x2, LayerOperands::new(codes, scales, g), None)
 }
 
-/// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[1, out]` in `x2`'s dtype: gate and up (both of geometry `g`)
-/// in one kernel.
-pub fn swiglu_factored_row(
-    x2: &MlxArray,
-    gate_codes: &MlxArray,
-    gate_scales: &MlxArray,
-    up_codes: &MlxArray,
-    up_scales: &MlxArray,
-    g: &TrellisGeometry,
-) -> Result<MlxArray> {
-    launch("ROW", x2, (gate_codes, gate_scales), Some((up_codes, up_scales)), g)
+/// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[1, out]` in `x2`'s dtype: gate and up in one kernel, of the
+/// same geometry but for their bit widths, which may differ.
+pub fn swiglu_factored_row(x2: &MlxArray, gate: LayerOperands<'_>, up: LayerOperands<'_>) -> Result<MlxArray> {
+    launch("ROW", x2, gate, Some(up))
 }
 
 /// [`swiglu_factored_row`] for 2..8 activation rows.
-pub fn swiglu_factored_rows(
-    x2: &MlxArray,
-    gate_codes: &MlxArray,
-    gate_scales: &MlxArray,
-    up_codes: &MlxArray,
-    up_scales: &MlxArray,
-    g: &TrellisGeometry,
-) -> Result<MlxArray> {
-    launch("ROWS", x2, (gate_codes, gate_scales), Some((up_codes, up_scales)), g)
+pub fn swiglu_factored_rows(x2: &MlxArray, gate: LayerOperands<'_>, up: LayerOperands<'_>) -> Result<MlxArray> {
+    launch("ROWS", x2, gate, Some(up))
 }
 
 #[cfg(test)]

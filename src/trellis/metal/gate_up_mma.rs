@@ -9,7 +9,8 @@
 //! activation rows per pass ([`UpPass`], planned by [`plan`]); grid z walks the passes. The scale
 //! and `1/147.8` are folded in once per output and the output is written in the activation dtype:
 //! no partials, no MLX fold. Two variants: one projection, and the fused
-//! `silu(x · Wg) ⊙ (x · Wu)` that reads both code tensors for the same output rows.
+//! `silu(x · Wg) ⊙ (x · Wu)` that reads both code tensors for the same output rows (gate and up
+//! of the same or different bit widths).
 
 use crate::array::MlxArray;
 use crate::error::{invalid, unserved, ErrorContext, Result};
@@ -20,6 +21,7 @@ use super::down_mma_wide::STATE_HEADER;
 use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use super::gate_up_factored::{self, apply, arg_names, axis_one_launch, check_layers, key, GATE_UP_HEADER};
 use crate::trellis::format::TrellisGeometry;
+use crate::trellis::operands::LayerOperands;
 use crate::kernel::sources;
 
 const SOURCE: &str = sources::METAL_GATE_UP_MMA;
@@ -65,13 +67,8 @@ fn kernel(swiglu: bool) -> Result<&'static MetalKernel> {
     registered_kernel(key("gate_up_mma", swiglu), arg_names(swiglu), &["out"], body, &[sources::METAL_CODEBOOK, STATE_HEADER, GATE_UP_HEADER])
 }
 
-fn launch(
-    x2: &MlxArray,
-    layer: (&MlxArray, &MlxArray),
-    up: Option<(&MlxArray, &MlxArray)>,
-    g: &TrellisGeometry,
-    pass: UpPass,
-) -> Result<MlxArray> {
+fn launch(x2: &MlxArray, layer: LayerOperands<'_>, up: Option<LayerOperands<'_>>, pass: UpPass) -> Result<MlxArray> {
+    let g = layer.geometry;
     let swiglu = up.is_some();
     let what = if swiglu { "swigluMma" } else { "gateUpMma" };
     if !supports(g) {
@@ -80,14 +77,17 @@ fn launch(
     if !(1..=4).contains(&pass.nt) || !(1..=8).contains(&pass.mt) {
         invalid!("{what}: pass {pass:?} needs nt in 1..=4 and mt in 1..=8");
     }
-    let m = check_layers(what, x2, layer, up, g)?;
+    let m = check_layers(what, x2, layer, up, supports)?;
     let (nt, mt) = (pass.nt as usize, pass.mt as usize);
     let tiles = g.rows.div_ceil(8);
     let grid = [TRELLIS_THREADS, tiles.div_ceil(nt * TRELLIS_SG_PER_TG), m.div_ceil(8 * mt)];
-    let cfg = axis_one_launch(what, grid, x2, m, g)?
+    let mut cfg = axis_one_launch(what, grid, x2, m, g, up.map(|u| u.geometry))?
         .template_int("NT", nt as i32)
         .template_int("MT", mt as i32)
         .template_int("NW", nw(g) as i32);
+    if let Some(up) = up {
+        cfg = cfg.template_int("NWU", nw(up.geometry) as i32);
+    }
     apply(kernel(swiglu)?, &cfg, x2, layer, up)
 }
 
@@ -100,7 +100,7 @@ pub fn gate_up_mma_pass(
     g: &TrellisGeometry,
     pass: UpPass,
 ) -> Result<MlxArray> {
-    launch(x2, (codes, scales), None, g, pass)
+    launch(x2, LayerOperands::new(codes, scales, g), None, pass)
 }
 
 /// [`gate_up_mma_pass`] in the pass the row count plans.
@@ -109,31 +109,17 @@ pub fn gate_up_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trell
     gate_up_mma_pass(x2, codes, scales, g, plan(m, false))
 }
 
-/// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, out]` in `x2`'s dtype (gate and up both of geometry `g`) in
-/// one kernel, any number of rows, in passes of the given shape.
-pub fn swiglu_mma_pass(
-    x2: &MlxArray,
-    gate_codes: &MlxArray,
-    gate_scales: &MlxArray,
-    up_codes: &MlxArray,
-    up_scales: &MlxArray,
-    g: &TrellisGeometry,
-    pass: UpPass,
-) -> Result<MlxArray> {
-    launch(x2, (gate_codes, gate_scales), Some((up_codes, up_scales)), g, pass)
+/// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, out]` in `x2`'s dtype in one kernel (gate and up of the same
+/// geometry but for their bit widths, which may differ), any number of rows, in passes of the
+/// given shape.
+pub fn swiglu_mma_pass(x2: &MlxArray, gate: LayerOperands<'_>, up: LayerOperands<'_>, pass: UpPass) -> Result<MlxArray> {
+    launch(x2, gate, Some(up), pass)
 }
 
 /// [`swiglu_mma_pass`] in the pass the row count plans.
-pub fn swiglu_mma(
-    x2: &MlxArray,
-    gate_codes: &MlxArray,
-    gate_scales: &MlxArray,
-    up_codes: &MlxArray,
-    up_scales: &MlxArray,
-    g: &TrellisGeometry,
-) -> Result<MlxArray> {
+pub fn swiglu_mma(x2: &MlxArray, gate: LayerOperands<'_>, up: LayerOperands<'_>) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
-    swiglu_mma_pass(x2, gate_codes, gate_scales, up_codes, up_scales, g, plan(m, true))
+    swiglu_mma_pass(x2, gate, up, plan(m, true))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ pub mod trellis_scatter;
 use crate::array::MlxArray;
 use crate::error::{unserved, Result};
 
+use super::checks::same_but_bits;
 use super::format::{CodeLayout, TrellisGeometry};
 use super::operands::LayerOperands;
 use gate_up_factored::MAX_ROWS;
@@ -95,9 +96,9 @@ pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGe
 
 /// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype by one fused Metal kernel
 /// that reads both code tensors: 1 row -> the factored row kernel, 2..8 -> the factored rows
-/// kernel, more -> the MMA kernel in its planned pass.
-/// [`Error::Unserved`](crate::Error::Unserved) where gate and up differ in geometry or the family
-/// for `M` does not serve it. `gate` and `up` are their operands (a
+/// kernel, more -> the MMA kernel in its planned pass. Gate and up may differ in their bit
+/// widths. [`Error::Unserved`](crate::Error::Unserved) where gate and up differ in more than that
+/// or the family for `M` does not serve them. `gate` and `up` are their operands (a
 /// [`TrellisLinear`](crate::trellis::TrellisLinear) reference gives its own).
 pub fn swiglu<'g, 'u>(
     x2: &MlxArray,
@@ -105,16 +106,18 @@ pub fn swiglu<'g, 'u>(
     up: impl Into<LayerOperands<'u>>,
 ) -> Result<MlxArray> {
     let (gate, up) = (gate.into(), up.into());
-    let (g, m) = (gate.geometry, x2.shape().first().copied().unwrap_or(0));
-    if up.geometry != g {
-        unserved!("the fused Metal gate·up·SwiGLU needs gate and up of one geometry (gate {g}, up {})", up.geometry);
+    let (g, ug, m) = (gate.geometry, up.geometry, x2.shape().first().copied().unwrap_or(0));
+    if !same_but_bits(g, ug) {
+        unserved!(
+            "the fused Metal gate·up·SwiGLU needs gate and up of one geometry but for their bit widths (gate {g}, up {ug})"
+        );
     }
-    let (gc, gs, uc, us) = (gate.codes, gate.scales, up.codes, up.scales);
+    let both = |supports: fn(&TrellisGeometry) -> bool| supports(g) && supports(ug);
     match m {
-        1 if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_row(x2, gc, gs, uc, us, g),
-        2..=MAX_ROWS if gate_up_factored::supports(g) => gate_up_factored::swiglu_factored_rows(x2, gc, gs, uc, us, g),
-        _ if m > MAX_ROWS && gate_up_mma::supports(g) => gate_up_mma::swiglu_mma(x2, gc, gs, uc, us, g),
-        _ => unserved!("the fused Metal gate·up·SwiGLU serves no {m}-row call of {g}"),
+        1 if both(gate_up_factored::supports) => gate_up_factored::swiglu_factored_row(x2, gate, up),
+        2..=MAX_ROWS if both(gate_up_factored::supports) => gate_up_factored::swiglu_factored_rows(x2, gate, up),
+        _ if m > MAX_ROWS && both(gate_up_mma::supports) => gate_up_mma::swiglu_mma(x2, gate, up),
+        _ => unserved!("the fused Metal gate·up·SwiGLU serves no {m}-row call of gate {g}, up {ug}"),
     }
 }
 

@@ -1,0 +1,62 @@
+//! [`exit_process`]: how a program that ran MLX work ends, on every exit path.
+//!
+//! On MLX's CUDA back-end, returning from `main` (or `std::process::exit`) runs the C++ static
+//! destructors of MLX's CUDA objects (streams, events, the allocator's buffers, NCCL and cuBLAS
+//! handles) after the CUDA driver has begun to shut down, or while MLX's worker threads are still
+//! running. Their destructors then throw (`Destroy(handle_) failed: driver shutting down`), and
+//! a throwing destructor at exit is `std::terminate`: the process aborts with status 134 instead
+//! of the status it chose, often after an error it had already reported cleanly. Which runs
+//! first is a race, so it happened in about half of the runs that ended with an error.
+//!
+//! [`exit_process`] avoids the race instead of trying to win it: it waits for MLX's queued work,
+//! flushes the standard streams, and ends the process with `_exit`, which runs no destructors
+//! and no `atexit` handlers. Skipping them is safe because nothing they would do outlives the
+//! process: the OS reclaims memory, files and sockets, the CUDA driver reclaims the process's
+//! contexts, allocations and handles, and every file the program wrote was closed when its
+//! writer returned. Rust values dropped before the call (temporary directories, child
+//! processes) have run their `Drop`s as usual.
+
+use std::io::Write;
+
+/// Ends the process with exit status `code`, skipping C++ static destructors (see the module
+/// documentation for why): first waits for the work queued on this thread's default MLX stream
+/// and frees MLX's buffer cache ([`synchronize`](crate::synchronize); an error there is printed
+/// to stderr, and the status is still `code`), then flushes Rust's and C's standard output
+/// streams, then calls `_exit(code)`.
+///
+/// Call it last, from the thread that ran the MLX work, once every value whose `Drop` matters
+/// (temporary files, child processes) has been dropped: a program's `main` after its work
+/// returned, or a tensor-parallel rank when it is done or has failed.
+pub fn exit_process(code: i32) -> ! {
+    if let Err(e) = crate::device::synchronize() {
+        eprintln!("error while waiting for MLX's queued work before exiting: {e}");
+    }
+    // A failed flush (a closed pipe) leaves nothing to report to: exit with `code` regardless.
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    flush_c_streams();
+    end_now(code)
+}
+
+/// Flushes every C `FILE` output stream (MLX and NCCL write some messages through C stdio).
+#[cfg(unix)]
+fn flush_c_streams() {
+    // SAFETY: fflush(NULL) flushes all open output streams; it has no preconditions.
+    unsafe { libc::fflush(std::ptr::null_mut()) };
+}
+
+#[cfg(not(unix))]
+fn flush_c_streams() {}
+
+/// `_exit(code)`: the process ends here, without destructors or `atexit` handlers.
+#[cfg(unix)]
+fn end_now(code: i32) -> ! {
+    // SAFETY: _exit has no preconditions and does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// Elsewhere the ordinary exit (MLX's CUDA back-end runs on Linux only).
+#[cfg(not(unix))]
+fn end_now(code: i32) -> ! {
+    std::process::exit(code)
+}

@@ -1,0 +1,73 @@
+//! The activations pre-pass (`kernels/cuda/prescale.cu`): the power of two that brings each
+//! activation row into f16's range (its exponent to `x_exp`), and the rows converted with it
+//! once per call for the kernels that read f16 activations ready-made (the down kernel's
+//! prescaled configurations; the axis-1 kernel's bf16 activations of many rows). The down
+//! kernel's other configurations take only the exponents and the zeroed fold counters from it.
+//! One thread block a row.
+
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::kernel::registry::{self, KernelKey, KernelText};
+use crate::kernel::sources;
+use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
+use crate::trellis::checks::int;
+
+/// Threads of a row's block: 17408 inputs are 2176 groups of 8, about four a thread.
+const THREADS: usize = 512;
+
+/// The pre-pass kernel, registered once.
+pub(crate) fn kernel() -> Result<&'static CudaKernel> {
+    registry::cuda(KernelKey::of("prescale"), || {
+        Ok(KernelText {
+            inputs: &["x", "scales"],
+            outputs: &["x_scaled", "counters", "x_exp"],
+            body: sources::CUDA_PRESCALE.into(),
+            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
+        })
+    })
+}
+
+/// What the pre-pass writes besides the rows' exponents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PrePassOutput {
+    /// The converted activations, `[sets · m, row_pad]`.
+    Activations,
+    /// Nothing more (`x_scaled` is a placeholder of 8 values).
+    ExponentsOnly,
+}
+
+/// The pre-pass's launch for `m` rows of `width` activations in `dtype`: outputs `x_scaled`
+/// f16 `[sets · m, row_pad]` (`sets` 2 for f32, whose residues follow as `m` more rows),
+/// `counters` u32 `[max(counters, 1)]` zeroed, and `x_exp` f16 `[m]` (the rows' exponents).
+/// `row_scales`: multiply by the per-input scales first (the down projection's).
+pub(crate) fn prepare(
+    m: usize,
+    width: usize,
+    row_pad: usize,
+    dtype: Dtype,
+    counters: usize,
+    row_scales: bool,
+    output: PrePassOutput,
+) -> Result<CudaLaunch> {
+    let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
+    let what = "CUDA prescale kernel";
+    let write_x = output == PrePassOutput::Activations;
+    let x_shape = if write_x { [sets * m, row_pad] } else { [1, 8] };
+    // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
+    let (grid_y, grid_z) = (m.min(65535), m.div_ceil(65535));
+    if grid_z > 65535 {
+        invalid!("{what}: {m} activation rows are too many for one launch grid (at most 65535 x 65535)");
+    }
+    let launch = LaunchConfig::new([THREADS, grid_y, grid_z], [THREADS, 1, 1])
+        .output(&x_shape, Dtype::Float16)
+        .output(&[counters.max(1)], Dtype::Uint32)
+        .output(&[m], Dtype::Float16)
+        .template_dtype("T", dtype)
+        .template_int("R", int(what, width)?)
+        .template_int("R_PAD", int(what, row_pad)?)
+        .template_int("COUNTERS", int(what, counters)?)
+        .template_bool("SPLIT_X", dtype == Dtype::Float32)
+        .template_bool("ROW_SCALES", row_scales)
+        .template_bool("WRITE_X", write_x);
+    kernel()?.prepare(&launch)
+}
