@@ -31,6 +31,12 @@ pub fn exit_process(code: i32) -> ! {
     if let Err(e) = crate::device::synchronize() {
         eprintln!("error while waiting for MLX's queued work before exiting: {e}");
     }
+    exit_without_waiting(code)
+}
+
+/// [`exit_process`] without waiting for MLX's queued work: for a watchdog whose other thread is
+/// blocked inside MLX (waiting there could hang, and tearing MLX's objects down could abort).
+pub(crate) fn exit_without_waiting(code: i32) -> ! {
     // A failed flush (a closed pipe) leaves nothing to report to: exit with `code` regardless.
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();

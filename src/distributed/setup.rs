@@ -101,7 +101,7 @@ impl SetupWatchdog {
                     limit.as_secs_f64()
                 );
                 let _ = err.flush();
-                exit_without_teardown(2);
+                crate::process::exit_without_waiting(2);
             }
         });
         SetupWatchdog { done: Some(done), thread: Some(thread) }
@@ -115,13 +115,6 @@ impl Drop for SetupWatchdog {
             let _ = t.join();
         }
     }
-}
-
-/// Ends the process with `code` at once, without running exit handlers or destructors (another
-/// thread is blocked inside MLX's set-up, whose objects could hang or abort if torn down).
-fn exit_without_teardown(code: i32) -> ! {
-    // SAFETY: `_exit` takes any status and does not return; no handler or destructor runs.
-    unsafe { libc::_exit(code) }
 }
 
 #[cfg(test)]
