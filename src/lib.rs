@@ -59,6 +59,7 @@ mod ffi;
 mod io;
 mod json;
 mod kernel;
+pub mod nn;
 mod ops;
 #[cfg(feature = "metal-sim")]
 mod sim;

@@ -18,12 +18,16 @@ pub mod mlp;
 pub mod model;
 pub(crate) mod operands;
 pub mod reference;
+pub mod reference_coded;
+pub mod rotation;
 pub mod shard;
 pub mod synthetic;
+pub mod transform;
 
 pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
 pub use mlp::TrellisMlp;
+pub use rotation::{CodedAxis, Rotation};
 pub use model::{write_artifact, Artifact, ModuleConfig};
 pub use shard::{RowShard, SHARD_ROW_MULTIPLE};
 pub use synthetic::{synthetic_layer, synthetic_mlp};

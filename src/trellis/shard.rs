@@ -111,7 +111,8 @@ impl TrellisLinear {
         .deep_copy()?;
         let scales = self.scales().slice(&[r0], &[r1], &[1])?.deep_copy()?;
         let geometry = check_codes(self.name(), &codes, g.k, g.t, g.l, g.axis)?;
-        Ok(TrellisLinear::from_checked(self.name(), codes, scales, geometry))
+        // The stored columns are kept, so the coded axis (rotation, padding) applies unchanged.
+        TrellisLinear::from_checked(self.name(), codes, scales, geometry).with_coded_axis(self.coded_axis())
     }
 }
 

@@ -1,7 +1,8 @@
 //! Model artifacts on disk (spec §5): reading coded modules (or one rank's rows of them) from a
-//! model directory and writing one.
+//! model directory and writing one, with each module's coded axis (format §10).
 
 mod artifact;
+mod coded_axis;
 mod paths;
 mod shard;
 

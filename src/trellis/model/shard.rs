@@ -107,7 +107,12 @@ impl Artifact {
         if let Some(want) = axis {
             check_rule_axis(&format!("module {module:?}"), g.axis, want)?;
         }
-        self.check_model_dims(module, &g)?;
+        let coded_axis = self.coded_axis(module, &g)?;
+        let (logical_in, logical_out) = match g.axis {
+            0 => (g.rows, coded_axis.logical),
+            _ => (coded_axis.logical, g.rows),
+        };
+        self.check_model_dims(module, logical_in, logical_out, &g)?;
         let rows = shard.rows(g.rows, &format!("module {module:?}"))?;
         let s = self.locate(files, &sname)?;
         if s.entry.dtype != Dtype::Float16 {
@@ -150,7 +155,8 @@ impl Artifact {
         let codes = MlxArray::from_slice(&words, &shape)?;
         let geometry = check_codes(&wname, &codes, g.k, g.t, g.l, g.axis)?;
         let scales = MlxArray::from_slice(&scales, &[n])?;
-        Ok(TrellisLinear::from_checked(&wname, codes, scales, geometry))
+        // A row shard keeps the stored columns, so the module's coded axis applies unchanged.
+        TrellisLinear::from_checked(&wname, codes, scales, geometry).with_coded_axis(coded_axis)
     }
 
     /// Rank `rank`'s shard of `count` of the MLP `PREFIX.{gate,up,down}_proj` (see
