@@ -34,7 +34,7 @@ impl DeviceRotation {
         let (m, n) = (shape[0], shape[1]);
         let b = self.block;
         let blocked = x2f.reshape(&[m, n / b, b])?;
-        hadamard_transform(&blocked, Some(1.0 / (b as f32).sqrt()))?.reshape(&[m, n])
+        hadamard_transform(&blocked, 1.0 / (b as f32).sqrt())?.reshape(&[m, n])
     }
 
     /// `x2 · Q` in f32.
