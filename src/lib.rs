@@ -71,6 +71,7 @@ pub use device::{
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, ErrorKind, Result};
+pub use io::gguf::{GgmlType, Gguf, GgufTensor, GGUF_GROUP_SIZE};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};

@@ -13,6 +13,8 @@ use crate::device::Stream;
 use crate::error::{Error, Result};
 use crate::ffi::call;
 
+pub(crate) mod gguf;
+mod gguf_header;
 mod header;
 
 pub(crate) use header::{read_header, TensorEntry};
