@@ -61,6 +61,7 @@ mod json;
 mod kernel;
 pub mod nn;
 mod ops;
+pub mod quantize_model;
 #[cfg(feature = "metal-sim")]
 mod sim;
 pub mod trellis;
