@@ -59,9 +59,9 @@ mod ffi;
 mod io;
 mod json;
 mod kernel;
+pub mod llama;
 pub mod nn;
 mod ops;
-pub mod quantize_model;
 #[cfg(feature = "metal-sim")]
 mod sim;
 pub mod trellis;

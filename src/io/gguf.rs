@@ -137,6 +137,11 @@ impl Gguf {
         self.header.metadata.keys().cloned().collect()
     }
 
+    /// Whether the file has metadata key `key`.
+    pub fn has_metadata(&self, key: &str) -> bool {
+        self.header.metadata.contains_key(key)
+    }
+
     /// The GGML type of tensor `name`.
     pub fn tensor_type(&self, name: &str) -> Result<GgmlType> {
         Ok(self.info(name)?.ggml_type)

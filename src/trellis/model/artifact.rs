@@ -133,6 +133,17 @@ impl Artifact {
         }
     }
 
+    /// The file that the config's string entry `key` names (for example a base model that the
+    /// coded modules replace layers of), resolved inside the model directory.
+    pub fn config_file(&self, key: &str) -> Result<PathBuf> {
+        let config = self.config_path();
+        match self.config.get(key) {
+            None => Err(self.config_error(key, "is missing")),
+            Some(Value::String(name)) => self.root.file(name, &config, Some(key)),
+            Some(other) => Err(self.config_error(key, format!("is {}, not a file name", kind(other)))),
+        }
+    }
+
     /// The names of the trellis-coded modules the config lists (in name order).
     pub fn trellis_modules(&self) -> Result<Vec<String>> {
         let (_, q) = self.quantization()?;

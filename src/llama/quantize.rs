@@ -36,17 +36,17 @@ use crate::trellis::encoder::{code_linear, EncoderBackend, EncoderConfig, Rotati
 use crate::trellis::format::CodeLayout;
 use crate::trellis::{write_artifact, TrellisLinear};
 
-/// The seven linear projections of a Llama block: Hugging Face suffix, GGUF name, conventional
-/// coded axis (1: along the inputs; 0: along the outputs, for the down projection).
-const PROJECTIONS: [(&str, &str, u32); 7] = [
-    ("self_attn.q_proj", "attn_q", 1),
-    ("self_attn.k_proj", "attn_k", 1),
-    ("self_attn.v_proj", "attn_v", 1),
-    ("self_attn.o_proj", "attn_output", 1),
-    ("mlp.gate_proj", "ffn_gate", 1),
-    ("mlp.up_proj", "ffn_up", 1),
-    ("mlp.down_proj", "ffn_down", 0),
-];
+use super::names::{gguf_tensor_name, hf_module, is_mlp, LINEARS};
+
+/// The conventional coded axis of a projection (format §10): 0 (along the outputs) for the
+/// down projection, 1 (along the inputs) for the others.
+fn conventional_axis(linear: &str) -> u32 {
+    if linear == "mlp.down_proj" {
+        0
+    } else {
+        1
+    }
+}
 
 /// The name of the copied source model inside the output directory.
 pub const BASE_GGUF: &str = "base.gguf";
@@ -178,9 +178,11 @@ pub fn quantize_model(
 
     let mut plan = Vec::new();
     for n in 0..layers {
-        for (suffix, gguf_name, axis) in PROJECTIONS {
-            if suffix.starts_with("mlp.") || spec.attention {
-                plan.push((format!("model.layers.{n}.{suffix}"), format!("blk.{n}.{gguf_name}.weight"), axis));
+        for linear in LINEARS {
+            if is_mlp(linear) || spec.attention {
+                let module = hf_module(n, linear);
+                let tensor = gguf_tensor_name(&module)?;
+                plan.push((module, tensor, conventional_axis(linear)));
             }
         }
     }

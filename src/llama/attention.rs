@@ -1,0 +1,102 @@
+//! Grouped-query self-attention with rotary position embeddings and a key/value cache.
+
+use crate::array::MlxArray;
+use crate::error::{invalid, Result};
+use crate::nn::{rope, scaled_dot_product_attention, AttentionMask};
+use crate::ops::concatenate;
+
+use super::config::LlamaConfig;
+use super::linear::Linear;
+
+/// One layer's cached keys and values, `[1, kv_heads, positions, head_dim]` each.
+#[derive(Debug, Clone, Default)]
+pub struct LayerCache {
+    kv: Option<(MlxArray, MlxArray)>,
+}
+
+impl LayerCache {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.kv.as_ref().map_or(0, |(k, _)| k.shape()[2])
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.kv.is_none()
+    }
+}
+
+/// A block's attention: the q, k, v and output projections and the head geometry.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    /// `q_proj` (`[heads · head_dim, hidden]`).
+    pub q: Linear,
+    /// `k_proj` (`[kv_heads · head_dim, hidden]`).
+    pub k: Linear,
+    /// `v_proj` (`[kv_heads · head_dim, hidden]`).
+    pub v: Linear,
+    /// `o_proj` (`[hidden, heads · head_dim]`).
+    pub o: Linear,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    rope_base: f32,
+}
+
+impl Attention {
+    /// The attention of a block with these projections, checked against `config`.
+    pub fn new(q: Linear, k: Linear, v: Linear, o: Linear, config: &LlamaConfig) -> Result<Attention> {
+        let c = config;
+        let want = [
+            (q.shape(), [c.heads * c.head_dim, c.hidden], "q_proj"),
+            (k.shape(), [c.kv_heads * c.head_dim, c.hidden], "k_proj"),
+            (v.shape(), [c.kv_heads * c.head_dim, c.hidden], "v_proj"),
+            (o.shape(), [c.hidden, c.heads * c.head_dim], "o_proj"),
+        ];
+        for (got, want, name) in want {
+            if got != want {
+                invalid!("{name} is {got:?}, the config needs {want:?}");
+            }
+        }
+        Ok(Attention { q, k, v, o, heads: c.heads, kv_heads: c.kv_heads, head_dim: c.head_dim, rope_base: c.rope_base })
+    }
+
+    /// `[1, L, heads · head_dim]` → `[1, heads, L, head_dim]`.
+    fn split_heads(&self, x: &MlxArray, heads: usize) -> Result<MlxArray> {
+        let l = x.shape()[1];
+        x.reshape(&[1, l, heads, self.head_dim])?.transpose(&[0, 2, 1, 3])
+    }
+
+    /// The attention output (before the residual) of `x` (`[1, L, hidden]`, normalized), at the
+    /// positions after those `cache` holds; appends this call's keys and values to `cache`.
+    /// `observe` sees the input of every projection (q, k and v share `x`).
+    pub fn forward(
+        &self,
+        x: &MlxArray,
+        cache: &mut LayerCache,
+        observe: &mut dyn FnMut(&str, &MlxArray) -> Result<()>,
+    ) -> Result<MlxArray> {
+        let l = x.shape()[1];
+        let offset = cache.len();
+        for name in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] {
+            observe(name, x)?;
+        }
+        let q = self.split_heads(&self.q.forward(x)?, self.heads)?;
+        let k = self.split_heads(&self.k.forward(x)?, self.kv_heads)?;
+        let v = self.split_heads(&self.v.forward(x)?, self.kv_heads)?;
+        // llama.cpp's converter permuted the Q/K rows so that each rotated pair is adjacent.
+        let q = rope(&q, self.head_dim, true, self.rope_base, 1.0, offset)?;
+        let k = rope(&k, self.head_dim, true, self.rope_base, 1.0, offset)?;
+        let (k, v) = match cache.kv.take() {
+            Some((pk, pv)) => (concatenate(&[&pk, &k], 2)?, concatenate(&[&pv, &v], 2)?),
+            None => (k, v),
+        };
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let mask = if l > 1 { AttentionMask::Causal } else { AttentionMask::None };
+        let out = scaled_dot_product_attention(&q, &k, &v, scale, mask)?;
+        cache.kv = Some((k, v));
+        let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[1, l, self.heads * self.head_dim])?;
+        observe("self_attn.o_proj", &out)?;
+        self.o.forward(&out)
+    }
+}

@@ -1,0 +1,58 @@
+//! Scoring a model on a text: log-probabilities of a window, and per-window negative
+//! log-likelihood and KL divergence against a reference model.
+
+use crate::array::MlxArray;
+use crate::error::{invalid, Result};
+use crate::nn::select::{exp, log_softmax, take_along_axis};
+use crate::ops::eval_all;
+
+use super::model::LlamaModel;
+
+/// The log-probabilities (`[L, vocab]`, float32) `model` gives the token after each of `tokens`,
+/// from an empty cache.
+pub fn log_probs(model: &LlamaModel, tokens: &[u32]) -> Result<MlxArray> {
+    let mut cache = model.new_cache();
+    log_softmax(&model.forward(tokens, &mut cache)?, -1)
+}
+
+/// Sums over one window's scored positions (all but the last: each predicts the next token).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WindowScore {
+    /// Σ −log p(next token).
+    pub nll: f64,
+    /// Σ KL(reference ‖ this model) over the vocabulary, in nats.
+    pub kl: f64,
+    /// Positions scored.
+    pub positions: usize,
+}
+
+impl std::ops::AddAssign for WindowScore {
+    fn add_assign(&mut self, o: WindowScore) {
+        self.nll += o.nll;
+        self.kl += o.kl;
+        self.positions += o.positions;
+    }
+}
+
+/// Scores `logp` (`[L, vocab]` log-probabilities of `tokens`, `L = tokens.len()`) against the
+/// reference `ref_logp` of the same window: the negative log-likelihood of `tokens[1..]` and
+/// `Σ_v p_ref (log p_ref − log p)` at each of the first `L − 1` positions.
+pub fn score_window(ref_logp: &MlxArray, logp: &MlxArray, tokens: &[u32]) -> Result<WindowScore> {
+    let l = tokens.len();
+    if l < 2 || logp.ndim() != 2 || logp.shape()[0] != l || ref_logp.shape() != logp.shape() {
+        invalid!(
+            "scoring a window of {l} tokens needs [{l}, vocab] log-probabilities, got {:?} and {:?}",
+            ref_logp.shape(),
+            logp.shape()
+        );
+    }
+    let v = logp.shape()[1] as i32;
+    let rows = |a: &MlxArray| a.slice(&[0, 0], &[l as i32 - 1, v], &[1, 1]);
+    let (r, p) = (rows(ref_logp)?, rows(logp)?);
+    let targets: Vec<u32> = tokens[1..].to_vec();
+    let targets = MlxArray::from_slice(&targets, &[l - 1, 1])?;
+    let nll = take_along_axis(&p, &targets, 1)?.sum_all(false)?.negative()?;
+    let kl = exp(&r)?.multiply(&r.subtract(&p)?)?.sum_all(false)?;
+    eval_all(&[&nll, &kl])?;
+    Ok(WindowScore { nll: nll.item_f64()?, kl: kl.item_f64()?, positions: l - 1 })
+}

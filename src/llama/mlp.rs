@@ -1,0 +1,55 @@
+//! The SwiGLU MLP of a decoder block: `down(silu(gate(x)) ⊙ up(x))`.
+
+use crate::array::MlxArray;
+use crate::error::Result;
+use crate::trellis::TrellisMlp;
+
+use super::linear::Linear;
+
+/// A block's MLP: three linear layers, or a [`TrellisMlp`] when all three are trellis-coded in one
+/// artifact (its gate and up projections then run as one fused call where the back-end has one).
+#[derive(Debug, Clone)]
+pub enum Mlp {
+    /// Three independent layers.
+    Linears {
+        /// `gate_proj` (`[intermediate, hidden]`).
+        gate: Linear,
+        /// `up_proj` (`[intermediate, hidden]`).
+        up: Linear,
+        /// `down_proj` (`[hidden, intermediate]`).
+        down: Linear,
+    },
+    /// The three projections trellis-coded together.
+    Trellis(Box<TrellisMlp>),
+}
+
+impl Mlp {
+    /// `silu(gate(x)) ⊙ up(x)`: the down projection's input.
+    pub fn swiglu(&self, x: &MlxArray) -> Result<MlxArray> {
+        match self {
+            Mlp::Linears { gate, up, .. } => gate.forward(x)?.silu()?.multiply(&up.forward(x)?),
+            Mlp::Trellis(m) => m.swiglu_with(x, crate::trellis::ForwardPath::Auto),
+        }
+    }
+
+    /// `down(h)` for the SwiGLU output `h`.
+    pub fn down(&self, h: &MlxArray) -> Result<MlxArray> {
+        match self {
+            Mlp::Linears { down, .. } => down.forward(h),
+            Mlp::Trellis(m) => m.down().forward(h),
+        }
+    }
+
+    /// The whole MLP.
+    pub fn forward(&self, x: &MlxArray) -> Result<MlxArray> {
+        self.down(&self.swiglu(x)?)
+    }
+
+    /// The three layers' stored bits and logical weights, in the order gate, up, down.
+    pub fn stored_bits(&self) -> [(u64, u64); 3] {
+        match self {
+            Mlp::Linears { gate, up, down } => [gate.stored_bits(), up.stored_bits(), down.stored_bits()],
+            Mlp::Trellis(m) => [m.gate(), m.up(), m.down()].map(|t| Linear::Trellis(t.clone()).stored_bits()),
+        }
+    }
+}
