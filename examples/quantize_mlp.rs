@@ -3,10 +3,13 @@
 //!
 //! The dense weights `PREFIX.{gate,up,down}_proj.weight` come from a safetensors file (as a
 //! Hugging Face checkpoint stores them: gate and up `[intermediate, hidden]`, down
-//! `[hidden, intermediate]`) or are seeded Gaussian. Gate and up are coded row-major on axis 1
-//! (stored `[out, in]`, the layout of the gate/up kernels), down on axis 0 (stored `[in, out]`)
-//! in the 3-bit block interleave, or row-major at other bit widths, at `--L` other than 12 and
-//! where the hidden width is not a multiple of 512 (the interleave's column group). The artifact is then read
+//! `[hidden, intermediate]`) or are seeded Gaussian. Each projection's coded axis is rotated by a
+//! seeded random-sign block Hadamard (format §10; `--no-rotation` codes the weights as given,
+//! which on real layers loses their outlier weights). Gate and up are coded on axis 1 (stored
+//! `[out, in]`), down on axis 0 (stored `[in, out]`), where those dimensions are whole 256-weight
+//! blocks; otherwise by the rule of format §10 (the other axis where it is whole blocks, else
+//! padded). An axis-0 projection at k 3, L 12 with a multiple of 512 stored columns uses the
+//! 3-bit block interleave, every other one row-major. The artifact is then read
 //! back, one forward of four rows by the generic path is checked against the f64 reference of
 //! the read-back codes, and the quantization error against the dense MLP is printed. Exit status
 //! 0 means the check passed; 1 means it did not; 2 is an error.
@@ -24,14 +27,17 @@
 //!   1024; Qwen3-14B's is 5120 and 17408); `--seed S`;
 //! - `--bits K` (gate and up, default 3), `--down-bits K` (default 3), `--L L` (default 12),
 //!   `--threads N`, `--backend auto|cpu|cuda` (where the block search runs);
+//! - `--no-rotation`: code the weights unrotated; `--rotation-seed S` (default 0; gate and up
+//!   share one rotation where both are coded along their inputs, so the input is rotated once);
 //! - `--out DIR` (required): where `model.safetensors` and `config.json` go.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::encoder::{encode_linear, EncoderBackend, EncoderConfig};
-use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
+use mlx_trellis::trellis::encoder::{choose_axis, code_linear, EncoderBackend, EncoderConfig, RotationSpec};
+use mlx_trellis::trellis::reference::rel_err;
+use mlx_trellis::trellis::reference_coded::mlp_coded_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
 use mlx_trellis::{load_safetensors, MlxArray};
@@ -54,6 +60,8 @@ struct Options {
     l: u32,
     threads: Option<usize>,
     backend: EncoderBackend,
+    rotation: bool,
+    rotation_seed: u64,
     out: String,
 }
 
@@ -69,6 +77,8 @@ fn parse_args() -> Result<Options> {
         l: 12,
         threads: None,
         backend: EncoderBackend::Auto,
+        rotation: true,
+        rotation_seed: 0,
         out: String::new(),
     };
     let mut out = None;
@@ -93,6 +103,8 @@ fn parse_args() -> Result<Options> {
                     other => bail!("--backend: {other:?} is not auto, cpu or cuda"),
                 }
             }
+            "--no-rotation" => o.rotation = false,
+            "--rotation-seed" => o.rotation_seed = value()?.parse().context("--rotation-seed takes an integer")?,
             "--out" => out = Some(value()?),
             "-h" | "--help" => {
                 let doc = include_str!("quantize_mlp.rs").lines().take_while(|l| l.starts_with("//!"));
@@ -173,22 +185,47 @@ fn run() -> Result<bool> {
     let dense = dense_mlp(&o)?;
     let names = ["gate_proj", "up_proj", "down_proj"];
     let mut coded = Vec::with_capacity(3);
-    for (name, d) in names.iter().zip(&dense) {
-        let (k, axis) = if *name == "down_proj" { (o.down_bits, 0) } else { (o.bits, 1) };
-        // The interleave (k 3, L 12 only) groups 512 stored columns (down's outputs, the hidden width).
-        let interleave = axis == 0 && k == 3 && o.l == 12 && d.out_features % 512 == 0;
+    for (i, (name, d)) in names.iter().zip(&dense).enumerate() {
+        let (k, conventional) = if *name == "down_proj" { (o.down_bits, 0) } else { (o.bits, 1) };
+        let choice = choose_axis(d.out_features, d.in_features, conventional, 256)?;
+        // The interleave (k 3, L 12 only) groups 512 stored columns.
+        let interleave = choice.axis == 0 && k == 3 && o.l == 12 && choice.stored % 512 == 0;
         let layout = if interleave { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
-        let cfg = EncoderConfig { axis, layout, threads: o.threads, backend: o.backend, ..EncoderConfig::new(k, o.l) };
+        // Gate and up coded along their inputs share one rotation of x; the rest get their own.
+        let shares_input = choice.axis == 1 && *name != "down_proj";
+        let seed = if shares_input { o.rotation_seed } else { o.rotation_seed.wrapping_add(1 + i as u64) };
+        let cfg = EncoderConfig {
+            axis: conventional,
+            layout,
+            threads: o.threads,
+            backend: o.backend,
+            rotation: o.rotation.then_some(RotationSpec { seed }),
+            ..EncoderConfig::new(k, o.l)
+        };
         let module = format!("{}.{name}", o.prefix);
+        let padding = if choice.stored != choice.logical {
+            format!(" (padded {} -> {})", choice.logical, choice.stored)
+        } else {
+            String::new()
+        };
         progress(&format!(
-            "coding {module} W [{}, {}], k = {k}, L = {}, axis {axis}, {layout:?}",
-            d.out_features, d.in_features, o.l
+            "coding {module} W [{}, {}], k = {k}, L = {}, axis {}{padding}, {layout:?}, {}",
+            d.out_features,
+            d.in_features,
+            o.l,
+            choice.axis,
+            if o.rotation { "rotated" } else { "NOT rotated" }
         ));
         let start = Instant::now();
-        let enc =
-            encode_linear(&d.w, d.out_features, d.in_features, &cfg).with_context(|| format!("coding {module}"))?;
-        progress(&format!("{module}: {:.2} s, encoder's mse {:.4e}", start.elapsed().as_secs_f64(), enc.mse));
-        coded.push((module.clone(), TrellisLinear::from_host(&module, &enc.layer)?));
+        let c = code_linear(&d.w, d.out_features, d.in_features, &cfg, &mut |_, _| {})
+            .with_context(|| format!("coding {module}"))?;
+        progress(&format!(
+            "{module}: {:.2} s, mse {:.4e} (relative {:.5})",
+            start.elapsed().as_secs_f64(),
+            c.mse,
+            c.relative_mse()
+        ));
+        coded.push((module.clone(), c.to_linear(&module)?));
     }
     let modules: Vec<(&str, &TrellisLinear)> = coded.iter().map(|(n, l)| (n.as_str(), l)).collect();
     let (hidden, inter) = (dense[0].in_features, dense[0].out_features);
@@ -203,7 +240,8 @@ fn run() -> Result<bool> {
     let got = check::to_f64(&y)?;
     let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     let (gate, up, down) = (mlp.gate().to_host()?, mlp.up().to_host()?, mlp.down().to_host()?);
-    let want = mlp_forward_f64(&xd, CHECK_ROWS, &gate, &up, &down)?;
+    let axes = [mlp.gate().coded_axis(), mlp.up().coded_axis(), mlp.down().coded_axis()];
+    let want = mlp_coded_f64(&xd, CHECK_ROWS, [(&gate, &axes[0]), (&up, &axes[1]), (&down, &axes[2])])?;
     let err = rel_err(&got, &want)?;
     let quantization = rel_err(&got, &dense_mlp_f64(&x, CHECK_ROWS, &dense)?)?;
     let gate = check::f32_gate();
