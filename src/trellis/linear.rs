@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use half::f16;
 
@@ -92,7 +93,8 @@ pub struct TrellisLinear {
     codes: MlxArray,
     scales: MlxArray,
     geometry: TrellisGeometry,
-    transform: Option<AxisTransform>,
+    /// Boxed: most layers have none, and a layer is held in enums beside small variants.
+    transform: Option<Arc<AxisTransform>>,
 }
 
 /// Checks a code tensor (uint32, either layout) against the format parameters and derives its
@@ -210,7 +212,8 @@ impl TrellisLinear {
     /// rotation's length). [`CodedAxis::plain`] of the stored columns is the plain layer.
     pub fn with_coded_axis(mut self, axis: CodedAxis) -> Result<TrellisLinear> {
         let name = self.name.clone();
-        self.transform = AxisTransform::new(axis, &self.geometry).with_context(|| format!("layer {name:?}"))?;
+        self.transform =
+            AxisTransform::new(axis, &self.geometry).with_context(|| format!("layer {name:?}"))?.map(Arc::new);
         Ok(self)
     }
 
