@@ -11,7 +11,9 @@ use crate::trellis::TrellisLinear;
 /// A linear layer `y = x · Wᵀ` with `W` `[out, in]`.
 #[derive(Clone)]
 pub enum Linear {
-    /// Dense weights `[out, in]` in the activation dtype.
+    /// Dense weights, stored transposed (`[in, out]`, row-major) in the activation dtype: the
+    /// CPU's matrix product runs about twice as fast on a contiguous right operand as on a
+    /// transposed view.
     Dense(MlxArray),
     /// MLX affine-quantized weights (`W = scales · q + biases` per group of inputs).
     Affine {
@@ -35,7 +37,7 @@ pub enum Linear {
 impl std::fmt::Debug for Linear {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Linear::Dense(w) => write!(f, "Dense({:?} {})", w.shape(), w.dtype()),
+            Linear::Dense(wt) => write!(f, "Dense(transposed {:?} {})", wt.shape(), wt.dtype()),
             Linear::Affine { bits, group_size, shape, .. } => {
                 write!(f, "Affine({bits} bits, groups of {group_size}, {shape:?})")
             }
@@ -53,7 +55,7 @@ impl Linear {
                 if w.ndim() != 2 {
                     invalid!("a linear layer's weight must be 2-D, got {:?}", w.shape());
                 }
-                Ok(Linear::Dense(w.astype(dtype)?))
+                Linear::dense(&w, dtype)
             }
             GgufTensor::Affine { weight, scales, biases, group_size, bits } => {
                 let (ws, ss) = (weight.shape(), scales.shape());
@@ -71,6 +73,14 @@ impl Linear {
                 })
             }
         }
+    }
+
+    /// Dense weights `w` (`[out, in]`) in `dtype`.
+    pub fn dense(w: &MlxArray, dtype: Dtype) -> Result<Linear> {
+        if w.ndim() != 2 {
+            invalid!("a linear layer's weight must be 2-D, got {:?}", w.shape());
+        }
+        Ok(Linear::Dense(w.astype(dtype)?.t()?.contiguous()?))
     }
 
     /// Dense weights `w` (`[out, in]`) quantized by MLX's affine quantization at `bits` per weight
@@ -94,9 +104,9 @@ impl Linear {
     /// `[out, in]`.
     pub fn shape(&self) -> [usize; 2] {
         match self {
-            Linear::Dense(w) => {
-                let s = w.shape();
-                [s[0], s[1]]
+            Linear::Dense(wt) => {
+                let s = wt.shape();
+                [s[1], s[0]]
             }
             Linear::Affine { shape, .. } => *shape,
             Linear::Trellis(t) => [t.out_features(), t.in_features()],
@@ -106,7 +116,7 @@ impl Linear {
     /// `x · Wᵀ` over the last axis of `x` (`[.., in]` → `[.., out]`, in `x`'s dtype).
     pub fn forward(&self, x: &MlxArray) -> Result<MlxArray> {
         match self {
-            Linear::Dense(w) => x.matmul(&w.t()?),
+            Linear::Dense(wt) => x.matmul(wt),
             Linear::Affine { weight, scales, biases, group_size, bits, .. } => {
                 quantized_matmul(x, weight, scales, biases, true, *group_size, *bits)
             }

@@ -20,7 +20,7 @@ pub enum Mlp {
         down: Linear,
     },
     /// The three projections trellis-coded together.
-    Trellis(Box<TrellisMlp>),
+    Trellis(TrellisMlp),
 }
 
 impl Mlp {

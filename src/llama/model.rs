@@ -89,6 +89,10 @@ impl LayerPlan {
     }
 }
 
+/// A callback that sees the input of each linear layer by Hugging Face module name
+/// ([`LlamaModel::forward_observed`]); an error stops the forward pass.
+pub type Observer<'a> = dyn FnMut(&str, &MlxArray) -> Result<()> + 'a;
+
 /// The keys and values of every layer: what a decoder has already seen.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -128,7 +132,7 @@ struct Embedding(Linear);
 impl Embedding {
     fn lookup(&self, ids: &MlxArray, dtype: Dtype) -> Result<MlxArray> {
         match &self.0 {
-            Linear::Dense(table) => table.take(ids, 0),
+            Linear::Dense(table_t) => table_t.take(ids, 1)?.t(),
             Linear::Affine { weight, scales, biases, group_size, bits, .. } => {
                 let rows = |a: &MlxArray| a.take(ids, 0);
                 dequantize(&rows(weight)?, &rows(scales)?, &rows(biases)?, *group_size, *bits)?.astype(dtype)
@@ -189,7 +193,7 @@ impl LlamaModel {
                 let name = gguf_tensor_name(&hf)?;
                 let layer = match plan.for_module(&hf) {
                     LinearPlan::AsShipped => Linear::from_gguf(gguf.tensor(&name)?, dtype)?,
-                    LinearPlan::Dense => Linear::Dense(gguf.dense_f32(&name)?.astype(dtype)?),
+                    LinearPlan::Dense => Linear::dense(&gguf.dense_f32(&name)?, dtype)?,
                     LinearPlan::Affine { bits, group_size } => {
                         Linear::affine_from_dense(&gguf.dense_f32(&name)?, bits, group_size, dtype)
                             .with_context(|| format!("re-quantizing {name}"))?
@@ -250,7 +254,7 @@ impl LlamaModel {
             let mlp_names = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"].map(|l| hf_module(i, l));
             if mlp_names.iter().all(|n| coded.contains(n)) {
                 let mlp = TrellisMlp::from_artifact(artifact, &format!("model.layers.{i}.mlp"))?;
-                block.mlp = Mlp::Trellis(Box::new(mlp));
+                block.mlp = Mlp::Trellis(mlp);
                 check_mlp(&block.mlp, &self.config).with_context(|| format!("block {i}"))?;
                 self.replaced.extend(mlp_names);
                 continue;
@@ -361,17 +365,12 @@ impl LlamaModel {
         &self,
         tokens: &[u32],
         cache: &mut KvCache,
-        observe: &mut dyn FnMut(&str, &MlxArray) -> Result<()>,
+        observe: &mut Observer<'_>,
     ) -> Result<MlxArray> {
         self.run(tokens, cache, Some(observe))
     }
 
-    fn run(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache,
-        mut observe: Option<&mut dyn FnMut(&str, &MlxArray) -> Result<()>>,
-    ) -> Result<MlxArray> {
+    fn run(&self, tokens: &[u32], cache: &mut KvCache, mut observe: Option<&mut Observer<'_>>) -> Result<MlxArray> {
         let c = &self.config;
         if tokens.is_empty() {
             invalid!("forward needs at least one token");

@@ -1,0 +1,321 @@
+//! What quantization costs a Llama model: perplexity and mean KL divergence per token against the
+//! model as shipped, on a fixed text, for several variants of its linear layers.
+//!
+//! The text (default `/usr/share/common-licenses/GPL-3`, on every Debian machine) is tokenized
+//! whole and cut into non-overlapping windows of `--window` tokens, each scored from an empty
+//! cache (every position but the last predicts the next token). For each window the as-shipped
+//! model's log-probabilities are computed once and every variant is scored against them, all
+//! variants held in memory. Per variant: perplexity, mean KL(shipped ‖ variant) in nats per
+//! token, bits per weight of the layers it replaces (scales and biases included), load time and
+//! tokens/s of the evaluation's forward passes.
+//!
+//! ```text
+//! cargo run --release --example eval_model -- --variant shipped --variant affine:4:64 \
+//!     --variant dir:/models/smollm2-trellis-k4:trellis rotated k4 --json eval.json --plot eval.svg
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use mlx_trellis::llama::eval::{log_probs, score_window, WindowScore};
+use mlx_trellis::llama::{fetch_smollm2, LayerPlan, LlamaModel, LlamaTokenizer};
+use mlx_trellis::{eval_all, Dtype, Gguf};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ActDtype {
+    F32,
+    Bf16,
+}
+
+/// Perplexity and KL against the as-shipped model for variants of a Llama model's linear layers.
+#[derive(Parser, Debug)]
+#[command(after_help = "Variants (repeat --variant):\n  \
+shipped                  every layer as the GGUF ships it\n  \
+affine:BITS:GROUP        the MLP projections re-quantized by MLX (e.g. affine:4:64)\n  \
+affine-all:BITS:GROUP    every linear layer re-quantized by MLX\n  \
+dir:PATH[:LABEL]         a quantized model directory (trellis-coded modules over its base GGUF)\n\
+The plot groups variants into lines by family: the label up to its last space \
+(\"trellis rotated k4\" -> \"trellis rotated\").\n\n\
+Example:\n  cargo run --release --example eval_model -- --variant shipped --variant affine:4:64 \
+--variant affine:3:64 --json eval.json --plot eval.svg")]
+struct Args {
+    /// The base GGUF file (default: SmolLM2-135M-Instruct, fetched and cached).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The evaluation text.
+    #[arg(long, default_value = "/usr/share/common-licenses/GPL-3")]
+    text: PathBuf,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 512)]
+    window: usize,
+    /// Evaluate only the first N tokens of the text (0: all).
+    #[arg(long, default_value_t = 0)]
+    max_tokens: usize,
+    /// A variant to evaluate (repeatable; see below). Default: shipped.
+    #[arg(long = "variant")]
+    variants: Vec<String>,
+    /// Activation dtype.
+    #[arg(long, value_enum, default_value_t = ActDtype::F32)]
+    dtype: ActDtype,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also plot KL (log scale) against bits per weight as SVG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+enum Spec {
+    Shipped,
+    Plan(LayerPlan, &'static str),
+    Dir(PathBuf),
+}
+
+struct Variant {
+    label: String,
+    family: String,
+    layers: String,
+    /// `None`: the reference itself (as shipped), whose log-probabilities are computed once.
+    model: Option<LlamaModel>,
+    load_seconds: f64,
+    score: WindowScore,
+    forward_seconds: f64,
+}
+
+fn parse_spec(spec: &str, dtype: Dtype) -> Result<(Spec, String, String)> {
+    let bits_group = |rest: &str| -> Result<(i32, i32)> {
+        let (b, g) = rest.split_once(':').with_context(|| format!("{spec:?}: expected BITS:GROUP"))?;
+        Ok((
+            b.parse().with_context(|| format!("{spec:?}: bits"))?,
+            g.parse().with_context(|| format!("{spec:?}: group"))?,
+        ))
+    };
+    if spec == "shipped" {
+        return Ok((Spec::Shipped, "as shipped".into(), "as shipped".into()));
+    }
+    if let Some(rest) = spec.strip_prefix("affine-all:") {
+        let (bits, group) = bits_group(rest)?;
+        let plan = LayerPlan { dtype, ..LayerPlan::all_affine(bits, group) };
+        return Ok((Spec::Plan(plan, "all"), format!("affine-all g{group} {bits}"), format!("affine-all g{group}")));
+    }
+    if let Some(rest) = spec.strip_prefix("affine:") {
+        let (bits, group) = bits_group(rest)?;
+        let plan = LayerPlan { dtype, ..LayerPlan::mlp_affine(bits, group) };
+        return Ok((Spec::Plan(plan, "MLP"), format!("affine g{group} {bits}"), format!("affine g{group}")));
+    }
+    if let Some(rest) = spec.strip_prefix("dir:") {
+        let (path, label) = match rest.split_once(':') {
+            Some((p, l)) => (PathBuf::from(p), l.to_string()),
+            None => {
+                let p = PathBuf::from(rest);
+                let name = p.file_name().map_or_else(|| rest.to_string(), |n| n.to_string_lossy().into_owned());
+                (p, name)
+            }
+        };
+        let family = label.rsplit_once(' ').map_or(label.as_str(), |(f, _)| f).to_string();
+        return Ok((Spec::Dir(path), label, family));
+    }
+    bail!("unknown variant {spec:?} (shipped, affine:BITS:GROUP, affine-all:BITS:GROUP, dir:PATH[:LABEL])")
+}
+
+fn load(spec: &Spec, base: &PathBuf, dtype: Dtype) -> Result<(Option<LlamaModel>, String)> {
+    Ok(match spec {
+        Spec::Shipped => (None, "none".into()),
+        Spec::Plan(plan, layers) => (Some(LlamaModel::from_gguf(base, plan)?), (*layers).into()),
+        Spec::Dir(dir) => {
+            let m = LlamaModel::from_artifact(dir, dtype)?;
+            let n = m.replaced_modules().len();
+            (Some(m), format!("{n} coded"))
+        }
+    })
+}
+
+fn run(args: Args) -> Result<()> {
+    let dtype = match args.dtype {
+        ActDtype::F32 => Dtype::Float32,
+        ActDtype::Bf16 => Dtype::Bfloat16,
+    };
+    if args.window < 2 {
+        bail!("--window must be at least 2");
+    }
+    let base = match &args.model {
+        Some(p) => p.clone(),
+        None => fetch_smollm2()?,
+    };
+    let text = std::fs::read_to_string(&args.text).with_context(|| format!("reading {}", args.text.display()))?;
+    let tokenizer = LlamaTokenizer::from_gguf(&Gguf::open(&base)?)?;
+    let mut tokens = tokenizer.encode(&text)?;
+    if args.max_tokens > 0 {
+        tokens.truncate(args.max_tokens);
+    }
+    let windows: Vec<&[u32]> = tokens.chunks(args.window).filter(|w| w.len() >= 2).collect();
+    if windows.is_empty() {
+        bail!("the text has fewer than 2 tokens");
+    }
+    eprintln!("{}: {} tokens, {} windows of up to {}", args.text.display(), tokens.len(), windows.len(), args.window);
+
+    let specs = if args.variants.is_empty() { vec!["shipped".to_string()] } else { args.variants.clone() };
+    let t = Instant::now();
+    let reference = LlamaModel::from_gguf(&base, &LayerPlan { dtype, ..LayerPlan::shipped() })?;
+    let reference_load_seconds = t.elapsed().as_secs_f64();
+    eprintln!("reference (as shipped) loaded in {reference_load_seconds:.2} s");
+    let mut variants = Vec::new();
+    for s in &specs {
+        let (spec, label, family) = parse_spec(s, dtype)?;
+        let t = Instant::now();
+        let (model, layers) = load(&spec, &base, dtype).with_context(|| format!("loading variant {s:?}"))?;
+        let load_seconds = if model.is_none() { reference_load_seconds } else { t.elapsed().as_secs_f64() };
+        eprintln!("{label}: loaded in {load_seconds:.2} s");
+        variants.push(Variant {
+            label,
+            family,
+            layers,
+            model,
+            load_seconds,
+            score: WindowScore::default(),
+            forward_seconds: 0.0,
+        });
+    }
+
+    let start = Instant::now();
+    for (i, w) in windows.iter().enumerate() {
+        let t = Instant::now();
+        let ref_logp = log_probs(&reference, w)?;
+        eval_all(&[&ref_logp])?;
+        let ref_seconds = t.elapsed().as_secs_f64();
+        for v in &mut variants {
+            let Some(model) = &v.model else {
+                v.forward_seconds += ref_seconds;
+                v.score += score_window(&ref_logp, &ref_logp, w)?;
+                continue;
+            };
+            let t = Instant::now();
+            let logp = log_probs(model, w)?;
+            eval_all(&[&logp])?;
+            v.forward_seconds += t.elapsed().as_secs_f64();
+            v.score += score_window(&ref_logp, &logp, w)?;
+        }
+        let summary: Vec<String> =
+            variants.iter().map(|v| format!("{} KL {:.4}", v.label, v.score.kl / v.score.positions as f64)).collect();
+        eprintln!(
+            "window {}/{} ({:.0} s): {}",
+            i + 1,
+            windows.len(),
+            start.elapsed().as_secs_f64(),
+            summary.join(", ")
+        );
+    }
+
+    let evaluated: usize = windows.iter().map(|w| w.len()).sum();
+    println!(
+        "{} tokens of {} in {} windows of {}; KL(as shipped ‖ variant) in nats per token; bits/weight over the replaced layers (scales and biases included; as shipped: the MLP's)\n",
+        evaluated,
+        args.text.display(),
+        windows.len(),
+        args.window
+    );
+    println!("| variant | layers replaced | bits/weight | KL | perplexity | load (s) | tokens/s |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for v in &variants {
+        let model = v.model.as_ref().unwrap_or(&reference);
+        let replaced = model.replaced_modules();
+        let bpw = if replaced.is_empty() {
+            model.bits_per_weight(|n| n.contains(".mlp."))
+        } else {
+            model.bits_per_weight(|n| replaced.contains(n))
+        };
+        let kl = v.score.kl / v.score.positions as f64;
+        let ppl = (v.score.nll / v.score.positions as f64).exp();
+        let tps = evaluated as f64 / v.forward_seconds;
+        println!(
+            "| {} | {} | {} | {kl:.4} | {ppl:.2} | {:.2} | {tps:.0} |",
+            v.label,
+            v.layers,
+            bpw.map_or("–".into(), |b| format!("{b:.3}")),
+            v.load_seconds
+        );
+        rows.push(serde_json::json!({
+            "label": v.label, "family": v.family, "layers": v.layers, "bits_per_weight": bpw,
+            "kl": kl, "perplexity": ppl, "load_seconds": v.load_seconds, "tokens_per_second": tps,
+            "positions": v.score.positions, "tokens": evaluated, "window": args.window,
+            "text": args.text.display().to_string(), "dtype": dtype.to_string(),
+        }));
+    }
+    eprintln!("evaluation took {:.0} s", start.elapsed().as_secs_f64());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        plot(&variants_points(&rows), path).with_context(|| format!("plotting {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// (family, [(bits/weight, KL)]) of every variant that replaced layers and has a positive KL.
+fn variants_points(rows: &[serde_json::Value]) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows {
+        let (Some(bpw), Some(kl), Some(family)) =
+            (r["bits_per_weight"].as_f64(), r["kl"].as_f64(), r["family"].as_str())
+        else {
+            continue;
+        };
+        if r["layers"] == "none" || kl <= 0.0 {
+            continue;
+        }
+        match series.iter_mut().find(|(f, _)| f == family) {
+            Some((_, v)) => v.push((bpw, kl)),
+            None => series.push((family.to_string(), vec![(bpw, kl)])),
+        }
+    }
+    for (_, v) in &mut series {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    series
+}
+
+fn plot(series: &[(String, Vec<(f64, f64)>)], path: &PathBuf) -> Result<()> {
+    use plotters::prelude::*;
+    let points = || series.iter().flat_map(|(_, v)| v.iter().copied());
+    if points().next().is_none() {
+        bail!("no variant with replaced layers and a positive KL to plot");
+    }
+    let (x_lo, x_hi) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (y_lo, y_hi) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("KL(as shipped ‖ variant) per token against bits per weight", ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d((x_lo - 0.25)..(x_hi + 0.25), (y_lo * 0.7..y_hi * 1.4).log_scale())?;
+    chart.configure_mesh().x_desc("bits per weight (scales included)").y_desc("KL (nats/token)").draw()?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).mix(0.9);
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args).context("eval_model") {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
