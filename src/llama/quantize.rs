@@ -167,7 +167,11 @@ pub fn quantize_model(
     let gguf = Gguf::open(gguf_path)?;
     let arch = gguf.metadata_string("general.architecture")?;
     if arch != "llama" {
-        return Err(Error::artifact(gguf_path, Some("general.architecture"), format!("is {arch:?}; only \"llama\" models are coded")));
+        return Err(Error::artifact(
+            gguf_path,
+            Some("general.architecture"),
+            format!("is {arch:?}; only \"llama\" models are coded"),
+        ));
     }
     let count = |key: &str| -> Result<usize> {
         let v = gguf.metadata_u64(key)?;

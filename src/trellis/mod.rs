@@ -5,8 +5,10 @@
 //! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
 //! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the seed's
 //! Metal kernel families, one file each, with the seed's names), [`cuda`] (the CUDA kernels),
-//! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk) and [`shard`] (tensor-parallel
-//! shards of an MLP by stored rows).
+//! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk), [`shard`] (tensor-parallel
+//! shards of an MLP by stored rows), and a layer's coded axis (format §10): [`rotation`] (the
+//! incoherence rotation and the padding), [`transform`] (their application at run time on MLX)
+//! and [`reference_coded`] (the f64 reference with them).
 
 pub mod cuda;
 pub mod encoder;
@@ -27,7 +29,7 @@ pub mod transform;
 pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
 pub use mlp::TrellisMlp;
-pub use rotation::{CodedAxis, Rotation};
 pub use model::{write_artifact, Artifact, ModuleConfig};
+pub use rotation::{CodedAxis, Rotation};
 pub use shard::{RowShard, SHARD_ROW_MULTIPLE};
 pub use synthetic::{synthetic_layer, synthetic_mlp};

@@ -132,7 +132,12 @@ pub fn code_linear(
     }
     let count = (rows * n) as f64;
     let mean_square = stored.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / count;
-    Ok(CodedLinear { layer: encoded.layer, coded_axis: CodedAxis { rotation, logical: n }, mse: sq / count, mean_square })
+    Ok(CodedLinear {
+        layer: encoded.layer,
+        coded_axis: CodedAxis { rotation, logical: n },
+        mse: sq / count,
+        mean_square,
+    })
 }
 
 #[cfg(test)]

@@ -74,11 +74,15 @@ impl Artifact {
                 None
             }
             Some(v) => {
-                let (block, seed) = rotation_keys(v).map_err(|m| key_error("rotation", format!("module {module:?}: {m}")))?;
+                let (block, seed) =
+                    rotation_keys(v).map_err(|m| key_error("rotation", format!("module {module:?}: {m}")))?;
                 let (file, signs) = self.tensor(&sname)?;
                 let refuse = |m: String| Error::artifact(&file, Some(&sname), m);
                 if !matches!(signs.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Int8) {
-                    return Err(refuse(format!("rotation signs are {}, expected float16, bfloat16, float32 or int8", signs.dtype())));
+                    return Err(refuse(format!(
+                        "rotation signs are {}, expected float16, bfloat16, float32 or int8",
+                        signs.dtype()
+                    )));
                 }
                 if signs.try_shape()? != [logical] {
                     let message = format!(
@@ -113,7 +117,8 @@ fn rotation_keys(v: &Value) -> std::result::Result<(usize, u64), String> {
         other => return Err(format!("rotation kind {other:?} is not supported (only \"hadamard\")")),
     }
     let block = obj.get("block").and_then(Value::as_u64).and_then(|b| usize::try_from(b).ok());
-    let Some(block) = block.filter(|b| b.is_power_of_two() && *b <= crate::trellis::rotation::MAX_ROTATION_BLOCK) else {
+    let Some(block) = block.filter(|b| b.is_power_of_two() && *b <= crate::trellis::rotation::MAX_ROTATION_BLOCK)
+    else {
         return Err(format!("rotation block {:?} is not a power of two in 1..=256", obj.get("block")));
     };
     let Some(seed) = obj.get("seed").and_then(Value::as_u64) else {
