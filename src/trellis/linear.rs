@@ -330,14 +330,13 @@ impl TrellisLinear {
     fn forward_2d(&self, x2: &MlxArray, m: usize, path: ForwardPath) -> Result<MlxArray> {
         match (&self.transform, path) {
             (_, ForwardPath::Reference) => self.reference_forward(x2, m),
-            (None, path) => self.stored_forward(x2, m, path),
-            (Some(t), path) => t.logical_output(&self.stored_forward(&t.stored_input(x2)?, m, path)?),
+            (None, path) => self.stored_forward(x2, path),
+            (Some(t), path) => t.logical_output(&self.stored_forward(&t.stored_input(x2)?, path)?),
         }
     }
 
-    /// The activations the stored matrix takes for logical `x2` (rotated and padded on axis 1):
-    /// what the stored matrix takes. For a fused kernel that reads several
-    /// layers of one input transform.
+    /// The activations the stored matrix takes for logical `x2` (rotated and padded on axis 1),
+    /// for a fused kernel that reads several layers of one input transform.
     pub(crate) fn stored_input(&self, x2: &MlxArray) -> Result<MlxArray> {
         match &self.transform {
             Some(t) => t.stored_input(x2),
@@ -346,12 +345,12 @@ impl TrellisLinear {
     }
 
     /// `x2 [m, stored in] · S` by `path` (not `Auto`, not `Reference`): the stored matrix alone.
-    fn stored_forward(&self, x2: &MlxArray, m: usize, path: ForwardPath) -> Result<MlxArray> {
+    fn stored_forward(&self, x2: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let g = &self.geometry;
         match path {
             ForwardPath::Auto => unreachable!("resolved by forward_with"),
+            ForwardPath::Reference => unreachable!("taken by forward_2d (it applies the coded axis in f64)"),
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
-            ForwardPath::Reference => self.reference_forward(x2, m),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
                 unserved!("the Metal kernels do not serve {g} (down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256, k 2..4)")
             }
