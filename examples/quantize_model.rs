@@ -55,6 +55,9 @@ struct Args {
     /// neither dimension is one).
     #[arg(long)]
     attention: bool,
+    /// Code only the first N blocks (default: all).
+    #[arg(long, value_name = "N")]
+    layers: Option<usize>,
     /// Code the weights unrotated. Real layers then lose their outlier weights to the codebook's
     /// range and the model degrades badly; for comparisons only.
     #[arg(long)]
@@ -92,6 +95,7 @@ fn run(args: Args) -> Result<()> {
         bits: args.bits,
         bits_overrides: overrides(&args.bits_for)?,
         attention: args.attention,
+        layers: args.layers,
         rotation: !args.no_rotation,
         seed: args.seed,
         l: args.l,

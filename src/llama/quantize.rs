@@ -61,6 +61,8 @@ pub struct QuantizeSpec {
     pub bits_overrides: BTreeMap<String, u32>,
     /// Code the attention projections (q, k, v, o) too, not only the MLP's.
     pub attention: bool,
+    /// Code only the first this many blocks (`None`: every block); the others stay as shipped.
+    pub layers: Option<usize>,
     /// Rotate the coded axis of every projection (format §10). Without it real layers lose
     /// their outlier weights to the codebook's range: keep it on.
     pub rotation: bool,
@@ -81,6 +83,7 @@ impl Default for QuantizeSpec {
             bits: 4,
             bits_overrides: BTreeMap::new(),
             attention: false,
+            layers: None,
             rotation: true,
             seed: 0,
             l: 12,
@@ -180,8 +183,13 @@ pub fn quantize_model(
     let (layers, hidden, inter) =
         (count("llama.block_count")?, count("llama.embedding_length")?, count("llama.feed_forward_length")?);
 
+    let coded_layers = match spec.layers {
+        Some(n) if n > layers => invalid!("quantize_model: {n} blocks asked for, the model has {layers}"),
+        Some(n) => n,
+        None => layers,
+    };
     let mut plan = Vec::new();
-    for n in 0..layers {
+    for n in 0..coded_layers {
         for linear in LINEARS {
             if is_mlp(linear) || spec.attention {
                 let module = hf_module(n, linear);
