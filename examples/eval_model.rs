@@ -232,7 +232,7 @@ fn run(args: Args) -> Result<()> {
         let ppl = (v.score.nll / v.score.positions as f64).exp();
         let tps = evaluated as f64 / v.forward_seconds;
         println!(
-            "| {} | {} | {} | {kl:.4} | {ppl:.2} | {:.2} | {tps:.0} |",
+            "| {} | {} | {} | {kl:.4} | {ppl:.2} | {:.2} | {tps:.1} |",
             v.label,
             v.layers,
             bpw.map_or("–".into(), |b| format!("{b:.3}")),

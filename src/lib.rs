@@ -60,8 +60,8 @@ mod files;
 mod io;
 mod json;
 mod kernel;
-pub mod llama;
 mod memory;
+pub mod llama;
 pub mod nn;
 mod ops;
 #[cfg(feature = "metal-sim")]

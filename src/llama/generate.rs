@@ -42,8 +42,8 @@ pub fn generate(
     stop: &[u32],
     on_token: &mut dyn FnMut(u32) -> Result<()>,
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        invalid!("the prompt must hold at least one token");
+    if prompt.is_empty() || max_tokens == 0 {
+        invalid!("generation needs a prompt of at least one token and max_tokens of at least 1");
     }
     let mut cache = model.new_cache();
     let mut tokens = Vec::new();

@@ -8,7 +8,7 @@
 //! 1. `scale[r] = f16(RMS(row) / RMS(lut))`, where `RMS(lut)` is taken over the `2^L` values of
 //!    [`lut1mad`] ([`lut_rms`]). A row whose scale would fall below f16's normal range
 //!    (`2^-14`; an all-zero row included) gets scale 0 and decodes to exact zeros (see
-//!    [`row_scale`]).
+//!    `row_scale`).
 //! 2. `x = row / f32(scale[r])` (0 for a row of scale 0), coded block by block (`T = 256`
 //!    weights per block).
 //! 3. Each block is the minimum squared-error path through the bitshift trellis: `2^L` states,
