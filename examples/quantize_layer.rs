@@ -1,4 +1,8 @@
 //! Codes one dense linear weight into trellis codes and (optionally) writes it as a model artifact.
+//! The coded axis is rotated by a seeded random-sign block Hadamard first (docs/format.md §10;
+//! `--no-rotation` codes the weight as given, which on real layers loses its outlier weights).
+//! Where the requested axis is not whole 256-weight blocks, the rule of docs/format.md §10 takes
+//! the other axis or pads.
 //!
 //! The weight `W [out, in]` comes from a safetensors file or is seeded Gaussian (default: the
 //! Qwen down projection, out 5120 x in 17408, about 2.5 minutes on two cores at k 3, L 12). The
@@ -23,13 +27,13 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::encoder::{
-    encode, encode_with_progress, quality, stored_from_linear, EncoderBackend, EncoderConfig,
+    choose_axis, code_linear, encode_padded, stored_from_linear, EncoderBackend, EncoderConfig, RotationSpec,
 };
-use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
+use mlx_trellis::trellis::reference::{expand, rel_err};
+use mlx_trellis::trellis::reference_coded::forward_coded_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{
-    check_artifact_dir, write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer, TrellisLinear,
-};
+use mlx_trellis::trellis::Rotation;
+use mlx_trellis::trellis::{check_artifact_dir, write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer};
 use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
@@ -47,7 +51,9 @@ const CHECK_ROWS: usize = 4;
 /// error; optionally writes it as a model artifact.
 ///
 /// W comes from a safetensors file (--input, --tensor) or is seeded Gaussian (default: the Qwen
-/// down projection, 5120 x 17408, about 2.5 minutes on two cores at k 3, L 12). The codes are
+/// down projection, 5120 x 17408, about 2.5 minutes on two cores at k 3, L 12). The coded axis is
+/// rotated by a seeded random-sign block Hadamard first (--no-rotation codes W as given), and
+/// padded to whole blocks where neither axis is (docs/format.md §10). The codes are
 /// decoded again by the reference decoder (from the written artifact when --out is given); the
 /// table shows the mean squared error, whether the decode agrees bit for bit with the encoder's
 /// own reconstruction, and the encode rate. Exit status: 0 the decode agreed, the relative error
@@ -80,7 +86,9 @@ struct Options {
     /// Trellis state bits
     #[arg(long = "L", value_name = "L", default_value_t = 12)]
     l: u32,
-    /// Stored axis: 0 stores the transpose [in, out] (down projections), 1 stores W [out, in]
+    /// Stored axis: 0 stores the transpose [in, out] (down projections), 1 stores W [out, in];
+    /// where that axis is not whole 256-weight blocks, the rule of docs/format.md §10 takes the
+    /// other axis or pads
     #[arg(long, value_name = "0|1", default_value_t = 0)]
     axis: u32,
     /// Code layout: row-major or interleaved (the 3-bit block interleave, axis 0, L 12)
@@ -88,7 +96,14 @@ struct Options {
     layout: CodeLayout,
     #[command(flatten)]
     encoder: cli::EncoderArgs,
-    /// Code the first ROWS stored rows again on the CPU and require the same bytes (0: skip)
+    /// Code the weight unrotated (by default the coded axis is rotated first)
+    #[arg(long)]
+    no_rotation: bool,
+    /// Seed of the rotation's signs
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    rotation_seed: u64,
+    /// Code the first ROWS stored rows (rotated as above) again on the CPU and require the same
+    /// bytes (0: skip)
     #[arg(long = "compare-cpu", value_name = "ROWS", default_value_t = 0)]
     compare_cpu_rows: usize,
     /// Write DIR/model.safetensors and DIR/config.json with the coded module
@@ -98,8 +113,8 @@ struct Options {
     /// model.layers.0.mlp.up_proj on axis 1]
     #[arg(long, value_name = "NAME", requires = "out")]
     module: Option<String>,
-    /// Load the module back, run four random rows through the generic path and gate the relErr
-    /// against the f64 reference of the codes (1e-4; 2e-3 where MLX's CUDA back-end multiplies
+    /// Load the module back, run four random rows through the generic path (rotation and padding
+    /// applied) and gate the relErr against the f64 reference of the codes (1e-4; 2e-3 where MLX's CUDA back-end multiplies
     /// f32 in TF32); the relErr against the dense weights is printed as information
     #[arg(long)]
     check: bool,
@@ -146,6 +161,7 @@ fn run() -> Result<bool> {
         layout: o.layout,
         threads: o.encoder.threads,
         backend: o.encoder.backend,
+        rotation: (!o.no_rotation).then_some(RotationSpec { seed: o.rotation_seed }),
         ..EncoderConfig::new(o.k, o.l)
     };
     cfg.validate()?;
@@ -153,19 +169,15 @@ fn run() -> Result<bool> {
         // Refused now rather than after the encode.
         check_artifact_dir(dir).with_context(|| format!("--out {dir}"))?;
     }
-    if o.input.is_none() {
-        cfg.check_linear(o.out_features, o.in_features)
-            .context("--rows (output features) and --cols (input features)")?;
-    }
     let (w, out_features, in_features, source) = load_weight(&o)?;
-    cfg.check_linear(out_features, in_features).with_context(|| format!("coding {source}"))?;
-    let (stored, rows, cols) =
-        stored_from_linear(&w, out_features, in_features, o.axis).with_context(|| format!("coding {source}"))?;
-    drop(w);
+    let choice = choose_axis(out_features, in_features, o.axis, cfg.t as usize)?;
+    let (axis, n) = (choice.axis, choice.logical);
+    let rows = if axis == 0 { in_features } else { out_features };
     let threads = o.encoder.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let rotation = if !o.no_rotation { format!("rotated (seed {})", o.rotation_seed) } else { "NOT rotated".into() };
     progress(&format!(
-        "coding stored [{rows}, {cols}] (axis {}), k = {}, L = {}, {:?}, search on {}, {threads} threads",
-        o.axis,
+        "coding stored [{rows}, {n}] (axis {axis}{}), {rotation}, k = {}, L = {}, {:?}, search on {}, {threads} threads",
+        if choice.stored != n { format!(", padded to {}", choice.stored) } else { String::new() },
         o.k,
         o.l,
         o.layout,
@@ -174,49 +186,61 @@ fn run() -> Result<bool> {
 
     let start = Instant::now();
     let mut last_report = Instant::now();
-    let encoded = encode_with_progress(&stored, rows, cols, &cfg, &mut |done, total| {
+    let coded = code_linear(&w, out_features, in_features, &cfg, &mut |done, total| {
         if last_report.elapsed().as_secs_f64() >= 3.0 && done < total {
             last_report = Instant::now();
             let secs = start.elapsed().as_secs_f64();
-            let rate = (done * cols) as f64 / secs;
-            let eta = (total - done) as f64 * cols as f64 / rate;
+            let rate = (done * n) as f64 / secs;
+            let eta = (total - done) as f64 * n as f64 / rate;
             progress(&format!("{done}/{total} rows, {rate:.3e} weights/s, ETA {eta:.0} s"));
         }
     })
-    .with_context(|| format!("coding {source} as stored [{rows}, {cols}] (axis {})", o.axis))?;
+    .with_context(|| format!("coding {source} (axis {axis})"))?;
     let encode_s = start.elapsed().as_secs_f64();
-    let rate = (rows * cols) as f64 / encode_s;
-    progress(&format!("coded in {encode_s:.2} s ({rate:.3e} weights/s); encoder's mse {:.4e}", encoded.mse));
+    let rate = (rows * n) as f64 / encode_s;
+    progress(&format!("coded in {encode_s:.2} s ({rate:.3e} weights/s); encoder's mse {:.4e}", coded.mse));
 
     let module = o.module.clone().unwrap_or_else(|| {
-        if o.axis == 0 { "model.layers.0.mlp.down_proj" } else { "model.layers.0.mlp.up_proj" }.to_string()
+        if axis == 0 { "model.layers.0.mlp.down_proj" } else { "model.layers.0.mlp.up_proj" }.to_string()
     });
     // The layer to decode: read back from disk when written, so the file is what is checked.
-    let (host, linear): (HostLayer, TrellisLinear) = match &o.out {
+    let linear = match &o.out {
         Some(dir) => {
-            let linear = TrellisLinear::from_host(&module, &encoded.layer)?;
-            write_artifact(dir, &[(module.as_str(), &linear)], &[])?;
+            write_artifact(dir, &[(module.as_str(), &coded.to_linear(&module)?)], &[])?;
             progress(&format!("wrote module {module:?} to {dir}"));
-            let loaded = Artifact::open(dir)?.module(&module)?;
-            (loaded.to_host()?, loaded)
+            Artifact::open(dir)?.module(&module)?
         }
-        None => (encoded.layer.clone(), TrellisLinear::from_host(&module, &encoded.layer)?),
+        None => coded.to_linear(&module)?,
     };
+    let host: HostLayer = linear.to_host()?;
+    let coded_axis = linear.coded_axis();
+    // The weights the codes stand for, from the reference decoder: the logical columns of the
+    // decoded stored matrix, rotated back in f64. Their error must be the encoder's.
+    let (stored, _, _) = stored_from_linear(&w, out_features, in_features, axis)?;
+    drop(w);
     let decoded = expand(&host.codes, &host.scales, &host.geometry)?;
-    let agrees = decoded.len() == encoded.reconstruction.len()
-        && decoded.iter().zip(&encoded.reconstruction).all(|(a, b)| a.to_bits() == b.to_bits());
-    let sq: f64 = stored.iter().zip(&decoded).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+    let cols = host.geometry.cols;
+    let mut sq = 0f64;
+    let mut row = vec![0f64; n];
+    for (dec, orig) in decoded.chunks_exact(cols).zip(stored.chunks_exact(n)) {
+        row.iter_mut().zip(&dec[..n]).for_each(|(r, &d)| *r = f64::from(d));
+        if let Some(r) = &coded_axis.rotation {
+            r.inverse_f64(&mut row)?;
+        }
+        sq += row.iter().zip(orig).map(|(&d, &o)| (d - f64::from(o)).powi(2)).sum::<f64>();
+    }
     let mse = sq / stored.len() as f64;
-    let q = quality(&stored, &encoded)?;
+    let agrees = mse.to_bits() == coded.mse.to_bits() && coded_axis == coded.coded_axis;
+    let q = coded.quality();
 
     println!("\nTrellis encoder: {source}, W [{out_features}, {in_features}]");
-    println!("| stored | k | L | axis | layout | search | mse (reference decode) | mse / mean w² (gate) | encode s | weights/s | decode = encoder's reconstruction |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| stored | k | L | axis | rotation | layout | search | mse (reference decode) | mse / mean w² (gate) | encode s | weights/s | decode = encoder's |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| [{rows}, {cols}] | {} | {} | {} | {} | {} | {mse:.4e} | {:.3e} ({} {:.1e}) | {encode_s:.2} | {rate:.3e} | {} |",
+        "| [{rows}, {cols}] | {} | {} | {axis} | {} | {} | {} | {mse:.4e} | {:.3e} ({} {:.1e}) | {encode_s:.2} | {rate:.3e} | {} |",
         o.k,
         o.l,
-        o.axis,
+        coded_axis.rotation.as_ref().map_or("none".to_string(), |r| format!("block {}", r.block())),
         match o.layout {
             CodeLayout::RowMajor => "row-major",
             CodeLayout::K3Interleaved => "interleaved",
@@ -236,32 +260,38 @@ fn run() -> Result<bool> {
     let mut ok = agrees && q.passes();
 
     if o.compare_cpu_rows > 0 {
-        // The same rows through both searches, row-major, must give the same bytes.
-        let n = o.compare_cpu_rows.min(rows);
-        let part = &stored[..n * cols];
-        let row_major = EncoderConfig { layout: CodeLayout::RowMajor, ..cfg };
+        // The same stored rows (rotated as coded) through both searches, row-major, must give
+        // the same bytes.
+        let count = o.compare_cpu_rows.min(rows);
+        let mut part = stored[..count * n].to_vec();
+        if let Some(seed) = cfg.rotation.map(|r| r.seed) {
+            Rotation::seeded(n, seed)?.rotate_rows(&mut part)?;
+        }
+        let row_major = EncoderConfig { layout: CodeLayout::RowMajor, axis, rotation: None, ..cfg };
         let start = Instant::now();
-        let cpu = encode(part, n, cols, &EncoderConfig { backend: EncoderBackend::Cpu, ..row_major })?;
+        let cpu_cfg = EncoderConfig { backend: EncoderBackend::Cpu, ..row_major };
+        let cpu = encode_padded(&part, count, n, &cpu_cfg, &mut |_, _| {})?;
         let cpu_s = start.elapsed().as_secs_f64();
-        let this = encode(part, n, cols, &row_major)?;
+        let this = encode_padded(&part, count, n, &row_major, &mut |_, _| {})?;
         let same = cpu.layer.codes == this.layer.codes && cpu.layer.scales == this.layer.scales && cpu.mse == this.mse;
         ok &= same;
         println!(
-            "\n| first {n} stored rows | CPU search | {} search | same bytes |\n|---|---|---|---|",
+            "\n| first {count} stored rows | CPU search | {} search | same bytes |\n|---|---|---|---|",
             search_on(&cfg)
         );
-        println!("| weights/s | {:.3e} | (above) | {} |", (n * cols) as f64 / cpu_s, if same { "yes" } else { "NO" });
+        println!("| weights/s | {:.3e} | (above) | {} |", (count * n) as f64 / cpu_s, if same { "yes" } else { "NO" });
     }
 
     if o.check {
-        let g = *linear.geometry();
-        let x = gaussian(CHECK_ROWS * g.in_features(), o.seed.seed ^ 0xC0FFEE)?;
-        let xa = MlxArray::from_slice(&x, &[CHECK_ROWS, g.in_features()])?;
+        let (inf, outf) = (linear.in_features(), linear.out_features());
+        let x = gaussian(CHECK_ROWS * inf, o.seed.seed ^ 0xC0FFEE)?;
+        let xa = MlxArray::from_slice(&x, &[CHECK_ROWS, inf])?;
         let y_array = linear.forward_with(&xa, ForwardPath::Generic)?;
         let y = check::to_f64(&y_array)?;
         let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
-        let want_decoded = forward_f64(&xd, CHECK_ROWS, &host.codes, &host.scales, &g)?;
-        let want_dense = check::dense_f64(&xd, CHECK_ROWS, &stored, rows, cols, o.axis)?;
+        let want_decoded = forward_coded_f64(&xd, CHECK_ROWS, &host, &coded_axis)?;
+        let (srows, scols) = if axis == 0 { (inf, outf) } else { (outf, inf) };
+        let want_dense = check::dense_f64(&xd, CHECK_ROWS, &stored, srows, scols, axis)?;
         let (e_decoded, e_dense) = (rel_err(&y, &want_decoded)?, rel_err(&y, &want_dense)?);
         let gate = check::f32_gate();
         let (passed, status) = check::verdict(&y_array, e_decoded, gate)?;

@@ -3,10 +3,13 @@
 //!
 //! The dense weights `PREFIX.{gate,up,down}_proj.weight` come from a safetensors file (as a
 //! Hugging Face checkpoint stores them: gate and up `[intermediate, hidden]`, down
-//! `[hidden, intermediate]`) or are seeded Gaussian. Gate and up are coded row-major on axis 1
-//! (stored `[out, in]`, the layout of the gate/up kernels), down on axis 0 (stored `[in, out]`)
-//! in the 3-bit block interleave, or row-major at other bit widths, at `--L` other than 12 and
-//! where the hidden width is not a multiple of 512 (the interleave's column group). The artifact is then read
+//! `[hidden, intermediate]`) or are seeded Gaussian. Each projection's coded axis is rotated by a
+//! seeded random-sign block Hadamard (docs/format.md §10; `--no-rotation` codes the weights as
+//! given, which on real layers loses their outlier weights). Gate and up are coded on axis 1
+//! (stored `[out, in]`), down on axis 0 (stored `[in, out]`), where those dimensions are whole
+//! 256-weight blocks; otherwise by the rule of docs/format.md §10 (the other axis where it is
+//! whole blocks, else padded). An axis-0 projection at k 3, L 12 with a multiple of 512 stored
+//! columns uses the 3-bit block interleave, every other one row-major. The artifact is then read
 //! back, one forward of four rows by the generic path is checked against the f64 reference of
 //! the read-back codes, and the quantization error against the dense MLP is printed with each
 //! projection's relative error, gated at `encoder::RELATIVE_MSE_BOUND` (1/2). Exit status 0 means the
@@ -25,8 +28,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlx_trellis::trellis::encoder::{encode_linear, quality, stored_from_linear, EncoderConfig};
-use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
+use mlx_trellis::trellis::encoder::{choose_axis, code_linear, EncoderConfig, RotationSpec};
+use mlx_trellis::trellis::reference::rel_err;
+use mlx_trellis::trellis::reference_coded::mlp_coded_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
     check_artifact_dir, write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp,
@@ -47,9 +51,12 @@ const CHECK_ROWS: usize = 4;
 ///
 /// The dense weights PREFIX.{gate,up,down}_proj.weight come from a safetensors file (as a Hugging
 /// Face checkpoint stores them: gate and up [intermediate, hidden], down [hidden, intermediate])
-/// or are seeded Gaussian. Gate and up are coded row-major on axis 1 (stored [out, in]), down on
-/// axis 0 (stored [in, out]) in the 3-bit block interleave, or row-major at other bit widths, at
-/// --L other than 12 and where the hidden width is not a multiple of 512. The artifact is read
+/// or are seeded Gaussian. Each projection's coded axis is rotated by a seeded random-sign block
+/// Hadamard (--no-rotation codes the weights as given). Gate and up are coded on axis 1 (stored
+/// [out, in]), down on axis 0 (stored [in, out]), where those dimensions are whole 256-weight
+/// blocks, otherwise by the rule of docs/format.md §10 (the other axis, else padded). An axis-0
+/// projection at k 3, L 12 with a multiple of 512 stored columns uses the 3-bit block
+/// interleave, every other one row-major. The artifact is read
 /// back, one forward of four rows by the generic path is checked against the f64 reference of the
 /// read-back codes, and the quantization error against the dense MLP is printed with each
 /// projection's relative error (mean squared error over mean squared weight, gated at its bound
@@ -85,6 +92,13 @@ struct Options {
     l: u32,
     #[command(flatten)]
     encoder: cli::EncoderArgs,
+    /// Code the weights unrotated (by default each coded axis is rotated first)
+    #[arg(long)]
+    no_rotation: bool,
+    /// Seed of the rotations' signs (gate and up share one rotation where both are coded along
+    /// their inputs, so the input is rotated once)
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    rotation_seed: u64,
     /// Where model.safetensors and config.json go
     #[arg(long, value_name = "DIR")]
     out: String,
@@ -164,30 +178,48 @@ fn run() -> Result<bool> {
     let names = ["gate_proj", "up_proj", "down_proj"];
     let mut coded = Vec::with_capacity(3);
     let mut qualities = Vec::with_capacity(3);
-    for (name, d) in names.iter().zip(&dense) {
-        let (k, axis) = if *name == "down_proj" { (o.down_bits, 0) } else { (o.bits, 1) };
-        // The interleave (k 3, L 12 only) groups 512 stored columns (down's outputs, the hidden width).
-        let interleave = axis == 0 && k == 3 && o.l == 12 && d.out_features % 512 == 0;
+    for (i, (name, d)) in names.iter().zip(&dense).enumerate() {
+        let (k, conventional) = if *name == "down_proj" { (o.down_bits, 0) } else { (o.bits, 1) };
+        let choice = choose_axis(d.out_features, d.in_features, conventional, 256)?;
+        // The interleave (k 3, L 12 only) groups 512 stored columns.
+        let interleave = choice.axis == 0 && k == 3 && o.l == 12 && choice.stored % 512 == 0;
         let layout = if interleave { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+        // Gate and up coded along their inputs share one rotation of x; the rest get their own.
+        let shares_input = choice.axis == 1 && *name != "down_proj";
+        let seed = if shares_input { o.rotation_seed } else { o.rotation_seed.wrapping_add(1 + i as u64) };
         let cfg = EncoderConfig {
-            axis,
+            axis: conventional,
             layout,
             threads: o.encoder.threads,
             backend: o.encoder.backend,
+            rotation: (!o.no_rotation).then_some(RotationSpec { seed }),
             ..EncoderConfig::new(k, o.l)
         };
         let module = format!("{}.{name}", o.prefix);
+        let padding = if choice.stored != choice.logical {
+            format!(" (padded {} -> {})", choice.logical, choice.stored)
+        } else {
+            String::new()
+        };
         progress(&format!(
-            "coding {module} W [{}, {}], k = {k}, L = {}, axis {axis}, {layout:?}",
-            d.out_features, d.in_features, o.l
+            "coding {module} W [{}, {}], k = {k}, L = {}, axis {}{padding}, {layout:?}, {}",
+            d.out_features,
+            d.in_features,
+            o.l,
+            choice.axis,
+            if o.no_rotation { "NOT rotated" } else { "rotated" }
         ));
         let start = Instant::now();
-        let enc =
-            encode_linear(&d.w, d.out_features, d.in_features, &cfg).with_context(|| format!("coding {module}"))?;
-        progress(&format!("{module}: {:.2} s, encoder's mse {:.4e}", start.elapsed().as_secs_f64(), enc.mse));
-        let (stored, _, _) = stored_from_linear(&d.w, d.out_features, d.in_features, axis)?;
-        qualities.push((module.clone(), quality(&stored, &enc)?));
-        coded.push((module.clone(), TrellisLinear::from_host(&module, &enc.layer)?));
+        let c = code_linear(&d.w, d.out_features, d.in_features, &cfg, &mut |_, _| {})
+            .with_context(|| format!("coding {module}"))?;
+        progress(&format!(
+            "{module}: {:.2} s, mse {:.4e} (relative {:.5})",
+            start.elapsed().as_secs_f64(),
+            c.mse,
+            c.relative_mse()
+        ));
+        qualities.push((module.clone(), c.quality()));
+        coded.push((module.clone(), c.to_linear(&module)?));
     }
     let modules: Vec<(&str, &TrellisLinear)> = coded.iter().map(|(n, l)| (n.as_str(), l)).collect();
     let (hidden, inter) = (dense[0].in_features, dense[0].out_features);
@@ -202,7 +234,8 @@ fn run() -> Result<bool> {
     let got = check::to_f64(&y)?;
     let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     let (gate, up, down) = (mlp.gate().to_host()?, mlp.up().to_host()?, mlp.down().to_host()?);
-    let want = mlp_forward_f64(&xd, CHECK_ROWS, &gate, &up, &down)?;
+    let axes = [mlp.gate().coded_axis(), mlp.up().coded_axis(), mlp.down().coded_axis()];
+    let want = mlp_coded_f64(&xd, CHECK_ROWS, [(&gate, &axes[0]), (&up, &axes[1]), (&down, &axes[2])])?;
     let err = rel_err(&got, &want)?;
     let quantization = rel_err(&got, &dense_mlp_f64(&x, CHECK_ROWS, &dense)?)?;
     let gate = check::f32_gate();

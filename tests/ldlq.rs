@@ -3,12 +3,13 @@
 //! factored `H` and every block is the plain Viterbi code of its target; the proxy error drops on
 //! an ill-conditioned `H`; unusable `H` and blow-up fall back with warnings; the codes decode
 //! through the reference decoder to the reported reconstruction; the allocator keeps its budget,
-//! is deterministic and refuses a budget below its minimum.
+//! is deterministic and refuses a budget below its minimum; a rotation or a padded coded axis is
+//! refused by name.
 
 use mlx_trellis::trellis::encoder::allocate::{allocate_bits, stored_bits, BitCandidate, TensorOptions};
 use mlx_trellis::trellis::encoder::{
     block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_with_targets, lut_rms, proxy_error, BlockSearch,
-    EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome,
+    EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, RotationSpec,
 };
 use mlx_trellis::trellis::reference::{block_state, block_words, expand};
 use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
@@ -343,6 +344,24 @@ fn invalid_ldlq_settings_are_refused_by_name() {
     let mut bad = w.clone();
     bad[3] = f32::NAN;
     assert!(encode_linear_ldlq(&bad, 4, 256, Some(&h), &config(2, 1), &LdlqConfig::default()).is_err());
+}
+
+#[test]
+fn a_rotation_or_a_padded_axis_is_refused_by_name() {
+    let ldlq = LdlqConfig::default();
+    // A rotation: the result could not record it (code_linear rotates; LDLQ takes the rotated
+    // weights and the rotated H).
+    let w = gaussian(4 * 256, 91).unwrap();
+    let h = identity(256, 1.0);
+    let rotated = EncoderConfig { rotation: Some(RotationSpec { seed: 7 }), ..config(2, 1) };
+    let err = encode_linear_ldlq(&w, 4, 256, Some(&h), &rotated, &ldlq).unwrap_err().to_string();
+    assert!(err.contains("rotation"), "{err}");
+    // A coded axis of 200 logical columns (not whole blocks) on either axis: LDLQ does not pad.
+    let w = gaussian(4 * 200, 92).unwrap();
+    let err = encode_linear_ldlq(&w, 4, 200, Some(&identity(200, 1.0)), &config(2, 1), &ldlq).unwrap_err().to_string();
+    assert!(err.contains("does not pad"), "axis 1: {err}");
+    let err = encode_linear_ldlq(&w, 200, 4, Some(&identity(4, 1.0)), &config(2, 0), &ldlq).unwrap_err().to_string();
+    assert!(err.contains("does not pad"), "axis 0: {err}");
 }
 
 #[test]

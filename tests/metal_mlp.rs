@@ -597,18 +597,19 @@ fn bad_inputs_and_unserved_calls_give_typed_errors() {
         assert!(got.contains(want), "expected {want:?} in {got:?}");
     }
     // Gate and up of different L (a valid MLP) have no fused kernel (different bit widths do,
-    // see mixed_widths): the Metal path refuses the MLP as unserved, and so it does an MLP of
-    // L 16 at more than 8 rows.
+    // see mixed_widths): the Metal path runs them projection by projection (checked against the
+    // f64 reference in tests/rotation.rs); the fused entry point itself refuses them as
+    // unserved. An MLP of L 16 at more than 8 rows is unserved either way.
     let host = synthetic_mlp(256, 64, 2, CodeLayout::RowMajor, 5).unwrap();
     let up_l8 = synthetic_layer(64, 256, 2, 8, 1, CodeLayout::RowMajor, 0.06, 6).unwrap();
     let l = |name: &str, h: &HostLayer| TrellisLinear::from_host(name, h).unwrap();
     let mixed = TrellisMlp::new(l("gate", &host.0), l("up", &up_l8), l("down", &host.2)).unwrap();
+    assert!(!mixed.fuses_gate_up());
     let x = zeros(1, 256, Dtype::Float32);
-    for path in [ForwardPath::MetalSim, ForwardPath::Metal] {
-        let e = mixed.forward_with(&x, path).unwrap_err();
-        assert_eq!(e.kind(), Unserved, "{e:#}");
-        assert!(format!("{e:#}").contains("needs gate and up of one geometry but for their bit widths"), "{e:#}");
-    }
+    assert_eq!(mixed.forward_with(&x, ForwardPath::MetalSim).unwrap().shape(), vec![1, 256]);
+    let e = mlx_trellis::trellis::metal::swiglu_sim(&x, mixed.gate(), mixed.up()).unwrap_err();
+    assert_eq!(e.kind(), Unserved, "{e:#}");
+    assert!(format!("{e:#}").contains("needs gate and up of one geometry but for their bit widths"), "{e:#}");
     let g16 = synthetic_layer(64, 256, 2, 16, 1, CodeLayout::RowMajor, 0.06, 7).unwrap();
     let u16 = synthetic_layer(64, 256, 2, 16, 1, CodeLayout::RowMajor, 0.06, 8).unwrap();
     let mlp16 = TrellisMlp::new(l("gate", &g16), l("up", &u16), l("down", &host.2)).unwrap();

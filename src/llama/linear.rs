@@ -109,7 +109,7 @@ impl Linear {
                 [s[1], s[0]]
             }
             Linear::Affine { shape, .. } => *shape,
-            Linear::Trellis(t) => [t.geometry().out_features(), t.geometry().in_features()],
+            Linear::Trellis(t) => [t.out_features(), t.in_features()],
         }
     }
 
@@ -133,8 +133,12 @@ impl Linear {
             Linear::Dense(w) => weights * dtype_bits(w.dtype()),
             // One scale and one bias per group, each stored in 16 bits.
             Linear::Affine { bits, group_size, .. } => weights * *bits as u64 + weights / *group_size as u64 * 32,
-            // The code words plus one 16-bit scale per stored row.
-            Linear::Trellis(t) => t.codes().size() as u64 * 32 + t.scales().size() as u64 * 16,
+            // The code words plus one 16-bit scale per stored row and, where rotated, one 16-bit
+            // sign per logical column of the coded axis.
+            Linear::Trellis(t) => {
+                let signs = t.rotation().map_or(0, |r| r.len() as u64);
+                t.codes().size() as u64 * 32 + t.scales().size() as u64 * 16 + signs * 16
+            }
         };
         (bits, weights)
     }

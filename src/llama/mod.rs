@@ -1,6 +1,7 @@
 //! A Llama-architecture decoder on MLX, from a GGUF file: the model ([`LlamaModel`]), its
 //! tokenizer ([`LlamaTokenizer`]) and chat format ([`ChatTemplate`]), generation ([`generate`])
-//! and evaluation ([`eval`]), and the download of SmolLM2-135M-Instruct ([`fetch_smollm2`]).
+//! and evaluation ([`eval`]), the download of SmolLM2-135M-Instruct ([`fetch_smollm2`]), and the
+//! coding of a model's projections into a trellis artifact ([`quantize::quantize_model`]).
 //!
 //! Each linear layer is one of: as the GGUF ships it (MLX affine weights for Q4_0/Q4_1/Q8_0), MLX
 //! affine at chosen bits and group size (re-quantized from the dequantized weights, see
@@ -33,6 +34,7 @@ mod linear;
 mod mlp;
 mod model;
 pub mod names;
+pub mod quantize;
 mod sample;
 mod tokenizer;
 

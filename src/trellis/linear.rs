@@ -9,6 +9,7 @@
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use half::f16;
 
@@ -21,7 +22,9 @@ use super::checks::{activation_rows, check_codes, check_scales};
 use super::format::{CodeLayout, HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
 use super::operands::LayerOperands;
-use super::reference::forward_f64;
+use super::reference_coded::forward_coded_f64;
+use super::rotation::{CodedAxis, Rotation};
+use super::transform::AxisTransform;
 use super::{cuda, metal};
 use crate::memory::check_fits;
 
@@ -85,13 +88,17 @@ impl FromStr for ForwardPath {
     }
 }
 
-/// One trellis-coded linear layer: codes, per-row scales and their geometry.
+/// One trellis-coded linear layer: codes, per-row scales and their geometry, and where the
+/// format's coded axis is rotated or padded (docs/format.md §10), what every path applies around the
+/// stored matrix (callers give and get the logical features).
 #[derive(Clone)]
 pub struct TrellisLinear {
     name: String,
     codes: MlxArray,
     scales: MlxArray,
     geometry: TrellisGeometry,
+    /// Boxed: most layers have none, and a layer is held in enums beside small variants.
+    transform: Option<Arc<AxisTransform>>,
 }
 
 /// Runs `run` by `path` and returns the path taken with its result. [`ForwardPath::Auto`] takes
@@ -147,7 +154,51 @@ impl TrellisLinear {
 
     /// A layer whose operands passed [`check_codes`] and [`check_scales`].
     pub(crate) fn from_checked(name: &str, codes: MlxArray, scales: MlxArray, geometry: TrellisGeometry) -> Self {
-        TrellisLinear { name: name.to_string(), codes, scales, geometry }
+        TrellisLinear { name: name.to_string(), codes, scales, geometry, transform: None }
+    }
+
+    /// The layer with coded axis `axis` (checked against the geometry: its logical columns, its
+    /// rotation's length). [`CodedAxis::plain`] of the stored columns is the plain layer.
+    pub fn with_coded_axis(mut self, axis: CodedAxis) -> Result<TrellisLinear> {
+        let name = self.name.clone();
+        self.transform =
+            AxisTransform::new(axis, &self.geometry).with_context(|| format!("layer {name:?}"))?.map(Arc::new);
+        Ok(self)
+    }
+
+    /// Uploads a host layer with its coded axis.
+    pub fn from_host_coded(name: &str, layer: &HostLayer, axis: CodedAxis) -> Result<TrellisLinear> {
+        TrellisLinear::from_host(name, layer)?.with_coded_axis(axis)
+    }
+
+    /// The coded axis: its rotation and logical length ([`CodedAxis::plain`] of the stored
+    /// columns for a plain layer).
+    pub fn coded_axis(&self) -> CodedAxis {
+        match &self.transform {
+            Some(t) => t.host().clone(),
+            None => CodedAxis::plain(self.geometry.cols),
+        }
+    }
+
+    /// The rotation of the coded axis, if any.
+    pub fn rotation(&self) -> Option<&Rotation> {
+        self.transform.as_ref().and_then(|t| t.host().rotation.as_ref())
+    }
+
+    /// Input features the layer takes (logical: without the stored padding).
+    pub fn in_features(&self) -> usize {
+        match (&self.transform, self.geometry.axis) {
+            (Some(t), 1) => t.host().logical,
+            _ => self.geometry.in_features(),
+        }
+    }
+
+    /// Output features the layer gives (logical: without the stored padding).
+    pub fn out_features(&self) -> usize {
+        match (&self.transform, self.geometry.axis) {
+            (Some(t), 0) => t.host().logical,
+            _ => self.geometry.out_features(),
+        }
     }
 
     /// Uploads a host layer.
@@ -173,7 +224,7 @@ impl TrellisLinear {
         &self.scales
     }
 
-    /// The geometry.
+    /// The geometry of the stored matrix (padded columns included).
     pub fn geometry(&self) -> &TrellisGeometry {
         &self.geometry
     }
@@ -201,10 +252,11 @@ impl TrellisLinear {
         .deep_copy()?;
         let scales = self.scales.slice(&[r0], &[r1], &[1])?.deep_copy()?;
         let geometry = check_codes(&self.name, &codes, g.k, g.t, g.l, g.axis)?;
-        Ok(TrellisLinear::from_checked(&self.name, codes, scales, geometry))
+        // The stored columns are kept, so the coded axis (rotation, padding) applies unchanged.
+        TrellisLinear::from_checked(&self.name, codes, scales, geometry).with_coded_axis(self.coded_axis())
     }
 
-    /// Copies the codes and scales to the host.
+    /// Copies the codes and scales to the host (the stored matrix; see [`coded_axis`](Self::coded_axis)).
     pub fn to_host(&self) -> Result<HostLayer> {
         Ok(HostLayer {
             codes: self.codes.to_vec::<u32>()?,
@@ -241,9 +293,9 @@ impl TrellisLinear {
     /// (see [`crate::available_memory`]) is refused before it runs.
     pub fn forward_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let g = &self.geometry;
-        let (x2, mut out_shape) = activation_rows(&self.name, "layer", x, g.in_features(), Some(g))?;
+        let (x2, mut out_shape) = activation_rows(&self.name, "layer", x, self.in_features(), Some(g))?;
         let m = x2.shape()[0];
-        out_shape.push(g.out_features());
+        out_shape.push(self.out_features());
         if m == 0 {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
@@ -252,13 +304,31 @@ impl TrellisLinear {
         y.and_then(|y| y.reshape(&out_shape)).with_context(|| format!("{} ({g}) by the {path} path", self.name))
     }
 
-    /// `x2 [m, in] · W` by `path` (not `Auto`), in `x2`'s dtype.
+    /// `x2 [m, in] · W` by `path` (not `Auto`), in `x2`'s dtype, logical features in and out.
     fn forward_2d(&self, x2: &MlxArray, m: usize, path: ForwardPath) -> Result<MlxArray> {
+        match (&self.transform, path) {
+            (_, ForwardPath::Reference) => self.reference_forward(x2, m),
+            (None, path) => self.stored_forward(x2, path),
+            (Some(t), path) => t.logical_output(&self.stored_forward(&t.stored_input(x2)?, path)?),
+        }
+    }
+
+    /// The activations the stored matrix takes for logical `x2` (rotated and padded on axis 1),
+    /// for a fused kernel that reads several layers of one input transform.
+    pub(crate) fn stored_input(&self, x2: &MlxArray) -> Result<MlxArray> {
+        match &self.transform {
+            Some(t) => t.stored_input(x2),
+            None => Ok(x2.clone()),
+        }
+    }
+
+    /// `x2 [m, stored in] · S` by `path` (not `Auto`, not `Reference`): the stored matrix alone.
+    fn stored_forward(&self, x2: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let g = &self.geometry;
         match path {
             ForwardPath::Auto => unreachable!("resolved by forward_with"),
+            ForwardPath::Reference => unreachable!("taken by forward_2d (it applies the coded axis in f64)"),
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
-            ForwardPath::Reference => self.reference_forward(x2, m),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
                 unserved!("the Metal kernels do not serve {g} (k 2..4; down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256)")
             }
@@ -269,11 +339,12 @@ impl TrellisLinear {
         }
     }
 
-    /// The f64 reference on the host, `[m, out]` in `x2`'s dtype (through f32).
+    /// The f64 reference on the host (rotation and padding in f64 too), `[m, out]` in `x2`'s
+    /// dtype (through f32).
     fn reference_forward(&self, x2: &MlxArray, m: usize) -> Result<MlxArray> {
         let host = self.to_host()?;
-        let y = forward_f64(&host_f64(x2)?, m, &host.codes, &host.scales, &self.geometry)?;
-        from_host_f64(&y, &[m, self.geometry.out_features()], x2.dtype())
+        let y = forward_coded_f64(&host_f64(x2)?, m, &host, &self.coded_axis())?;
+        from_host_f64(&y, &[m, self.out_features()], x2.dtype())
     }
 }
 
@@ -285,7 +356,15 @@ impl<'a> From<&'a TrellisLinear> for LayerOperands<'a> {
 
 impl fmt::Debug for TrellisLinear {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TrellisLinear({:?}, {})", self.name, self.geometry)
+        write!(f, "TrellisLinear({:?}, {}", self.name, self.geometry)?;
+        if let Some(t) = &self.transform {
+            let a = t.host();
+            write!(f, ", {} logical columns", a.logical)?;
+            if let Some(r) = &a.rotation {
+                write!(f, ", Hadamard rotation of block {}", r.block())?;
+            }
+        }
+        f.write_str(")")
     }
 }
 

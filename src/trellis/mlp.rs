@@ -2,12 +2,15 @@
 //! `y = down(silu(gate(x)) ⊙ up(x))`, with gate and up stored `[out, in]` (axis 1) and down
 //! stored `[in, out]` (axis 0), each its own [`TrellisLinear`].
 //!
-//! The gate·up·SwiGLU part runs as one fused kernel where the back-end has one (both code
-//! tensors read for the same output rows, `silu(g) ⊙ u` written in the activation dtype), then
-//! the down projection runs by its own kernels. The paths follow [`TrellisLinear`]'s rule: a
-//! forced path whose kernels do not serve a part fails with
+//! Any valid combination of projections is accepted: gate and up on either axis, of different
+//! bit widths, rotated or padded (docs/format.md §10). The gate·up·SwiGLU part runs as one fused kernel
+//! where the back-end has one and it applies (gate and up both on axis 1 with one geometry and
+//! one coded axis: both code tensors read for the same output rows, the input rotated once,
+//! `silu(g) ⊙ u` written in the activation dtype); otherwise gate and up run projection by
+//! projection. The down projection runs by its own kernels. The paths follow
+//! [`TrellisLinear`]'s rule: a forced path whose kernels do not serve a part fails with
 //! [`Error::Unserved`](crate::Error::Unserved); [`ForwardPath::Auto`] falls back to the generic
-//! path part by part.
+//! path part by part (projection by projection where the fused kernel does not apply).
 //!
 //! Every method of the type is here, its tensor-parallel shards included ([`TrellisMlp::shard`],
 //! [`TrellisMlp::from_artifact_shard`]); the row rule they apply is [`RowShard`]'s (`shard.rs`),
@@ -18,10 +21,10 @@ use std::fmt;
 use crate::array::MlxArray;
 use crate::error::{invalid, ErrorContext, Result};
 
-use super::checks::activation_rows;
+use super::checks::{activation_rows, same_but_bits};
 use super::linear::{from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
 use super::model::Artifact;
-use super::reference::{mlp_forward_f64, swiglu_f64};
+use super::reference_coded::{mlp_coded_f64, swiglu_coded_f64};
 use super::shard::{check_rule_axis, RowShard};
 use super::{cuda, metal};
 
@@ -37,9 +40,9 @@ impl TrellisMlp {
     /// An MLP from its three projections: gate and up map `hidden -> intermediate`, down maps
     /// `intermediate -> hidden`.
     pub fn new(gate: TrellisLinear, up: TrellisLinear, down: TrellisLinear) -> Result<TrellisMlp> {
-        let (g, u, d) = (gate.geometry(), up.geometry(), down.geometry());
-        let hidden = g.in_features();
-        let inter = g.out_features();
+        let (u, d) = (&up, &down);
+        let hidden = gate.in_features();
+        let inter = gate.out_features();
         if (u.in_features(), u.out_features()) != (hidden, inter) {
             invalid!(
                 "MLP: gate {:?} maps {hidden} -> {inter} but up {:?} maps {} -> {}",
@@ -109,16 +112,23 @@ impl TrellisMlp {
 
     /// The model width (the MLP's input and output features).
     pub fn hidden(&self) -> usize {
-        self.gate.geometry().in_features()
+        self.gate.in_features()
     }
 
     /// The intermediate width (gate and up outputs, down inputs).
     pub fn intermediate(&self) -> usize {
-        self.gate.geometry().out_features()
+        self.gate.out_features()
     }
 
-    /// The path [`ForwardPath::Auto`] tries first on this machine for the gate·up·SwiGLU part:
-    /// the gate's (the fused kernels dispatch on the gate's geometry).
+    /// Whether gate and up can run as one fused kernel: both stored `[out, in]` (axis 1) with one
+    /// geometry but for their bit widths, and one coded axis, so one transformed input feeds both.
+    pub fn fuses_gate_up(&self) -> bool {
+        let (g, u) = (self.gate.geometry(), self.up.geometry());
+        g.axis == 1 && same_but_bits(g, u) && self.gate.coded_axis() == self.up.coded_axis()
+    }
+
+    /// The path [`ForwardPath::Auto`] tries first on this machine for the fused gate·up·SwiGLU
+    /// part: the gate's (the fused kernels dispatch on the gate's geometry).
     pub fn best_path(&self) -> ForwardPath {
         self.gate.best_path()
     }
@@ -135,8 +145,9 @@ impl TrellisMlp {
         if path == ForwardPath::Reference {
             let (x2, lead) = self.rows(x)?;
             let m = x2.shape()[0];
-            let y =
-                mlp_forward_f64(&host_f64(&x2)?, m, &self.gate.to_host()?, &self.up.to_host()?, &self.down.to_host()?)?;
+            let (g, u, d) = (self.gate.to_host()?, self.up.to_host()?, self.down.to_host()?);
+            let (ga, ua, da) = (self.gate.coded_axis(), self.up.coded_axis(), self.down.coded_axis());
+            let y = mlp_coded_f64(&host_f64(&x2)?, m, [(&g, &ga), (&u, &ua), (&d, &da)])?;
             return from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype());
         }
         let h = self.swiglu_with(x, path)?;
@@ -144,12 +155,20 @@ impl TrellisMlp {
     }
 
     /// `silu(gate(x)) ⊙ up(x)` (`[..., intermediate]` in `x`'s dtype), the input of the down
-    /// projection, by a chosen path: one fused kernel on the GPU back-ends.
+    /// projection, by a chosen path: one fused kernel on the GPU back-ends where it applies
+    /// ([`fuses_gate_up`](Self::fuses_gate_up)), gate and up each by the path otherwise.
     pub fn swiglu_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let (x2, lead) = self.rows(x)?;
         let out_shape = widths(&lead, self.intermediate());
         if x2.shape()[0] == 0 {
             return MlxArray::zeros(&out_shape, x.dtype());
+        }
+        if path == ForwardPath::Auto && !self.fuses_gate_up() {
+            // Each projection by its own best path.
+            let h = (|| self.gate.forward(&x2)?.silu()?.multiply(&self.up.forward(&x2)?))();
+            return h.and_then(|h| h.reshape(&out_shape)).with_context(|| {
+                format!("gate·up·SwiGLU of {:?} and {:?}, projection by projection", self.gate.name(), self.up.name())
+            });
         }
         let (path, h) = resolve_auto(path, || self.best_path(), |path| self.swiglu_2d(&x2, path));
         h.and_then(|h| h.reshape(&out_shape)).with_context(|| {
@@ -163,18 +182,29 @@ impl TrellisMlp {
         match path {
             ForwardPath::Auto => unreachable!("resolved by swiglu_with"),
             ForwardPath::Reference => {
-                let h = swiglu_f64(&host_f64(x2)?, m, &self.gate.to_host()?, &self.up.to_host()?)?;
+                let (g, u) = (self.gate.to_host()?, self.up.to_host()?);
+                let (ga, ua) = (self.gate.coded_axis(), self.up.coded_axis());
+                let h = swiglu_coded_f64(&host_f64(x2)?, m, (&g, &ga), (&u, &ua))?;
                 from_host_f64(&h, &[m, self.intermediate()], x2.dtype())
             }
-            ForwardPath::Generic => {
-                let g = self.gate.forward_with(x2, ForwardPath::Generic)?;
-                let u = self.up.forward_with(x2, ForwardPath::Generic)?;
-                g.silu()?.multiply(&u)
+            ForwardPath::Generic => self.separate(x2, path),
+            _ if !self.fuses_gate_up() => self.separate(x2, path),
+            // Gate and up share the input transform: rotate and pad once.
+            ForwardPath::Cuda => {
+                cuda::gate_up::swiglu(&self.gate.stored_input(x2)?, self.gate.operands(), self.up.operands())
             }
-            ForwardPath::Cuda => cuda::gate_up::swiglu(x2, self.gate.operands(), self.up.operands()),
-            ForwardPath::Metal => metal::swiglu(x2, self.gate.operands(), self.up.operands()),
-            ForwardPath::MetalSim => metal::swiglu_sim(x2, self.gate.operands(), self.up.operands()),
+            ForwardPath::Metal => metal::swiglu(&self.gate.stored_input(x2)?, self.gate.operands(), self.up.operands()),
+            ForwardPath::MetalSim => {
+                metal::swiglu_sim(&self.gate.stored_input(x2)?, self.gate.operands(), self.up.operands())
+            }
         }
+    }
+
+    /// `silu(gate(x2)) ⊙ up(x2)` with each projection by `path`.
+    fn separate(&self, x2: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        let g = self.gate.forward_with(x2, path)?;
+        let u = self.up.forward_with(x2, path)?;
+        g.silu()?.multiply(&u)
     }
 
     /// `x` as `[m, hidden]` rows (checked), and its leading dimensions.

@@ -19,6 +19,13 @@ pub(super) struct BlockCoder<'a> {
     pub(super) x: Vec<f32>,
     /// The same block rotated by `T/2` (the first tail-biting pass).
     rotated: Vec<f32>,
+    /// Per-column weights of the squared error for every row (`None`: all 1), for example 0 on
+    /// padded columns.
+    column_weights: Option<&'a [f32]>,
+    /// The current block's weights, and rotated by `T/2`, when they are not all 1.
+    w: Vec<f32>,
+    rotated_w: Vec<f32>,
+    weighted: bool,
     /// One state per position.
     pub(super) states: Vec<u32>,
 }
@@ -30,7 +37,29 @@ impl<'a> BlockCoder<'a> {
         let t = t as usize;
         let fast = searches && search == BlockSearch::Viterbi;
         let trellis = Trellis::new(k, l, if fast { t } else { 0 });
-        BlockCoder { k, l, t, lut, search, trellis, x: vec![0.0; t], rotated: vec![0.0; t], states: vec![0; t] }
+        BlockCoder {
+            k,
+            l,
+            t,
+            lut,
+            search,
+            trellis,
+            x: vec![0.0; t],
+            rotated: vec![0.0; t],
+            column_weights: None,
+            w: vec![1.0; t],
+            rotated_w: vec![1.0; t],
+            weighted: false,
+            states: vec![0; t],
+        }
+    }
+
+    /// Weights the squared error of every row's column `c` by `weights[c]` (finite,
+    /// non-negative; one per column of the rows this coder codes). Only the Viterbi search
+    /// takes weights.
+    pub(super) fn with_column_weights(mut self, weights: Option<&'a [f32]>) -> BlockCoder<'a> {
+        self.column_weights = weights;
+        self
     }
 
     /// Runs the configured search on the normalised block in `self.x`, leaving the path in
@@ -41,6 +70,14 @@ impl<'a> BlockCoder<'a> {
         self.rotated[..t - half].copy_from_slice(&self.x[half..]);
         self.rotated[t - half..].copy_from_slice(&self.x[..half]);
         match self.search {
+            BlockSearch::Viterbi if self.weighted => {
+                self.rotated_w[..t - half].copy_from_slice(&self.w[half..]);
+                self.rotated_w[t - half..].copy_from_slice(&self.w[..half]);
+                let (w, rw) = (Some(&self.w[..]), Some(&self.rotated_w[..]));
+                self.trellis.search_weighted(k, &self.rotated, rw, self.lut, None, &mut self.states);
+                let pinned = self.states[t - half] >> k;
+                self.trellis.search_weighted(k, &self.x, w, self.lut, Some(pinned), &mut self.states);
+            }
             BlockSearch::Viterbi => {
                 // Tail-biting: the rotated pass picks the state of original position 0 (rotated
                 // index T/2); the second pass keeps its top L-k bits at both ends of the cycle.
@@ -77,6 +114,11 @@ impl<'a> BlockCoder<'a> {
                 None => {
                     for (xi, &w) in self.x.iter_mut().zip(block) {
                         *xi = super::normalised(w, scale);
+                    }
+                    let block_weights = self.column_weights.map(|cw| &cw[b * t..(b + 1) * t]);
+                    self.weighted = block_weights.is_some_and(|bw| bw.iter().any(|&v| v != 1.0));
+                    if let (true, Some(bw)) = (self.weighted, block_weights) {
+                        self.w.copy_from_slice(bw);
                     }
                     self.search_block();
                 }

@@ -35,9 +35,12 @@
 //! also gives the unweighted code. Every such case is reported in [`LdlqEncoded::warnings`];
 //! none is an error.
 //!
-//! # Rotated layers
+//! # Rotated and padded layers
 //!
-//! `H` must be in the basis of the weights coded: for a layer whose input axis is rotated
+//! The encoder codes the matrix it is given: a configuration with
+//! [`EncoderConfig::rotation`] is refused (the result could not record the rotation), and so is a
+//! coded axis that is not a whole number of blocks (LDLQ does not pad; [`code_linear`](super::code_linear)
+//! pads and rotates, unweighted). `H` must be in the basis of the weights coded: for a layer whose input axis is rotated
 //! (`W' = W Q`, inputs `x' = x Q`) that is `Qᵀ H Q`; [`rotate_hessian`](super::rotate_hessian)
 //! computes it from a dense `Q`.
 //!
@@ -187,11 +190,16 @@ fn encode_ldlq(
 ) -> Result<(LdlqEncoded, Vec<f32>)> {
     cfg.validate()?;
     ldlq.validate()?;
+    if cfg.rotation.is_some() {
+        invalid!(
+            "LDLQ: codes the matrix as given and its result cannot record a rotation (set rotation: None; to code a rotated layer, rotate the weights along the coded axis first and, on axis 1, H with rotate_hessian)"
+        );
+    }
     let (stored, rows, cols) = stored_from_linear(w, out_features, in_features, cfg.axis)?;
     let t = cfg.t as usize;
     if rows == 0 || cols == 0 || cols % t != 0 {
         invalid!(
-            "LDLQ: the stored matrix [{rows}, {cols}] is empty or not a whole number of {t}-weight blocks per row"
+            "LDLQ: the stored matrix [{rows}, {cols}] is empty or not a whole number of {t}-weight blocks per row (LDLQ does not pad the coded axis; code_linear pads, unweighted)"
         );
     }
     if let Some(i) = stored.iter().position(|v| !v.is_finite()) {
@@ -291,7 +299,7 @@ fn finish(
     };
     let sq: f64 = stored.iter().zip(&reconstruction).map(|(&w, &q)| (w as f64 - q as f64).powi(2)).sum();
     let mse = sq / (rows * cols) as f64;
-    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse })
+    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse, logical_cols: cols })
 }
 
 /// One attempt's inputs: the stored matrix, the feedback factor `U` (`[n, n]`) and the limits.
@@ -376,7 +384,7 @@ impl FeedbackCoder<'_> {
                 scales: &scales,
                 cols: t,
             };
-            search_and_code(step, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| {
+            search_and_code(step, None, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| {
                 progress(b * rows + done, blocks * rows)
             })
             .with_context(|| format!("LDLQ: input block {b}"))?;
@@ -471,7 +479,7 @@ impl FeedbackCoder<'_> {
                     cols: t,
                 };
                 let done_before = g0 * blocks_per_row;
-                search_and_code(step, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| {
+                search_and_code(step, None, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| {
                     progress(done_before + done, rows * blocks_per_row)
                 })
                 .with_context(|| format!("LDLQ: stored rows {g0}..{g1}"))?;

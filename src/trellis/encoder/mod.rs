@@ -8,7 +8,7 @@
 //! 1. `scale[r] = f16(RMS(row) / RMS(lut))`, where `RMS(lut)` is taken over the `2^L` values of
 //!    [`lut1mad`] ([`lut_rms`]). A row whose scale would fall below f16's normal range
 //!    (`2^-14`; an all-zero row included) gets scale 0 and decodes to exact zeros (see
-//!    [`row_scale`]).
+//!    `row_scale`).
 //! 2. `x = row / f32(scale[r])` (0 for a row of scale 0), coded block by block (`T = 256`
 //!    weights per block).
 //! 3. Each block is the minimum squared-error path through the bitshift trellis: `2^L` states,
@@ -84,6 +84,7 @@ pub mod allocate;
 mod block;
 pub mod hessian;
 pub mod ldlq;
+mod linear;
 mod parallel;
 mod quality;
 mod search;
@@ -93,6 +94,7 @@ pub use hessian::{proxy_error, rotate_hessian, ProxyError};
 #[doc(hidden)]
 pub use ldlq::encode_linear_ldlq_with_targets;
 pub use ldlq::{encode_linear_ldlq, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded, LdlqOutcome};
+pub use linear::{choose_axis, code_linear, AxisChoice, CodedLinear, RotationSpec};
 pub use quality::{quality, Quality, RELATIVE_MSE_BOUND};
 
 /// The block length every shipped model uses and the only one the encoder accepts.
@@ -117,6 +119,10 @@ pub struct EncoderConfig {
     pub threads: Option<usize>,
     /// Where the block search runs. The output does not depend on it either.
     pub backend: EncoderBackend,
+    /// The incoherence rotation of the coded axis that [`code_linear`] applies before coding
+    /// (docs/format.md §10); `None` codes the weights as given. [`encode`] and [`encode_linear`] code
+    /// the matrix they are given and refuse a rotation here (their result could not record it).
+    pub rotation: Option<RotationSpec>,
 }
 
 /// Where the encoder's block search runs. Both searches perform the same f32 operations and
@@ -147,12 +153,13 @@ impl EncoderConfig {
             layout: CodeLayout::RowMajor,
             threads: None,
             backend: EncoderBackend::Auto,
+            rotation: None,
         }
     }
 
     /// Checks every parameter; each error names the one it rejects.
     pub fn validate(&self) -> Result<()> {
-        let EncoderConfig { k, l, t, axis, layout, threads, backend } = *self;
+        let EncoderConfig { k, l, t, axis, layout, threads, backend, rotation: _ } = *self;
         if t != BLOCK_LEN {
             invalid!("encoder: block length T = {t} is not supported (T must be {BLOCK_LEN})");
         }
@@ -226,13 +233,16 @@ impl EncoderConfig {
 pub struct Encoded {
     /// Codes (in the configured layout), one f16 scale per stored row, and the geometry.
     pub layer: HostLayer,
-    /// The decoded stored matrix `[rows, cols]`, row-major: `value(state) * f32(scale)` for the
-    /// states the codes hold. Bit for bit what [`expand`](crate::trellis::reference::expand) returns for
-    /// `layer`.
+    /// The decoded stored matrix `[rows, cols]` (padded columns included), row-major:
+    /// `value(state) * f32(scale)` for the states the codes hold. Bit for bit what
+    /// [`expand`](crate::trellis::reference::expand) returns for `layer`.
     pub reconstruction: Vec<f32>,
-    /// Mean squared error of `reconstruction` against the input, in f64, summed in row-major
-    /// order.
+    /// Mean squared error of `reconstruction` against the input over the logical columns, in
+    /// f64, summed in row-major order.
     pub mse: f64,
+    /// The logical columns of each stored row (the stored columns past them are padding; equal
+    /// to the stored columns when nothing was padded).
+    pub logical_cols: usize,
 }
 
 /// The RMS of the `2^l` values of [`lut1mad`] (computed in f64), the denominator of the scales.
@@ -303,7 +313,44 @@ pub fn encode_with_progress(
     cfg: &EncoderConfig,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Encoded> {
-    encode_inner(weights, rows, cols, cfg, BlockSearch::Viterbi, progress)
+    encode_inner(weights, rows, cols, cols, cfg, BlockSearch::Viterbi, progress)
+}
+
+/// Codes the stored matrix `weights` `[rows, logical_cols]` (row-major) whose rows need not be
+/// whole blocks (docs/format.md §10): each row is padded with zeros to the next multiple of `T`, the
+/// padded positions are free in the block search (zero weight in its squared error) and left
+/// out of the row's scale (the RMS of the logical columns) and of the reported mean squared
+/// error. With `logical_cols` a multiple of `T` this is [`encode`]. The block search runs on the
+/// CPU threads when there is padding (the CUDA search has no per-position weights).
+pub fn encode_padded(
+    weights: &[f32],
+    rows: usize,
+    logical_cols: usize,
+    cfg: &EncoderConfig,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Encoded> {
+    cfg.validate()?;
+    let t = cfg.t as usize;
+    if rows.checked_mul(logical_cols) != Some(weights.len()) {
+        invalid!("encoder: {} weights given for {rows} rows x {logical_cols} columns", weights.len());
+    }
+    if logical_cols == 0 {
+        invalid!("encoder: the matrix is empty ({rows} rows x 0 columns)");
+    }
+    if logical_cols % t == 0 {
+        return encode_with_progress(weights, rows, logical_cols, cfg, progress);
+    }
+    let Some(cols) = logical_cols.div_ceil(t).checked_mul(t) else {
+        invalid!("encoder: {logical_cols} columns padded to whole blocks overflow");
+    };
+    let Some(total) = rows.checked_mul(cols) else {
+        invalid!("encoder: {rows} rows x {cols} padded columns overflow");
+    };
+    let mut padded = try_filled(total, 0f32, || format!("the padded matrix [{rows}, {cols}]"))?;
+    for (dst, src) in padded.chunks_exact_mut(cols).zip(weights.chunks_exact(logical_cols)) {
+        dst[..logical_cols].copy_from_slice(src);
+    }
+    encode_inner(&padded, rows, cols, logical_cols, cfg, BlockSearch::Viterbi, progress)
 }
 
 /// Which block search the encoder runs. Only [`BlockSearch::Viterbi`] is the encoder; the others
@@ -337,7 +384,7 @@ pub fn encode_with_search(
     cfg: &EncoderConfig,
     search: BlockSearch,
 ) -> Result<Encoded> {
-    encode_inner(weights, rows, cols, cfg, search, &mut |_, _| {})
+    encode_inner(weights, rows, cols, cols, cfg, search, &mut |_, _| {})
 }
 
 /// The states the block search `search` chooses for one already normalised block `x` of
@@ -355,15 +402,21 @@ pub fn block_path(x: &[f32], k: u32, l: u32, search: BlockSearch) -> Result<Vec<
     Ok(coder.states)
 }
 
+/// Codes `weights` `[rows, cols]`, of which the first `logical` columns of each row are real and
+/// the rest padding (free in the search, out of the scale and the error).
 fn encode_inner(
     weights: &[f32],
     rows: usize,
     cols: usize,
+    logical: usize,
     cfg: &EncoderConfig,
     search: BlockSearch,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<Encoded> {
     cfg.validate()?;
+    if cfg.rotation.is_some() {
+        invalid!("encoder: a rotation is applied by code_linear, which records it; encode codes the matrix as given (set rotation: None)");
+    }
     let t = cfg.t as usize;
     if rows == 0 || cols == 0 {
         invalid!("encoder: the matrix is empty ({rows} rows x {cols} columns)");
@@ -390,43 +443,62 @@ fn encode_inner(
 
     let lut = lut1mad(cfg.l)?;
     let lut_rms = rms(&lut);
+    if logical == 0 || logical > cols {
+        invalid!("encoder: {logical} logical columns of {cols} stored columns");
+    }
     let scales = weights
         .chunks_exact(cols)
         .enumerate()
-        .map(|(r, row)| row_scale(row, lut_rms, r))
+        .map(|(r, row)| row_scale(&row[..logical], lut_rms, r))
         .collect::<Result<Vec<f16>>>()?;
+    // Zero weight on the padded columns: the search may emit anything there.
+    let column_weights: Option<Vec<f32>> =
+        (logical < cols).then(|| (0..cols).map(|c| if c < logical { 1.0 } else { 0.0 }).collect());
 
     // The geometry's checks keep these sizes in range; the allocations may still fail.
     let mut codes = try_filled(row_major.code_words(), 0u32, || format!("the codes of {geometry}"))?;
     let mut reconstruction = try_filled(rows * cols, 0f32, || format!("the reconstruction of {geometry}"))?;
     let rows_of = RowsOf { weights, codes: &mut codes, reconstruction: &mut reconstruction, scales: &scales, cols };
-    search_and_code(rows_of, cfg, &lut, search, progress)?;
+    search_and_code(rows_of, column_weights.as_deref(), cfg, &lut, search, progress)?;
 
-    let sq: f64 = weights.iter().zip(&reconstruction).map(|(&w, &q)| (w as f64 - q as f64).powi(2)).sum();
-    let mse = sq / (rows * cols) as f64;
+    let sq: f64 = weights
+        .chunks_exact(cols)
+        .zip(reconstruction.chunks_exact(cols))
+        .flat_map(|(w, q)| w[..logical].iter().zip(&q[..logical]))
+        .map(|(&w, &q)| (w as f64 - q as f64).powi(2))
+        .sum();
+    let mse = sq / (rows * logical) as f64;
     let codes = match cfg.layout {
         CodeLayout::RowMajor => codes,
         CodeLayout::K3Interleaved => row_major_to_interleaved(&codes, rows, cols)?,
     };
-    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse })
+    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse, logical_cols: logical })
 }
 
 /// Codes the rows of `all` with their given scales through the configured search: the CUDA
-/// kernel for [`BlockSearch::Viterbi`] where [`EncoderConfig::searches_on_cuda`], the CPU threads
-/// otherwise. Every caller that codes rows goes through here, so all of them search on the same
-/// back-end with the same bytes as a result.
+/// kernel for [`BlockSearch::Viterbi`] where [`EncoderConfig::searches_on_cuda`] and every
+/// position weighs 1, the CPU threads otherwise. `column_weights` (one per column of `all`'s
+/// rows, `None`: all 1) weights each position's squared error, 0 on padding; the CUDA search has
+/// no per-position weights, so weighted rows search on the CPU. Every caller that codes rows goes
+/// through here, so all of them search on the same back-end with the same bytes as a result.
 fn search_and_code(
     all: RowsOf<'_>,
+    column_weights: Option<&[f32]>,
     cfg: &EncoderConfig,
     lut: &[f32],
     search: BlockSearch,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<()> {
-    if search == BlockSearch::Viterbi && cfg.searches_on_cuda() {
+    if let Some(w) = column_weights {
+        if w.len() != all.cols {
+            invalid!("encoder: {} column weights for rows of {} columns", w.len(), all.cols);
+        }
+    }
+    if search == BlockSearch::Viterbi && cfg.searches_on_cuda() && column_weights.is_none() {
         search_on_cuda(all, cfg, lut, progress)
     } else {
         let rows = all.scales.len();
-        code_rows(all, 0, None, cfg, lut, search, &mut |done| progress(done, rows))
+        code_rows(all, 0, None, column_weights, cfg, lut, search, &mut |done| progress(done, rows))
     }
 }
 
@@ -474,7 +546,7 @@ fn search_on_cuda(
             format!("encoder: CUDA search of stored rows {first_row}..{}", first_row + scales.len())
         })?;
         let rows_of = RowsOf { weights, codes, reconstruction, scales, cols };
-        code_rows(rows_of, first_row, Some(&states), cfg, lut, BlockSearch::Viterbi, &mut |done| {
+        code_rows(rows_of, first_row, Some(&states), None, cfg, lut, BlockSearch::Viterbi, &mut |done| {
             progress(first_row + done, rows)
         })?;
     }
@@ -483,11 +555,14 @@ fn search_on_cuda(
 
 /// Codes the rows of `all` (the first of which is stored row `first_row`) on the configured
 /// number of threads, with the states `given` (one per weight of these rows) or, without them,
-/// the block search `search`. Calls `progress(rows_done)` after every finished row.
+/// the block search `search` (its squared error weighted per column by `column_weights`, where
+/// given). Calls `progress(rows_done)` after every finished row.
+#[allow(clippy::too_many_arguments)]
 fn code_rows(
     all: RowsOf<'_>,
     first_row: usize,
     given: Option<&[u16]>,
+    column_weights: Option<&[f32]>,
     cfg: &EncoderConfig,
     lut: &[f32],
     search: BlockSearch,
@@ -511,7 +586,8 @@ fn code_rows(
             .map(|_| {
                 let (work, done_tx) = (&work, done_tx.clone());
                 scope.spawn(move || {
-                    let mut coder = BlockCoder::new(cfg.k, cfg.l, cfg.t, lut, search, given.is_none());
+                    let mut coder = BlockCoder::new(cfg.k, cfg.l, cfg.t, lut, search, given.is_none())
+                        .with_column_weights(column_weights);
                     let mut failures = Vec::new();
                     // The guard is consumed inside `and_then`, so the lock is held only to take a
                     // row. A poisoned lock means another worker panicked; its join reports it.

@@ -40,6 +40,19 @@ fn branch_cost(best: f32, x: f32, value: f32) -> f32 {
     best + e * e
 }
 
+/// The cost of a path that reaches a state with `best` and emits `value` for `x` at weight `w`:
+/// [`branch_cost`] itself at `w = 1` (so unweighted positions cost bit for bit what the plain
+/// search computes), `best + w·(x − value)²` otherwise (`best` alone at `w = 0`).
+#[inline(always)]
+fn weighted_cost(best: f32, x: f32, value: f32, w: f32) -> f32 {
+    if w == 1.0 {
+        branch_cost(best, x, value)
+    } else {
+        let e = x - value;
+        best + w * (e * e)
+    }
+}
+
 impl Trellis {
     pub(super) fn new(k: u32, l: u32, t: usize) -> Trellis {
         let (states, groups) = if t == 0 { (0, 0) } else { (1usize << l, 1usize << (l - k)) };
@@ -49,37 +62,63 @@ impl Trellis {
     /// The minimum squared-error path for `x` into `states`. With `pin = Some(p)`, the first
     /// state must satisfy `s >> k == p` and the last `s & (2^(L-k) - 1) == p` (tail-biting).
     pub(super) fn search(&mut self, k: u32, x: &[f32], lut: &[f32], pin: Option<u32>, states: &mut [u32]) {
+        self.search_weighted(k, x, None, lut, pin, states)
+    }
+
+    /// [`search`](Self::search) minimising `Σ w[t]·(x[t] − value(state_t))²`: with `w = None`
+    /// every weight is 1 (the plain search, bit for bit). Weights must be finite and
+    /// non-negative; a zero weight makes its position free (padding).
+    pub(super) fn search_weighted(
+        &mut self,
+        k: u32,
+        x: &[f32],
+        w: Option<&[f32]>,
+        lut: &[f32],
+        pin: Option<u32>,
+        states: &mut [u32],
+    ) {
         // Monomorphised per k so the branch loops have compile-time lengths and vectorise.
         match k {
-            1 => self.search_k::<1>(x, lut, pin, states),
-            2 => self.search_k::<2>(x, lut, pin, states),
-            3 => self.search_k::<3>(x, lut, pin, states),
-            4 => self.search_k::<4>(x, lut, pin, states),
-            5 => self.search_k::<5>(x, lut, pin, states),
-            6 => self.search_k::<6>(x, lut, pin, states),
-            7 => self.search_k::<7>(x, lut, pin, states),
-            8 => self.search_k::<8>(x, lut, pin, states),
+            1 => self.search_k::<1>(x, w, lut, pin, states),
+            2 => self.search_k::<2>(x, w, lut, pin, states),
+            3 => self.search_k::<3>(x, w, lut, pin, states),
+            4 => self.search_k::<4>(x, w, lut, pin, states),
+            5 => self.search_k::<5>(x, w, lut, pin, states),
+            6 => self.search_k::<6>(x, w, lut, pin, states),
+            7 => self.search_k::<7>(x, w, lut, pin, states),
+            8 => self.search_k::<8>(x, w, lut, pin, states),
             k => unreachable!("k = {k} passed validation"),
         }
     }
 
-    fn search_k<const K: u32>(&mut self, x: &[f32], lut: &[f32], pin: Option<u32>, states: &mut [u32]) {
+    fn search_k<const K: u32>(
+        &mut self,
+        x: &[f32],
+        w: Option<&[f32]>,
+        lut: &[f32],
+        pin: Option<u32>,
+        states: &mut [u32],
+    ) {
         let branches = 1usize << K;
         let groups = 1usize << (self.l - K);
         let steps = x.len();
+        let weight = |t: usize| w.map_or(1.0, |w| w[t]);
         // Step 0: the emission alone, or forbidden outside the pinned start group.
         let start_cost = |s: usize| match pin {
             Some(p) if (s >> K) as u32 != p => FORBIDDEN,
-            _ => branch_cost(0.0, x[0], lut[s]),
+            _ => weighted_cost(0.0, x[0], lut[s], weight(0)),
         };
         for (s, c) in self.cost.iter_mut().enumerate() {
             *c = start_cost(s);
         }
         for (step, &xt) in x.iter().enumerate().skip(1) {
+            let wt = weight(step);
             // Two loop shapes compute the same values; which compiles to tighter vector code
             // depends on k and the target's vector width (the choice follows the timings in
-            // docs/encoder.md; the tiled shape needs k >= 2).
-            if K >= 2 && (K <= 3 || cfg!(target_feature = "avx2")) {
+            // docs/encoder.md; the tiled shape needs k >= 2). Weighted steps take a plain loop.
+            if wt != 1.0 {
+                self.step_weighted::<K>(step, xt, wt, lut);
+            } else if K >= 2 && (K <= 3 || cfg!(target_feature = "avx2")) {
                 self.step_tiled::<K>(step, xt, lut);
             } else {
                 self.step_flat::<K>(step, xt, lut);
@@ -114,7 +153,7 @@ impl Trellis {
                 let c = if prev == 0 {
                     start_cost(p)
                 } else {
-                    branch_cost(self.best[prev * groups + (p >> K)], x[prev], lut[p])
+                    weighted_cost(self.best[prev * groups + (p >> K)], x[prev], lut[p], weight(prev))
                 };
                 if c < best_cost {
                     best_cost = c;
@@ -152,6 +191,24 @@ impl Trellis {
                     }
                 }
             }
+        }
+    }
+
+    /// One step at weight `wt` != 1: the group minima as [`Self::step_flat`], then every new
+    /// state's [`weighted_cost`].
+    #[inline(never)]
+    fn step_weighted<const K: u32>(&mut self, step: usize, xt: f32, wt: f32, lut: &[f32]) {
+        let groups = 1usize << (self.l - K);
+        let best = &mut self.best[step * groups..(step + 1) * groups];
+        let mut chunks = self.cost.chunks_exact(groups);
+        best.copy_from_slice(chunks.next().expect("2^k >= 2 predecessor chunks"));
+        for chunk in chunks {
+            for (b, &c) in best.iter_mut().zip(chunk) {
+                *b = if c < *b { c } else { *b };
+            }
+        }
+        for (s, (o, &v)) in self.next.iter_mut().zip(lut).enumerate() {
+            *o = weighted_cost(best[s >> K], xt, v, wt);
         }
     }
 

@@ -5,6 +5,9 @@
 //! `<path>.scales` (float16 `[rows]`), and an entry in the config's `quantization` (or
 //! `quantization_config`) object:
 //! `{"bits": k, "group_size": T, "mode": "trellis", "trellis": {"L": 12, "code": "1mad", "axis": 0}}`.
+//! A module whose coded axis is rotated or padded (docs/format.md §10) also has `rotation` and/or
+//! `logical_cols` in its `trellis` object and the tensor `<path>.rotation_signs`
+//! (see [`coded_axis`](super::coded_axis)).
 //!
 //! Every problem with the files is an [`Error::Artifact`] naming the file and the key or tensor
 //! (or [`Error::Io`] for the operating system's errors): JSON is parsed strictly (duplicate keys
@@ -157,7 +160,7 @@ impl Artifact {
     }
 
     /// An [`Error::Artifact`] about `key` of `config.json`.
-    fn config_error(&self, key: &str, message: impl Into<String>) -> Error {
+    pub(super) fn config_error(&self, key: &str, message: impl Into<String>) -> Error {
         Error::artifact(self.config_path(), Some(key), message)
     }
 
@@ -195,6 +198,27 @@ impl Artifact {
             .filter(|(_, v)| v.get("mode").and_then(Value::as_str) == Some("trellis"))
             .map(|(k, _)| k.clone())
             .collect())
+    }
+
+    /// The `trellis` object of `module`'s entry (checked by [`module_config`](Self::module_config)
+    /// first) and its key path for messages.
+    pub(super) fn trellis_object(&self, module: &str) -> Result<(String, &Map<String, Value>)> {
+        self.module_config(module)?;
+        let (qkey, q) = self.quantization()?;
+        let at = format!("{qkey}/{module}/trellis");
+        match q.get(module).and_then(|e| e.get("trellis")).and_then(Value::as_object) {
+            Some(t) => Ok((at, t)),
+            None => Err(self.config_error(&at, format!("module {module:?} has no \"trellis\" object"))),
+        }
+    }
+
+    /// Whether tensor `name` exists in the artifact (the index, or the single file's header).
+    pub(super) fn has_tensor(&self, name: &str) -> Result<bool> {
+        if !self.weight_map.is_empty() {
+            return Ok(self.weight_map.contains_key(name));
+        }
+        let file = self.file_of(name)?;
+        Ok(self.header(&file)?.tensors.contains_key(name))
     }
 
     /// The parsed config entry of `module`.
@@ -279,7 +303,7 @@ impl Artifact {
 
     /// Tensor `name` of the lazily loaded files `loaded` (a file is loaded through MLX on first
     /// use, with its cached header), read from disk, and its file.
-    fn tensor(
+    pub(super) fn tensor(
         &self,
         loaded: &mut BTreeMap<PathBuf, BTreeMap<String, MlxArray>>,
         name: &str,
@@ -313,8 +337,9 @@ impl Artifact {
         let (sfile, scales) = self.tensor(&mut loaded, &sname)?;
         check_scales(&wname, &scales, &geometry, &codes)
             .map_err(|e| Error::artifact(&sfile, Some(&sname), e.message()))?;
-        self.check_model_dims(module, &geometry)?;
-        Ok(TrellisLinear::from_checked(&wname, codes, scales, geometry))
+        let layer = self.attach_coded_axis(module, TrellisLinear::from_checked(&wname, codes, scales, geometry))?;
+        self.check_model_dims(module, layer.in_features(), layer.out_features(), &geometry)?;
+        Ok(layer)
     }
 
     /// Rank `shard.rank()`'s stored rows of the coded module `module` (see
@@ -339,8 +364,15 @@ impl Artifact {
         load().with_context(|| format!("shard {rank} of {count} of MLP {prefix:?}"))
     }
 
-    /// Where the config states the model's widths, an MLP projection must have them.
-    pub(super) fn check_model_dims(&self, module: &str, g: &crate::trellis::TrellisGeometry) -> Result<()> {
+    /// Where the config states the model's widths, an MLP projection must have them (its logical
+    /// `in_features -> out_features`; `g` is its stored geometry, for messages).
+    pub(super) fn check_model_dims(
+        &self,
+        module: &str,
+        in_features: usize,
+        out_features: usize,
+        g: &crate::trellis::TrellisGeometry,
+    ) -> Result<()> {
         let dim = |key: &str| -> Result<Option<usize>> {
             match self.config.get(key) {
                 None => Ok(None),
@@ -360,11 +392,11 @@ impl Artifact {
         } else {
             return Ok(());
         };
-        if (g.in_features(), g.out_features()) != expected {
+        if (in_features, out_features) != expected {
             let message = format!(
                 "module {module:?}: codes give a {} -> {} map ({g}) but config.json's hidden_size {hidden} and intermediate_size {inter} say {} -> {}",
-                g.in_features(),
-                g.out_features(),
+                in_features,
+                out_features,
                 expected.0,
                 expected.1
             );
@@ -377,12 +409,18 @@ impl Artifact {
 /// The config entry of a layer.
 fn module_entry(layer: &TrellisLinear) -> Value {
     let g = layer.geometry();
-    serde_json::json!({
+    let mut entry = serde_json::json!({
         "bits": g.k,
         "group_size": g.t,
         "mode": "trellis",
         "trellis": { "L": g.l, "code": "1mad", "axis": g.axis },
-    })
+    });
+    if let Some(trellis) = entry.get_mut("trellis").and_then(Value::as_object_mut) {
+        for (key, value) in super::coded_axis::entry_keys(layer) {
+            trellis.insert(key.to_string(), value);
+        }
+    }
+    entry
 }
 
 /// Checks that an artifact can be written to `dir` before the work that makes it: `dir` is a
@@ -432,6 +470,7 @@ pub fn write_artifact(
         }
     }
     let mut names = Vec::new();
+    let mut signs = Vec::new();
     let mut quant = Map::new();
     for (name, layer) in modules {
         if quant.insert(name.to_string(), module_entry(layer)).is_some() {
@@ -439,7 +478,11 @@ pub fn write_artifact(
         }
         names.push((format!("{name}.weight"), layer.codes()));
         names.push((format!("{name}.scales"), layer.scales()));
+        if let Some(s) = super::coded_axis::signs_tensor(layer)? {
+            signs.push((super::coded_axis::signs_name(name), s));
+        }
     }
+    names.extend(signs.iter().map(|(n, a)| (n.clone(), a)));
     config.insert("quantization".into(), Value::Object(quant.clone()));
     config.insert("quantization_config".into(), Value::Object(quant));
     check_artifact_dir(dir)?;

@@ -85,7 +85,12 @@ pub(super) fn read_module_rows(
     if let Some(want) = axis {
         check_rule_axis(&format!("module {module:?}"), g.axis, want)?;
     }
-    artifact.check_model_dims(module, &g)?;
+    let coded_axis = artifact.coded_axis(module, &g)?;
+    let (logical_in, logical_out) = match g.axis {
+        0 => (g.rows, coded_axis.logical),
+        _ => (coded_axis.logical, g.rows),
+    };
+    artifact.check_model_dims(module, logical_in, logical_out, &g)?;
     let rows = shard.rows(g.rows, &format!("module {module:?}"))?;
     let s = locate(artifact, &sname)?;
     if s.entry.dtype != Dtype::Float16 {
@@ -124,7 +129,8 @@ pub(super) fn read_module_rows(
     let codes = MlxArray::from_slice(&words, &shape)?;
     let geometry = check_codes(&wname, &codes, g.k, g.t, g.l, g.axis)?;
     let scales = MlxArray::from_slice(&scales, &[n])?;
-    Ok(TrellisLinear::from_checked(&wname, codes, scales, geometry))
+    // A row shard keeps the stored columns, so the module's coded axis applies unchanged.
+    TrellisLinear::from_checked(&wname, codes, scales, geometry).with_coded_axis(coded_axis)
 }
 
 /// Reads the byte ranges `spans` (file offset, length) of tensor `key` from `file` (at `path`)
