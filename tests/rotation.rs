@@ -295,11 +295,11 @@ fn mlps_of_any_axes_and_bit_widths_run_on_cuda() {
 fn check_mlps(paths: &[(ForwardPath, f64)]) {
     // SmolLM2's rule at a small width: gate and up [512, 192] go on axis 0 (along their 512
     // outputs), down [192, 512] on axis 1 (along its 512 inputs); then gate k 3 / up k 2 on axis
-    // 1 sharing one rotation of x (not fused: different geometries); then gate and up of one
-    // geometry and one rotation (fused on the Metal path, x rotated once).
+    // 1 sharing one rotation of x (fused: one geometry but for the bit widths, x rotated once);
+    // then gate and up of one geometry and one rotation, padded (fused likewise).
     let cases = [
         ("gate/up axis 0, down axis 1", 192, 512, [3, 3, 3], [Some(1), Some(2), Some(3)], [0, 0, 1], false),
-        ("gate k 3 / up k 2", 512, 256, [3, 2, 4], [Some(5), Some(5), Some(6)], [1, 1, 0], false),
+        ("gate k 3 / up k 2", 512, 256, [3, 2, 4], [Some(5), Some(5), Some(6)], [1, 1, 0], true),
         ("fused, padded", 320, 192, [2, 2, 3], [Some(8), Some(8), Some(9)], [1, 1, 0], true),
     ];
     for (what, hidden, inter, ks, seeds, axes, fuses) in cases {
