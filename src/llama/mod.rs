@@ -25,6 +25,7 @@
 //! ```
 
 mod attention;
+pub mod calibrate;
 pub mod chat;
 mod config;
 pub mod eval;
