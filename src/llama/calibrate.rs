@@ -41,7 +41,7 @@ use crate::trellis::rotation::Rotation;
 
 use crate::io::gguf::Gguf;
 
-use super::model::{LayerPlan, LlamaModel};
+use super::model::{LayerPlan, LinearPlan, LlamaModel};
 use super::names::{hf_module, LINEARS};
 use super::tokenizer::LlamaTokenizer;
 
@@ -297,8 +297,10 @@ pub fn collect_hessians(
 }
 
 /// Calibrates the GGUF model `gguf_path` as shipped: its tokenizer reads `texts`
-/// ([`calibration_tokens`], at most `max_tokens`), the model loads with every layer as shipped in
-/// float32 activations, and [`collect_hessians`] runs over the tokens.
+/// ([`calibration_tokens`], at most `max_tokens`), the model loads with the shipped weights of
+/// every linear layer dequantized to dense float32 ([`LinearPlan::Dense`]: the same weights; MLX
+/// multiplies dense matrices far faster than quantized ones on the CPU) and float32 activations,
+/// and [`collect_hessians`] runs over the tokens.
 pub fn calibrate_gguf(
     gguf_path: impl AsRef<Path>,
     texts: &[PathBuf],
@@ -310,7 +312,8 @@ pub fn calibrate_gguf(
     let gguf = Gguf::open(path)?;
     let tokenizer = LlamaTokenizer::from_gguf(&gguf)?;
     let tokens = calibration_tokens(&tokenizer, texts, max_tokens)?;
-    let model = LlamaModel::from_opened_gguf(&gguf, &LayerPlan::shipped())?;
+    let plan = LayerPlan { mlp: LinearPlan::Dense, attention: LinearPlan::Dense, ..LayerPlan::shipped() };
+    let model = LlamaModel::from_opened_gguf(&gguf, &plan)?;
     let names: Vec<String> =
         texts.iter().map(|p| p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())).collect();
     collect_hessians(&model, &tokens, spec, &names.join(" + "), progress)
