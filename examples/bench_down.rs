@@ -8,23 +8,14 @@
 //! the table, a relErr of 1e-2 or more or a non-finite output fails the run (exit status 1; 2 is
 //! an error).
 //!
-//! ```text
-//! cargo build --release --example bench_down
-//! target/release/examples/bench_down [--rows 1,2,4,8,16,32,64,128] [--json out.json]
-//! target/release/examples/bench_down --sweep      # time kernel configurations instead
-//! target/release/examples/bench_down --sweep --configs "nc8 mt1 ks1 w4 s52 fold pack; ..."
-//!                                                 # the plan and these configurations
-//! target/release/examples/bench_down --paths      # the fused kernel against the dense path
-//! target/release/examples/bench_down --probe --rows 1  # where one queued call's time goes
-//! target/release/examples/bench_down --folds [--splits 13,32]  # MLX's fold of partials in
-//!                                                              # candidate layouts
-//! ```
+//! `--help` lists every option, with examples.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use clap::Parser;
 use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::down::uses_dense;
 use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, plan_for, CudaDownConfig};
@@ -35,6 +26,8 @@ use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype,
 
 #[path = "common/check.rs"]
 mod check;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/exit.rs"]
 mod exit;
 
@@ -63,88 +56,73 @@ impl Report {
     }
 }
 
+/// Benchmark of the Qwen down projection (17408 -> 5120) on MLX's CUDA back-end: the trellis
+/// kernels against MLX's dense bf16 matmul of the same decoded layer and MLX's affine
+/// quantized_matmul of it at 4 and 3 bits (group 64).
+///
+/// Every figure is per call: --calls calls are queued and evaluated together; the median and best
+/// of --evals evaluations are reported. Each trellis result is checked against the f64 reference
+/// (relErr = max|a-b| / max|b|). Exit status: 0 every check passed, 1 a relErr of 1e-2 or more or
+/// a non-finite output, 2 an error (including a back-end other than CUDA).
+#[derive(Parser)]
+#[command(
+    after_help = "Examples:
+  cargo build --release --features tuning --example bench_down
+  target/release/examples/bench_down --rows 1,8,64 --json out.json
+  target/release/examples/bench_down --sweep --rows 16      # time kernel configurations instead
+  target/release/examples/bench_down --sweep --configs \"nc8 mt1 ks1 w4 s52 fold pack; nc2 mt3 ks4 w8 s13\"
+  target/release/examples/bench_down --paths                # the fused kernel against the dense path
+  target/release/examples/bench_down --probe --rows 1       # where one queued call's time goes
+  target/release/examples/bench_down --folds --splits 13,32 # MLX's fold of partials in candidate layouts"
+)]
 struct Args {
-    rows: Vec<usize>,
+    #[command(flatten)]
+    rows: cli::BenchRows,
+    /// Calls queued per evaluation
+    #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 20)]
     calls: usize,
+    /// Timed evaluations (after one warm-up)
+    #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 30)]
     evals: usize,
+    /// Write the table as JSON to this file
+    #[arg(long, value_name = "FILE")]
     json: Option<String>,
+    /// Time the down kernel's configurations worth trying at each row count instead
+    #[arg(long)]
     sweep: bool,
-    /// Explicit configurations for `--sweep` (`--configs`).
-    configs: Vec<CudaDownConfig>,
+    /// With --sweep: time the plan and these configurations (separated by `;`, each fields on the
+    /// default: ncN mtN ksN wN (warps) sN (splits) stN (stages), flags fold, pack, prescaled, mbar)
+    #[arg(long, value_name = "LIST", value_parser = parse_configs, requires = "sweep")]
+    configs: Option<::std::vec::Vec<CudaDownConfig>>,
+    /// Where one queued call's time goes (the kernels alone, the fold, launch costs)
+    #[arg(long)]
     probe: bool,
+    /// The fused kernel against the dense path (decode, then MLX's matmul)
+    #[arg(long)]
     paths: bool,
-    /// `--folds`: MLX's fold of partials in candidate layouts (no trellis kernel).
+    /// MLX's fold of split-K partials in candidate layouts (no trellis kernel)
+    #[arg(long)]
     folds: bool,
-    /// Split counts for `--folds`.
+    /// Split counts for --folds
+    #[arg(long = "splits", value_name = "S,...", value_delimiter = ',', value_parser = cli::positive,
+          default_value = "13,19,26,32,40,48,64")]
     fold_splits: Vec<usize>,
+    /// Synthetic layers: 3 (interleaved), 2 or 4 (row-major); repeat for several
+    #[arg(long = "bits", value_name = "K", value_parser = bits_layout, default_values = ["3", "2"])]
     layouts: Vec<(u32, CodeLayout)>,
-    /// Activation dtype (`--dtype bf16|f16|f32`; bf16 by default).
+    /// Activation dtype: bf16, f16 or f32
+    #[arg(long, value_name = "DTYPE", value_parser = cli::float_dtype, default_value = "bf16")]
     dtype: Dtype,
 }
 
+/// `--bits K`: the synthetic layer of width K and its layout.
+fn bits_layout(s: &str) -> Result<(u32, CodeLayout), String> {
+    let k = cli::bits(s)?;
+    Ok((k, if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor }))
+}
+
 fn parse() -> Result<Args> {
-    let mut a = Args {
-        rows: vec![1, 2, 4, 8, 16, 32, 64, 128],
-        calls: 20,
-        evals: 30,
-        json: None,
-        sweep: false,
-        configs: Vec::new(),
-        probe: false,
-        paths: false,
-        folds: false,
-        fold_splits: vec![13, 19, 26, 32, 40, 48, 64],
-        layouts: vec![(3, CodeLayout::K3Interleaved), (2, CodeLayout::RowMajor)],
-        dtype: Dtype::Bfloat16,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let mut v = || it.next().with_context(|| format!("{f} needs a value"));
-        match f.as_str() {
-            "--rows" => a.rows = v()?.split(',').map(|s| s.parse().context("--rows")).collect::<Result<_>>()?,
-            "--calls" => a.calls = v()?.parse().context("--calls takes a count")?,
-            "--evals" => a.evals = v()?.parse().context("--evals takes a count")?,
-            "--json" => a.json = Some(v()?),
-            "--sweep" => a.sweep = true,
-            "--configs" => a.configs = parse_configs(&v()?)?,
-            "--probe" => a.probe = true,
-            "--paths" => a.paths = true,
-            "--folds" => a.folds = true,
-            "--splits" => {
-                a.fold_splits = v()?.split(',').map(|s| s.parse().context("--splits")).collect::<Result<_>>()?
-            }
-            "--dtype" => {
-                a.dtype = match v()?.as_str() {
-                    "bf16" => Dtype::Bfloat16,
-                    "f16" => Dtype::Float16,
-                    "f32" => Dtype::Float32,
-                    other => bail!("--dtype {other}: bf16, f16 or f32"),
-                }
-            }
-            "--bits" => {
-                a.layouts = match v()?.as_str() {
-                    "3" => vec![(3, CodeLayout::K3Interleaved)],
-                    "2" => vec![(2, CodeLayout::RowMajor)],
-                    "4" => vec![(4, CodeLayout::RowMajor)],
-                    other => bail!("--bits {other}: 2, 3 or 4"),
-                }
-            }
-            other => bail!("unknown option {other}"),
-        }
-    }
-    if !a.configs.is_empty() && !a.sweep {
-        bail!("--configs lists configurations for --sweep");
-    }
-    if a.fold_splits.contains(&0) {
-        bail!("--splits: split counts start at 1");
-    }
-    if a.rows.contains(&0) {
-        bail!("--rows: row counts start at 1");
-    }
-    if a.calls == 0 || a.evals == 0 {
-        bail!("--calls and --evals start at 1");
-    }
-    Ok(a)
+    Ok(Args::parse())
 }
 
 /// Median and best per-call microseconds of `f`, `calls` calls queued per evaluation.
@@ -199,7 +177,7 @@ fn bench() -> Result<bool> {
     if backend() != Backend::Cuda {
         bail!("bench_down times the CUDA kernels; this MLX build's back-end is {}", backend());
     }
-    let max_m = *args.rows.iter().max().context("no rows")?;
+    let max_m = *args.rows.rows.iter().max().context("no rows")?;
     if args.folds {
         return folds(&args).map(|()| true);
     }
@@ -214,7 +192,7 @@ fn bench() -> Result<bool> {
         let t = Instant::now();
         let want = forward_f64(&to_f64(&x_all)?, max_m, &layer.host.codes, &layer.host.scales, &g)?;
         eprintln!("[bench] f64 reference ({max_m} rows) in {:.1} s", t.elapsed().as_secs_f64());
-        for &m in &args.rows {
+        for &m in &args.rows.rows {
             let x = x_all.slice(&[0, 0], &[m as i32, IN as i32], &[1, 1])?.contiguous()?;
             x.eval()?;
             let want = &want[..m * OUT];
@@ -305,8 +283,8 @@ fn bench() -> Result<bool> {
 /// Every configuration worth trying at `m` rows, timed and checked against the reference `want`.
 fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, report: &mut Report) -> Result<()> {
     let g = *layer.lin.geometry();
-    let configs = if !args.configs.is_empty() {
-        std::iter::once(plan_for(&g, m, x.dtype())).chain(args.configs.iter().copied()).collect()
+    let configs = if let Some(given) = &args.configs {
+        std::iter::once(plan_for(&g, m, x.dtype())).chain(given.iter().copied()).collect()
     } else {
         fragment_configs(&g, x.dtype(), m)
     };
@@ -577,7 +555,7 @@ fn folds(args: &Args) -> Result<()> {
         "| M | splits | layout | reduced axes | call median us | call best us | row |\n|---|---|---|---|---|---|---|"
     );
     let mut row = 0;
-    for &m in &args.rows {
+    for &m in &args.rows.rows {
         for &s in &args.fold_splits {
             let mut candidates: Vec<(String, Vec<usize>, Vec<i32>)> = vec![
                 ("[M, S, C]".into(), vec![m, s, OUT], vec![1]),

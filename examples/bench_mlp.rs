@@ -11,17 +11,14 @@
 //! layers in turn): the fused gate·up·SwiGLU and the down projection, beside MLX's bf16 and
 //! affine 4-bit matmuls.
 //!
-//! ```text
-//! cargo build --release --example bench_mlp
-//! target/release/examples/bench_mlp [--rows 1,2,4,8,16,32,64,128] [--bits 3,2] [--json out.json]
-//! target/release/examples/bench_mlp --plot bench.json docs/mlp.svg   # the plot of a JSON table
-//! target/release/examples/bench_mlp --tp N [--backend any|ring|nccl]   # tensor-parallel (common/tp_bench.rs)
-//! ```
+//! `--help` lists every option, with examples.
 
 use std::fmt::Write as _;
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use clap::Parser;
 use mlx_trellis::trellis::cuda::dense::expand_cuda;
 use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
@@ -29,14 +26,64 @@ use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
 use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
 
-#[path = "common/tp.rs"]
-mod tp;
+#[path = "common/cli.rs"]
+mod cli;
+#[path = "common/exit.rs"]
+mod exit;
 #[path = "common/tp_bench.rs"]
 mod tp_bench;
 
 const HIDDEN: usize = 5120;
 const INTER: usize = 17408;
 const LAYERS: usize = 8;
+
+/// The headline benchmark: the Qwen3-14B MLP (5120 -> 17408 -> 5120) as a model runs it, on MLX's
+/// CUDA back-end.
+///
+/// A residual chain x <- x + mlp_l(x) over 8 distinct layers (so that no layer's weights stay in
+/// the GPU's L2 from one call to the next, as in a 40-layer model), --rounds times per
+/// evaluation; the figure is time per MLP layer, median (best) of --evals evaluations.
+/// Contenders in the same run: the trellis MLP at each --bits width, MLX's dense bf16 MLP of the
+/// same decoded weights and MLX's affine 4-bit MLP of them (group 64); unless --no-alone, each
+/// projection alone as well. Each trellis MLP's first layer is checked against the f64 reference
+/// at every row count. With --tp N every layer is split over N processes (one all-reduce per
+/// layer) and timed beside the unsharded chain. Exit status: 0 every check passed, 1 a check
+/// missed its gate, 2 an error (including a back-end other than CUDA for the single-process run).
+#[derive(Parser)]
+#[command(
+    after_help = "Examples:
+  cargo build --release --features tuning --example bench_mlp
+  target/release/examples/bench_mlp --bits 3 --evals 8 --rounds 2 --json out.json
+  target/release/examples/bench_mlp --plot out.json docs/bench_mlp_h200.svg     # the plot of a JSON table
+  target/release/examples/bench_mlp --tp 1 --backend nccl                       # one GPU: the sharded path's overhead
+  target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
+  target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3"
+)]
+struct Cli {
+    #[command(flatten)]
+    rows: cli::BenchRows,
+    /// Bit widths of the trellis MLPs, comma-separated; the dense contenders decode the first
+    /// [default: 3,2; with --tp one width, 3]
+    #[arg(long, value_name = "K,...", value_delimiter = ',', value_parser = cli::bits)]
+    bits: Option<Vec<u32>>,
+    /// Passes over the layers per evaluation
+    #[arg(long, value_name = "R", value_parser = cli::positive, default_value_t = 4)]
+    rounds: usize,
+    /// Timed evaluations (after one warm-up)
+    #[arg(long, value_name = "E", value_parser = cli::positive, default_value_t = 20)]
+    evals: usize,
+    /// Write the table as JSON to this file
+    #[arg(long, value_name = "FILE", conflicts_with = "tp")]
+    json: Option<String>,
+    /// Skip timing each projection alone
+    #[arg(long = "no-alone", conflicts_with = "tp")]
+    no_alone: bool,
+    /// Draw the plot of a JSON table (from --json) as SVG, and exit
+    #[arg(long, num_args = 2, value_names = ["JSON", "SVG"], conflicts_with = "tp")]
+    plot: Option<Vec<String>>,
+    #[command(flatten)]
+    tp: tp_bench::TpArgs,
+}
 
 struct Args {
     rows: Vec<usize>,
@@ -48,37 +95,16 @@ struct Args {
     alone: bool,
 }
 
-fn parse() -> Result<Args> {
-    let mut a = Args {
-        rows: vec![1, 2, 4, 8, 16, 32, 64, 128],
-        bits: vec![3, 2],
-        rounds: 4,
-        evals: 20,
-        json: None,
-        plot: None,
-        alone: true,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let mut v = || it.next().with_context(|| format!("{f} needs a value"));
-        match f.as_str() {
-            "--rows" => a.rows = v()?.split(',').map(|s| s.parse().context("--rows")).collect::<Result<_>>()?,
-            "--bits" => a.bits = v()?.split(',').map(|s| s.parse().context("--bits")).collect::<Result<_>>()?,
-            "--rounds" => a.rounds = v()?.parse()?,
-            "--evals" => a.evals = v()?.parse()?,
-            "--json" => a.json = Some(v()?),
-            "--no-alone" => a.alone = false,
-            "--plot" => {
-                let json = v()?;
-                a.plot = Some((json, v()?));
-            }
-            other => bail!("unknown option {other}"),
-        }
+fn parse(c: &Cli) -> Args {
+    Args {
+        rows: c.rows.rows.clone(),
+        bits: c.bits.clone().unwrap_or_else(|| vec![3, 2]),
+        rounds: c.rounds,
+        evals: c.evals,
+        json: c.json.clone(),
+        plot: c.plot.as_ref().map(|p| (p[0].clone(), p[1].clone())),
+        alone: !c.no_alone,
     }
-    if a.bits.iter().any(|b| !(2..=4).contains(b)) || a.rows.is_empty() || a.rows.contains(&0) || a.evals == 0 {
-        bail!("--bits takes 2, 3, 4; --rows and --evals positive numbers");
-    }
-    Ok(a)
 }
 
 /// The dense twin of one trellis layer: `[out, in]` bf16 weights of each projection (as
@@ -190,15 +216,14 @@ struct Row {
     best: f64,
 }
 
-fn main() -> Result<()> {
-    let result = if tp_bench::requested() { tp_bench::run() } else { bench() };
-    // Before the process exits, whatever happened: see `mlx_trellis::synchronize`.
-    mlx_trellis::synchronize()?;
-    result
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = if cli.tp.tp.is_some() { tp_bench::run(&cli) } else { bench(&cli) };
+    exit::finish(result.map(|()| true), "[bench] a check missed its gate (see above)")
 }
 
-fn bench() -> Result<()> {
-    let args = parse()?;
+fn bench(cli: &Cli) -> Result<()> {
+    let args = parse(cli);
     if let Some((json, svg)) = &args.plot {
         return plot::write(json, svg);
     }
@@ -243,7 +268,8 @@ fn bench() -> Result<()> {
             let _ =
                 writeln!(checks, "| k{k} | {m} | {err:.1e} | {} |", if finite && err < 1e-2 { "ok" } else { "FAILED" });
             if !finite || err >= 1e-2 {
-                bail!("k{k} M {m}: the trellis MLP's relErr against the f64 reference is {err:.3e}");
+                let miss = format!("k{k} M {m}: the trellis MLP's relErr against the f64 reference is {err:.3e}");
+                return Err(exit::GateMissed(miss).into());
             }
             let steps = args.rounds * LAYERS;
             let (med, best) = time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &|l, x| l.forward(x)))?;

@@ -1,6 +1,8 @@
 //! Codes one dense linear weight into trellis codes and (optionally) writes it as a model artifact.
-//! The coded axis is rotated by a seeded random-sign block Hadamard first (format §10;
+//! The coded axis is rotated by a seeded random-sign block Hadamard first (docs/format.md §10;
 //! `--no-rotation` codes the weight as given, which on real layers loses its outlier weights).
+//! Where the requested axis is not whole 256-weight blocks, the rule of docs/format.md §10 takes
+//! the other axis or pads.
 //!
 //! The weight `W [out, in]` comes from a safetensors file or is seeded Gaussian (default: the
 //! Qwen down projection, out 5120 x in 17408, about 2.5 minutes on two cores at k 3, L 12). The
@@ -16,29 +18,13 @@
 //! cargo run --release --example quantize_layer -- --input model.safetensors --tensor model.layers.0.mlp.down_proj.weight --out DIR
 //! ```
 //!
-//! Options:
-//! - `--input FILE --tensor NAME`: a 2-D float tensor `W [out, in]` (any float dtype);
-//! - `--rows OUT --cols IN`: shape of the seeded Gaussian `W [out, in]` (default 5120 x 17408);
-//!   `--seed S` its seed (default 0);
-//! - `--bits K` (default 3), `--L L` (default 12), `--axis 0|1` (default 0: stored `Wᵀ [in, out]`,
-//!   for down projections; 1: stored `W [out, in]`; where that axis is not whole 256-weight
-//!   blocks, the rule of format §10 takes the other axis or pads), `--layout row-major|interleaved`
-//!   (default row-major), `--threads N` (default one per core);
-//! - `--no-rotation`: code the weight unrotated; `--rotation-seed S` (default 0);
-//! - `--backend auto|cpu|cuda`: where the block search runs (default auto: CUDA when the loaded
-//!   MLX has it and L <= 15); `--compare-cpu ROWS`: code the first ROWS stored rows (rotated as
-//!   above) again on the CPU and require the same bytes (exit status 1 otherwise);
-//! - `--out DIR --module NAME`: write `DIR/model.safetensors` and `DIR/config.json` with the coded
-//!   module (default name `model.layers.0.mlp.down_proj` for axis 0, `...up_proj` for axis 1);
-//! - `--check`: load the module back (from `--out`, else from memory), run one forward of four
-//!   random rows through `TrellisLinear` (generic MLX path, rotation and padding applied) and
-//!   print its relErr against the f64 reference of the codes (gated at 1e-4, or 2e-3 where MLX's CUDA back-end multiplies f32
-//!   in TF32) and against the original dense weights (information).
+//! `--help` lists every option.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use clap::Parser;
 use mlx_trellis::trellis::encoder::{
     choose_axis, code_linear, encode_padded, stored_from_linear, EncoderBackend, EncoderConfig, RotationSpec,
 };
@@ -51,6 +37,8 @@ use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
 mod check;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/exit.rs"]
 mod exit;
 
@@ -58,95 +46,82 @@ const QWEN_OUT: usize = 5120;
 const QWEN_IN: usize = 17408;
 const CHECK_ROWS: usize = 4;
 
+/// Codes one dense linear weight W [out, in] into trellis codes, decodes it again and prints the
+/// error; optionally writes it as a model artifact.
+///
+/// W comes from a safetensors file (--input, --tensor) or is seeded Gaussian (default: the Qwen
+/// down projection, 5120 x 17408, about 2.5 minutes on two cores at k 3, L 12). The coded axis is
+/// rotated by a seeded random-sign block Hadamard first (--no-rotation codes W as given), and
+/// padded to whole blocks where neither axis is (docs/format.md §10). The codes are
+/// decoded again by the reference decoder (from the written artifact when --out is given); the
+/// table shows the mean squared error, whether the decode agrees bit for bit with the encoder's
+/// own reconstruction, and the encode rate. Exit status: 0 the decode agreed (and --check and
+/// --compare-cpu passed), 1 one of them did not, 2 an error.
+#[derive(Parser)]
+#[command(
+    after_help = "Examples:
+  cargo run --release --example quantize_layer -- --rows 5120 --cols 1024 --bits 3 --L 12
+  cargo run --release --example quantize_layer -- --bits 3 --L 12 --layout interleaved --out DIR --check
+  cargo run --release --example quantize_layer -- --input model.safetensors --tensor model.layers.0.mlp.down_proj.weight --out DIR
+  cargo run --release --example quantize_layer -- --backend cuda --compare-cpu 512"
+)]
 struct Options {
+    /// A safetensors file holding the dense weight (any float dtype); goes with --tensor
+    #[arg(long, value_name = "FILE", requires = "tensor")]
     input: Option<String>,
+    /// The 2-D tensor W [out, in] of --input to code
+    #[arg(long, value_name = "NAME", requires = "input")]
     tensor: Option<String>,
+    /// Output features (rows of W) of the seeded Gaussian weight
+    #[arg(long = "rows", value_name = "OUT", default_value_t = QWEN_OUT)]
     out_features: usize,
+    /// Input features (columns of W) of the seeded Gaussian weight
+    #[arg(long = "cols", value_name = "IN", default_value_t = QWEN_IN)]
     in_features: usize,
-    seed: u64,
+    #[command(flatten)]
+    seed: cli::SeedArg,
+    /// Bits per weight (k)
+    #[arg(long = "bits", value_name = "K", default_value_t = 3)]
     k: u32,
+    /// Trellis state bits
+    #[arg(long = "L", value_name = "L", default_value_t = 12)]
     l: u32,
+    /// Stored axis: 0 stores the transpose [in, out] (down projections), 1 stores W [out, in];
+    /// where that axis is not whole 256-weight blocks, the rule of docs/format.md §10 takes the
+    /// other axis or pads
+    #[arg(long, value_name = "0|1", default_value_t = 0)]
     axis: u32,
+    /// Code layout: row-major or interleaved (the 3-bit block interleave, axis 0, L 12)
+    #[arg(long, value_name = "LAYOUT", value_parser = cli::code_layout, default_value = "row-major")]
     layout: CodeLayout,
-    threads: Option<usize>,
-    backend: EncoderBackend,
-    compare_cpu_rows: usize,
-    out: Option<String>,
-    module: Option<String>,
-    check: bool,
-    rotation: bool,
+    #[command(flatten)]
+    encoder: cli::EncoderArgs,
+    /// Code the weight unrotated (by default the coded axis is rotated first)
+    #[arg(long)]
+    no_rotation: bool,
+    /// Seed of the rotation's signs
+    #[arg(long, value_name = "S", default_value_t = 0)]
     rotation_seed: u64,
+    /// Code the first ROWS stored rows (rotated as above) again on the CPU and require the same
+    /// bytes (0: skip)
+    #[arg(long = "compare-cpu", value_name = "ROWS", default_value_t = 0)]
+    compare_cpu_rows: usize,
+    /// Write DIR/model.safetensors and DIR/config.json with the coded module
+    #[arg(long, value_name = "DIR")]
+    out: Option<String>,
+    /// The module's name in the artifact [default: model.layers.0.mlp.down_proj on axis 0,
+    /// model.layers.0.mlp.up_proj on axis 1]
+    #[arg(long, value_name = "NAME", requires = "out")]
+    module: Option<String>,
+    /// Load the module back, run four random rows through the generic path (rotation and padding
+    /// applied) and gate the relErr against the f64 reference of the codes (1e-4; 2e-3 where MLX's CUDA back-end multiplies
+    /// f32 in TF32); the relErr against the dense weights is printed as information
+    #[arg(long)]
+    check: bool,
 }
 
 fn parse_args() -> Result<Options> {
-    let mut o = Options {
-        input: None,
-        tensor: None,
-        out_features: QWEN_OUT,
-        in_features: QWEN_IN,
-        seed: 0,
-        k: 3,
-        l: 12,
-        axis: 0,
-        layout: CodeLayout::RowMajor,
-        threads: None,
-        backend: EncoderBackend::Auto,
-        compare_cpu_rows: 0,
-        out: None,
-        module: None,
-        check: false,
-        rotation: true,
-        rotation_seed: 0,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--input" => o.input = Some(value()?),
-            "--tensor" => o.tensor = Some(value()?),
-            "--rows" => o.out_features = value()?.parse().context("--rows takes a count (output features)")?,
-            "--cols" => o.in_features = value()?.parse().context("--cols takes a count (input features)")?,
-            "--seed" => o.seed = value()?.parse().context("--seed takes an integer")?,
-            "--bits" => o.k = value()?.parse().context("--bits takes an integer")?,
-            "--L" => o.l = value()?.parse().context("--L takes an integer")?,
-            "--axis" => o.axis = value()?.parse().context("--axis takes 0 or 1")?,
-            "--layout" => {
-                o.layout = match value()?.as_str() {
-                    "row-major" => CodeLayout::RowMajor,
-                    "interleaved" => CodeLayout::K3Interleaved,
-                    other => bail!("--layout: {other:?} is neither row-major nor interleaved"),
-                }
-            }
-            "--threads" => o.threads = Some(value()?.parse().context("--threads takes a positive integer")?),
-            "--backend" => {
-                o.backend = match value()?.as_str() {
-                    "auto" => EncoderBackend::Auto,
-                    "cpu" => EncoderBackend::Cpu,
-                    "cuda" => EncoderBackend::Cuda,
-                    other => bail!("--backend: {other:?} is not auto, cpu or cuda"),
-                }
-            }
-            "--compare-cpu" => o.compare_cpu_rows = value()?.parse().context("--compare-cpu takes a row count")?,
-            "--out" => o.out = Some(value()?),
-            "--module" => o.module = Some(value()?),
-            "--check" => o.check = true,
-            "--no-rotation" => o.rotation = false,
-            "--rotation-seed" => o.rotation_seed = value()?.parse().context("--rotation-seed takes an integer")?,
-            "-h" | "--help" => {
-                let doc = include_str!("quantize_layer.rs").lines().take_while(|l| l.starts_with("//!"));
-                println!("{}", doc.map(|l| l.trim_start_matches("//!").trim_start()).collect::<Vec<_>>().join("\n"));
-                std::process::exit(0);
-            }
-            other => bail!("unknown option {other:?} (see --help)"),
-        }
-    }
-    if o.input.is_some() != o.tensor.is_some() {
-        bail!("--input and --tensor go together");
-    }
-    if o.module.is_some() && o.out.is_none() {
-        bail!("--module needs --out");
-    }
-    Ok(o)
+    Ok(Options::parse())
 }
 
 fn progress(msg: &str) {
@@ -161,9 +136,9 @@ fn load_weight(o: &Options) -> Result<(Vec<f32>, usize, usize, String)> {
         return Ok((w, out_features, in_features, format!("{name} ({dtype})")));
     }
     let (out, inf) = (o.out_features, o.in_features);
-    progress(&format!("making a seeded Gaussian W [{out}, {inf}] (seed {})", o.seed));
+    progress(&format!("making a seeded Gaussian W [{out}, {inf}] (seed {})", o.seed.seed));
     let n = out.checked_mul(inf).with_context(|| format!("W [{out}, {inf}] has more values than can be addressed"))?;
-    Ok((gaussian(n, o.seed)?, out, inf, format!("N(0,1) seed {}", o.seed)))
+    Ok((gaussian(n, o.seed.seed)?, out, inf, format!("N(0,1) seed {}", o.seed.seed)))
 }
 
 fn main() -> ExitCode {
@@ -184,9 +159,9 @@ fn run() -> Result<bool> {
     let cfg = EncoderConfig {
         axis: o.axis,
         layout: o.layout,
-        threads: o.threads,
-        backend: o.backend,
-        rotation: o.rotation.then_some(RotationSpec { seed: o.rotation_seed }),
+        threads: o.encoder.threads,
+        backend: o.encoder.backend,
+        rotation: (!o.no_rotation).then_some(RotationSpec { seed: o.rotation_seed }),
         ..EncoderConfig::new(o.k, o.l)
     };
     cfg.validate()?;
@@ -194,8 +169,8 @@ fn run() -> Result<bool> {
     let choice = choose_axis(out_features, in_features, o.axis, cfg.t as usize)?;
     let (axis, n) = (choice.axis, choice.logical);
     let rows = if axis == 0 { in_features } else { out_features };
-    let threads = o.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let rotation = if o.rotation { format!("rotated (seed {})", o.rotation_seed) } else { "NOT rotated".into() };
+    let threads = o.encoder.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let rotation = if !o.no_rotation { format!("rotated (seed {})", o.rotation_seed) } else { "NOT rotated".into() };
     progress(&format!(
         "coding stored [{rows}, {n}] (axis {axis}{}), {rotation}, k = {}, L = {}, {:?}, search on {}, {threads} threads",
         if choice.stored != n { format!(", padded to {}", choice.stored) } else { String::new() },
@@ -296,7 +271,7 @@ fn run() -> Result<bool> {
 
     if o.check {
         let (inf, outf) = (linear.in_features(), linear.out_features());
-        let x = gaussian(CHECK_ROWS * inf, o.seed ^ 0xC0FFEE)?;
+        let x = gaussian(CHECK_ROWS * inf, o.seed.seed ^ 0xC0FFEE)?;
         let xa = MlxArray::from_slice(&x, &[CHECK_ROWS, inf])?;
         let y_array = linear.forward_with(&xa, ForwardPath::Generic)?;
         let y = check::to_f64(&y_array)?;

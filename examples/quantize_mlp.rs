@@ -4,12 +4,12 @@
 //! The dense weights `PREFIX.{gate,up,down}_proj.weight` come from a safetensors file (as a
 //! Hugging Face checkpoint stores them: gate and up `[intermediate, hidden]`, down
 //! `[hidden, intermediate]`) or are seeded Gaussian. Each projection's coded axis is rotated by a
-//! seeded random-sign block Hadamard (format §10; `--no-rotation` codes the weights as given,
-//! which on real layers loses their outlier weights). Gate and up are coded on axis 1 (stored
-//! `[out, in]`), down on axis 0 (stored `[in, out]`), where those dimensions are whole 256-weight
-//! blocks; otherwise by the rule of format §10 (the other axis where it is whole blocks, else
-//! padded). An axis-0 projection at k 3, L 12 with a multiple of 512 stored columns uses the
-//! 3-bit block interleave, every other one row-major. The artifact is then read
+//! seeded random-sign block Hadamard (docs/format.md §10; `--no-rotation` codes the weights as
+//! given, which on real layers loses their outlier weights). Gate and up are coded on axis 1
+//! (stored `[out, in]`), down on axis 0 (stored `[in, out]`), where those dimensions are whole
+//! 256-weight blocks; otherwise by the rule of docs/format.md §10 (the other axis where it is
+//! whole blocks, else padded). An axis-0 projection at k 3, L 12 with a multiple of 512 stored
+//! columns uses the 3-bit block interleave, every other one row-major. The artifact is then read
 //! back, one forward of four rows by the generic path is checked against the f64 reference of
 //! the read-back codes, and the quantization error against the dense MLP is printed. Exit status
 //! 0 means the check passed; 1 means it did not; 2 is an error.
@@ -20,22 +20,14 @@
 //! cargo run --release --example qwen_down -- --weights /tmp/mlp --mlp model.layers.0.mlp
 //! ```
 //!
-//! Options:
-//! - `--input FILE`: the dense checkpoint (any float dtype); `--prefix P` the MLP's name in it and
-//!   in the artifact (default `model.layers.0.mlp`);
-//! - `--hidden H --inter I`: the seeded Gaussian MLP's shape without `--input` (default 512 and
-//!   1024; Qwen3-14B's is 5120 and 17408); `--seed S`;
-//! - `--bits K` (gate and up, default 3), `--down-bits K` (default 3), `--L L` (default 12),
-//!   `--threads N`, `--backend auto|cpu|cuda` (where the block search runs);
-//! - `--no-rotation`: code the weights unrotated; `--rotation-seed S` (default 0; gate and up
-//!   share one rotation where both are coded along their inputs, so the input is rotated once);
-//! - `--out DIR` (required): where `model.safetensors` and `config.json` go.
+//! `--help` lists every option.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::trellis::encoder::{choose_axis, code_linear, EncoderBackend, EncoderConfig, RotationSpec};
+use clap::Parser;
+use mlx_trellis::trellis::encoder::{choose_axis, code_linear, EncoderConfig, RotationSpec};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::reference_coded::mlp_coded_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -44,78 +36,74 @@ use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
 mod check;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/exit.rs"]
 mod exit;
 
 const CHECK_ROWS: usize = 4;
 
+/// Codes a dense SwiGLU MLP (gate, up, down) into a trellis model artifact that `TrellisMlp` and
+/// `qwen_down --mlp` load.
+///
+/// The dense weights PREFIX.{gate,up,down}_proj.weight come from a safetensors file (as a Hugging
+/// Face checkpoint stores them: gate and up [intermediate, hidden], down [hidden, intermediate])
+/// or are seeded Gaussian. Each projection's coded axis is rotated by a seeded random-sign block
+/// Hadamard (--no-rotation codes the weights as given). Gate and up are coded on axis 1 (stored
+/// [out, in]), down on axis 0 (stored [in, out]), where those dimensions are whole 256-weight
+/// blocks, otherwise by the rule of docs/format.md §10 (the other axis, else padded). An axis-0
+/// projection at k 3, L 12 with a multiple of 512 stored columns uses the 3-bit block
+/// interleave, every other one row-major. The artifact is read
+/// back, one forward of four rows by the generic path is checked against the f64 reference of the
+/// read-back codes, and the quantization error against the dense MLP is printed. Exit status: 0
+/// the check passed, 1 it did not, 2 an error.
+#[derive(Parser)]
+#[command(
+    after_help = "Examples:
+  cargo run --release --example quantize_mlp -- --out /tmp/mlp
+  cargo run --release --example quantize_mlp -- --input model.safetensors --prefix model.layers.0.mlp --out DIR
+  cargo run --release --example qwen_down -- --weights /tmp/mlp --mlp model.layers.0.mlp"
+)]
 struct Options {
+    /// The dense checkpoint (safetensors, any float dtype) [default: a seeded Gaussian MLP]
+    #[arg(long, value_name = "FILE")]
     input: Option<String>,
+    /// The MLP's name in the checkpoint and in the artifact
+    #[arg(long, value_name = "P", default_value = "model.layers.0.mlp")]
     prefix: String,
+    /// Hidden width of the seeded Gaussian MLP (Qwen3-14B: 5120)
+    #[arg(long, value_name = "H", default_value_t = 512)]
     hidden: usize,
+    /// Intermediate width of the seeded Gaussian MLP (Qwen3-14B: 17408)
+    #[arg(long, value_name = "I", default_value_t = 1024)]
     inter: usize,
-    seed: u64,
+    #[command(flatten)]
+    seed: cli::SeedArg,
+    /// Bits per weight of gate and up
+    #[arg(long, value_name = "K", default_value_t = 3)]
     bits: u32,
+    /// Bits per weight of down
+    #[arg(long = "down-bits", value_name = "K", default_value_t = 3)]
     down_bits: u32,
+    /// Trellis state bits
+    #[arg(long = "L", value_name = "L", default_value_t = 12)]
     l: u32,
-    threads: Option<usize>,
-    backend: EncoderBackend,
-    rotation: bool,
+    #[command(flatten)]
+    encoder: cli::EncoderArgs,
+    /// Code the weights unrotated (by default each coded axis is rotated first)
+    #[arg(long)]
+    no_rotation: bool,
+    /// Seed of the rotations' signs (gate and up share one rotation where both are coded along
+    /// their inputs, so the input is rotated once)
+    #[arg(long, value_name = "S", default_value_t = 0)]
     rotation_seed: u64,
+    /// Where model.safetensors and config.json go
+    #[arg(long, value_name = "DIR")]
     out: String,
 }
 
 fn parse_args() -> Result<Options> {
-    let mut o = Options {
-        input: None,
-        prefix: "model.layers.0.mlp".into(),
-        hidden: 512,
-        inter: 1024,
-        seed: 0,
-        bits: 3,
-        down_bits: 3,
-        l: 12,
-        threads: None,
-        backend: EncoderBackend::Auto,
-        rotation: true,
-        rotation_seed: 0,
-        out: String::new(),
-    };
-    let mut out = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--input" => o.input = Some(value()?),
-            "--prefix" => o.prefix = value()?,
-            "--hidden" => o.hidden = value()?.parse().context("--hidden takes a count")?,
-            "--inter" => o.inter = value()?.parse().context("--inter takes a count")?,
-            "--seed" => o.seed = value()?.parse().context("--seed takes an integer")?,
-            "--bits" => o.bits = value()?.parse().context("--bits takes 2, 3 or 4")?,
-            "--down-bits" => o.down_bits = value()?.parse().context("--down-bits takes 2, 3 or 4")?,
-            "--L" => o.l = value()?.parse().context("--L takes an integer")?,
-            "--threads" => o.threads = Some(value()?.parse().context("--threads takes a positive integer")?),
-            "--backend" => {
-                o.backend = match value()?.as_str() {
-                    "auto" => EncoderBackend::Auto,
-                    "cpu" => EncoderBackend::Cpu,
-                    "cuda" => EncoderBackend::Cuda,
-                    other => bail!("--backend: {other:?} is not auto, cpu or cuda"),
-                }
-            }
-            "--no-rotation" => o.rotation = false,
-            "--rotation-seed" => o.rotation_seed = value()?.parse().context("--rotation-seed takes an integer")?,
-            "--out" => out = Some(value()?),
-            "-h" | "--help" => {
-                let doc = include_str!("quantize_mlp.rs").lines().take_while(|l| l.starts_with("//!"));
-                println!("{}", doc.map(|l| l.trim_start_matches("//!").trim_start()).collect::<Vec<_>>().join("\n"));
-                std::process::exit(0);
-            }
-            other => bail!("unknown option {other:?} (see --help)"),
-        }
-    }
-    o.out = out.context("--out DIR is required")?;
-    Ok(o)
+    Ok(Options::parse())
 }
 
 fn progress(msg: &str) {
@@ -157,14 +145,14 @@ fn dense_mlp(o: &Options) -> Result<[Dense; 3]> {
         return Ok([gate, up, down]);
     }
     let (h, i) = (o.hidden, o.inter);
-    progress(&format!("making a seeded Gaussian MLP {h} -> {i} -> {h} (seed {})", o.seed));
+    progress(&format!("making a seeded Gaussian MLP {h} -> {i} -> {h} (seed {})", o.seed.seed));
     let make = |out_features: usize, in_features: usize, seed: u64| -> Result<Dense> {
         let n = out_features.checked_mul(in_features).context("the MLP's size overflows")?;
         let scale = 1.0 / (in_features as f32).sqrt();
         let w = gaussian(n, seed)?.into_iter().map(|v| v * scale).collect();
         Ok(Dense { w, out_features, in_features })
     };
-    Ok([make(i, h, o.seed)?, make(i, h, o.seed.wrapping_add(1))?, make(h, i, o.seed.wrapping_add(2))?])
+    Ok([make(i, h, o.seed.seed)?, make(i, h, o.seed.seed.wrapping_add(1))?, make(h, i, o.seed.seed.wrapping_add(2))?])
 }
 
 fn main() -> ExitCode {
@@ -197,9 +185,9 @@ fn run() -> Result<bool> {
         let cfg = EncoderConfig {
             axis: conventional,
             layout,
-            threads: o.threads,
-            backend: o.backend,
-            rotation: o.rotation.then_some(RotationSpec { seed }),
+            threads: o.encoder.threads,
+            backend: o.encoder.backend,
+            rotation: (!o.no_rotation).then_some(RotationSpec { seed }),
             ..EncoderConfig::new(k, o.l)
         };
         let module = format!("{}.{name}", o.prefix);
@@ -214,7 +202,7 @@ fn run() -> Result<bool> {
             d.in_features,
             o.l,
             choice.axis,
-            if o.rotation { "rotated" } else { "NOT rotated" }
+            if o.no_rotation { "NOT rotated" } else { "rotated" }
         ));
         let start = Instant::now();
         let c = code_linear(&d.w, d.out_features, d.in_features, &cfg, &mut |_, _| {})
@@ -235,7 +223,7 @@ fn run() -> Result<bool> {
 
     // The check runs on what was written.
     let mlp = TrellisMlp::from_artifact(&Artifact::open(&o.out)?, &o.prefix)?;
-    let x = gaussian(CHECK_ROWS * hidden, o.seed ^ 0xC0FFEE)?;
+    let x = gaussian(CHECK_ROWS * hidden, o.seed.seed ^ 0xC0FFEE)?;
     let y = mlp.forward_with(&MlxArray::from_slice(&x, &[CHECK_ROWS, hidden])?, ForwardPath::Generic)?;
     let got = check::to_f64(&y)?;
     let xd: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();

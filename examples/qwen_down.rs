@@ -13,22 +13,14 @@
 //! cargo run --release --example qwen_down -- --weights DIR --mlp model.layers.0.mlp --x x.safetensors --out y.safetensors
 //! ```
 //!
-//! Options:
-//! - `--weights DIR --module NAME`: run a coded module from a model directory;
-//! - `--weights DIR --mlp PREFIX`: run the coded MLP `PREFIX.{gate,up,down}_proj` instead
-//!   (`down(silu(gate(x)) ⊙ up(x))`, checked against the f64 reference of all three; the
-//!   `quantize_mlp` example writes one);
-//! - `--x FILE`: activations (safetensors, tensor `x`, `[M, in]`, float32 or bfloat16) to run
-//!   instead of random ones; `--out FILE` saves the output (tensor `y`, `[M, out]`, x's dtype);
-//! - `--path auto|generic|reference|metal|metal-sim|cuda`: force an implementation;
-//! - `--rows 1,2,4,8`: activation row counts; `--bits 2|3|4`: which synthetic layer(s);
-//! - `--seed N`: seed of the synthetic codes and activations; `--reps N`: timed calls per row.
+//! `--help` lists every option.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use clap::Parser;
 use mlx_trellis::trellis::reference::{forward_f64, mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
@@ -36,6 +28,8 @@ use mlx_trellis::{backend, load_safetensors, save_safetensors, Dtype, MlxArray};
 
 #[path = "common/check.rs"]
 mod check;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/exit.rs"]
 mod exit;
 
@@ -44,77 +38,64 @@ use check::{to_f64, verdict};
 const IN_FEATURES: usize = 17408;
 const OUT_FEATURES: usize = 5120;
 
+/// One Qwen MLP down projection (17408 -> 5120) through a trellis-coded layer, checked against
+/// the f64 reference.
+///
+/// By default it builds seeded synthetic layers of that shape (3-bit block-interleaved and 2-bit
+/// row-major), runs each --rows count of bf16 activations through the best path the back-end
+/// offers, checks every result against the f64 reference (relErr = max|a-b| / max|b|, gated at
+/// 1e-2 for bf16, 1e-4 for f32) and prints a table. Exit status: 0 every check passed, 1 a result
+/// missed its gate, 2 an error.
+#[derive(Parser)]
+#[command(
+    after_help = "Examples:
+  cargo run --release --example qwen_down
+  cargo run --release --example qwen_down -- --path generic --rows 1,4 --bits 3
+  cargo run --release --example qwen_down -- --weights DIR --module model.layers.0.mlp.down_proj
+  cargo run --release --example qwen_down -- --weights DIR --module NAME --x x.safetensors --out y.safetensors
+  cargo run --release --example qwen_down -- --weights DIR --mlp model.layers.0.mlp --x x.safetensors --out y.safetensors"
+)]
 struct Options {
+    /// A model directory (config.json and safetensors) to run a coded module or MLP from; goes
+    /// with --module or --mlp
+    #[arg(long, value_name = "DIR")]
     weights: Option<String>,
+    /// The coded module of --weights to run
+    #[arg(long, value_name = "NAME", requires = "weights", conflicts_with = "mlp")]
     module: Option<String>,
+    /// The coded MLP PREFIX.{gate,up,down}_proj of --weights to run, down(silu(gate(x)) * up(x)),
+    /// checked against the f64 reference of all three (quantize_mlp writes one)
+    #[arg(long, value_name = "PREFIX", requires = "weights")]
     mlp: Option<String>,
+    /// Activations to run instead of seeded ones: safetensors, tensor `x` [M, in], float32 or
+    /// bfloat16
+    #[arg(long, value_name = "FILE")]
     x: Option<String>,
+    /// Save the output (tensor `y` [M, out], x's dtype) to this safetensors file
+    #[arg(long, value_name = "FILE", requires = "x")]
     out: Option<String>,
-    path: ForwardPath,
+    #[command(flatten)]
+    path: cli::PathArg,
+    /// Activation row counts (M), comma-separated
+    #[arg(long, value_name = "M,...", value_delimiter = ',', value_parser = cli::positive,
+          default_value = "1,2,4,8")]
     rows: Vec<usize>,
+    /// Only the synthetic layer of this width: 2 or 4 (row-major) or 3 (interleaved) [default:
+    /// k 3 and k 2]
+    #[arg(long, value_name = "K", value_parser = cli::bits)]
     bits: Option<u32>,
-    seed: u64,
+    #[command(flatten)]
+    seed: cli::SeedArg,
+    /// Timed calls per row count [default: 20 on a GPU; none on the CPU or the reference and
+    /// simulator paths, where the checked call is the timing]
+    #[arg(long, value_name = "N")]
     reps: Option<usize>,
 }
 
 fn parse_args() -> Result<Options> {
-    let mut o = Options {
-        weights: None,
-        module: None,
-        mlp: None,
-        x: None,
-        out: None,
-        path: ForwardPath::Auto,
-        rows: vec![1, 2, 4, 8],
-        bits: None,
-        seed: 0,
-        reps: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--weights" => o.weights = Some(value()?),
-            "--module" => o.module = Some(value()?),
-            "--mlp" => o.mlp = Some(value()?),
-            "--x" => o.x = Some(value()?),
-            "--out" => o.out = Some(value()?),
-            "--path" => o.path = value()?.parse()?,
-            "--rows" => {
-                o.rows = value()?
-                    .split(',')
-                    .map(|s| s.trim().parse::<usize>().with_context(|| format!("--rows: {s:?} is not a row count")))
-                    .collect::<Result<_>>()?;
-                if o.rows.contains(&0) {
-                    bail!("--rows: row counts start at 1");
-                }
-            }
-            "--bits" => o.bits = Some(value()?.parse().context("--bits takes 2, 3 or 4")?),
-            "--seed" => o.seed = value()?.parse().context("--seed takes an integer")?,
-            "--reps" => o.reps = Some(value()?.parse().context("--reps takes an integer")?),
-            "-h" | "--help" => {
-                println!(
-                    "{}",
-                    include_str!("qwen_down.rs")
-                        .lines()
-                        .take_while(|l| l.starts_with("//!"))
-                        .map(|l| l.trim_start_matches("//!").trim_start())
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
-                std::process::exit(0);
-            }
-            other => bail!("unknown option {other:?} (see --help)"),
-        }
-    }
-    if o.module.is_some() && o.mlp.is_some() {
-        bail!("--module and --mlp are exclusive: one module or one MLP");
-    }
-    if o.weights.is_some() != (o.module.is_some() || o.mlp.is_some()) {
+    let o = Options::parse();
+    if o.weights.is_some() && o.module.is_none() && o.mlp.is_none() {
         bail!("--weights goes with --module NAME or --mlp PREFIX");
-    }
-    if o.out.is_some() && o.x.is_none() {
-        bail!("--out needs --x");
     }
     Ok(o)
 }
@@ -150,7 +131,7 @@ fn layers(o: &Options) -> Result<Vec<TrellisLinear>> {
         .map(|(k, layout)| {
             step(&format!("building a synthetic {IN_FEATURES} -> {OUT_FEATURES} layer, k = {k}, {layout:?}"), || {
                 let h =
-                    synthetic_layer(IN_FEATURES, OUT_FEATURES, k, 12, 0, layout, 0.015, o.seed.wrapping_add(k as u64))?;
+                    synthetic_layer(IN_FEATURES, OUT_FEATURES, k, 12, 0, layout, 0.015, o.seed.seed.wrapping_add(k as u64))?;
                 TrellisLinear::from_host(&format!("synthetic.k{k}.down_proj"), &h)
             })
         })
@@ -178,8 +159,8 @@ fn run_given_x(o: &Options, layer: &TrellisLinear, x_file: &str) -> Result<bool>
     let g = layer.geometry();
     let x = read_x(x_file, g.in_features())?;
     let m = x.shape()[0];
-    let y = step(&format!("running {} rows by the {} path", m, o.path), || -> mlx_trellis::Result<_> {
-        let y = layer.forward_with(&x, o.path)?;
+    let y = step(&format!("running {} rows by the {} path", m, o.path.path), || -> mlx_trellis::Result<_> {
+        let y = layer.forward_with(&x, o.path.path)?;
         y.eval()?;
         Ok(y)
     })?;
@@ -189,7 +170,7 @@ fn run_given_x(o: &Options, layer: &TrellisLinear, x_file: &str) -> Result<bool>
     let err = rel_err(&to_f64(&y)?, &want)?;
     let (ok, status) = verdict(&y, err, gate_for(x.dtype()))?;
     println!("| M | layout | path | relErr | gate |\n|---|---|---|---|---|");
-    println!("| {m} | {} | {} | {err:.2e} | {status} |", layout_name(layer), o.path);
+    println!("| {m} | {} | {} | {err:.2e} | {status} |", layout_name(layer), o.path.path);
     if let Some(out) = &o.out {
         save_safetensors(out, [("y", &y)], &BTreeMap::new())?;
         progress(&format!("wrote y {:?} {} to {out}", y.shape(), y.dtype()));
@@ -222,7 +203,7 @@ fn run_mlp(o: &Options, mlp: &TrellisMlp) -> Result<bool> {
             let max_m = *o.rows.iter().max().expect("at least one row count");
             let n = max_m.checked_mul(hidden).context("--rows: the activations' size overflows")?;
             let x_all =
-                MlxArray::from_slice(&gaussian(n, o.seed ^ 0x5eed)?, &[max_m, hidden])?.astype(Dtype::Bfloat16)?;
+                MlxArray::from_slice(&gaussian(n, o.seed.seed ^ 0x5eed)?, &[max_m, hidden])?.astype(Dtype::Bfloat16)?;
             let want = step(&format!("f64 reference ({max_m} rows)"), || -> Result<_> {
                 Ok(mlp_forward_f64(&to_f64(&x_all)?, max_m, &gate, &up, &down)?)
             })?;
@@ -234,7 +215,7 @@ fn run_mlp(o: &Options, mlp: &TrellisMlp) -> Result<bool> {
             (inputs, Some(want))
         }
     };
-    let path = if o.path == ForwardPath::Auto { mlp.best_path() } else { o.path };
+    let path = if o.path.path == ForwardPath::Auto { mlp.best_path() } else { o.path.path };
     println!(
         "
 MLP {hidden} -> {} -> {hidden}, MLX back-end {}",
@@ -301,7 +282,7 @@ fn run() -> Result<bool> {
     for layer in &layers {
         let g = layer.geometry();
         let n = max_m.checked_mul(g.in_features()).context("--rows: the activations' size overflows")?;
-        let xs = gaussian(n, o.seed ^ 0x5eed)?;
+        let xs = gaussian(n, o.seed.seed ^ 0x5eed)?;
         let x_all = MlxArray::from_slice(&xs, &[max_m, g.in_features()])?.astype(Dtype::Bfloat16)?;
         let host = layer.to_host()?;
         // One reference run for the largest M serves every M (rows are independent).
@@ -311,7 +292,7 @@ fn run() -> Result<bool> {
         for &m in &o.rows {
             let x = x_all.slice(&[0, 0], &[m as i32, g.in_features() as i32], &[1, 1])?;
             x.eval()?;
-            let path = if o.path == ForwardPath::Auto { layer.best_path() } else { o.path };
+            let path = if o.path.path == ForwardPath::Auto { layer.best_path() } else { o.path.path };
             // On the GPU the first call compiles kernels and warms caches and is not timed; on
             // the CPU (seconds per call) the first call is the timing.
             let slow = backend() == mlx_trellis::Backend::Cpu

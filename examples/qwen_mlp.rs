@@ -4,7 +4,7 @@
 //! It writes seeded synthetic coded MLP layers as a model artifact (or takes `--weights DIR`),
 //! runs the residual chain `x <- x + mlp_l(x)` over the layers in this process with every layer
 //! whole, then starts `--tp N` processes of itself as one MLX distributed group on this machine
-//! (`examples/common/tp.rs`). Each loads only its rows of each layer from the safetensors file,
+//! (`mlx_trellis::distributed::launcher`). Each loads only its rows of each layer from the safetensors file,
 //! runs the same chain with one all-reduce per layer, and writes its outputs back. This process
 //! prints the per-layer time of each and the relErr of every rank's layer outputs against its own
 //! (gate: 1e-4 for f32 activations; for bf16 (N + 1) · 2^-8, at least 1e-2: each rank's partial
@@ -17,22 +17,12 @@
 //! target/release/examples/qwen_mlp --tp 4 --backend nccl --rows 8        # four GPUs
 //! ```
 //!
-//! Options:
-//! - `--tp N` (default 2): processes; `--backend any|ring|nccl` (default any: NCCL on MLX's
-//!   CUDA build when it has it, else the ring over 127.0.0.1);
-//! - `--bits 3|2|4` (default 3; 3 puts the down projection in the block interleave);
-//! - `--layers L` (default 2), `--rows M` (default 1), `--dtype bf16|f32` (default bf16),
-//!   `--evals E` (default 5 after the checked one on a GPU; none on the CPU, where the checked
-//!   evaluation is timed), `--path auto|generic|cuda|...`;
-//! - `--hidden H --inter I` (default 5120 and 17408), `--seed S`;
-//! - `--weights DIR`: a model directory with `model.layers.{0..L}.mlp.{gate,up,down}_proj`;
-//! - `--timeout SECONDS` (default 900): the launch's watchdog;
-//! - `--probe`: print MLX's back-end and which distributed back-ends it has, and exit.
+//! `--help` lists every option.
 
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/exit.rs"]
 mod exit;
-#[path = "common/tp.rs"]
-mod tp;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,89 +30,92 @@ use std::process::{Command, ExitCode};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{is_available, Backend, ShardedMlp};
+use anyhow::{Context, Result};
+use clap::Parser;
+use mlx_trellis::distributed::launcher as tp;
+use mlx_trellis::distributed::{bf16_tp_gate, is_available, CollectiveBackend, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{
-    synthetic_mlp, write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp,
-};
+use mlx_trellis::trellis::{synthetic_mlp, write_artifact, Artifact, CodeLayout, TrellisLinear, TrellisMlp};
 use mlx_trellis::{backend, eval_all, load_safetensors, save_safetensors, Dtype, MlxArray};
 
+/// The Qwen3-14B MLP (5120 -> 17408 -> 5120) split across processes by tensor parallelism,
+/// checked against one process.
+///
+/// It writes seeded synthetic coded MLP layers as a model artifact (or takes --weights), runs the
+/// residual chain x <- x + mlp_l(x) over them in this process with every layer whole, then starts
+/// --tp processes of itself as one MLX distributed group on this machine. Each loads only its
+/// rows of each layer, runs the same chain with one all-reduce per layer and writes its outputs
+/// back. The table gives the per-layer time of both, the all-reduce alone, and every rank's
+/// relErr per layer against the one process (gate: 1e-4 for f32 activations; (N + 1) * 2^-8, at
+/// least 1e-2, for bf16). Exit status: 0 every check passed, 1 a result missed its gate, 2 an
+/// error.
+#[derive(Parser)]
+#[command(
+    after_help = "Examples:
+  cargo run --release --example qwen_mlp -- --tp 2                              # ring on the CPU
+  cargo run --release --example qwen_mlp -- --tp 2 --hidden 1024 --inter 2048   # small and quick
+  target/release/examples/qwen_mlp --tp 1 --backend nccl                        # one NCCL rank (CUDA build)
+  target/release/examples/qwen_mlp --tp 4 --backend nccl --rows 8               # four GPUs
+  target/release/examples/qwen_mlp --probe"
+)]
 struct Options {
+    /// Processes (ranks) of the group
+    #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 2)]
     tp: usize,
-    backend: Backend,
+    /// Distributed back-end: any (NCCL on MLX's CUDA build when it has it, else the ring over
+    /// 127.0.0.1), ring or nccl
+    #[arg(long, value_name = "BACKEND", default_value = "any")]
+    backend: CollectiveBackend,
+    /// Bits per weight of the synthetic layers (3 puts the down projection in the block
+    /// interleave)
+    #[arg(long, value_name = "K", value_parser = cli::bits, default_value_t = 3)]
     bits: u32,
+    /// MLP layers in the chain
+    #[arg(long, value_name = "L", value_parser = cli::positive, default_value_t = 2)]
     layers: usize,
+    /// Activation rows (M)
+    #[arg(long, value_name = "M", value_parser = cli::positive, default_value_t = 1)]
     rows: usize,
+    /// Activation dtype: bf16 or f32
+    #[arg(long, value_name = "DTYPE", value_parser = activation_dtype, default_value = "bf16")]
     dtype: Dtype,
+    /// Timed evaluations after the checked one [default: 5 on a GPU; none on the CPU, where the
+    /// checked evaluation is timed]
+    #[arg(long, value_name = "E")]
     evals: Option<usize>,
-    path: ForwardPath,
+    #[command(flatten)]
+    path: cli::PathArg,
+    /// Hidden width of the synthetic layers
+    #[arg(long, value_name = "H", default_value_t = 5120)]
     hidden: usize,
+    /// Intermediate width of the synthetic layers
+    #[arg(long, value_name = "I", default_value_t = 17408)]
     inter: usize,
-    seed: u64,
+    #[command(flatten)]
+    seed: cli::SeedArg,
+    /// A model directory with model.layers.{0..L}.mlp.{gate,up,down}_proj instead of synthetic
+    /// layers
+    #[arg(long, value_name = "DIR")]
     weights: Option<PathBuf>,
+    /// The launch's watchdog: every rank still running after this many seconds is stopped
+    #[arg(long, value_name = "SECONDS", default_value_t = 900)]
     timeout: u64,
+    /// Print MLX's back-end and which distributed back-ends it has, and exit
+    #[arg(long)]
     probe: bool,
 }
 
+/// `--dtype bf16|f32`.
+fn activation_dtype(s: &str) -> Result<Dtype, String> {
+    match cli::float_dtype(s)? {
+        Dtype::Float16 => Err("bf16 or f32".into()),
+        d => Ok(d),
+    }
+}
+
 fn parse_args() -> Result<Options> {
-    let mut o = Options {
-        tp: 2,
-        backend: Backend::Any,
-        bits: 3,
-        layers: 2,
-        rows: 1,
-        dtype: Dtype::Bfloat16,
-        evals: None,
-        path: ForwardPath::Auto,
-        hidden: 5120,
-        inter: 17408,
-        seed: 0,
-        weights: None,
-        timeout: 900,
-        probe: false,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--tp" => o.tp = value()?.parse().context("--tp takes a process count")?,
-            "--backend" => o.backend = value()?.parse()?,
-            "--bits" => o.bits = value()?.parse().context("--bits takes 2, 3 or 4")?,
-            "--layers" => o.layers = value()?.parse().context("--layers")?,
-            "--rows" => o.rows = value()?.parse().context("--rows")?,
-            "--dtype" => {
-                o.dtype = match value()?.as_str() {
-                    "bf16" => Dtype::Bfloat16,
-                    "f32" => Dtype::Float32,
-                    other => bail!("--dtype takes bf16 or f32, not {other:?}"),
-                }
-            }
-            "--evals" => o.evals = Some(value()?.parse().context("--evals")?),
-            "--path" => o.path = value()?.parse()?,
-            "--hidden" => o.hidden = value()?.parse().context("--hidden")?,
-            "--inter" => o.inter = value()?.parse().context("--inter")?,
-            "--seed" => o.seed = value()?.parse().context("--seed")?,
-            "--weights" => o.weights = Some(value()?.into()),
-            "--timeout" => o.timeout = value()?.parse().context("--timeout takes seconds")?,
-            "--probe" => o.probe = true,
-            "-h" | "--help" => {
-                let doc: Vec<&str> = include_str!("qwen_mlp.rs")
-                    .lines()
-                    .take_while(|l| l.starts_with("//!"))
-                    .map(|l| l.trim_start_matches("//!").trim_start())
-                    .collect();
-                println!("{}", doc.join("\n"));
-                std::process::exit(0);
-            }
-            other => bail!("unknown option {other:?} (see --help)"),
-        }
-    }
-    if o.tp == 0 || o.layers == 0 || o.rows == 0 || !(2..=4).contains(&o.bits) {
-        bail!("--tp, --layers and --rows take positive numbers; --bits 2, 3 or 4");
-    }
-    Ok(o)
+    Ok(Options::parse())
 }
 
 fn progress(msg: &str) {
@@ -139,7 +132,7 @@ fn to_f64(a: &MlxArray) -> Result<Vec<f64>> {
 
 /// The activations every process uses: seeded, so each builds the same bits.
 fn activations(o: &Options, hidden: usize) -> Result<MlxArray> {
-    Ok(MlxArray::from_slice(&gaussian(o.rows * hidden, o.seed ^ 0xacc)?, &[o.rows, hidden])?.astype(o.dtype)?)
+    Ok(MlxArray::from_slice(&gaussian(o.rows * hidden, o.seed.seed ^ 0xacc)?, &[o.rows, hidden])?.astype(o.dtype)?)
 }
 
 /// The residual chain `x <- x + mlp_l(x)`: each layer's output, and the final `x`.
@@ -193,7 +186,7 @@ fn write_synthetic(o: &Options, dir: &Path) -> Result<()> {
     let mut names = Vec::new();
     let mut layers = Vec::new();
     for l in 0..o.layers {
-        let h = synthetic_mlp(o.hidden, o.inter, o.bits, layout, o.seed.wrapping_add(1000 * l as u64 + o.bits as u64))?;
+        let h = synthetic_mlp(o.hidden, o.inter, o.bits, layout, o.seed.seed.wrapping_add(1000 * l as u64 + o.bits as u64))?;
         for (name, host) in [("gate_proj", &h.0), ("up_proj", &h.1), ("down_proj", &h.2)] {
             let module = format!("{}.{name}", prefix(l));
             layers.push(TrellisLinear::from_host(&module, host)?);
@@ -207,7 +200,7 @@ fn write_synthetic(o: &Options, dir: &Path) -> Result<()> {
 }
 
 /// One rank: its shard of every layer (its rows alone read from disk), the chain, its timings.
-fn rank_main(o: &Options, joined: Result<(mlx_trellis::distributed::Group, PathBuf)>) -> Result<()> {
+fn rank_main(o: &Options, joined: mlx_trellis::Result<(mlx_trellis::distributed::Group, PathBuf)>) -> Result<()> {
     let (group, out) = joined?;
     let group = Rc::new(group);
     let (rank, n) = (group.rank(), group.size());
@@ -219,7 +212,7 @@ fn rank_main(o: &Options, joined: Result<(mlx_trellis::distributed::Group, PathB
         .collect::<mlx_trellis::Result<_>>()?;
     let load_s = t.elapsed().as_secs_f64();
     let x = activations(o, layers[0].local().hidden())?;
-    let (outs, median, best) = timed_chain(o, &x, &|l, x| layers[l].forward(x, o.path))?;
+    let (outs, median, best) = timed_chain(o, &x, &|l, x| layers[l].forward(x, o.path.path))?;
     // The all-reduce alone: a chain of as many, on arrays of the MLP output's shape.
     let (_, ar_median, _) = timed_chain(o, &x, &|_, x| x.all_sum(&group))?;
     let names: Vec<String> = (0..o.layers).map(|l| format!("y{l}")).collect();
@@ -264,7 +257,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
         (0..o.layers).map(|l| TrellisMlp::from_artifact(&art, &prefix(l))).collect::<mlx_trellis::Result<_>>()?;
     let (hidden, inter) = (whole[0].hidden(), whole[0].intermediate());
     let x = activations(o, hidden)?;
-    let (want, one_median, one_best) = timed_chain(o, &x, &|l, x| whole[l].forward_with(x, o.path))?;
+    let (want, one_median, one_best) = timed_chain(o, &x, &|l, x| whole[l].forward_with(x, o.path.path))?;
     progress(&format!("one process: {one_median:.3} ms per layer"));
     drop(whole);
 
@@ -277,7 +270,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
         c
     })?;
     report.check()?;
-    let gate = if o.dtype == Dtype::Float32 { 1e-4 } else { tp::bf16_tp_gate(o.tp) };
+    let gate = if o.dtype == Dtype::Float32 { 1e-4 } else { bf16_tp_gate(o.tp) };
     let mut ok = true;
     let mut errs = vec![0f64; o.layers];
     let mut rank0 = BTreeMap::new();
@@ -300,7 +293,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
         o.layers,
         o.rows,
         o.dtype,
-        o.path,
+        o.path.path,
         backend()
     );
     println!(
@@ -324,7 +317,7 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
 fn run() -> Result<bool> {
     let o = parse_args()?;
     if o.probe {
-        let have: Vec<String> = [Backend::Ring, Backend::Nccl, Backend::Mpi]
+        let have: Vec<String> = [CollectiveBackend::Ring, CollectiveBackend::Nccl, CollectiveBackend::Mpi]
             .iter()
             .map(|&b| format!("{b} {}", if is_available(b) { "yes" } else { "no" }))
             .collect();

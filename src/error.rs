@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Io,
     /// [`Error::Artifact`].
     Artifact,
+    /// [`Error::Launch`].
+    Launch,
 }
 
 /// A failure reported by MLX or caught by this crate's own checks.
@@ -66,6 +68,13 @@ pub enum Error {
         /// What is wrong with it.
         message: String,
     },
+    /// A local tensor-parallel launch ([`launcher`](crate::distributed::launcher)) failed: a
+    /// rank failed or was stopped, the launch passed its time limit, or its processes could not
+    /// be watched.
+    Launch {
+        /// What happened, with the failed rank's last words where there is one.
+        message: String,
+    },
     /// `source`, which happened while doing `context`.
     Context {
         /// What was being done.
@@ -100,6 +109,10 @@ impl Error {
         Error::Mlx { message: message.into() }
     }
 
+    pub(crate) fn launch(message: impl Into<String>) -> Self {
+        Error::Launch { message: message.into() }
+    }
+
     /// This error with `context` (what was being done) around it.
     pub fn context(self, context: impl fmt::Display) -> Self {
         Error::Context { context: context.to_string(), source: Box::new(self) }
@@ -122,6 +135,7 @@ impl Error {
             Error::Unserved { .. } => ErrorKind::Unserved,
             Error::Io { .. } => ErrorKind::Io,
             Error::Artifact { .. } => ErrorKind::Artifact,
+            Error::Launch { .. } => ErrorKind::Launch,
             Error::Context { .. } => unreachable!("root() sees through every context"),
         }
     }
@@ -129,9 +143,10 @@ impl Error {
     /// The root's own message, without contexts (MLX's text for [`Error::Mlx`]).
     pub fn message(&self) -> String {
         match self.root() {
-            Error::Mlx { message } | Error::InvalidArgument { message } | Error::Unserved { message } => {
-                message.clone()
-            }
+            Error::Mlx { message }
+            | Error::InvalidArgument { message }
+            | Error::Unserved { message }
+            | Error::Launch { message } => message.clone(),
             Error::Artifact { message, .. } => message.clone(),
             Error::Io { source, .. } => source.to_string(),
             Error::Context { .. } => unreachable!("root() sees through every context"),
@@ -143,7 +158,9 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Mlx { message } => write!(f, "MLX: {message}"),
-            Error::InvalidArgument { message } | Error::Unserved { message } => f.write_str(message),
+            Error::InvalidArgument { message } | Error::Unserved { message } | Error::Launch { message } => {
+                f.write_str(message)
+            }
             Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
             Error::Artifact { file, key: Some(key), message } => write!(f, "{}: {key:?}: {message}", file.display()),
             Error::Artifact { file, key: None, message } => write!(f, "{}: {message}", file.display()),

@@ -1,5 +1,5 @@
 //! The CUDA down kernel against the f64 reference. The tests that run kernels are ignored
-//! without MLX's CUDA back-end (`scripts/cuda.sh` runs them on a CUDA machine); the host-side
+//! without MLX's CUDA back-end (`scripts/gpu.sh test` runs them on a CUDA machine); the host-side
 //! checks of their configurations run on every back-end.
 
 use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};

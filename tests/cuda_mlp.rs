@@ -1,5 +1,5 @@
 //! The CUDA axis-1 kernels (one projection stored `[out, in]`, and the fused gate·up·SwiGLU) and
-//! the CUDA MLP against the f64 reference. Ignored without MLX's CUDA back-end (`scripts/cuda.sh`
+//! the CUDA MLP against the f64 reference. Ignored without MLX's CUDA back-end (`scripts/gpu.sh test`
 //! runs them on a CUDA machine).
 
 mod common;

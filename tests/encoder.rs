@@ -224,7 +224,7 @@ fn bad_parameters_are_refused_with_clear_errors() {
 /// entry. Slow at L = 16 (seconds per entry); run by hand:
 /// `cargo test --release --test encoder -- --ignored --nocapture`.
 #[test]
-#[ignore = "the README's quality table: minutes at L = 16; run by hand"]
+#[ignore = "docs/encoder.md's quality table: minutes at L = 16; run by hand"]
 fn quality_table() {
     let (rows, cols) = (256, 1024);
     println!("| L | k | mse | weights/s |\n|---|---|---|---|");

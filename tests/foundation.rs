@@ -275,3 +275,75 @@ fn backend_is_detected_consistently() {
     assert_eq!(mlx_trellis::Device::gpu().is_available(), b != Backend::Cpu);
     assert_eq!(mlx_trellis::Device::cpu().device_type(), mlx_trellis::DeviceType::Cpu);
 }
+
+#[test]
+fn max_over_axes_matches_the_host() {
+    let v = [1.0f32, 5.0, -2.0, 4.0, -7.0, 3.0, 0.5, 9.0, -1.0, 2.0, 2.0, -8.0];
+    let a = arr(&v, &[2, 2, 3]);
+    // The host's maxima of [2, 2, 3] over the last axis, the first, and both.
+    let at = |i: usize, j: usize, k: usize| v[i * 6 + j * 3 + k];
+    let over_last: Vec<f32> =
+        (0..4).map(|ij| (0..3).map(|k| at(ij / 2, ij % 2, k)).fold(f32::NEG_INFINITY, f32::max)).collect();
+    let over_first: Vec<f32> = (0..6).map(|jk| at(0, jk / 3, jk % 3).max(at(1, jk / 3, jk % 3))).collect();
+    let over_two: Vec<f32> = (0..2)
+        .map(|j| {
+            (0..2).flat_map(|i| (0..3).map(move |k| (i, k))).map(|(i, k)| at(i, j, k)).fold(f32::NEG_INFINITY, f32::max)
+        })
+        .collect();
+    let m = a.max_axes(&[2], false).unwrap();
+    assert_eq!((m.shape(), m.to_vec::<f32>().unwrap()), (vec![2, 2], over_last));
+    let m = a.max_axes(&[0], true).unwrap();
+    assert_eq!((m.shape(), m.to_vec::<f32>().unwrap()), (vec![1, 2, 3], over_first));
+    let m = a.max_axes(&[-1, 0], false).unwrap();
+    assert_eq!((m.shape(), m.to_vec::<f32>().unwrap()), (vec![2], over_two));
+    let e = a.max_axes(&[3], false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("axis 3 is out of range for an array of 3 dimensions"), "{e}");
+}
+
+#[test]
+fn broadcast_to_repeats_along_the_new_and_unit_axes() {
+    let row = arr(&[10.0, 20.0, 30.0], &[3]);
+    let b = row.broadcast_to(&[2, 3]).unwrap();
+    assert_eq!((b.shape(), b.to_vec::<f32>().unwrap()), (vec![2, 3], [10.0, 20.0, 30.0].repeat(2)));
+    let col = arr(&[1.0, 2.0], &[2, 1]);
+    let c = col.broadcast_to(&[2, 3]).unwrap();
+    assert_eq!(c.to_vec::<f32>().unwrap(), vec![1.0, 1.0, 1.0, 2.0, 2.0, 2.0]);
+    // A dimension of 3 does not stretch to 4: MLX refuses, and the error is a value.
+    let e = row.broadcast_to(&[2, 4]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Mlx, "{e}");
+}
+
+#[test]
+fn where_chooses_elementwise_with_broadcasting() {
+    let a = [1.0f32, -2.0, 3.0, -4.0, 5.0, -6.0];
+    let other = [0.5f32, 7.0, -9.0];
+    let cond: Vec<bool> = a.iter().map(|&v| v > 0.0).collect();
+    // The host's choice, `other` broadcast along the rows of [2, 3].
+    let want: Vec<f32> = a.iter().enumerate().map(|(i, &v)| if cond[i] { v } else { other[i % 3] }).collect();
+    let got = arr(&a, &[2, 3]).where_(&MlxArray::from_slice(&cond, &[2, 3]).unwrap(), &arr(&other, &[3])).unwrap();
+    assert_eq!((got.shape(), got.to_vec::<f32>().unwrap()), (vec![2, 3], want));
+    // A scalar condition chooses whole arrays.
+    let all = arr(&a, &[2, 3]).where_(&MlxArray::scalar(false).unwrap(), &arr(&other, &[3])).unwrap();
+    assert_eq!(all.to_vec::<f32>().unwrap(), [other, other].concat());
+}
+
+#[test]
+fn the_default_device_can_be_set_and_this_threads_streams_follow_it() {
+    // The default is set to the device it already is, so that the tests running beside this one
+    // keep theirs; the thread's cached default stream is renewed from it.
+    let before = mlx_trellis::Device::default_device().unwrap();
+    let same = match before.device_type() {
+        mlx_trellis::DeviceType::Gpu => mlx_trellis::Device::gpu(),
+        mlx_trellis::DeviceType::Cpu => mlx_trellis::Device::cpu(),
+    };
+    same.set_default().unwrap();
+    assert_eq!(mlx_trellis::Device::default_device().unwrap().device_type(), before.device_type());
+    assert_eq!(Stream::current().unwrap().device_type(), before.device_type());
+    if backend() == Backend::Cpu {
+        // MLX refuses a GPU default on a build without one, and the default stays the CPU.
+        let e = mlx_trellis::Device::gpu().set_default().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Mlx, "{e}");
+        assert_eq!(mlx_trellis::Device::default_device().unwrap().device_type(), mlx_trellis::DeviceType::Cpu);
+    }
+}

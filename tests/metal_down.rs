@@ -330,7 +330,7 @@ fn every_error_path_names_its_rule() {
             error_of(down_mma_wide_pass(&x(&rm, 9), rm.lin.codes(), rm.lin.scales(), rm.g(), DownPass { s: 3, mt: 1 })),
             "downMmaWide: pass DownPass { s: 3, mt: 1 } needs S in 1, 2, 4, 8, 16, 32 and MT in 1..=16",
         ),
-        // Operands that do not fit the geometry (beyond the seed's checks).
+        // Operands that do not fit the geometry (beyond the upstream checks).
         (call_err(down_mma, &rm, 0), "downMma: M=0 outside 1..8"),
         (
             error_of(down_factored_row(

@@ -343,7 +343,7 @@ fn mlp_reference(host: &(HostLayer, HostLayer, HostLayer), xr: &[f64], m: usize)
 }
 
 fn mlp(mode: Mode) {
-    // TrellisMlp on the Metal path: the fused gate·up·SwiGLU kernel, then the seed's down kernels
+    // TrellisMlp on the Metal path: the fused gate·up·SwiGLU kernel, then the upstream down kernels
     // (whose dispatch by rows differs: 1, 2..3, 4..8, wide from 9), against three separate
     // reference projections. 136 intermediate rows: 17 tiles of 8, not a multiple of 16.
     let path = mode.path();

@@ -1,4 +1,4 @@
-//! The coded axis (format §10): the rotation's round trip on the host and on MLX, rotated and
+//! The coded axis (docs/format.md §10): the rotation's round trip on the host and on MLX, rotated and
 //! padded layers on every CPU path against an independent f64 reference of the equivalent
 //! unrotated dense weights, MLPs of mixed axes and bit widths, and the artifact keys (written,
 //! read back, and refused when wrong).

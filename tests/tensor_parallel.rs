@@ -1,6 +1,6 @@
 //! Tensor parallelism across processes on the CPU: MLX's ring back-end over loopback TCP, the
-//! ranks being this test binary started again (`--ignored --exact rank`) by the launcher the
-//! examples use (`examples/common/tp.rs`) under its watchdog.
+//! ranks being this test binary started again (`--ignored --exact rank`) by the library's launcher
+//! (`mlx_trellis::distributed::launcher`) under its watchdog.
 //!
 //! - 2 and 3 processes give the one-process MLP's output (f32 within the reassociation gate,
 //!   bf16 within one bf16 rounding per rank and addition) for the 3-bit interleaved and the 2-bit
@@ -15,9 +15,6 @@
 
 mod common;
 
-#[path = "../examples/common/tp.rs"]
-mod tp;
-
 use std::process::Command;
 use std::rc::Rc;
 use std::sync::Mutex;
@@ -25,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use common::mlp_artifact::{mlp_case, poison_scale, temp_dir, write_mlps, F32_REASSOCIATION};
 use common::to_f64;
-use mlx_trellis::distributed::{env, Backend, Group, ShardedMlp};
+use mlx_trellis::distributed::launcher as tp;
+use mlx_trellis::distributed::{bf16_tp_gate, env, CollectiveBackend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{Artifact, CodeLayout, ForwardPath};
 use mlx_trellis::{load_safetensors, save_safetensors, Dtype, MlxArray};
-use tp::bf16_tp_gate;
 
 const PREFIX: &str = "model.layers.0.mlp";
 const HIDDEN: usize = 512;
@@ -64,7 +61,7 @@ fn rank_command(models: Vec<String>) -> impl Fn(usize) -> Command {
 fn launch(models: Vec<String>) -> tp::Report {
     let _one = ONE_LAUNCH_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let n = models.len();
-    let mut l = tp::Launch::new(n, Backend::Ring, LAUNCH_LIMIT);
+    let mut l = tp::Launch::new(n, CollectiveBackend::Ring, LAUNCH_LIMIT);
     l.echo = false;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || tx.send(tp::run(&l, &rank_command(models)).map_err(|e| format!("{e:#}"))));
@@ -203,28 +200,28 @@ fn group_child() {
         eprintln!("not started by the group test: nothing to do");
         return;
     };
-    let err = |b: Backend| Group::init(b, true).unwrap_err();
+    let err = |b: CollectiveBackend| Group::init(b, true).unwrap_err();
     match case.as_str() {
         "none" => {
-            let e = err(Backend::Ring);
+            let e = err(CollectiveBackend::Ring);
             assert_eq!(e.kind(), mlx_trellis::ErrorKind::InvalidArgument);
             assert!(e.to_string().contains("missing: MLX_RANK, MLX_HOSTFILE"), "{e}");
-            assert!(err(Backend::Any).to_string().contains("ring: MLX_RANK, MLX_HOSTFILE"));
+            assert!(err(CollectiveBackend::Any).to_string().contains("ring: MLX_RANK, MLX_HOSTFILE"));
             if mlx_trellis::backend() != mlx_trellis::Backend::Cuda {
-                assert!(err(Backend::Nccl).to_string().contains("has no nccl back-end"));
+                assert!(err(CollectiveBackend::Nccl).to_string().contains("has no nccl back-end"));
             }
             // Not strict: this process alone.
-            let g = Group::init(Backend::Ring, false).unwrap();
+            let g = Group::init(CollectiveBackend::Ring, false).unwrap();
             assert_eq!((g.rank(), g.size(), g.backend()), (0, 1, None));
             let y = MlxArray::from_slice(&[2.0f32], &[1]).unwrap().all_sum(&g).unwrap();
             assert_eq!(y.to_vec::<f32>().unwrap(), [2.0]);
         }
         "partial" => {
-            let e = Group::init(Backend::Ring, false).unwrap_err().to_string();
+            let e = Group::init(CollectiveBackend::Ring, false).unwrap_err().to_string();
             assert!(e.contains("missing: MLX_HOSTFILE") && e.contains("MLX_RANK = \"1\""), "{e}");
         }
         "one" => {
-            let e = err(Backend::Ring).to_string();
+            let e = err(CollectiveBackend::Ring).to_string();
             assert!(e.contains("needs at least two"), "{e}");
         }
         other => panic!("unknown case {other}"),
@@ -244,7 +241,10 @@ fn forming_a_group_without_its_environment_names_the_variables() {
     ] {
         let mut c = Command::new(std::env::current_exe().unwrap());
         c.args(["--ignored", "--exact", "group_child", "--nocapture"]).env(GROUP_CASE, case);
-        for v in [Backend::Ring, Backend::Nccl, Backend::Mpi].iter().flat_map(|&b| env::variables(b)) {
+        for v in [CollectiveBackend::Ring, CollectiveBackend::Nccl, CollectiveBackend::Mpi]
+            .iter()
+            .flat_map(|&b| env::variables(b))
+        {
             c.env_remove(v);
         }
         c.envs(vars);

@@ -1,6 +1,6 @@
 //! `bench_mlp --tp N`: the MLP benchmark's residual chain of distinct layers with every layer
 //! split over N processes (one all-reduce per layer), started on this machine by the launcher
-//! of `tp.rs` (`--backend any|ring|nccl`; any: NCCL on MLX's CUDA build when it has it).
+//! of `mlx_trellis::distributed::launcher` (`--backend any|ring|nccl`; any: NCCL on MLX's CUDA build when it has it).
 //!
 //! Each rank builds the same seeded layers as `bench_mlp`, keeps its shard of each, and times
 //! per evaluation: the sharded chain `x <- x + all_sum(mlp_shard_l(x))`, its local part alone
@@ -10,16 +10,8 @@
 //! every row count, and prints the table. With one rank MLX elides the all-reduce (a group of one
 //! returns its input), so `--tp 1` measures what the sharded path adds around the same kernels.
 //!
-//! ```text
-//! target/release/examples/bench_mlp --tp 1 --backend nccl      # one GPU: the overhead check
-//! target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
-//! target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3
-//! ```
-//!
-//! Options (besides `--tp` and `--backend`): `--rows`, `--bits` (one width, default 3),
-//! `--rounds`, `--evals` as `bench_mlp`'s; `--layers L` (default 8), `--hidden H --inter I`
-//! (default the Qwen3-14B MLP, for quick runs on the CPU), `--timeout SECONDS` (default 540: the
-//! launch's watchdog).
+//! `bench_mlp --help` lists the options (`--tp`, `--backend`, `--layers`, `--hidden`, `--inter`,
+//! `--timeout` besides the benchmark's own).
 
 use std::fmt::Write as _;
 use std::process::Command;
@@ -27,22 +19,42 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{Backend, Group, ShardedMlp};
+use mlx_trellis::distributed::launcher as tp;
+use mlx_trellis::distributed::{bf16_tp_gate, CollectiveBackend, Group, ShardedMlp};
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::ForwardPath;
 use mlx_trellis::{backend, eval_all, Dtype, MlxArray};
 
-use super::{chain, seeded_mlp, to_f64, tp};
+use super::{chain, seeded_mlp, to_f64};
 
-/// Whether the command line asks for the tensor-parallel benchmark.
-pub fn requested() -> bool {
-    std::env::args().any(|a| a == "--tp")
+/// `bench_mlp`'s tensor-parallel options.
+#[derive(clap::Args)]
+pub struct TpArgs {
+    /// Split every layer over N processes of this program on this machine (tensor parallelism)
+    #[arg(long, value_name = "N", value_parser = super::cli::positive)]
+    pub tp: Option<usize>,
+    /// With --tp: the distributed back-end, any (NCCL on MLX's CUDA build when it has it, else
+    /// the ring over 127.0.0.1), ring or nccl
+    #[arg(long, value_name = "BACKEND", default_value = "any", requires = "tp")]
+    pub backend: CollectiveBackend,
+    /// With --tp: distinct layers in the chain
+    #[arg(long, value_name = "L", value_parser = super::cli::positive, default_value_t = 8, requires = "tp")]
+    pub layers: usize,
+    /// With --tp: hidden width of the layers
+    #[arg(long, value_name = "H", default_value_t = 5120, requires = "tp")]
+    pub hidden: usize,
+    /// With --tp: intermediate width of the layers
+    #[arg(long, value_name = "I", default_value_t = 17408, requires = "tp")]
+    pub inter: usize,
+    /// With --tp: the launch's watchdog, in seconds
+    #[arg(long, value_name = "SECONDS", default_value_t = 540, requires = "tp")]
+    pub timeout: u64,
 }
 
 struct Args {
     tp: usize,
-    backend: Backend,
+    backend: CollectiveBackend,
     rows: Vec<usize>,
     bits: u32,
     rounds: usize,
@@ -53,51 +65,30 @@ struct Args {
     timeout: u64,
 }
 
-fn parse() -> Result<Args> {
-    let mut a = Args {
-        tp: 1,
-        backend: Backend::Any,
-        rows: vec![1, 2, 4, 8, 16, 32, 64, 128],
-        bits: 3,
-        rounds: 4,
-        evals: 20,
-        layers: 8,
-        hidden: 5120,
-        inter: 17408,
-        timeout: 540,
+fn parse(c: &super::Cli) -> Result<Args> {
+    let bits = match c.bits.as_deref() {
+        None => 3,
+        Some(&[k]) => k,
+        Some(_) => bail!("--bits takes one width with --tp"),
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(f) = it.next() {
-        let mut v = || it.next().with_context(|| format!("{f} needs a value"));
-        match f.as_str() {
-            "--tp" => a.tp = v()?.parse().context("--tp")?,
-            "--backend" => a.backend = v()?.parse()?,
-            "--rows" => a.rows = v()?.split(',').map(|s| s.parse().context("--rows")).collect::<Result<_>>()?,
-            "--bits" => a.bits = v()?.parse().context("--bits (one width with --tp)")?,
-            "--rounds" => a.rounds = v()?.parse()?,
-            "--evals" => a.evals = v()?.parse()?,
-            "--layers" => a.layers = v()?.parse()?,
-            "--hidden" => a.hidden = v()?.parse()?,
-            "--inter" => a.inter = v()?.parse()?,
-            "--timeout" => a.timeout = v()?.parse()?,
-            other => bail!("unknown option {other} with --tp"),
-        }
-    }
-    if a.tp == 0
-        || !(2..=4).contains(&a.bits)
-        || a.rows.is_empty()
-        || a.rows.contains(&0)
-        || a.evals == 0
-        || a.layers == 0
-    {
-        bail!("--tp, --rows, --evals and --layers take positive numbers; --bits 2, 3 or 4");
-    }
-    Ok(a)
+    let t = &c.tp;
+    Ok(Args {
+        tp: t.tp.unwrap_or(1),
+        backend: t.backend,
+        rows: c.rows.rows.clone(),
+        bits,
+        rounds: c.rounds,
+        evals: c.evals,
+        layers: t.layers,
+        hidden: t.hidden,
+        inter: t.inter,
+        timeout: t.timeout,
+    })
 }
 
 /// The benchmark: the launch from the parent, or one rank's part in a launched process.
-pub fn run() -> Result<()> {
-    let a = parse()?;
+pub fn run(cli: &super::Cli) -> Result<()> {
+    let a = parse(cli)?;
     if let Some(joined) = tp::rank_group() {
         let (group, _) = joined?;
         return rank(&a, Rc::new(group));
@@ -221,9 +212,10 @@ fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
         if n == 1 {
             println!("With one rank MLX returns an all-reduce's input: the TP column is the sharded path around the same kernels.");
         }
-        let gate = tp::bf16_tp_gate(n);
+        let gate = bf16_tp_gate(n);
         if worst >= gate {
-            bail!("the sharded layer 0 missed its bf16 gate {gate:.1e} against the unsharded one: relErr {worst:.3e}");
+            let miss = format!("the sharded layer 0 missed its bf16 gate {gate:.1e} against the unsharded one: relErr {worst:.3e}");
+            return Err(super::exit::GateMissed(miss).into());
         }
     }
     Ok(())

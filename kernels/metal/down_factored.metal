@@ -26,8 +26,8 @@
   const uint wi = lane - bi * wpb;
   const uint blk = group * nb + bi;
   const bool active = (group < groups) && (bi < nb) && (blk < nBlocks);
-  // Changed from the seed: a lane past the last block (K = 3: lanes 24..31) shuffles its own
-  // word. The seed's formula sends lane 31 to lane 32, an out-of-range simd_shuffle source
+  // Changed from upstream: a lane past the last block (K = 3: lanes 24..31) shuffles its own
+  // word. The upstream formula sends lane 31 to lane 32, an out-of-range simd_shuffle source
   // (undefined in MSL); those lanes discard the value either way.
   const uint nbrLane = active ? (bi * wpb + ((wi + 1u == wpb) ? 0u : wi + 1u)) : lane;
   // This lane's positions: symbol offsets p = multiples of K inside [32wi, 32wi+32).
@@ -85,8 +85,8 @@
   const uint wi = lane - bi * wpb;
   const uint blk = group * nb + bi;
   const bool active = (group < groups) && (bi < nb) && (blk < nBlocks);
-  // Changed from the seed: a lane past the last block (K = 3: lanes 24..31) shuffles its own
-  // word. The seed's formula sends lane 31 to lane 32, an out-of-range simd_shuffle source
+  // Changed from upstream: a lane past the last block (K = 3: lanes 24..31) shuffles its own
+  // word. The upstream formula sends lane 31 to lane 32, an out-of-range simd_shuffle source
   // (undefined in MSL); those lanes discard the value either way.
   const uint nbrLane = active ? (bi * wpb + ((wi + 1u == wpb) ? 0u : wi + 1u)) : lane;
   const uint pBase = 32u * wi;

@@ -1,5 +1,5 @@
-//! [`Backend`]: which of MLX's communication back-ends a [`Group`](super::Group) runs on, and
-//! [`is_available`].
+//! [`CollectiveBackend`]: which of MLX's communication back-ends a [`Group`](super::Group) runs
+//! on, and [`is_available`]. (The device back-end, Metal, CUDA or CPU, is [`crate::Backend`].)
 
 use std::ffi::CString;
 use std::fmt;
@@ -12,7 +12,7 @@ use crate::ffi::call_value;
 
 /// One of MLX's communication back-ends (MLX 0.32's `mlx::core::distributed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
+pub enum CollectiveBackend {
     /// The first back-end whose environment is set, in MLX's order: NCCL (on MLX's CUDA build),
     /// then the ring, then MPI.
     Any,
@@ -27,23 +27,24 @@ pub enum Backend {
     Mpi,
 }
 
-impl Backend {
+impl CollectiveBackend {
     /// Every back-end, for listings.
-    pub const ALL: [Backend; 4] = [Backend::Any, Backend::Ring, Backend::Nccl, Backend::Mpi];
+    pub const ALL: [CollectiveBackend; 4] =
+        [CollectiveBackend::Any, CollectiveBackend::Ring, CollectiveBackend::Nccl, CollectiveBackend::Mpi];
 
     /// MLX's name for it (`"any"`, `"ring"`, `"nccl"`, `"mpi"`).
     pub fn name(self) -> &'static str {
         match self {
-            Backend::Any => "any",
-            Backend::Ring => "ring",
-            Backend::Nccl => "nccl",
-            Backend::Mpi => "mpi",
+            CollectiveBackend::Any => "any",
+            CollectiveBackend::Ring => "ring",
+            CollectiveBackend::Nccl => "nccl",
+            CollectiveBackend::Mpi => "mpi",
         }
     }
 
     /// Whether its collectives run on the CPU (MLX computes them on a CPU stream).
     pub(crate) fn runs_on_cpu(self) -> bool {
-        matches!(self, Backend::Ring | Backend::Mpi)
+        matches!(self, CollectiveBackend::Ring | CollectiveBackend::Mpi)
     }
 
     pub(crate) fn c_name(self) -> CString {
@@ -51,27 +52,27 @@ impl Backend {
     }
 }
 
-impl fmt::Display for Backend {
+impl fmt::Display for CollectiveBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl FromStr for Backend {
+impl FromStr for CollectiveBackend {
     type Err = Error;
 
-    fn from_str(s: &str) -> Result<Backend> {
-        Backend::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| {
-            let names: Vec<_> = Backend::ALL.iter().map(|b| b.name()).collect();
+    fn from_str(s: &str) -> Result<CollectiveBackend> {
+        CollectiveBackend::ALL.into_iter().find(|b| b.name() == s).ok_or_else(|| {
+            let names: Vec<_> = CollectiveBackend::ALL.iter().map(|b| b.name()).collect();
             Error::invalid(format!("unknown distributed back-end {s:?}; expected one of {}", names.join(", ")))
         })
     }
 }
 
-/// Whether the loaded MLX library has `backend` (for [`Backend::Any`]: any of them). The ring is
-/// in MLX's CPU and macOS builds, NCCL in its CUDA build; MPI is available where Open MPI's
-/// library can be loaded. Being available says nothing of the environment a group needs.
-pub fn is_available(backend: Backend) -> bool {
+/// Whether the loaded MLX library has `backend` (for [`CollectiveBackend::Any`]: any of them). The
+/// ring is in MLX's CPU and macOS builds, NCCL in its CUDA build; MPI is available where Open
+/// MPI's library can be loaded. Being available says nothing of the environment a group needs.
+pub fn is_available(backend: CollectiveBackend) -> bool {
     let name = backend.c_name();
     // SAFETY: `name` is a NUL-terminated string that outlives the call; MLX only reads it.
     call_value(|| unsafe { sys::mlx_distributed_is_available(name.as_ptr()) }).unwrap_or(false)
@@ -83,15 +84,15 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_the_cpu_build_has_the_ring() {
-        for b in Backend::ALL {
-            assert_eq!(b.name().parse::<Backend>().unwrap(), b);
+        for b in CollectiveBackend::ALL {
+            assert_eq!(b.name().parse::<CollectiveBackend>().unwrap(), b);
         }
-        let e = "gloo".parse::<Backend>().unwrap_err();
+        let e = "gloo".parse::<CollectiveBackend>().unwrap_err();
         assert!(e.to_string().contains("any, ring, nccl, mpi"), "{e}");
         if crate::backend() == crate::Backend::Cpu {
-            assert!(is_available(Backend::Ring));
-            assert!(is_available(Backend::Any));
-            assert!(!is_available(Backend::Nccl));
+            assert!(is_available(CollectiveBackend::Ring));
+            assert!(is_available(CollectiveBackend::Any));
+            assert!(!is_available(CollectiveBackend::Nccl));
         }
     }
 }

@@ -8,14 +8,14 @@ use crate::array::MlxArray;
 use crate::device::{DeviceType, Stream};
 use crate::error::{ErrorContext, Result};
 
-use super::backend::Backend;
+use super::backend::CollectiveBackend;
 use super::group::Group;
 
 /// The stream a collective over `backend` runs on: the CPU for the ring and MPI (MLX computes
 /// them there), else the current stream if it is a GPU's, else the GPU's default. mlx-c always
 /// passes a stream, so MLX's own choice (its `communication_stream` for a caller that names
 /// none) is made here.
-fn stream_for(backend: Backend) -> Result<Stream> {
+fn stream_for(backend: CollectiveBackend) -> Result<Stream> {
     if backend.runs_on_cpu() {
         return Stream::cpu();
     }

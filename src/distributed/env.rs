@@ -17,7 +17,7 @@ use serde_json::Value;
 use crate::error::{Error, ErrorContext, Result};
 use crate::json;
 
-use super::backend::Backend;
+use super::backend::CollectiveBackend;
 
 /// The rank of this process in its group (ring and NCCL).
 pub const MLX_RANK: &str = "MLX_RANK";
@@ -45,14 +45,14 @@ pub const NCCL_NVLS_ENABLE: &str = "NCCL_NVLS_ENABLE";
 /// A hostfile is a few addresses per rank; the cap bounds what a wrong path costs to read.
 const MAX_HOSTFILE_BYTES: u64 = 1 << 20;
 
-/// The variables `backend` reads to form a group (none for [`Backend::Any`], which takes
+/// The variables `backend` reads to form a group (none for [`CollectiveBackend::Any`], which takes
 /// another's).
-pub fn variables(backend: Backend) -> &'static [&'static str] {
+pub fn variables(backend: CollectiveBackend) -> &'static [&'static str] {
     match backend {
-        Backend::Any => &[],
-        Backend::Ring => &[MLX_RANK, MLX_HOSTFILE],
-        Backend::Nccl => &[MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT],
-        Backend::Mpi => &[OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE],
+        CollectiveBackend::Any => &[],
+        CollectiveBackend::Ring => &[MLX_RANK, MLX_HOSTFILE],
+        CollectiveBackend::Nccl => &[MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT],
+        CollectiveBackend::Mpi => &[OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE],
     }
 }
 
@@ -61,7 +61,7 @@ pub(crate) struct Env<'a> {
     /// A variable's value; empty values count as unset.
     pub(crate) var: &'a dyn Fn(&str) -> Option<String>,
     /// Whether the MLX build has a back-end.
-    pub(crate) available: &'a dyn Fn(Backend) -> bool,
+    pub(crate) available: &'a dyn Fn(CollectiveBackend) -> bool,
     /// Whether MLX runs on CUDA (MLX's `any` tries NCCL only there).
     pub(crate) cuda: bool,
 }
@@ -75,7 +75,7 @@ impl Env<'_> {
 /// This process's place in a group, from a checked environment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Membership {
-    pub(crate) backend: Backend,
+    pub(crate) backend: CollectiveBackend,
     pub(crate) rank: usize,
     pub(crate) size: usize,
 }
@@ -90,7 +90,7 @@ pub(crate) enum Plan {
 }
 
 /// How much of `backend`'s environment is set: the variables missing, and those set.
-fn presence(backend: Backend, env: &Env) -> (Vec<&'static str>, Vec<&'static str>) {
+fn presence(backend: CollectiveBackend, env: &Env) -> (Vec<&'static str>, Vec<&'static str>) {
     variables(backend).iter().partition(|v| env.get(v).is_none())
 }
 
@@ -99,7 +99,7 @@ fn shown(names: &[&str], env: &Env) -> String {
     names.iter().map(|n| format!("{n} = {:?}", env.get(n).unwrap_or_default())).collect::<Vec<_>>().join(", ")
 }
 
-fn incomplete(backend: Backend, missing: &[&str], set: &[&str], env: &Env) -> String {
+fn incomplete(backend: CollectiveBackend, missing: &[&str], set: &[&str], env: &Env) -> String {
     let mut m = format!(
         "the {backend} back-end needs {} in the environment; missing: {}",
         variables(backend).join(", "),
@@ -111,19 +111,19 @@ fn incomplete(backend: Backend, missing: &[&str], set: &[&str], env: &Env) -> St
     m
 }
 
-fn unavailable(backend: Backend) -> Error {
+fn unavailable(backend: CollectiveBackend) -> Error {
     let why = match backend {
-        Backend::Ring => "the ring is in MLX's CPU and macOS builds",
-        Backend::Nccl => "NCCL is in MLX's CUDA build (mlx-cuda), with NVIDIA's NCCL library loadable",
-        Backend::Mpi => "MLX loads Open MPI's libmpi.so (or the library MLX_MPI_LIBNAME names) at run time",
-        Backend::Any => "none of ring, NCCL or MPI is in it",
+        CollectiveBackend::Ring => "the ring is in MLX's CPU and macOS builds",
+        CollectiveBackend::Nccl => "NCCL is in MLX's CUDA build (mlx-cuda), with NVIDIA's NCCL library loadable",
+        CollectiveBackend::Mpi => "MLX loads Open MPI's libmpi.so (or the library MLX_MPI_LIBNAME names) at run time",
+        CollectiveBackend::Any => "none of ring, NCCL or MPI is in it",
     };
     Error::invalid(format!("the loaded MLX library has no {backend} back-end ({why})"))
 }
 
 /// Decides, from the environment, how `Group::init(backend, strict)` forms its group.
-pub(crate) fn plan(backend: Backend, strict: bool, env: &Env) -> Result<Plan> {
-    if backend == Backend::Any {
+pub(crate) fn plan(backend: CollectiveBackend, strict: bool, env: &Env) -> Result<Plan> {
+    if backend == CollectiveBackend::Any {
         return plan_any(strict, env);
     }
     let (missing, set) = presence(backend, env);
@@ -139,11 +139,11 @@ pub(crate) fn plan(backend: Backend, strict: bool, env: &Env) -> Result<Plan> {
     Ok(Plan::Join(membership(backend, env)?))
 }
 
-/// [`Backend::Any`]: the first available back-end, in MLX's order, whose variables are all set.
+/// [`CollectiveBackend::Any`]: the first available back-end, in MLX's order, whose variables are all set.
 fn plan_any(strict: bool, env: &Env) -> Result<Plan> {
-    let candidates: Vec<Backend> = [Backend::Nccl, Backend::Ring, Backend::Mpi]
+    let candidates: Vec<CollectiveBackend> = [CollectiveBackend::Nccl, CollectiveBackend::Ring, CollectiveBackend::Mpi]
         .into_iter()
-        .filter(|&b| (b != Backend::Nccl || env.cuda) && (env.available)(b))
+        .filter(|&b| (b != CollectiveBackend::Nccl || env.cuda) && (env.available)(b))
         .collect();
     let mut partial = Vec::new();
     for &b in &candidates {
@@ -186,17 +186,17 @@ fn rank_below(rank: usize, size: usize, rank_var: &str, size_what: &str) -> Resu
 }
 
 /// Checks `backend`'s variables (all set) and reads this process's rank and the group's size.
-fn membership(backend: Backend, env: &Env) -> Result<Membership> {
+fn membership(backend: CollectiveBackend, env: &Env) -> Result<Membership> {
     let (rank, size) = match backend {
-        Backend::Any => unreachable!("plan_any picks a back-end first"),
-        Backend::Ring => {
+        CollectiveBackend::Any => unreachable!("plan_any picks a back-end first"),
+        CollectiveBackend::Ring => {
             let rank = int(MLX_RANK, env)?;
             let path = env.get(MLX_HOSTFILE).unwrap_or_default();
             let size = ring_hostfile(Path::new(&path)).with_context(|| format!("{MLX_HOSTFILE} = {path:?}"))?;
             rank_below(rank, size, MLX_RANK, &format!("the entries of {MLX_HOSTFILE} {path:?}"))?;
             (rank, size)
         }
-        Backend::Nccl => {
+        CollectiveBackend::Nccl => {
             let rank = int(MLX_RANK, env)?;
             let size = int(MLX_WORLD_SIZE, env)?;
             if size == 0 {
@@ -218,7 +218,7 @@ fn membership(backend: Backend, env: &Env) -> Result<Membership> {
             }
             (rank, size)
         }
-        Backend::Mpi => {
+        CollectiveBackend::Mpi => {
             let rank = int(OMPI_COMM_WORLD_RANK, env)?;
             let size = int(OMPI_COMM_WORLD_SIZE, env)?;
             if size < 2 {
@@ -281,14 +281,14 @@ mod tests {
 
     use super::*;
 
-    fn check(backend: Backend, strict: bool, vars: &[(&str, &str)], cuda: bool) -> Result<Plan> {
+    fn check(backend: CollectiveBackend, strict: bool, vars: &[(&str, &str)], cuda: bool) -> Result<Plan> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let var = move |k: &str| map.get(k).cloned();
-        let available = |b: Backend| b != Backend::Mpi && (b != Backend::Nccl || cuda);
+        let available = |b: CollectiveBackend| b != CollectiveBackend::Mpi && (b != CollectiveBackend::Nccl || cuda);
         plan(backend, strict, &Env { var: &var, available: &available, cuda })
     }
 
-    fn err(backend: Backend, strict: bool, vars: &[(&str, &str)], cuda: bool) -> String {
+    fn err(backend: CollectiveBackend, strict: bool, vars: &[(&str, &str)], cuda: bool) -> String {
         let e = check(backend, strict, vars, cuda).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::InvalidArgument, "{e}");
         e.to_string()
@@ -304,43 +304,46 @@ mod tests {
 
     #[test]
     fn an_absent_environment_is_a_process_alone_unless_strict() {
-        for b in Backend::ALL {
+        for b in CollectiveBackend::ALL {
             assert_eq!(check(b, false, &[], false).unwrap(), Plan::Alone, "{b}");
         }
-        let e = err(Backend::Ring, true, &[], false);
+        let e = err(CollectiveBackend::Ring, true, &[], false);
         assert!(e.contains("needs MLX_RANK, MLX_HOSTFILE") && e.contains("missing: MLX_RANK, MLX_HOSTFILE"), "{e}");
-        let e = err(Backend::Any, true, &[], false);
+        let e = err(CollectiveBackend::Any, true, &[], false);
         assert!(e.contains("ring: MLX_RANK, MLX_HOSTFILE") && !e.contains("nccl"), "{e}");
-        let e = err(Backend::Any, true, &[], true);
+        let e = err(CollectiveBackend::Any, true, &[], true);
         assert!(e.contains("nccl: MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT"), "{e}");
         // A back-end the build lacks, asked for strictly.
-        assert!(err(Backend::Nccl, true, &[], false).contains("no nccl back-end"));
-        assert!(err(Backend::Mpi, true, &[], false).contains("no mpi back-end"));
+        assert!(err(CollectiveBackend::Nccl, true, &[], false).contains("no nccl back-end"));
+        assert!(err(CollectiveBackend::Mpi, true, &[], false).contains("no mpi back-end"));
     }
 
     #[test]
     fn a_partial_environment_names_what_is_missing_even_when_not_strict() {
-        let e = err(Backend::Ring, false, &[(MLX_RANK, "1")], false);
+        let e = err(CollectiveBackend::Ring, false, &[(MLX_RANK, "1")], false);
         assert!(e.contains("missing: MLX_HOSTFILE") && e.contains("MLX_RANK = \"1\""), "{e}");
-        let e = err(Backend::Nccl, false, &[(MLX_RANK, "0"), (NCCL_PORT, "1234")], true);
+        let e = err(CollectiveBackend::Nccl, false, &[(MLX_RANK, "0"), (NCCL_PORT, "1234")], true);
         assert!(e.contains("missing: MLX_WORLD_SIZE, NCCL_HOST_IP"), "{e}");
         // `any` lists every back-end it could have taken.
-        let e = err(Backend::Any, false, &[(MLX_RANK, "0")], true);
+        let e = err(CollectiveBackend::Any, false, &[(MLX_RANK, "0")], true);
         assert!(
             e.contains("nccl back-end") && e.contains("ring back-end") && e.contains("missing: MLX_HOSTFILE"),
             "{e}"
         );
         // Empty values count as unset.
-        assert_eq!(check(Backend::Ring, false, &[(MLX_RANK, ""), (MLX_HOSTFILE, "")], false).unwrap(), Plan::Alone);
+        assert_eq!(
+            check(CollectiveBackend::Ring, false, &[(MLX_RANK, ""), (MLX_HOSTFILE, "")], false).unwrap(),
+            Plan::Alone
+        );
     }
 
     #[test]
     fn ring_hostfiles_are_checked() {
         let good = hostfile("good.json", r#"[["127.0.0.1:5000"], ["127.0.0.1:5001"], ["localhost:5002"]]"#);
-        let p = check(Backend::Ring, true, &[(MLX_RANK, "2"), (MLX_HOSTFILE, &good)], false).unwrap();
-        assert_eq!(p, Plan::Join(Membership { backend: Backend::Ring, rank: 2, size: 3 }));
+        let p = check(CollectiveBackend::Ring, true, &[(MLX_RANK, "2"), (MLX_HOSTFILE, &good)], false).unwrap();
+        assert_eq!(p, Plan::Join(Membership { backend: CollectiveBackend::Ring, rank: 2, size: 3 }));
         // `any` on the CPU build takes the ring.
-        assert_eq!(check(Backend::Any, true, &[(MLX_RANK, "2"), (MLX_HOSTFILE, &good)], false).unwrap(), p);
+        assert_eq!(check(CollectiveBackend::Any, true, &[(MLX_RANK, "2"), (MLX_HOSTFILE, &good)], false).unwrap(), p);
         let cases = [
             ("one.json", r#"[["127.0.0.1:5000"]]"#, "needs at least two"),
             ("empty.json", "[]", "lists 0 rank(s)"),
@@ -353,14 +356,15 @@ mod tests {
         ];
         for (name, text, want) in cases {
             let path = hostfile(name, text);
-            let e = err(Backend::Ring, true, &[(MLX_RANK, "0"), (MLX_HOSTFILE, &path)], false);
+            let e = err(CollectiveBackend::Ring, true, &[(MLX_RANK, "0"), (MLX_HOSTFILE, &path)], false);
             assert!(e.contains(want) && e.contains(&path), "{name}: {e}");
         }
-        let e = err(Backend::Ring, true, &[(MLX_RANK, "3"), (MLX_HOSTFILE, &good)], false);
+        let e = err(CollectiveBackend::Ring, true, &[(MLX_RANK, "3"), (MLX_HOSTFILE, &good)], false);
         assert!(e.contains("MLX_RANK = 3 is not below the group's size 3"), "{e}");
-        let e = err(Backend::Ring, true, &[(MLX_RANK, "one"), (MLX_HOSTFILE, &good)], false);
+        let e = err(CollectiveBackend::Ring, true, &[(MLX_RANK, "one"), (MLX_HOSTFILE, &good)], false);
         assert!(e.contains("MLX_RANK = \"one\" is not a non-negative integer"), "{e}");
-        let missing = check(Backend::Ring, true, &[(MLX_RANK, "0"), (MLX_HOSTFILE, "/nonexistent/h.json")], false);
+        let missing =
+            check(CollectiveBackend::Ring, true, &[(MLX_RANK, "0"), (MLX_HOSTFILE, "/nonexistent/h.json")], false);
         let e = missing.unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::Io);
         assert!(e.to_string().starts_with("MLX_HOSTFILE = \"/nonexistent/h.json\""), "{e}");
@@ -377,23 +381,27 @@ mod tests {
             }
             v
         };
-        let ok = check(Backend::Nccl, true, &with(&[(CUDA_VISIBLE_DEVICES, "3")]), true).unwrap();
-        assert_eq!(ok, Plan::Join(Membership { backend: Backend::Nccl, rank: 1, size: 2 }));
-        assert_eq!(check(Backend::Any, false, &with(&[(CUDA_VISIBLE_DEVICES, "3")]), true).unwrap(), ok);
-        let e = err(Backend::Nccl, true, &base, true);
+        let ok = check(CollectiveBackend::Nccl, true, &with(&[(CUDA_VISIBLE_DEVICES, "3")]), true).unwrap();
+        assert_eq!(ok, Plan::Join(Membership { backend: CollectiveBackend::Nccl, rank: 1, size: 2 }));
+        assert_eq!(check(CollectiveBackend::Any, false, &with(&[(CUDA_VISIBLE_DEVICES, "3")]), true).unwrap(), ok);
+        let e = err(CollectiveBackend::Nccl, true, &base, true);
         assert!(e.contains("CUDA_VISIBLE_DEVICES must name exactly one GPU"), "{e}");
-        let e = err(Backend::Nccl, true, &with(&[(CUDA_VISIBLE_DEVICES, "0,1")]), true);
+        let e = err(CollectiveBackend::Nccl, true, &with(&[(CUDA_VISIBLE_DEVICES, "0,1")]), true);
         assert!(e.contains("\"0,1\""), "{e}");
         // One process needs no device rule.
         let one = with(&[(MLX_RANK, "0"), (MLX_WORLD_SIZE, "1")]);
         assert_eq!(
-            check(Backend::Nccl, true, &one, true).unwrap(),
-            Plan::Join(Membership { backend: Backend::Nccl, rank: 0, size: 1 })
+            check(CollectiveBackend::Nccl, true, &one, true).unwrap(),
+            Plan::Join(Membership { backend: CollectiveBackend::Nccl, rank: 0, size: 1 })
         );
-        assert!(err(Backend::Nccl, true, &with(&[(MLX_WORLD_SIZE, "0")]), true).contains("MLX_WORLD_SIZE = 0"));
-        assert!(err(Backend::Nccl, true, &with(&[(NCCL_PORT, "70000")]), true).contains("NCCL_PORT = 70000"));
-        assert!(err(Backend::Nccl, true, &with(&[(MLX_RANK, "2")]), true).contains("MLX_RANK = 2 is not below"));
+        assert!(
+            err(CollectiveBackend::Nccl, true, &with(&[(MLX_WORLD_SIZE, "0")]), true).contains("MLX_WORLD_SIZE = 0")
+        );
+        assert!(err(CollectiveBackend::Nccl, true, &with(&[(NCCL_PORT, "70000")]), true).contains("NCCL_PORT = 70000"));
+        assert!(
+            err(CollectiveBackend::Nccl, true, &with(&[(MLX_RANK, "2")]), true).contains("MLX_RANK = 2 is not below")
+        );
         // The CPU build has no NCCL, whatever the environment says.
-        assert!(err(Backend::Nccl, true, &base, false).contains("no nccl back-end"));
+        assert!(err(CollectiveBackend::Nccl, true, &base, false).contains("no nccl back-end"));
     }
 }

@@ -10,7 +10,7 @@ use crate::device::{backend as gpu_backend, Backend as GpuBackend};
 use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::ffi::{call, call_value};
 
-use super::backend::{is_available, Backend};
+use super::backend::{is_available, CollectiveBackend};
 use super::env::{plan, Env, Plan};
 
 /// A group of processes that run collectives together (MLX's `distributed::Group`).
@@ -28,7 +28,7 @@ use super::env::{plan, Env, Plan};
 /// MLX's group, so dropping the `Group` before they are evaluated is sound.
 pub struct Group {
     /// MLX's group and its back-end; `None` for a process alone.
-    raw: Option<(sys::mlx_distributed_group, Backend)>,
+    raw: Option<(sys::mlx_distributed_group, CollectiveBackend)>,
     rank: usize,
     size: usize,
     _not_sync: PhantomData<Cell<()>>,
@@ -53,7 +53,7 @@ impl Group {
     /// launcher should watch its processes and stop the others when one fails. MLX keeps the
     /// first group of each back-end for the life of the process: a later `init` of the same
     /// back-end returns it.
-    pub fn init(backend: Backend, strict: bool) -> Result<Group> {
+    pub fn init(backend: CollectiveBackend, strict: bool) -> Result<Group> {
         let var = |name: &str| std::env::var(name).ok();
         let cuda = gpu_backend() == GpuBackend::Cuda;
         let env = Env { var: &var, available: &is_available, cuda };
@@ -81,7 +81,7 @@ impl Group {
     }
 
     /// Calls MLX's `distributed::init(strict = true, backend)` on a checked environment.
-    fn init_mlx(backend: Backend) -> Result<Group> {
+    fn init_mlx(backend: CollectiveBackend) -> Result<Group> {
         let name = backend.c_name();
         // SAFETY: creating an empty handle has no preconditions; it is freed by `Group`'s `Drop`
         // (or below, on failure).
@@ -98,7 +98,7 @@ impl Group {
     }
 
     /// Takes ownership of a filled handle and reads its rank and size.
-    fn wrap(raw: sys::mlx_distributed_group, backend: Backend) -> Result<Group> {
+    fn wrap(raw: sys::mlx_distributed_group, backend: CollectiveBackend) -> Result<Group> {
         // Owned from here: `Drop` frees it whatever fails below.
         let mut group = Group { raw: Some((raw, backend)), rank: 0, size: 1, _not_sync: PhantomData };
         // SAFETY: `raw` is a live, filled group handle.
@@ -123,7 +123,7 @@ impl Group {
     }
 
     /// The back-end, or `None` for a process alone.
-    pub fn backend(&self) -> Option<Backend> {
+    pub fn backend(&self) -> Option<CollectiveBackend> {
         self.raw.map(|(_, b)| b)
     }
 
@@ -150,7 +150,7 @@ impl Group {
     }
 
     /// MLX's handle and its back-end, or `None` for a process alone.
-    pub(crate) fn raw(&self) -> Option<(sys::mlx_distributed_group, Backend)> {
+    pub(crate) fn raw(&self) -> Option<(sys::mlx_distributed_group, CollectiveBackend)> {
         self.raw
     }
 }

@@ -80,3 +80,11 @@ impl fmt::Debug for ShardedMlp {
         write!(f, "ShardedMlp({:?} over {:?})", self.local, self.group)
     }
 }
+
+/// The relErr gate of an `n`-rank [`ShardedMlp`] with bf16 activations against the whole MLP:
+/// each rank's partial output is rounded to bf16 and the all-reduce adds them in bf16, 2n - 1
+/// roundings of half a bf16 unit (2^-8 of the value) against the whole MLP's one, so
+/// (n + 1) · 2^-8, and never below 1e-2, the bf16 gate of one process.
+pub fn bf16_tp_gate(n: usize) -> f64 {
+    ((n as f64 + 1.0) * 2f64.powi(-8)).max(1e-2)
+}

@@ -17,7 +17,9 @@ pub(crate) mod gguf;
 mod gguf_header;
 mod header;
 
-pub(crate) use header::{read_header, TensorEntry};
+#[cfg(test)]
+pub(crate) use header::READS;
+pub(crate) use header::{read_header, Header, TensorEntry};
 
 /// The tensors and the metadata of one safetensors file.
 #[derive(Debug, Default)]
@@ -55,17 +57,18 @@ fn key_cstring(key: &str) -> Result<CString> {
 }
 
 /// Reads every tensor and the metadata of a safetensors file. The header is validated before MLX
-/// sees the file (see [`header`]: a malformed one is an [`Error::Artifact`] naming the file and
-/// the tensor), and the tensors are evaluated (read from disk) before this returns.
+/// sees the file (every rule of the format is checked: a malformed header is an
+/// [`Error::Artifact`] naming the file and the tensor), and the tensors are evaluated (read from disk) before this returns.
 pub fn load_safetensors(path: impl AsRef<Path>) -> Result<Safetensors> {
     let path = path.as_ref();
     load_inner(path, true).map_err(|e| loading(e, path))
 }
 
-/// The tensors of a safetensors file, not yet read from disk (MLX reads each when it is
-/// evaluated): for taking a few tensors out of a large file.
-pub(crate) fn load_safetensors_lazy(path: &Path) -> Result<BTreeMap<String, MlxArray>> {
-    let loaded = load_inner(path, false).map_err(|e| loading(e, path))?;
+/// The tensors of a safetensors file whose header [`read_header`] returned as `header`, not yet
+/// read from disk (MLX reads each when it is evaluated): for taking a few tensors out of a large
+/// file whose header a caller keeps.
+pub(crate) fn load_safetensors_lazy(path: &Path, header: &Header) -> Result<BTreeMap<String, MlxArray>> {
+    let loaded = load_validated(path, header, false).map_err(|e| loading(e, path))?;
     Ok(loaded.tensors)
 }
 
@@ -86,7 +89,12 @@ fn loading(e: Error, path: &Path) -> Error {
 }
 
 fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
-    let header = read_header(path)?;
+    load_validated(path, &read_header(path)?, eval)
+}
+
+/// Loads `path` through MLX, checking what MLX read against `header`, the file's validated
+/// header.
+fn load_validated(path: &Path, header: &Header, eval: bool) -> Result<Safetensors> {
     let file = path_cstring(path)?;
     // SAFETY: creating empty maps has no preconditions; they are freed by the guards.
     let mut arrays = ArrayMap(unsafe { sys::mlx_map_string_to_array_new() });
@@ -99,7 +107,7 @@ fn load_inner(path: &Path, eval: bool) -> Result<Safetensors> {
         .map_err(|e| Error::artifact(path, None, format!("MLX could not read it: {}", e.message())))?;
 
     // The strings MLX read are the validated header's (it refused duplicates and non-strings).
-    let mut out = Safetensors { tensors: BTreeMap::new(), metadata: header.metadata };
+    let mut out = Safetensors { tensors: BTreeMap::new(), metadata: header.metadata.clone() };
     // SAFETY: `arrays.0` is a live map; the iterator is freed below before the map.
     let it = unsafe { sys::mlx_map_string_to_array_iterator_new(arrays.0) };
     let result = (|| -> Result<()> {

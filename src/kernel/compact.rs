@@ -183,16 +183,7 @@ mod tests {
             let text = String::from_utf8(out.stdout).ok()?;
             Some(text.split_whitespace().map(str::to_string).collect())
         };
-        for (name, text) in [
-            ("down_mma.cu", include_str!("../../kernels/cuda/down_mma.cu")),
-            ("down_mma.cuh", include_str!("../../kernels/cuda/down_mma.cuh")),
-            ("codebook.cuh", include_str!("../../kernels/cuda/codebook.cuh")),
-            ("fragment.cuh", include_str!("../../kernels/cuda/fragment.cuh")),
-            ("gate_up.cu", include_str!("../../kernels/cuda/gate_up.cu")),
-            ("expand.cu", include_str!("../../kernels/cuda/expand.cu")),
-            ("viterbi.cu", include_str!("../../kernels/cuda/viterbi.cu")),
-            ("prescale.cu", include_str!("../../kernels/cuda/prescale.cu")),
-        ] {
+        for &(name, text) in super::super::sources::ALL.iter().filter(|(path, _)| path.starts_with("cuda/")) {
             let compact = compact_plain_cpp(text).unwrap_or_else(|| panic!("{name} left the plain subset"));
             let directives = |t: &str| t.lines().map(str::trim).filter(|l| l.starts_with('#')).count();
             assert_eq!(directives(&compact), directives(text), "{name}");

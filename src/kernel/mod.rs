@@ -14,8 +14,9 @@
 //!
 //! One file per concern: [`KernelSource`] and [`LaunchConfig`] (`source`), the Metal and CUDA
 //! wrappers (`metal`, `cuda`), what both hand to mlx-c (`apply`), the compaction of CUDA text
-//! (`compact`), the sections and variants of kernel files (`variant`) and the one registry every
-//! kernel family registers its kernels through (`registry`).
+//! (`compact`), the sections and variants of kernel files (`variant`), the one registry every
+//! kernel family registers its kernels through (`registry`) and the one table of the kernel files
+//! under `kernels/` (`sources`).
 
 mod apply;
 pub(crate) mod compact;
@@ -23,6 +24,7 @@ mod cuda;
 mod metal;
 pub(crate) mod registry;
 mod source;
+pub(crate) mod sources;
 pub(crate) mod variant;
 
 pub use cuda::{CudaKernel, CudaLaunch};

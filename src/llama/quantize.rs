@@ -2,7 +2,7 @@
 //! into a trellis artifact that the model runner loads.
 //!
 //! [`quantize_model`] reads each chosen projection of every block dequantized to f32, codes it
-//! with [`code_linear`] (the coded axis chosen by the rule of format §10, rotated by default,
+//! with [`code_linear`] (the coded axis chosen by the rule of docs/format.md §10, rotated by default,
 //! padded where neither dimension is a whole number of 256-weight blocks), and writes to the
 //! output directory:
 //!
@@ -38,7 +38,7 @@ use crate::trellis::{write_artifact, TrellisLinear};
 
 use super::names::{gguf_tensor_name, hf_module, is_mlp, LINEARS};
 
-/// The conventional coded axis of a projection (format §10): 0 (along the outputs) for the
+/// The conventional coded axis of a projection (docs/format.md §10): 0 (along the outputs) for the
 /// down projection, 1 (along the inputs) for the others.
 fn conventional_axis(linear: &str) -> u32 {
     if linear == "mlp.down_proj" {
@@ -63,7 +63,7 @@ pub struct QuantizeSpec {
     pub attention: bool,
     /// Code only the first this many blocks (`None`: every block); the others stay as shipped.
     pub layers: Option<usize>,
-    /// Rotate the coded axis of every projection (format §10). Without it real layers lose
+    /// Rotate the coded axis of every projection (docs/format.md §10). Without it real layers lose
     /// their outlier weights to the codebook's range: keep it on.
     pub rotation: bool,
     /// Mixed into every rotation seed.

@@ -1,8 +1,8 @@
-//! The MLX operations a transformer decoder needs beyond [`crate::ops`]: MLX's fused kernels
-//! ([`fast`]: RMSNorm, rotary embedding, attention), the Walsh–Hadamard transform ([`hadamard`]),
-//! and gathering, reductions over the vocabulary and sampling ([`select`]). Each runs lazily on
-//! the thread's current stream and returns MLX's failures (and this crate's own refusals) as
-//! [`Error`](crate::Error) values, like the rest of the binding.
+//! The MLX operations a transformer decoder needs beyond [`MlxArray`](crate::MlxArray)'s own:
+//! MLX's fused kernels ([`fast`]: RMSNorm, rotary embedding, attention), the Walsh–Hadamard
+//! transform ([`hadamard`]), and gathering, reductions over the vocabulary and sampling
+//! ([`select`]). Each runs lazily on the thread's current stream and returns MLX's failures (and
+//! this crate's own refusals) as [`Error`](crate::Error) values, like the rest of the binding.
 
 pub mod fast;
 pub mod hadamard;

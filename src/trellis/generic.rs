@@ -83,7 +83,7 @@ fn row_major_rows(codes: &MlxArray, g: &TrellisGeometry, r0: usize, r1: usize) -
             codes.slice(&[r0i, 0], &[r1i, words], &[1, 1])
         }
         CodeLayout::K3Interleaved => {
-            // [G, R, 48] -> rows [G, r, 48] -> [r, G, 48] -> [r, G*48] (spec §4, inverted).
+            // [G, R, 48] -> rows [G, r, 48] -> [r, G, 48] -> [r, G*48] (docs/format.md §4, inverted).
             let groups = g.cols / 512;
             let part = codes.slice(&[0, r0i, 0], &[groups as i32, r1i, 48], &[1, 1, 1])?;
             part.transpose(&[1, 0, 2])?.reshape(&[r1 - r0, groups * 48])

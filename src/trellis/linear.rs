@@ -7,6 +7,7 @@
 //! [`ForwardPath::Generic`] path otherwise.
 
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -17,8 +18,10 @@ use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
 use crate::error::{invalid, unserved, Error, ErrorContext, ErrorKind, Result};
 
-use super::format::{HostLayer, TrellisGeometry};
+use super::checks::{activation_rows, check_codes, check_scales};
+use super::format::{CodeLayout, HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
+use super::operands::LayerOperands;
 use super::reference_coded::forward_coded_f64;
 use super::rotation::{CodedAxis, Rotation};
 use super::transform::AxisTransform;
@@ -33,7 +36,7 @@ pub enum ForwardPath {
     Generic,
     /// The plain-Rust f64 reference on the host (slow; for checks).
     Reference,
-    /// The Metal kernels (Apple GPUs): the seed's down kernels on axis 0, the gate/up kernels on
+    /// The Metal kernels (Apple GPUs): the upstream down kernels on axis 0, the gate/up kernels on
     /// axis 1.
     Metal,
     /// The Metal kernels on the CPU simulator of MLX's Metal wrapping (needs the
@@ -85,7 +88,7 @@ impl FromStr for ForwardPath {
 }
 
 /// One trellis-coded linear layer: codes, per-row scales and their geometry, and where the
-/// format's coded axis is rotated or padded (format §10), what every path applies around the
+/// format's coded axis is rotated or padded (docs/format.md §10), what every path applies around the
 /// stored matrix (callers give and get the logical features).
 #[derive(Clone)]
 pub struct TrellisLinear {
@@ -95,61 +98,6 @@ pub struct TrellisLinear {
     geometry: TrellisGeometry,
     /// Boxed: most layers have none, and a layer is held in enums beside small variants.
     transform: Option<Arc<AxisTransform>>,
-}
-
-/// Checks a code tensor (uint32, either layout) against the format parameters and derives its
-/// geometry.
-pub(crate) fn check_codes(name: &str, codes: &MlxArray, k: u32, t: u32, l: u32, axis: u32) -> Result<TrellisGeometry> {
-    if codes.dtype() != Dtype::Uint32 {
-        invalid!("trellis codes {name:?} are {}, expected uint32", codes.dtype());
-    }
-    TrellisGeometry::from_codes_shape(name, &codes.try_shape()?, k, t, l, axis)
-}
-
-/// Checks the scales of the codes `name`: float16 `[rows]`, every one finite (one NaN or
-/// infinite scale would make every output it reaches non-finite).
-pub(crate) fn check_scales(name: &str, scales: &MlxArray, g: &TrellisGeometry, codes: &MlxArray) -> Result<()> {
-    if scales.dtype() != Dtype::Float16 {
-        invalid!("trellis scales of {name:?} are {}, expected float16", scales.dtype());
-    }
-    if scales.try_shape()? != [g.rows] {
-        invalid!(
-            "trellis scales of {name:?} have shape {:?}, expected [{}] (one per stored row of codes {:?})",
-            scales.shape(),
-            g.rows,
-            codes.shape()
-        );
-    }
-    let values = scales.to_vec::<f16>()?;
-    if let Some((row, s)) = values.iter().enumerate().find(|(_, s)| !s.is_finite()) {
-        invalid!("trellis scales of {name:?}: the scale of stored row {row} is {s}; scales must be finite");
-    }
-    Ok(())
-}
-
-/// `x` as `[m, features]` rows (checked: at least one dimension, `features` last, a float
-/// dtype), and its leading dimensions. Messages start `who: ` and name the taker `the {noun}`,
-/// followed by ` ({g})` where a geometry is given.
-pub(crate) fn activation_rows(
-    who: &str,
-    noun: &str,
-    x: &MlxArray,
-    features: usize,
-    g: Option<&TrellisGeometry>,
-) -> Result<(MlxArray, Vec<usize>)> {
-    let shape = x.shape();
-    let Some((&inf, lead)) = shape.split_last() else {
-        invalid!("{who}: activations must have at least one dimension, got a scalar");
-    };
-    if inf != features {
-        let of = g.map_or(String::new(), |g| format!(" ({g})"));
-        invalid!("{who}: activations of shape {shape:?} have {inf} features, the {noun} takes {features}{of}");
-    }
-    if !matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
-        invalid!("{who}: activations are {}, expected float32, float16 or bfloat16", x.dtype());
-    }
-    let m: usize = lead.iter().product();
-    Ok((x.reshape(&[m, inf])?, lead.to_vec()))
 }
 
 /// Runs `run` by `path` and returns the path taken with its result. [`ForwardPath::Auto`] takes
@@ -280,6 +228,33 @@ impl TrellisLinear {
         &self.geometry
     }
 
+    /// The codes, scales and geometry, borrowed, as the back-ends' kernels take them.
+    pub fn operands(&self) -> LayerOperands<'_> {
+        LayerOperands::new(&self.codes, &self.scales, &self.geometry)
+    }
+
+    /// The layer of stored rows `rows` only (codes and scales copied out, so the whole layer can
+    /// be dropped): output rows for an axis-1 layer, input rows for an axis-0 one. The rule that
+    /// picks a tensor-parallel rank's rows is [`RowShard`](super::RowShard)'s.
+    pub fn row_slice(&self, rows: Range<usize>) -> Result<TrellisLinear> {
+        let g = self.geometry;
+        if rows.start >= rows.end || rows.end > g.rows {
+            invalid!("{}: stored rows {rows:?} are not a non-empty range of its {} rows", self.name, g.rows);
+        }
+        let int = |v: usize| i32::try_from(v).expect("array dimensions fit MLX's int");
+        let (r0, r1) = (int(rows.start), int(rows.end));
+        let shape: Vec<i32> = self.codes.shape().into_iter().map(int).collect();
+        let codes = match g.layout() {
+            CodeLayout::RowMajor => self.codes.slice(&[r0, 0], &[r1, shape[1]], &[1, 1])?,
+            CodeLayout::K3Interleaved => self.codes.slice(&[0, r0, 0], &[shape[0], r1, shape[2]], &[1, 1, 1])?,
+        }
+        .deep_copy()?;
+        let scales = self.scales.slice(&[r0], &[r1], &[1])?.deep_copy()?;
+        let geometry = check_codes(&self.name, &codes, g.k, g.t, g.l, g.axis)?;
+        // The stored columns are kept, so the coded axis (rotation, padding) applies unchanged.
+        TrellisLinear::from_checked(&self.name, codes, scales, geometry).with_coded_axis(self.coded_axis())
+    }
+
     /// Copies the codes and scales to the host (the stored matrix; see [`coded_axis`](Self::coded_axis)).
     pub fn to_host(&self) -> Result<HostLayer> {
         Ok(HostLayer {
@@ -352,7 +327,7 @@ impl TrellisLinear {
             ForwardPath::Reference => unreachable!("taken by forward_2d (it applies the coded axis in f64)"),
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
-                unserved!("the Metal kernels do not serve {g} (down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256, k 2..4)")
+                unserved!("the Metal kernels do not serve {g} (k 2..4; down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256)")
             }
             ForwardPath::Metal => metal::forward(x2, &self.codes, &self.scales, g),
             ForwardPath::MetalSim => metal::forward_sim(x2, &self.codes, &self.scales, g),
@@ -367,6 +342,12 @@ impl TrellisLinear {
         let host = self.to_host()?;
         let y = forward_coded_f64(&host_f64(x2)?, m, &host, &self.coded_axis())?;
         from_host_f64(&y, &[m, self.out_features()], x2.dtype())
+    }
+}
+
+impl<'a> From<&'a TrellisLinear> for LayerOperands<'a> {
+    fn from(layer: &'a TrellisLinear) -> Self {
+        layer.operands()
     }
 }
 

@@ -1,9 +1,9 @@
-//! [`TrellisMlp`]: a coded MLP of the Qwen/Llama convention (spec §9),
+//! [`TrellisMlp`]: a coded MLP of the Qwen/Llama convention (docs/format.md §9),
 //! `y = down(silu(gate(x)) ⊙ up(x))`, with gate and up stored `[out, in]` (axis 1) and down
 //! stored `[in, out]` (axis 0), each its own [`TrellisLinear`].
 //!
 //! Any valid combination of projections is accepted: gate and up on either axis, of different
-//! bit widths, rotated or padded (format §10). The gate·up·SwiGLU part runs as one fused kernel
+//! bit widths, rotated or padded (docs/format.md §10). The gate·up·SwiGLU part runs as one fused kernel
 //! where the back-end has one and it applies (gate and up both on axis 1 with one geometry and
 //! one coded axis: both code tensors read for the same output rows, the input rotated once,
 //! `silu(g) ⊙ u` written in the activation dtype); otherwise gate and up run projection by
@@ -11,15 +11,21 @@
 //! [`TrellisLinear`]'s rule: a forced path whose kernels do not serve a part fails with
 //! [`Error::Unserved`](crate::Error::Unserved); [`ForwardPath::Auto`] falls back to the generic
 //! path part by part (projection by projection where the fused kernel does not apply).
+//!
+//! Every method of the type is here, its tensor-parallel shards included ([`TrellisMlp::shard`],
+//! [`TrellisMlp::from_artifact_shard`]); the row rule they apply is [`RowShard`]'s (`shard.rs`),
+//! and the reading of a shard's rows from disk is [`Artifact::mlp_shard`]'s (`model/`).
 
 use std::fmt;
 
 use crate::array::MlxArray;
 use crate::error::{invalid, ErrorContext, Result};
 
-use super::linear::{activation_rows, from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
+use super::checks::activation_rows;
+use super::linear::{from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
 use super::model::Artifact;
 use super::reference_coded::{mlp_coded_f64, swiglu_coded_f64};
+use super::shard::{check_rule_axis, RowShard};
 use super::{cuda, metal};
 
 /// One coded MLP: gate, up and down projections of matching widths.
@@ -63,6 +69,30 @@ impl TrellisMlp {
         let load = |name: &str| artifact.module(&format!("{prefix}.{name}"));
         (|| TrellisMlp::new(load("gate_proj")?, load("up_proj")?, load("down_proj")?))()
             .with_context(|| format!("MLP {prefix:?}"))
+    }
+
+    /// [`Artifact::mlp_shard`]: rank `rank`'s shard of `count` of the MLP `prefix`, read from disk
+    /// alone.
+    pub fn from_artifact_shard(artifact: &Artifact, prefix: &str, rank: usize, count: usize) -> Result<TrellisMlp> {
+        artifact.mlp_shard(prefix, rank, count)
+    }
+
+    /// Rank `rank`'s shard of `count` (see [`RowShard`]): gate, up and down restricted to the
+    /// same intermediate rows, `hidden -> intermediate / count -> hidden`. Summed over the ranks,
+    /// the shards' outputs are the MLP's. Refused unless gate and up are stored on axis 1 and down
+    /// on axis 0, and the intermediate rows split into equal shards of a multiple of
+    /// [`SHARD_ROW_MULTIPLE`](super::SHARD_ROW_MULTIPLE) rows.
+    pub fn shard(&self, rank: usize, count: usize) -> Result<TrellisMlp> {
+        let cut = || {
+            let shard = RowShard::new(rank, count)?;
+            for (l, want) in [(self.gate(), 1), (self.up(), 1), (self.down(), 0)] {
+                check_rule_axis(&format!("layer {:?}", l.name()), l.geometry().axis, want)?;
+            }
+            let rows = shard.rows(self.intermediate(), &format!("MLP of {:?}", self.down().name()))?;
+            let part = |l: &TrellisLinear| l.row_slice(rows.clone());
+            TrellisMlp::new(part(self.gate())?, part(self.up())?, part(self.down())?)
+        };
+        cut().with_context(|| format!("shard {rank} of {count} of the MLP of {:?}", self.down().name()))
     }
 
     /// The gate projection.
@@ -160,9 +190,13 @@ impl TrellisMlp {
             ForwardPath::Generic => self.separate(x2, path),
             _ if !self.fuses_gate_up() => self.separate(x2, path),
             // Gate and up share the input transform: rotate and pad once.
-            ForwardPath::Cuda => cuda::gate_up::swiglu(&self.gate.stored_input(x2)?, &self.gate, &self.up),
-            ForwardPath::Metal => metal::swiglu(&self.gate.stored_input(x2)?, &self.gate, &self.up),
-            ForwardPath::MetalSim => metal::swiglu_sim(&self.gate.stored_input(x2)?, &self.gate, &self.up),
+            ForwardPath::Cuda => {
+                cuda::gate_up::swiglu(&self.gate.stored_input(x2)?, self.gate.operands(), self.up.operands())
+            }
+            ForwardPath::Metal => metal::swiglu(&self.gate.stored_input(x2)?, self.gate.operands(), self.up.operands()),
+            ForwardPath::MetalSim => {
+                metal::swiglu_sim(&self.gate.stored_input(x2)?, self.gate.operands(), self.up.operands())
+            }
         }
     }
 

@@ -1,15 +1,18 @@
 //! Trellis-coded weights: the format, the reference decoder, and the paths that run coded layers.
 //!
-//! A folder per job and per back-end: [`format`] (geometry, codebook, code layouts, host layers),
+//! A folder per job and per back-end: [`format`](mod@format) (geometry, codebook, code layouts, host layers),
 //! [`reference`](mod@reference) (the plain-Rust decoder every kernel is checked against),
 //! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
-//! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the seed's
-//! Metal kernel families, one file each, with the seed's names), [`cuda`] (the CUDA kernels),
+//! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the upstream
+//! Metal kernel families, one file each, with the upstream names), [`cuda`] (the CUDA kernels),
 //! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk), [`shard`] (tensor-parallel
-//! shards of an MLP by stored rows), and a layer's coded axis (format §10): [`rotation`] (the
-//! incoherence rotation and the padding), [`transform`] (their application at run time on MLX)
-//! and [`reference_coded`] (the f64 reference with them).
+//! shards of an MLP by stored rows), and a layer's coded axis (docs/format.md §10): [`rotation`]
+//! (the incoherence rotation and the padding), [`transform`] (their application at run time on
+//! MLX) and [`reference_coded`] (the f64 reference with them). The layer types depend on the
+//! back-ends, never the reverse: `cuda/` and `metal/` take [`LayerOperands`] (codes, scales,
+//! geometry), and every check of a layer's operands is in `checks.rs`.
 
+pub(crate) mod checks;
 pub mod cuda;
 pub mod encoder;
 pub mod format;
@@ -30,6 +33,7 @@ pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
 pub use mlp::TrellisMlp;
 pub use model::{write_artifact, Artifact, ModuleConfig};
+pub use operands::LayerOperands;
 pub use rotation::{CodedAxis, Rotation};
 pub use shard::{RowShard, SHARD_ROW_MULTIPLE};
 pub use synthetic::{synthetic_layer, synthetic_mlp};

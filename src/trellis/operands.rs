@@ -1,55 +1,28 @@
-//! Checks of a call's operands that every kernel path makes before launching: a wrong operand
-//! would read out of bounds on the GPU.
+//! [`LayerOperands`]: what a back-end's kernels read for one coded projection (its codes, scales
+//! and geometry), borrowed. The back-ends (`cuda/`, `metal/`) take operands, never a
+//! [`TrellisLinear`](super::TrellisLinear), so the layer types depend on the back-ends and not
+//! the reverse.
 
 use crate::array::MlxArray;
-use crate::dtype::Dtype;
-use crate::error::{invalid, Error, Result};
 
 use super::format::TrellisGeometry;
 
-/// Checks what the seed's checks leave open (a wrong operand would read out of bounds on the
-/// GPU): `x2` is `[M >= 1, in_features]` (the stored rows on axis 0, the stored columns on axis
-/// 1) in f32/f16/bf16, `codes` and `scales` fit `g`. Returns `M`.
-pub(crate) fn check_operands(
-    what: &str,
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    g: &TrellisGeometry,
-) -> Result<usize> {
-    let shape = x2.shape();
-    if shape.len() != 2 || shape[0] == 0 || shape[1] != g.in_features() {
-        invalid!("{what}: activations {shape:?} must be [M >= 1, {}]", g.in_features());
-    }
-    let dtype = x2.dtype();
-    if !matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
-        invalid!("{what}: activations are {dtype}, expected float32, float16 or bfloat16");
-    }
-    check_layer(what, codes, scales, g)?;
-    Ok(shape[0])
+/// One coded projection's operands, borrowed: its codes (uint32 in the geometry's layout), its
+/// scales (float16, one per stored row) and their geometry. The kernels check that they fit
+/// each other before launching.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerOperands<'a> {
+    /// The code tensor.
+    pub codes: &'a MlxArray,
+    /// The per-row scales.
+    pub scales: &'a MlxArray,
+    /// The geometry the codes are stored in.
+    pub geometry: &'a TrellisGeometry,
 }
 
-/// Checks that `codes` (uint32 in `g`'s layout) and `scales` (f16, one per stored row) fit `g`.
-pub(crate) fn check_layer(what: &str, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<()> {
-    if codes.shape() != g.codes_shape()
-        || codes.dtype() != Dtype::Uint32
-        || scales.shape() != [g.rows]
-        || scales.dtype() != Dtype::Float16
-    {
-        invalid!(
-            "{what}: codes {} {:?} / scales {} {:?} do not match {g} (uint32 {:?} / float16 [{}])",
-            codes.dtype(),
-            codes.shape(),
-            scales.dtype(),
-            scales.shape(),
-            g.codes_shape(),
-            g.rows
-        );
+impl<'a> LayerOperands<'a> {
+    /// Operands from their parts.
+    pub fn new(codes: &'a MlxArray, scales: &'a MlxArray, geometry: &'a TrellisGeometry) -> Self {
+        LayerOperands { codes, scales, geometry }
     }
-    Ok(())
-}
-
-/// A value as a template int.
-pub(crate) fn int(what: &str, v: usize) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::invalid(format!("{what}: {v} does not fit a template int")))
 }

@@ -1,6 +1,6 @@
 //! The reference decoder: plain Rust, independent of MLX and of every kernel.
 //!
-//! It follows the format's definition literally (spec §3): the state of position `t` of a block
+//! It follows the format's definition literally (docs/format.md §3): the state of position `t` of a block
 //! is the `L`-bit window starting at bit `(T-1-t)*k`, wrapping cyclically inside the block; the
 //! weight is `value(state) * scale[row]`. [`forward_f64`] decodes and accumulates in f64 and is
 //! what every kernel is checked against.
@@ -210,7 +210,7 @@ pub fn forward_f64(x: &[f64], m: usize, codes: &[u32], scales: &[f16], g: &Trell
 }
 
 /// `silu(x · Wg) ⊙ (x · Wu)` for `m` activation rows, in f64 (the gate and up projections of a
-/// coded MLP, spec §9): `[m, intermediate]`.
+/// coded MLP, docs/format.md §9): `[m, intermediate]`.
 pub fn swiglu_f64(x: &[f64], m: usize, gate: &HostLayer, up: &HostLayer) -> Result<Vec<f64>> {
     let g = forward_f64(x, m, &gate.codes, &gate.scales, &gate.geometry)?;
     let u = forward_f64(x, m, &up.codes, &up.scales, &up.geometry)?;

@@ -1,4 +1,4 @@
-//! The f64 reference of layers whose coded axis is rotated or padded (format §10): the rotation,
+//! The f64 reference of layers whose coded axis is rotated or padded (docs/format.md §10): the rotation,
 //! the padding and the slice done on the host in f64 around [`forward_f64`], with no rounding
 //! anywhere.
 

@@ -1,4 +1,4 @@
-//! The coded axis of a layer as the format describes it (format §10): an optional incoherence
+//! The coded axis of a layer as the format describes it (docs/format.md §10): an optional incoherence
 //! rotation ([`Rotation`], a seeded random-sign block Hadamard) and the zero padding of the coded
 //! axis to whole blocks ([`CodedAxis`]). This file holds the host-side definition and arithmetic
 //! (f64, exact orthonormal); the run-time application on MLX is in
@@ -46,8 +46,8 @@ pub struct Rotation {
 }
 
 impl Rotation {
-    /// The rotation of an axis of `n` entries drawn from `seed`: block [`rotation_block(n)`]
-    /// (rotation_block), sign `i` negative where bit 63 of the `i`-th output of
+    /// The rotation of an axis of `n` entries drawn from `seed`: block
+    /// [`rotation_block(n)`](rotation_block), sign `i` negative where bit 63 of the `i`-th output of
     /// [`SplitMix64::new(seed)`](SplitMix64) is set.
     pub fn seeded(n: usize, seed: u64) -> Result<Rotation> {
         let block = rotation_block(n)?;

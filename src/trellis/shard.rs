@@ -1,4 +1,4 @@
-//! Tensor-parallel shards of a coded MLP by stored rows (spec §9): one rule for every
+//! Tensor-parallel shards of a coded MLP by stored rows (docs/format.md §9): one rule for every
 //! projection. Gate and up (axis 1, stored `[out, in]`) store output rows and down (axis 0,
 //! stored `[in, out]`) stores input rows, so rank `r` of `n` takes stored rows
 //! `[r·R/n, (r+1)·R/n)` of each code tensor (row-major `[R, W]` along its first axis, the 3-bit
@@ -6,14 +6,15 @@
 //! intermediate activation that its gate and up compute is then exactly the down input it holds,
 //! and the MLP is `y = Σ_r down_r(silu(gate_r(x)) ⊙ up_r(x))`: one all-reduce per MLP
 //! ([`ShardedMlp`](crate::distributed::ShardedMlp)).
+//!
+//! This module holds the rule ([`RowShard`], [`SHARD_ROW_MULTIPLE`]); the types apply it in their
+//! own files: [`TrellisLinear::row_slice`](super::TrellisLinear::row_slice),
+//! [`TrellisMlp::shard`](super::TrellisMlp::shard) and, reading only a shard's rows from disk,
+//! [`Artifact::mlp_shard`](super::Artifact::mlp_shard).
 
 use std::ops::Range;
 
-use crate::error::{invalid, ErrorContext, Result};
-
-use super::format::CodeLayout;
-use super::linear::{check_codes, TrellisLinear};
-use super::mlp::TrellisMlp;
+use crate::error::{invalid, Result};
 
 /// Stored rows per shard must be a multiple of this (where there is more than one shard).
 ///
@@ -91,49 +92,6 @@ pub(crate) fn check_rule_axis(what: &str, axis: u32, want: u32) -> Result<()> {
         );
     }
     Ok(())
-}
-
-impl TrellisLinear {
-    /// The layer of stored rows `rows` only (codes and scales copied out, so the whole layer can
-    /// be dropped): output rows for an axis-1 layer, input rows for an axis-0 one.
-    pub fn row_slice(&self, rows: Range<usize>) -> Result<TrellisLinear> {
-        let g = *self.geometry();
-        if rows.start >= rows.end || rows.end > g.rows {
-            invalid!("{}: stored rows {rows:?} are not a non-empty range of its {} rows", self.name(), g.rows);
-        }
-        let int = |v: usize| i32::try_from(v).expect("array dimensions fit MLX's int");
-        let (r0, r1) = (int(rows.start), int(rows.end));
-        let shape: Vec<i32> = self.codes().shape().into_iter().map(int).collect();
-        let codes = match g.layout() {
-            CodeLayout::RowMajor => self.codes().slice(&[r0, 0], &[r1, shape[1]], &[1, 1])?,
-            CodeLayout::K3Interleaved => self.codes().slice(&[0, r0, 0], &[shape[0], r1, shape[2]], &[1, 1, 1])?,
-        }
-        .deep_copy()?;
-        let scales = self.scales().slice(&[r0], &[r1], &[1])?.deep_copy()?;
-        let geometry = check_codes(self.name(), &codes, g.k, g.t, g.l, g.axis)?;
-        // The stored columns are kept, so the coded axis (rotation, padding) applies unchanged.
-        TrellisLinear::from_checked(self.name(), codes, scales, geometry).with_coded_axis(self.coded_axis())
-    }
-}
-
-impl TrellisMlp {
-    /// Rank `rank`'s shard of `count` (see the module docs): gate, up and down restricted to the
-    /// same intermediate rows, `hidden -> intermediate / count -> hidden`. Summed over the ranks,
-    /// the shards' outputs are the MLP's. Refused unless gate and up are stored on axis 1 and down
-    /// on axis 0, and the intermediate rows split into equal shards of a multiple of
-    /// [`SHARD_ROW_MULTIPLE`] rows.
-    pub fn shard(&self, rank: usize, count: usize) -> Result<TrellisMlp> {
-        let cut = || {
-            let shard = RowShard::new(rank, count)?;
-            for (l, want) in [(self.gate(), 1), (self.up(), 1), (self.down(), 0)] {
-                check_rule_axis(&format!("layer {:?}", l.name()), l.geometry().axis, want)?;
-            }
-            let rows = shard.rows(self.intermediate(), &format!("MLP of {:?}", self.down().name()))?;
-            let part = |l: &TrellisLinear| l.row_slice(rows.clone());
-            TrellisMlp::new(part(self.gate())?, part(self.up())?, part(self.down())?)
-        };
-        cut().with_context(|| format!("shard {rank} of {count} of the MLP of {:?}", self.down().name()))
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The run-time side of a layer's coded axis (format §10) on MLX: the rotation `x · Q` of the
+//! The run-time side of a layer's coded axis (docs/format.md §10) on MLX: the rotation `x · Q` of the
 //! activations of an axis-1 layer and their zero padding to the stored columns, and for an axis-0
 //! layer the slice of its output to the logical columns and the inverse rotation `y · Qᵀ`.
 //!

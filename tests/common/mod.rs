@@ -36,7 +36,7 @@ pub fn f32_matmul_gate() -> f64 {
 }
 
 /// Panics unless MLX runs on CUDA here: a GPU test (ignored elsewhere, with the reason "needs
-/// MLX's CUDA back-end"; `scripts/cuda.sh` runs them with `--include-ignored`) run without a GPU
+/// MLX's CUDA back-end"; `scripts/gpu.sh test` runs them with `--include-ignored`) run without a GPU
 /// fails instead of passing.
 pub fn require_cuda() {
     assert_eq!(backend(), Backend::Cuda, "this test needs MLX's CUDA back-end; run it on a CUDA machine");

@@ -17,11 +17,11 @@ use crate::error::{invalid, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 
-use crate::trellis::format::codebook::CUDA_HEADER;
+use crate::kernel::sources;
+use crate::trellis::checks::{check_layer, check_operands, int};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_layer, check_operands, int};
 
-const SOURCE: &str = include_str!("../../../kernels/cuda/expand.cu");
+const SOURCE: &str = sources::CUDA_EXPAND;
 
 /// Weights one thread writes (`NPOS` in the kernel: two 16-byte stores in 16-bit dtypes).
 const WEIGHTS_PER_THREAD: usize = 16;
@@ -38,7 +38,7 @@ fn kernel() -> Result<&'static CudaKernel> {
             inputs: &["codes", "scales"],
             outputs: &["weights"],
             body: SOURCE.into(),
-            header: CUDA_HEADER.into(),
+            header: sources::CUDA_CODEBOOK.into(),
         })
     })
 }

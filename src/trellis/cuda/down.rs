@@ -22,20 +22,19 @@ use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::sources;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
-use crate::trellis::format::codebook::CUDA_HEADER;
+use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_operands, int};
 
 use super::dense::down_cuda_dense;
 use super::down_config::CudaDownConfig;
 use super::down_plan::{plan_for, require_supported};
 pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
-use super::FRAGMENT_HEADER;
 
-const SOURCE: &str = include_str!("../../../kernels/cuda/down_mma.cu");
-const HEADER: &str = include_str!("../../../kernels/cuda/down_mma.cuh");
-const PRESCALE_SOURCE: &str = include_str!("../../../kernels/cuda/prescale.cu");
+const SOURCE: &str = sources::CUDA_DOWN_MMA;
+const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
+const PRESCALE_SOURCE: &str = sources::CUDA_PRESCALE;
 
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
 const PRESCALED_ROW_MULTIPLE: usize = 64;
@@ -50,7 +49,7 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
             inputs: &["x", "codes", "scales", "counters"],
             outputs: &["y", "partial"],
             body: SOURCE.to_string(),
-            header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}\n{HEADER}"),
+            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n"),
         })
     })
 }
@@ -210,7 +209,9 @@ mod tests {
     #[test]
     fn the_registered_source_is_compacted() {
         // Text outside the compactor's plain subset would go as written.
-        for (text, file) in [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh"), (FRAGMENT_HEADER, "fragment.cuh")] {
+        for (text, file) in
+            [(SOURCE, "down_mma.cu"), (HEADER, "down_mma.cuh"), (sources::CUDA_FRAGMENT, "fragment.cuh")]
+        {
             let compact = crate::kernel::compact::compact_plain_cpp(text).unwrap_or_else(|| panic!("{file}"));
             assert!(compact.len() < text.len(), "{file}");
         }

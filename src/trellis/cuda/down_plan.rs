@@ -7,15 +7,19 @@ use crate::trellis::format::TrellisGeometry;
 
 use super::down_config::CudaDownConfig;
 
-/// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=8.
+/// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=4 (the
+/// widths it is tested at against the reference; wider codes are refused as unserved) and
+/// columns (outputs) a multiple of 256 (whole column tiles of the kernel).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
+    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=4).contains(&g.k) && g.cols % 256 == 0
 }
 
 /// An error naming the geometry where [`supports`] says no.
 pub(crate) fn require_supported(g: &TrellisGeometry) -> Result<()> {
     if !supports(g) {
-        unserved!("CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=8)");
+        unserved!(
+            "CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=4, columns a multiple of 256; k 5..8 are untested on this kernel)"
+        );
     }
     Ok(())
 }
@@ -116,8 +120,9 @@ mod tests {
     fn every_planned_configuration_is_valid() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();
         let mut geometries = vec![qwen, qwen.interleaved().unwrap()];
-        // Every served k on the Qwen shape (k 5..8 need the shared-memory fitting), and small
-        // shapes whose coded blocks per row shrink the blocks.
+        // Every k the plan fits on the Qwen shape (k 5..8, which the kernel does not serve, need
+        // the shared-memory fitting), and small shapes whose coded blocks per row shrink the
+        // blocks.
         geometries.extend((2..=8).map(|k| TrellisGeometry::row_major(17408, 5120, k, 256, 12, 0).unwrap()));
         let small = [(200, 1024, 3), (88, 512, 4), (16, 256, 2), (17, 768, 2), (40, 768, 8)];
         geometries.extend(small.iter().map(|&(r, c, k)| TrellisGeometry::row_major(r, c, k, 256, 12, 0).unwrap()));
@@ -162,6 +167,22 @@ mod tests {
             assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
         }
     }
+    #[test]
+    fn untested_widths_and_ragged_columns_are_unserved_naming_the_rule() {
+        let g = TrellisGeometry::row_major(512, 1024, 3, 256, 12, 0).unwrap();
+        require_supported(&g).unwrap();
+        for k in [5, 8] {
+            let wide = TrellisGeometry::row_major(512, 1024, k, 256, 12, 0).unwrap();
+            let e = require_supported(&wide).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Unserved);
+            assert!(e.to_string().contains("k 2..=4") && e.to_string().contains("untested"), "{e}");
+        }
+        // The fields are public, so a caller can build columns that are not whole 256-column tiles.
+        let ragged = TrellisGeometry { cols: 1000, ..g };
+        let e = require_supported(&ragged).unwrap_err().to_string();
+        assert!(e.contains("columns a multiple of 256"), "{e}");
+    }
+
     #[test]
     fn the_plans_fit_their_budgets() {
         let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap();

@@ -16,16 +16,15 @@ use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, unserved, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
-use crate::trellis::format::codebook::CUDA_HEADER;
+use crate::trellis::checks::{check_layer, check_operands};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::linear::TrellisLinear;
-use crate::trellis::operands::{check_layer, check_operands};
+use crate::trellis::operands::LayerOperands;
 
 use super::dense::expand_cuda;
 use super::gate_up_plan::{plan, AxisOneConfig};
-use super::FRAGMENT_HEADER;
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted by MLX once per
 /// call: every row tile of the layer converts its fragments again otherwise.
@@ -41,11 +40,12 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
     m >= DENSE_MIN_ROWS && dtype != Dtype::Float32
 }
 
-const SOURCE: &str = include_str!("../../../kernels/cuda/gate_up.cu");
+const SOURCE: &str = sources::CUDA_GATE_UP;
 
-/// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=8.
+/// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=4 (the
+/// widths it is tested at against the reference; wider codes are refused as unserved).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 1 && g.layout() == CodeLayout::RowMajor && g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k)
+    g.axis == 1 && g.layout() == CodeLayout::RowMajor && g.t == 256 && g.l <= 16 && (2..=4).contains(&g.k)
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for an axis-1 layer.
@@ -85,12 +85,18 @@ fn run_linear(
 }
 
 /// `silu(x2 · Wg) ⊙ (x2 · Wu)` `[M, intermediate]` in `x2`'s dtype: the gate and up projections
-/// of the same rows in one launch.
-pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result<MlxArray> {
+/// of the same rows in one launch. `gate` and `up` are their operands (a
+/// [`TrellisLinear`](crate::trellis::TrellisLinear) reference gives its own).
+pub fn swiglu<'g, 'u>(
+    x2: &MlxArray,
+    gate: impl Into<LayerOperands<'g>>,
+    up: impl Into<LayerOperands<'u>>,
+) -> Result<MlxArray> {
+    let (gate, up) = (gate.into(), up.into());
     let m = x2.shape().first().copied().unwrap_or(0);
-    if uses_dense(m, x2.dtype()) && supports(gate.geometry()) && up.geometry() == gate.geometry() {
-        let g = linear(x2, gate.codes(), gate.scales(), gate.geometry())?;
-        let u = linear(x2, up.codes(), up.scales(), up.geometry())?;
+    if uses_dense(m, x2.dtype()) && supports(gate.geometry) && up.geometry == gate.geometry {
+        let g = linear(x2, gate.codes, gate.scales, gate.geometry)?;
+        let u = linear(x2, up.codes, up.scales, up.geometry)?;
         return g.silu()?.multiply(&u);
     }
     swiglu_with(x2, gate, up, plan(m, x2.dtype(), true))
@@ -99,20 +105,20 @@ pub fn swiglu(x2: &MlxArray, gate: &TrellisLinear, up: &TrellisLinear) -> Result
 /// [`swiglu`] with an explicit shape (also the `tuning` feature's `swiglu_with`).
 pub(crate) fn swiglu_with(
     x2: &MlxArray,
-    gate: &TrellisLinear,
-    up: &TrellisLinear,
+    gate: LayerOperands<'_>,
+    up: LayerOperands<'_>,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
-    let g = gate.geometry();
-    if up.geometry() != g {
-        unserved!("CUDA gate·up kernel: gate {g} and up {} differ; the fused kernel needs one geometry", up.geometry());
+    let g = gate.geometry;
+    if up.geometry != g {
+        unserved!("CUDA gate·up kernel: gate {g} and up {} differ; the fused kernel needs one geometry", up.geometry);
     }
     let what = "CUDA gate·up kernel";
-    let m = check(what, x2, gate.codes(), gate.scales(), g)?;
-    check_layer(what, up.codes(), up.scales(), g)?;
+    let m = check(what, x2, gate.codes, gate.scales, g)?;
+    check_layer(what, up.codes, up.scales, g)?;
     let (x, read) = kernel_input(x2, m)?;
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), true)?;
-    let inputs = [&x, gate.codes(), gate.scales(), up.codes(), up.scales()];
+    let inputs = [&x, gate.codes, gate.scales, up.codes, up.scales];
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
 
@@ -120,7 +126,9 @@ pub(crate) fn swiglu_with(
 /// the codes and scales in `g`'s shapes). Returns `M`.
 fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<usize> {
     if !supports(g) {
-        unserved!("{what}: unsupported geometry {g} (needs axis 1, row-major codes, T 256, L <= 16, k 2..=8)");
+        unserved!(
+            "{what}: unsupported geometry {g} (needs axis 1, row-major codes, T 256, L <= 16, k 2..=4; k 5..8 are untested on this kernel)"
+        );
     }
     check_operands(what, x2, codes, scales, g)
 }
@@ -152,7 +160,7 @@ fn kernel(fused: bool) -> Result<&'static CudaKernel> {
             inputs,
             outputs,
             body: variant_source(fused)?,
-            header: format!("{CUDA_HEADER}\n{FRAGMENT_HEADER}"),
+            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
         })
     })
 }
@@ -232,6 +240,20 @@ mod tests {
         assert!(err.to_string().contains("[M >= 1, 512]"), "{err}");
         let ints = MlxArray::zeros(&[2, 512], Dtype::Int32).unwrap();
         assert_eq!(linear(&ints, &codes, &scales, &up).unwrap_err().kind(), crate::ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn codes_wider_than_the_tested_widths_are_unserved_naming_them() {
+        for k in [5, 6, 8] {
+            let up = TrellisGeometry::row_major(256, 512, k, 256, 16, 1).unwrap();
+            assert!(!supports(&up));
+            let x = MlxArray::zeros(&[2, 512], Dtype::Float32).unwrap();
+            let codes = MlxArray::zeros(&up.codes_shape(), Dtype::Uint32).unwrap();
+            let scales = MlxArray::zeros(&[256], Dtype::Float16).unwrap();
+            let err = linear(&x, &codes, &scales, &up).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::Unserved, "{err}");
+            assert!(err.to_string().contains("k 2..=4; k 5..8 are untested"), "{err}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The trellis kernels of MLX's CUDA back-end, one concern per file: the down projection's
 //! configuration, plan and launch ([`down`]), the axis-1 projections and the fused
 //! gate·up·SwiGLU ([`gate_up`], their shape and plan in `gate_up_plan.rs`), the decode-once
-//! dense path ([`dense`]) and the encoder's block search ([`viterbi`]).
+//! dense path ([`dense`]) and the encoder's block search ([`viterbi`]). The kernel texts come from
+//! the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
 
 pub mod dense;
 pub mod down;
@@ -10,9 +11,6 @@ pub(crate) mod down_plan;
 pub mod gate_up;
 pub(crate) mod gate_up_plan;
 pub mod viterbi;
-
-/// The MMA and code-pair helpers shared by the down and axis-1 kernels.
-pub(crate) const FRAGMENT_HEADER: &str = include_str!("../../../kernels/cuda/fragment.cuh");
 
 /// The configuration knobs behind the public entry points (the `tuning` feature), for benchmark
 /// sweeps and tests: the down kernel's configurations and plan, a call with an explicit
@@ -23,7 +21,7 @@ pub mod tuning {
     use crate::array::MlxArray;
     use crate::error::Result;
     use crate::trellis::format::TrellisGeometry;
-    use crate::trellis::linear::TrellisLinear;
+    use crate::trellis::operands::LayerOperands;
 
     pub use super::down_config::CudaDownConfig;
     pub use super::down_plan::{plan, plan_for};
@@ -65,12 +63,12 @@ pub mod tuning {
     }
 
     /// [`swiglu`](super::gate_up::swiglu) with an explicit shape and never the dense path.
-    pub fn swiglu_with(
+    pub fn swiglu_with<'g, 'u>(
         x2: &MlxArray,
-        gate: &TrellisLinear,
-        up: &TrellisLinear,
+        gate: impl Into<LayerOperands<'g>>,
+        up: impl Into<LayerOperands<'u>>,
         cfg: AxisOneConfig,
     ) -> Result<MlxArray> {
-        super::gate_up::swiglu_with(x2, gate, up, cfg)
+        super::gate_up::swiglu_with(x2, gate.into(), up.into(), cfg)
     }
 }

@@ -13,9 +13,10 @@ use crate::device::{backend, Backend, Stream};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText};
+use crate::kernel::sources;
 use crate::kernel::{CudaKernel, LaunchConfig};
 
-const SOURCE: &str = include_str!("../../../kernels/cuda/viterbi.cu");
+const SOURCE: &str = sources::CUDA_VITERBI;
 
 /// The block length the kernel codes.
 const T: usize = 256;

@@ -1,4 +1,4 @@
-//! Coding a dense linear layer as a runner loads it (format §10): the coded axis chosen by the
+//! Coding a dense linear layer as a runner loads it (docs/format.md §10): the coded axis chosen by the
 //! rule for dimensions that are not whole blocks, the seeded rotation of the coded axis, and the
 //! zero padding of a coded axis that is not whole blocks.
 //!

@@ -1,4 +1,4 @@
-//! The encoder: dense weights to trellis codes with a tail-biting Viterbi (spec §8).
+//! The encoder: dense weights to trellis codes with a tail-biting Viterbi (docs/format.md §8).
 //!
 //! # What it computes
 //!
@@ -49,6 +49,14 @@
 //! reconstruction run on the CPU threads either way. The rows go to the GPU in chunks of at most
 //! 65,536 blocks.
 //!
+//! # Hessian-weighted coding and bit allocation
+//!
+//! [`encode_linear_ldlq`] chooses the codes against the layer's input second moment `H`
+//! (LDLQ / BlockLDLQ; algorithm, damping, guard and fallbacks in [`ldlq`]), minimising the
+//! output error `tr(E H Eᵀ)` ([`proxy_error`]) instead of the plain squared error; every block it
+//! codes goes through the same search dispatch as [`encode`]. [`allocate`] picks bits per weight
+//! per tensor from a budget of stored bits.
+//!
 //! # Determinism
 //!
 //! Every block is coded by the same sequence of f32 operations whatever thread runs it; threads
@@ -70,11 +78,19 @@ use super::cuda::viterbi as viterbi_cuda;
 use super::format::codebook::lut1mad;
 use super::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeometry};
 
+pub mod allocate;
 mod block;
+pub mod hessian;
+pub mod ldlq;
 mod linear;
+mod parallel;
 mod search;
 
 use block::BlockCoder;
+pub use hessian::{proxy_error, rotate_hessian, ProxyError};
+#[doc(hidden)]
+pub use ldlq::encode_linear_ldlq_with_targets;
+pub use ldlq::{encode_linear_ldlq, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded, LdlqOutcome};
 pub use linear::{choose_axis, code_linear, AxisChoice, CodedLinear, RotationSpec};
 
 /// The block length every shipped model uses and the only one the encoder accepts.
@@ -100,7 +116,7 @@ pub struct EncoderConfig {
     /// Where the block search runs. The output does not depend on it either.
     pub backend: EncoderBackend,
     /// The incoherence rotation of the coded axis that [`code_linear`] applies before coding
-    /// (format §10); `None` codes the weights as given. [`encode`] and [`encode_linear`] code
+    /// (docs/format.md §10); `None` codes the weights as given. [`encode`] and [`encode_linear`] code
     /// the matrix they are given and refuse a rotation here (their result could not record it).
     pub rotation: Option<RotationSpec>,
 }
@@ -275,7 +291,7 @@ pub fn encode_with_progress(
 }
 
 /// Codes the stored matrix `weights` `[rows, logical_cols]` (row-major) whose rows need not be
-/// whole blocks (format §10): each row is padded with zeros to the next multiple of `T`, the
+/// whole blocks (docs/format.md §10): each row is padded with zeros to the next multiple of `T`, the
 /// padded positions are free in the block search (zero weight in its squared error) and left
 /// out of the row's scale (the RMS of the logical columns) and of the reported mean squared
 /// error. With `logical_cols` a multiple of `T` this is [`encode`]. The block search runs on the
@@ -417,12 +433,7 @@ fn encode_inner(
     let mut codes = try_filled(row_major.code_words(), 0u32, || format!("the codes of {geometry}"))?;
     let mut reconstruction = try_filled(rows * cols, 0f32, || format!("the reconstruction of {geometry}"))?;
     let rows_of = RowsOf { weights, codes: &mut codes, reconstruction: &mut reconstruction, scales: &scales, cols };
-    if search == BlockSearch::Viterbi && cfg.searches_on_cuda() && column_weights.is_none() {
-        search_on_cuda(rows_of, cfg, &lut, progress)?;
-    } else {
-        let cw = column_weights.as_deref();
-        code_rows(rows_of, 0, None, cw, cfg, &lut, search, &mut |done| progress(done, rows))?;
-    }
+    search_and_code(rows_of, column_weights.as_deref(), cfg, &lut, search, progress)?;
 
     let sq: f64 = weights
         .chunks_exact(cols)
@@ -436,6 +447,33 @@ fn encode_inner(
         CodeLayout::K3Interleaved => row_major_to_interleaved(&codes, rows, cols)?,
     };
     Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse, logical_cols: logical })
+}
+
+/// Codes the rows of `all` with their given scales through the configured search: the CUDA
+/// kernel for [`BlockSearch::Viterbi`] where [`EncoderConfig::searches_on_cuda`] and every
+/// position weighs 1, the CPU threads otherwise. `column_weights` (one per column of `all`'s
+/// rows, `None`: all 1) weights each position's squared error, 0 on padding; the CUDA search has
+/// no per-position weights, so weighted rows search on the CPU. Every caller that codes rows goes
+/// through here, so all of them search on the same back-end with the same bytes as a result.
+fn search_and_code(
+    all: RowsOf<'_>,
+    column_weights: Option<&[f32]>,
+    cfg: &EncoderConfig,
+    lut: &[f32],
+    search: BlockSearch,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    if let Some(w) = column_weights {
+        if w.len() != all.cols {
+            invalid!("encoder: {} column weights for rows of {} columns", w.len(), all.cols);
+        }
+    }
+    if search == BlockSearch::Viterbi && cfg.searches_on_cuda() && column_weights.is_none() {
+        search_on_cuda(all, cfg, lut, progress)
+    } else {
+        let rows = all.scales.len();
+        code_rows(all, 0, None, column_weights, cfg, lut, search, &mut |done| progress(done, rows))
+    }
 }
 
 /// Blocks per CUDA launch: bounds the host and device copies of a launch (64 MiB of f32 input).

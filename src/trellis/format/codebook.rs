@@ -2,6 +2,7 @@
 //! kernel headers that define it on the GPU.
 
 use crate::error::{invalid, Result};
+use crate::kernel::sources;
 
 /// The standard deviation of the byte sum that `y` centres: value = `y / TRELLIS_SCALE`.
 pub const TRELLIS_SCALE: f64 = 147.800537109375;
@@ -10,10 +11,10 @@ pub const TRELLIS_SCALE: f64 = 147.800537109375;
 pub const TRELLIS_RCP: f32 = (1.0 / TRELLIS_SCALE) as f32;
 
 /// The Metal header shared by the trellis kernels: `TRELLIS_RCP` and `trellis_y_f32(state)`.
-pub const METAL_HEADER: &str = include_str!("../../../kernels/metal/codebook.h");
+pub const METAL_HEADER: &str = sources::METAL_CODEBOOK;
 
 /// The CUDA header shared by the trellis kernels: `TRELLIS_RCP` and `trellis_y_f32(state)`.
-pub const CUDA_HEADER: &str = include_str!("../../../kernels/cuda/codebook.cuh");
+pub const CUDA_HEADER: &str = sources::CUDA_CODEBOOK;
 
 /// The integer code value of `state`: the byte sum of `state * 34038481 + 76625530` (wrapping
 /// u32) minus 510, in `[-510, 510]`.

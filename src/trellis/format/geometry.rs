@@ -12,11 +12,11 @@ pub enum CodeLayout {
     /// `u32 [rows, cols * k / 32]`: each stored row's blocks back to back.
     RowMajor,
     /// `u32 [cols / 512, rows, 48]`: 3-bit codes, blocks `2g` and `2g + 1` of each row side by side
-    /// (the seed's `blockInterleave = 2`).
+    /// (the upstream `blockInterleave = 2`).
     K3Interleaved,
 }
 
-/// The geometry of one trellis-coded matrix (the seed's `TrellisGeometry`).
+/// The geometry of one trellis-coded matrix (the upstream `TrellisGeometry`).
 ///
 /// The stored matrix has `rows x cols` weights; each stored row is coded along its columns in
 /// blocks of `t` weights at `k` bits with an `l`-bit state. For `axis == 0` (down projections)
@@ -43,7 +43,7 @@ pub struct TrellisGeometry {
 const MAX_WEIGHTS: usize = isize::MAX as usize / 8;
 
 impl TrellisGeometry {
-    /// Derives and checks the geometry of the code tensor `tensor` of shape `shape` (spec §4).
+    /// Derives and checks the geometry of the code tensor `tensor` of shape `shape` (docs/format.md §4).
     /// Every broken rule is an error that names the tensor and the rule; every size derived from
     /// the shape (columns, weights, code words) is checked not to overflow.
     pub fn from_codes_shape(

@@ -1,4 +1,4 @@
-//! Conversions between the two code layouts of a 3-bit matrix (spec §4): row-major
+//! Conversions between the two code layouts of a 3-bit matrix (docs/format.md §4): row-major
 //! `[rows, cols*3/32]` and the block interleave `[cols/512, rows, 48]`.
 
 use crate::error::{invalid, Result};

@@ -1,4 +1,4 @@
-//! The trellis format (spec §1-§4): the [`TrellisGeometry`] of a coded matrix, the 1MAD
+//! The trellis format (docs/format.md §1-§4): the [`TrellisGeometry`] of a coded matrix, the 1MAD
 //! [`codebook`], the two code layouts and their conversions, and [`HostLayer`], a coded layer held
 //! on the host.
 

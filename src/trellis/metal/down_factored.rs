@@ -1,5 +1,5 @@
 //! Down projections (axis 0) over row-major codes with the input scale factored out, on Metal:
-//! `kernels/metal/down_factored.metal` (the seed's `downFactoredRow` / `downFactoredRows`).
+//! `kernels/metal/down_factored.metal` (the upstream `downFactoredRow` / `downFactoredRows`).
 //!
 //! Each input row's activation is pre-multiplied by `scale * (1/147.8)` and the weights
 //! contribute their integer code value `y`. Lane per word of a block, running sums per
@@ -13,12 +13,12 @@ use crate::error::{invalid, Result};
 use crate::kernel::variant::kernel_section;
 use crate::kernel::MetalKernel;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
-use crate::trellis::format::codebook::METAL_HEADER;
+use super::launch::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_operands, int};
+use crate::trellis::checks::{check_operands, int};
+use crate::kernel::sources;
 
-const FILE: &str = include_str!("../../../kernels/metal/down_factored.metal");
+const FILE: &str = sources::METAL_DOWN_FACTORED;
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
@@ -62,23 +62,23 @@ fn launch(
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
-/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the seed's `downFactoredRow`).
+/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the upstream `downFactoredRow`).
 pub fn down_factored_row(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     if x2.shape().first() != Some(&1) {
         invalid!("downFactoredRow: expects one activation row");
     }
-    let k = family_kernel("down_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
+    let k = family_kernel("down_factored_row", || kernel_section(FILE, "ROW"), &[sources::METAL_CODEBOOK])?;
     launch(k, x2, codes, scales, g, 1)
 }
 
-/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the seed's
+/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the upstream
 /// `downFactoredRows`).
 pub fn down_factored_rows(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
     if !(2..=4).contains(&m) {
         invalid!("downFactoredRows: M={m} outside 2..4");
     }
-    let k = family_kernel("down_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
+    let k = family_kernel("down_factored_rows", || kernel_section(FILE, "ROWS"), &[sources::METAL_CODEBOOK])?;
     launch(k, x2, codes, scales, g, m)
 }
 

@@ -1,6 +1,6 @@
 //! Down projections (axis 0) over 3-bit codes in the block-interleaved layout
 //! `[cols/512, rows, 48]` (T 256, L 12) with the input scale factored out, on Metal:
-//! `kernels/metal/down_k3_interleaved_factored.metal` (the seed's
+//! `kernels/metal/down_k3_interleaved_factored.metal` (the upstream
 //! `downK3InterleavedFactoredRow` / `downK3InterleavedFactoredRows`).
 //!
 //! One block per SIMD group, every lane owning 8 consecutive positions (24 bits), so all 32
@@ -12,12 +12,12 @@ use crate::error::{invalid, Result};
 use crate::kernel::variant::kernel_section;
 use crate::kernel::MetalKernel;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
-use crate::trellis::format::codebook::METAL_HEADER;
+use super::launch::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::TrellisGeometry;
-use crate::trellis::operands::{check_operands, int};
+use crate::trellis::checks::{check_operands, int};
+use crate::kernel::sources;
 
-const FILE: &str = include_str!("../../../kernels/metal/down_k3_interleaved_factored.metal");
+const FILE: &str = sources::METAL_DOWN_K3_INTERLEAVED_FACTORED;
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
@@ -55,7 +55,7 @@ fn launch(
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
-/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the seed's `downK3InterleavedFactoredRow`).
+/// `x2 [1, in] · W -> [1, out]` in `x2`'s dtype (the upstream `downK3InterleavedFactoredRow`).
 pub fn down_k3_interleaved_factored_row(
     x2: &MlxArray,
     codes: &MlxArray,
@@ -65,11 +65,11 @@ pub fn down_k3_interleaved_factored_row(
     if x2.shape().first() != Some(&1) {
         invalid!("downK3InterleavedFactoredRow: expects one activation row");
     }
-    let k = family_kernel("down_k3i_factored_row", || kernel_section(FILE, "ROW"), &[METAL_HEADER])?;
+    let k = family_kernel("down_k3i_factored_row", || kernel_section(FILE, "ROW"), &[sources::METAL_CODEBOOK])?;
     launch(k, x2, codes, scales, g, 1)
 }
 
-/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the seed's
+/// `x2 [M, in] · W -> [M, out]` for 2..4 rows sharing each decoded weight (the upstream
 /// `downK3InterleavedFactoredRows`).
 pub fn down_k3_interleaved_factored_rows(
     x2: &MlxArray,
@@ -81,6 +81,6 @@ pub fn down_k3_interleaved_factored_rows(
     if !(2..=4).contains(&m) {
         invalid!("downK3InterleavedFactoredRows: M={m} outside 2..4");
     }
-    let k = family_kernel("down_k3i_factored_rows", || kernel_section(FILE, "ROWS"), &[METAL_HEADER])?;
+    let k = family_kernel("down_k3i_factored_rows", || kernel_section(FILE, "ROWS"), &[sources::METAL_CODEBOOK])?;
     launch(k, x2, codes, scales, g, m)
 }

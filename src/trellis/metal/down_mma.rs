@@ -1,5 +1,5 @@
 //! Verify-width down projections (1..8 activation rows) on the simdgroup matrix unit, on Metal:
-//! `kernels/metal/down_mma.metal` (the seed's `downMma` / `downK3InterleavedMma`).
+//! `kernels/metal/down_mma.metal` (the upstream `downMma` / `downK3InterleavedMma`).
 //!
 //! A SIMD group owns `8 * S` consecutive positions of one 256-position block and a split of the
 //! input rows; per 8-row step every lane decodes `2S` positions of one input row into the B
@@ -11,14 +11,14 @@ use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::kernel::{LaunchConfig, MetalKernel};
 
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_operands, int};
+use crate::trellis::checks::{check_operands, int};
+use crate::kernel::sources;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch};
+use super::launch::{apply_and_fold, family_kernel, partials_launch};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/down_mma.metal");
-const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_state.h");
+const SOURCE: &str = sources::METAL_DOWN_MMA;
+const STATE_HEADER: &str = sources::METAL_DOWN_MMA_STATE;
 
 /// SIMD groups per threadgroup.
 pub(crate) const SG_TG: usize = 4;
@@ -88,16 +88,16 @@ fn launch(
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256), 1..8 rows
-/// (the seed's `downMma`).
+/// (the upstream `downMma`).
 pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMma: needs row-major codes");
     }
-    let k = family_kernel("down_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_mma", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false)
 }
 
-/// [`down_mma`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the seed's
+/// [`down_mma`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the upstream
 /// `downK3InterleavedMma`).
 pub fn down_k3_interleaved_mma(
     x2: &MlxArray,
@@ -108,6 +108,6 @@ pub fn down_k3_interleaved_mma(
     if g.block_interleave != 2 || g.k != 3 {
         invalid!("downK3InterleavedMma: needs 3-bit block-interleaved codes");
     }
-    let k = family_kernel("down_k3i_mma", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_k3i_mma", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true)
 }

@@ -1,5 +1,5 @@
 //! Down projections for any number of activation rows on the simdgroup matrix unit, on Metal:
-//! `kernels/metal/down_mma_wide.metal` (the seed's `downMmaWidePass`,
+//! `kernels/metal/down_mma_wide.metal` (the upstream `downMmaWidePass`,
 //! `downK3InterleavedMmaWidePass`, `downMmaWide`, `downK3InterleavedMmaWide`).
 //!
 //! [`down_mma`]'s splits and accumulation (each output row bit for bit the same
@@ -7,23 +7,23 @@
 //! z walks chunks of `8 * MT` rows. Code values come from a threadgroup half table of the `2^L`
 //! values. A [`DownPass`] (`S` sub-tiles per SIMD group, `MT` blocks) follows the layout and the
 //! rows ([`plan`]); neither changes a sum. [`SPLITS`] f32 partials `[M, SPLITS, C]` fold in one MLX
-//! `sum`. The seed's timings of these kernels are in `docs/metal-mlp.md`.
+//! `sum`. The upstream timings of these kernels are in `docs/metal-mlp.md`.
 
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::kernel::MetalKernel;
 
 use super::down_mma::{self, pass_template_ints};
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::check_operands;
+use crate::trellis::checks::check_operands;
+use crate::kernel::sources;
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch};
+use super::launch::{apply_and_fold, family_kernel, partials_launch};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/down_mma_wide.metal");
+const SOURCE: &str = sources::METAL_DOWN_MMA_WIDE;
 /// The bit-window helper (`block_state`) of the wide MMA kernels, shared with
 /// [`gate_up_mma`](super::gate_up_mma).
-pub(crate) const STATE_HEADER: &str = include_str!("../../../kernels/metal/down_mma_wide_state.h");
+pub(crate) const STATE_HEADER: &str = sources::METAL_DOWN_MMA_WIDE_STATE;
 
 /// SIMD groups per threadgroup (as `downMma`).
 const SG_TG: usize = down_mma::SG_TG;
@@ -34,9 +34,9 @@ pub const SPLITS: usize = down_mma::SPLITS;
 /// activation rows per decoded fragment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DownPass {
-    /// Sub-tiles per SIMD group (the seed's `S`): a SIMD group covers `8 * s` positions.
+    /// Sub-tiles per SIMD group (the upstream `S`): a SIMD group covers `8 * s` positions.
     pub s: u32,
-    /// Blocks of 8 rows per pass (the seed's `MT`).
+    /// Blocks of 8 rows per pass (the upstream `MT`).
     pub mt: u32,
 }
 
@@ -109,7 +109,7 @@ fn launch(
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256, L at most 12,
-/// input features a multiple of 8), any number of rows, in passes of the given shape (the seed's
+/// input features a multiple of 8), any number of rows, in passes of the given shape (the upstream
 /// `downMmaWidePass`).
 pub fn down_mma_wide_pass(
     x2: &MlxArray,
@@ -121,11 +121,11 @@ pub fn down_mma_wide_pass(
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMmaWide: needs row-major codes");
     }
-    let k = family_kernel("down_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_mma_wide", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, false, pass)
 }
 
-/// [`down_mma_wide_pass`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the seed's
+/// [`down_mma_wide_pass`] for 3-bit block-interleaved codes `[cols/512, rows, 48]` (the upstream
 /// `downK3InterleavedMmaWidePass`).
 pub fn down_k3_interleaved_mma_wide_pass(
     x2: &MlxArray,
@@ -137,17 +137,17 @@ pub fn down_k3_interleaved_mma_wide_pass(
     if g.block_interleave != 2 || g.k != 3 {
         invalid!("downK3InterleavedMmaWide: needs 3-bit block-interleaved codes");
     }
-    let k = family_kernel("down_k3i_mma_wide", || SOURCE, &[METAL_HEADER, STATE_HEADER])?;
+    let k = family_kernel("down_k3i_mma_wide", || SOURCE, &[sources::METAL_CODEBOOK, STATE_HEADER])?;
     launch(k, x2, codes, scales, g, true, pass)
 }
 
-/// [`down_mma_wide_pass`] in the pass the row count plans (the seed's `downMmaWide`).
+/// [`down_mma_wide_pass`] in the pass the row count plans (the upstream `downMmaWide`).
 pub fn down_mma_wide(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
     down_mma_wide_pass(x2, codes, scales, g, plan(CodeLayout::RowMajor, m))
 }
 
-/// [`down_k3_interleaved_mma_wide_pass`] in the pass the row count plans (the seed's
+/// [`down_k3_interleaved_mma_wide_pass`] in the pass the row count plans (the upstream
 /// `downK3InterleavedMmaWide`).
 pub fn down_k3_interleaved_mma_wide(
     x2: &MlxArray,

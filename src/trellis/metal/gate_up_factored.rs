@@ -1,6 +1,6 @@
 //! Gate/up projections (axis 1) and the fused gate·up·SwiGLU for 1..8 activation rows with the
-//! 1MAD arithmetic, on Metal: `kernels/metal/gate_up_factored.metal` (a new family in the seed's
-//! style; the seed has no axis-1 kernels).
+//! 1MAD arithmetic, on Metal: `kernels/metal/gate_up_factored.metal` (a new family in the
+//! upstream style; upstream has no axis-1 kernels).
 //!
 //! Codes `[R, C*k/32]` (`R` output rows, `C` inputs) hold each output row's trellis along its
 //! input, so the reduction runs inside one stored row: a SIMD group owns output rows (`NR` of
@@ -17,15 +17,15 @@ use crate::kernel::registry::KernelKey;
 use crate::kernel::variant::{kernel_section, source_variant};
 use crate::kernel::{LaunchConfig, MetalKernel};
 
-use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
-use crate::trellis::format::codebook::METAL_HEADER;
+use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_layer, check_operands, int};
+use crate::trellis::checks::{check_layer, check_operands, int};
+use crate::kernel::sources;
 
-const FILE: &str = include_str!("../../../kernels/metal/gate_up_factored.metal");
+const FILE: &str = sources::METAL_GATE_UP_FACTORED;
 /// The axis-1 helpers, shared with [`gate_up_mma`](super::gate_up_mma): `lane_codes`,
 /// `trellis_silu`, and `realign_window` (used by `gate_up_mma` only).
-pub(crate) const GATE_UP_HEADER: &str = include_str!("../../../kernels/metal/gate_up.h");
+pub(crate) const GATE_UP_HEADER: &str = sources::METAL_GATE_UP_HEADER;
 
 /// Output rows per SIMD group of one projection: each block's 8 activations per lane are loaded
 /// once for the four rows.
@@ -122,7 +122,7 @@ fn kernel(section: &'static str, swiglu: bool) -> Result<&'static MetalKernel> {
         source_variant(kernel_section(FILE, section), "SWIGLU", swiglu)
             .with_context(|| format!("Metal kernel {family}"))
     };
-    registered_kernel(key(family, swiglu), arg_names(swiglu), &["out"], body, &[METAL_HEADER, GATE_UP_HEADER])
+    registered_kernel(key(family, swiglu), arg_names(swiglu), &["out"], body, &[sources::METAL_CODEBOOK, GATE_UP_HEADER])
 }
 
 /// Checks the call and returns `M`: `x2 [M, C]` (1..8 rows, or exactly 1 for `ROW`), the gate's

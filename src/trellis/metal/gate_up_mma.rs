@@ -1,6 +1,6 @@
 //! Gate/up projections (axis 1) and the fused gate·up·SwiGLU for any number of activation rows
 //! on the simdgroup matrix unit, on Metal: `kernels/metal/gate_up_mma.metal` (a new family in
-//! the style of the seed's wide MMA kernel, `down_mma_wide`).
+//! the style of the upstream wide MMA kernel, `down_mma_wide`).
 //!
 //! The product is taken transposed, `outᵀ [R, M] = W [R, C] · xᵀ [C, M]`, so that a lane's A
 //! fragment holds one output row's weights at 16 contiguous positions of a 64-position chunk
@@ -17,12 +17,12 @@ use crate::kernel::variant::source_variant;
 use crate::kernel::MetalKernel;
 
 use super::down_mma_wide::STATE_HEADER;
-use super::fold::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use super::launch::{registered_kernel, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
 use super::gate_up_factored::{self, apply, arg_names, axis_one_launch, check_layers, key, GATE_UP_HEADER};
-use crate::trellis::format::codebook::METAL_HEADER;
 use crate::trellis::format::TrellisGeometry;
+use crate::kernel::sources;
 
-const SOURCE: &str = include_str!("../../../kernels/metal/gate_up_mma.metal");
+const SOURCE: &str = sources::METAL_GATE_UP_MMA;
 
 /// One pass of the kernel: `nt` tiles of 8 output rows per SIMD group, `mt` blocks of 8
 /// activation rows per pass.
@@ -41,7 +41,7 @@ pub const MAX_MT: u32 = 4;
 /// The pass for `m` rows: two output tiles per SIMD group for one projection, one for the fused
 /// kernel (the same decoded rows per step), and the rows' blocks of 8 shared evenly over the
 /// fewest passes of at most [`MAX_MT`] blocks (every weight is decoded once per pass). Not
-/// measured: the seed's M1 Max figures are for the down kernels only.
+/// measured: the upstream M1 Max figures are for the down kernels only.
 pub fn plan(m: usize, swiglu: bool) -> UpPass {
     let blocks = m.div_ceil(8).max(1);
     let passes = blocks.div_ceil(MAX_MT as usize);
@@ -62,7 +62,7 @@ pub fn nw(g: &TrellisGeometry) -> usize {
 
 fn kernel(swiglu: bool) -> Result<&'static MetalKernel> {
     let body = || source_variant(SOURCE, "SWIGLU", swiglu).with_context(|| "Metal kernel gate_up_mma".to_string());
-    registered_kernel(key("gate_up_mma", swiglu), arg_names(swiglu), &["out"], body, &[METAL_HEADER, STATE_HEADER, GATE_UP_HEADER])
+    registered_kernel(key("gate_up_mma", swiglu), arg_names(swiglu), &["out"], body, &[sources::METAL_CODEBOOK, STATE_HEADER, GATE_UP_HEADER])
 }
 
 fn launch(

@@ -1,21 +1,21 @@
-//! The baseline Metal down projection: `kernels/metal/trellis_scatter.metal` (the seed's
+//! The baseline Metal down projection: `kernels/metal/trellis_scatter.metal` (the upstream
 //! `trellisScatter` contract), against which the factored and MMA kernels are checked.
 //!
 //! Weights are f32 `value(state) * scale` with `value = float(y) * TRELLIS_RCP`, multiplied into
-//! `x[r]` unfactored. Traversal as [`down_factored_row`](super::down_factored::down_factored_row):
-//! lane per word of a block, the neighbour word by `simd_shuffle`, [`SPLITS`] input-row splits
+//! `x[r]` unfactored. Traversal as [`down_factored_row`](crate::trellis::metal::down_factored::down_factored_row):
+//! lane per word of a block, the neighbour word by `simd_shuffle`, [`SPLITS`](crate::trellis::metal::trellis_scatter::SPLITS) input-row splits
 //! into f32 partials `[M, SPLITS, C]` that one MLX `sum` folds. One SIMD group serves one
 //! activation row, so any `M` runs; both code layouts.
 
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 
-use super::fold::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
-use crate::trellis::format::codebook::METAL_HEADER;
+use super::launch::{apply_and_fold, family_kernel, partials_launch, TRELLIS_SG_PER_TG, TRELLIS_THREADS};
+use crate::kernel::sources;
+use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::operands::{check_operands, int};
 
-const SOURCE: &str = include_str!("../../../kernels/metal/trellis_scatter.metal");
+const SOURCE: &str = sources::METAL_TRELLIS_SCATTER;
 
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 128;
@@ -33,7 +33,7 @@ pub fn trellis_scatter(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &T
     }
     let what = "trellisScatter";
     let m = check_operands(what, x2, codes, scales, g)?;
-    let kernel = family_kernel("scatter", || SOURCE, &[METAL_HEADER])?;
+    let kernel = family_kernel("scatter", || SOURCE, &[sources::METAL_CODEBOOK])?;
     let nb = 32 / g.words_per_block();
     let groups = (g.cols / g.t as usize).div_ceil(nb);
     let grid = [TRELLIS_THREADS, groups.div_ceil(TRELLIS_SG_PER_TG), SPLITS * m];

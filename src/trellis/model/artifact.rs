@@ -1,11 +1,11 @@
-//! Model artifacts on disk (spec §5): `config.json` plus `*.safetensors`, a single file or shards
+//! Model artifacts on disk (docs/format.md §5): `config.json` plus `*.safetensors`, a single file or shards
 //! listed in `model.safetensors.index.json`.
 //!
 //! A coded module `<path>` has the tensors `<path>.weight` (uint32 codes, either layout) and
 //! `<path>.scales` (float16 `[rows]`), and an entry in the config's `quantization` (or
 //! `quantization_config`) object:
 //! `{"bits": k, "group_size": T, "mode": "trellis", "trellis": {"L": 12, "code": "1mad", "axis": 0}}`.
-//! A module whose coded axis is rotated or padded (format §10) also has `rotation` and/or
+//! A module whose coded axis is rotated or padded (docs/format.md §10) also has `rotation` and/or
 //! `logical_cols` in its `trellis` object and the tensor `<path>.rotation_signs`
 //! (see [`coded_axis`](super::coded_axis)).
 //!
@@ -13,19 +13,29 @@
 //! (or [`Error::Io`] for the operating system's errors): JSON is parsed strictly (duplicate keys
 //! refused, sizes capped), safetensors headers are validated before MLX reads them, every file
 //! read resolves inside the model directory, and scales must be finite.
+//!
+//! An [`Artifact`] reads and validates each safetensors file's header once and keeps it (read
+//! again only where the file's size or modification time changed): loading a module, an MLP or
+//! a shard of one reuses it. The reading of one rank's rows for shard loads is in `shard.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path as FsPath, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use serde_json::{Map, Value};
 
 use crate::array::MlxArray;
-use crate::error::{invalid, Error, Result};
-use crate::io::{load_safetensors_lazy, save_safetensors};
+use crate::error::{invalid, Error, ErrorContext, Result};
+use crate::io::{load_safetensors_lazy, read_header, save_safetensors, Header};
 use crate::json;
-use crate::trellis::linear::{check_codes, check_scales, TrellisLinear};
+use crate::trellis::checks::{check_codes, check_scales};
+use crate::trellis::linear::TrellisLinear;
+use crate::trellis::mlp::TrellisMlp;
+use crate::trellis::shard::RowShard;
 
 use super::paths::{check_shard_name, ModelRoot};
+use super::shard::{read_module_rows, OpenFiles};
 
 /// A config is small even for large models; the cap bounds what a hostile one costs to parse.
 const MAX_CONFIG_BYTES: u64 = 4 << 20;
@@ -56,6 +66,15 @@ pub struct Artifact {
     config: Map<String, Value>,
     /// Tensor name to file, from the shard index (empty for a single file).
     weight_map: BTreeMap<String, String>,
+    /// The validated header of each safetensors file read so far, by path.
+    headers: Mutex<BTreeMap<PathBuf, CachedHeader>>,
+}
+
+/// A file's validated header and the file's size and modification time when it was read.
+#[derive(Debug)]
+struct CachedHeader {
+    stamp: (u64, Option<SystemTime>),
+    header: Arc<Header>,
 }
 
 /// Reads `path` as a JSON object, strictly and with a size cap.
@@ -105,7 +124,7 @@ impl Artifact {
                 weight_map.insert(name.clone(), file.to_string());
             }
         }
-        Ok(Artifact { root, config, weight_map })
+        Ok(Artifact { root, config, weight_map, headers: Mutex::default() })
     }
 
     fn config_path(&self) -> PathBuf {
@@ -171,7 +190,7 @@ impl Artifact {
             return Ok(self.weight_map.contains_key(name));
         }
         let file = self.file_of(name)?;
-        Ok(load_safetensors_lazy(&file)?.contains_key(name))
+        Ok(self.header(&file)?.tensors.contains_key(name))
     }
 
     /// The parsed config entry of `module`.
@@ -238,10 +257,36 @@ impl Artifact {
         Err(Error::artifact(&self.root.dir, None, format!("model directory has neither {SINGLE} nor {INDEX}")))
     }
 
-    /// Tensor `name`, read from disk, and its file.
-    pub(super) fn tensor(&self, name: &str) -> Result<(PathBuf, MlxArray)> {
+    /// The validated header of the safetensors file `file` (a path [`Artifact::file_of`] gave),
+    /// read and validated on first use and again only where the file's size or modification
+    /// time changed since.
+    pub(super) fn header(&self, file: &FsPath) -> Result<Arc<Header>> {
+        let meta = std::fs::metadata(file).map_err(|e| Error::io(file, e))?;
+        let stamp = (meta.len(), meta.modified().ok());
+        // A panic elsewhere while the lock was held leaves a map that is still whole.
+        let mut headers = self.headers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(cached) = headers.get(file).filter(|c| c.stamp == stamp) {
+            return Ok(Arc::clone(&cached.header));
+        }
+        let header = Arc::new(read_header(file)?);
+        headers.insert(file.to_path_buf(), CachedHeader { stamp, header: Arc::clone(&header) });
+        Ok(header)
+    }
+
+    /// Tensor `name` of the lazily loaded files `loaded` (a file is loaded through MLX on first
+    /// use, with its cached header), read from disk, and its file.
+    pub(super) fn tensor(
+        &self,
+        loaded: &mut BTreeMap<PathBuf, BTreeMap<String, MlxArray>>,
+        name: &str,
+    ) -> Result<(PathBuf, MlxArray)> {
         let file = self.file_of(name)?;
-        let mut tensors = load_safetensors_lazy(&file)?;
+        let tensors = match loaded.entry(file.clone()) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(load_safetensors_lazy(&file, &*self.header(&file)?)?)
+            }
+        };
         let Some(t) = tensors.remove(name) else {
             return Err(Error::artifact(&file, Some(name), format!("tensor {name:?} is missing from this file")));
         };
@@ -256,15 +301,39 @@ impl Artifact {
     pub fn module(&self, module: &str) -> Result<TrellisLinear> {
         let cfg = self.module_config(module)?;
         let (wname, sname) = (format!("{module}.weight"), format!("{module}.scales"));
-        let (wfile, codes) = self.tensor(&wname)?;
+        // One MLX load per file: the codes and scales usually share one.
+        let mut loaded = BTreeMap::new();
+        let (wfile, codes) = self.tensor(&mut loaded, &wname)?;
         let geometry = check_codes(&wname, &codes, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
             .map_err(|e| Error::artifact(&wfile, Some(&wname), e.message()))?;
-        let (sfile, scales) = self.tensor(&sname)?;
+        let (sfile, scales) = self.tensor(&mut loaded, &sname)?;
         check_scales(&wname, &scales, &geometry, &codes)
             .map_err(|e| Error::artifact(&sfile, Some(&sname), e.message()))?;
         let layer = self.attach_coded_axis(module, TrellisLinear::from_checked(&wname, codes, scales, geometry))?;
         self.check_model_dims(module, layer.in_features(), layer.out_features(), &geometry)?;
         Ok(layer)
+    }
+
+    /// Rank `shard.rank()`'s stored rows of the coded module `module` (see
+    /// [`RowShard::rows`] for the rule), read from disk without reading the other rows. The
+    /// codes' and scales' dtypes and shapes are checked against the config as
+    /// [`Artifact::module`] checks them, and the scales read must be finite.
+    pub fn module_shard(&self, module: &str, shard: RowShard) -> Result<TrellisLinear> {
+        read_module_rows(self, &mut OpenFiles::default(), module, shard, None)
+    }
+
+    /// Rank `rank`'s shard of `count` of the MLP `PREFIX.{gate,up,down}_proj` (see
+    /// [`TrellisMlp::shard`]), each projection's rows read from disk alone. Refused unless the
+    /// config stores gate and up on axis 1 and down on axis 0.
+    pub fn mlp_shard(&self, prefix: &str, rank: usize, count: usize) -> Result<TrellisMlp> {
+        let load = || {
+            let shard = RowShard::new(rank, count)?;
+            let mut files = OpenFiles::default();
+            let mut part =
+                |name: &str, axis| read_module_rows(self, &mut files, &format!("{prefix}.{name}"), shard, Some(axis));
+            TrellisMlp::new(part("gate_proj", 1)?, part("up_proj", 1)?, part("down_proj", 0)?)
+        };
+        load().with_context(|| format!("shard {rank} of {count} of MLP {prefix:?}"))
     }
 
     /// Where the config states the model's widths, an MLP projection must have them (its logical
@@ -369,4 +438,47 @@ pub fn write_artifact(
     let text = serde_json::to_string_pretty(&Value::Object(config)).map_err(|e| Error::invalid(e.to_string()))?;
     std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::READS;
+    use crate::trellis::{synthetic_mlp, CodeLayout};
+
+    /// The MLP of `synthetic_mlp(hidden, inter, 2, ..)` as layers named `m.*_proj`.
+    fn layers(hidden: usize, inter: usize, seed: u64) -> Vec<(&'static str, TrellisLinear)> {
+        let (g, u, d) = synthetic_mlp(hidden, inter, 2, CodeLayout::RowMajor, seed).unwrap();
+        [("m.gate_proj", g), ("m.up_proj", u), ("m.down_proj", d)]
+            .into_iter()
+            .map(|(n, h)| (n, TrellisLinear::from_host(n, &h).unwrap()))
+            .collect()
+    }
+
+    fn write(dir: &FsPath, layers: &[(&'static str, TrellisLinear)]) {
+        let modules: Vec<(&str, &TrellisLinear)> = layers.iter().map(|(n, l)| (*n, l)).collect();
+        write_artifact(dir, &modules, &[]).unwrap();
+    }
+
+    #[test]
+    fn each_header_is_read_once_per_artifact_until_its_file_changes() {
+        let dir = std::env::temp_dir().join(format!("mlx-trellis-header-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let first = layers(256, 512, 3);
+        write(&dir, &first);
+        let reads = || READS.with(|n| n.get());
+        let art = Artifact::open(&dir).unwrap();
+        let before = reads();
+        let whole = TrellisMlp::from_artifact(&art, "m").unwrap();
+        art.module("m.down_proj").unwrap();
+        art.mlp_shard("m", 1, 2).unwrap();
+        art.module_shard("m.gate_proj", RowShard::new(0, 2).unwrap()).unwrap();
+        assert_eq!(reads() - before, 1, "one file, one header read for every load");
+        assert_eq!(whole.down().to_host().unwrap().codes, first[2].1.to_host().unwrap().codes);
+        // A file rewritten with other contents (here: other widths) is read again.
+        write(&dir, &layers(256, 256, 4));
+        assert_eq!(art.module("m.up_proj").unwrap().geometry().rows, 256);
+        assert_eq!(reads() - before, 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

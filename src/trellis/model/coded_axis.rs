@@ -1,4 +1,4 @@
-//! A module's coded axis on disk (format §10): the optional keys `rotation` and `logical_cols`
+//! A module's coded axis on disk (docs/format.md §10): the optional keys `rotation` and `logical_cols`
 //! of its `trellis` config object and the optional tensor `<module>.rotation_signs`. Modules
 //! without them are plain (nothing applied at run time), as every artifact written before these
 //! keys existed.
@@ -7,6 +7,8 @@
 //! "trellis": {"L": 12, "code": "1mad", "axis": 1,
 //!             "rotation": {"kind": "hadamard", "block": 64, "seed": 7}, "logical_cols": 576}
 //! ```
+
+use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
@@ -76,7 +78,7 @@ impl Artifact {
             Some(v) => {
                 let (block, seed) =
                     rotation_keys(v).map_err(|m| key_error("rotation", format!("module {module:?}: {m}")))?;
-                let (file, signs) = self.tensor(&sname)?;
+                let (file, signs) = self.tensor(&mut BTreeMap::new(), &sname)?;
                 let refuse = |m: String| Error::artifact(&file, Some(&sname), m);
                 if !matches!(signs.dtype(), Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Int8) {
                     return Err(refuse(format!(

@@ -1,5 +1,5 @@
-//! Model artifacts on disk (spec §5): reading coded modules (or one rank's rows of them) from a
-//! model directory and writing one, with each module's coded axis (format §10).
+//! Model artifacts on disk (docs/format.md §5): reading coded modules (or one rank's rows of them)
+//! from a model directory and writing one, with each module's coded axis (docs/format.md §10).
 
 mod artifact;
 mod coded_axis;

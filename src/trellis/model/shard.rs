@@ -1,12 +1,12 @@
-//! Loading one rank's shard of a coded module or MLP: only its stored rows are read from the
+//! Reading one rank's rows of a coded module from disk ([`Artifact::module_shard`] and
+//! [`Artifact::mlp_shard`] call [`read_module_rows`]): only its stored rows are read from the
 //! safetensors file, never the whole layer.
 //!
-//! The file's header is validated first (as for every load; see [`crate::io`]), which also
-//! proves every tensor's bytes lie inside the file. The rows of the shard are then read with
-//! seeks: one contiguous range of row-major codes `[R, W]` and of the scales `[R]`, and one range
-//! per 512-column group of the 3-bit interleave `[C/512, R, 48]`. MLX's own loader would map or
-//! read the whole tensor. One load validates each file's header once and opens it once, however
-//! many of its tensors it reads.
+//! The file's header is the artifact's validated one (see [`crate::io`]), which also proves every
+//! tensor's bytes lie inside the file. The rows of the shard are then read with seeks: one
+//! contiguous range of row-major codes `[R, W]` and of the scales `[R]`, and one range per
+//! 512-column group of the 3-bit interleave `[C/512, R, 48]`. MLX's own loader would map or read
+//! the whole tensor. One load opens each file once, however many of its tensors it reads.
 
 use std::collections::btree_map::{BTreeMap, Entry};
 use std::fs::File;
@@ -18,11 +18,11 @@ use half::f16;
 use crate::alloc::try_with_capacity;
 use crate::array::MlxArray;
 use crate::dtype::Dtype;
-use crate::error::{Error, ErrorContext, Result};
-use crate::io::{read_header, TensorEntry};
+use crate::error::{Error, Result};
+use crate::io::TensorEntry;
+use crate::trellis::checks::check_codes;
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
-use crate::trellis::linear::{check_codes, TrellisLinear};
-use crate::trellis::mlp::TrellisMlp;
+use crate::trellis::linear::TrellisLinear;
 use crate::trellis::shard::{check_rule_axis, RowShard};
 
 use super::artifact::Artifact;
@@ -30,36 +30,17 @@ use super::artifact::Artifact;
 /// Bytes read at a time (a multiple of every element size).
 const CHUNK: usize = 1 << 20;
 
-/// One file a load reads: its validated header, and its handle once opened.
-struct SeenFile {
-    tensors: BTreeMap<String, TensorEntry>,
-    data_start: u64,
-    handle: Option<File>,
-}
-
-/// The files of one load, by path.
+/// The files one load has opened, by path.
 #[derive(Default)]
-struct Files(BTreeMap<PathBuf, SeenFile>);
+pub(super) struct OpenFiles(BTreeMap<PathBuf, File>);
 
-impl Files {
-    /// The file at `path`, its header read and validated on first use.
-    fn get(&mut self, path: &Path) -> Result<&mut SeenFile> {
-        Ok(match self.0.entry(path.to_path_buf()) {
-            Entry::Occupied(seen) => seen.into_mut(),
-            Entry::Vacant(slot) => {
-                let header = read_header(path)?;
-                slot.insert(SeenFile { tensors: header.tensors, data_start: header.data_start, handle: None })
-            }
-        })
-    }
-
+impl OpenFiles {
     /// The handle of `path`, opened on first use.
     fn handle(&mut self, path: &Path) -> Result<&mut File> {
-        let seen = self.get(path)?;
-        if seen.handle.is_none() {
-            seen.handle = Some(File::open(path).map_err(|e| Error::io(path, e))?);
-        }
-        Ok(seen.handle.as_mut().expect("opened above"))
+        Ok(match self.0.entry(path.to_path_buf()) {
+            Entry::Occupied(open) => open.into_mut(),
+            Entry::Vacant(slot) => slot.insert(File::open(path).map_err(|e| Error::io(path, e))?),
+        })
     }
 }
 
@@ -71,115 +52,85 @@ struct Located {
     start: u64,
 }
 
-impl Artifact {
-    /// Finds tensor `name` in its file's validated header.
-    fn locate(&self, files: &mut Files, name: &str) -> Result<Located> {
-        let file = self.file_of(name)?;
-        let seen = files.get(&file)?;
-        let Some(entry) = seen.tensors.get(name) else {
-            return Err(Error::artifact(&file, Some(name), format!("tensor {name:?} is missing from this file")));
-        };
-        let start = seen.data_start + entry.offsets.0 as u64;
-        let entry = entry.clone();
-        Ok(Located { file, entry, start })
-    }
-
-    /// Rank `shard.rank()`'s stored rows of the coded module `module` (see
-    /// [`RowShard::rows`] for the rule), read from disk without reading the other rows. The
-    /// codes' and scales' dtypes and shapes are checked against the config as
-    /// [`Artifact::module`] checks them, and the scales read must be finite.
-    pub fn module_shard(&self, module: &str, shard: RowShard) -> Result<TrellisLinear> {
-        self.read_shard(&mut Files::default(), module, shard, None)
-    }
-
-    /// [`Artifact::module_shard`] through the files `files` has read; `axis`, where given, is the
-    /// axis the row rule needs the module stored on.
-    fn read_shard(&self, files: &mut Files, module: &str, shard: RowShard, axis: Option<u32>) -> Result<TrellisLinear> {
-        let cfg = self.module_config(module)?;
-        let (wname, sname) = (format!("{module}.weight"), format!("{module}.scales"));
-        let w = self.locate(files, &wname)?;
-        let refuse = |l: &Located, key: &str, m: String| Error::artifact(&l.file, Some(key), m);
-        if w.entry.dtype != Dtype::Uint32 {
-            return Err(refuse(&w, &wname, format!("trellis codes are {}, expected uint32", w.entry.dtype)));
-        }
-        let g = TrellisGeometry::from_codes_shape(&wname, &w.entry.shape, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
-            .map_err(|e| refuse(&w, &wname, e.message()))?;
-        if let Some(want) = axis {
-            check_rule_axis(&format!("module {module:?}"), g.axis, want)?;
-        }
-        let coded_axis = self.coded_axis(module, &g)?;
-        let (logical_in, logical_out) = match g.axis {
-            0 => (g.rows, coded_axis.logical),
-            _ => (coded_axis.logical, g.rows),
-        };
-        self.check_model_dims(module, logical_in, logical_out, &g)?;
-        let rows = shard.rows(g.rows, &format!("module {module:?}"))?;
-        let s = self.locate(files, &sname)?;
-        if s.entry.dtype != Dtype::Float16 {
-            return Err(refuse(
-                &s,
-                &sname,
-                format!("trellis scales of {wname:?} are {}, expected float16", s.entry.dtype),
-            ));
-        }
-        if s.entry.shape != [g.rows] {
-            let m = format!(
-                "trellis scales of {wname:?} have shape {:?}, expected [{}] (one per stored row of codes {:?})",
-                s.entry.shape, g.rows, w.entry.shape
-            );
-            return Err(refuse(&s, &sname, m));
-        }
-        let n = rows.len();
-        let (spans, shape) = match g.layout() {
-            CodeLayout::RowMajor => {
-                let row_bytes = w.entry.shape[1] as u64 * 4;
-                (vec![(w.start + rows.start as u64 * row_bytes, n as u64 * row_bytes)], vec![n, w.entry.shape[1]])
-            }
-            CodeLayout::K3Interleaved => {
-                let (groups, slot) = (w.entry.shape[0], 48 * 4);
-                let spans = (0..groups as u64)
-                    .map(|grp| (w.start + (grp * g.rows as u64 + rows.start as u64) * slot, n as u64 * slot))
-                    .collect();
-                (spans, vec![groups, n, 48])
-            }
-        };
-        let words = read_le(files.handle(&w.file)?, &w.file, &wname, &spans, u32::from_le_bytes)?;
-        let scale_span = [(s.start + rows.start as u64 * 2, n as u64 * 2)];
-        let scales = read_le(files.handle(&s.file)?, &s.file, &sname, &scale_span, |b: [u8; 2]| {
-            f16::from_bits(u16::from_le_bytes(b))
-        })?;
-        if let Some((i, v)) = scales.iter().enumerate().find(|(_, v)| !v.is_finite()) {
-            let m = format!("the scale of stored row {} is {v}; scales must be finite", rows.start + i);
-            return Err(refuse(&s, &sname, m));
-        }
-        let codes = MlxArray::from_slice(&words, &shape)?;
-        let geometry = check_codes(&wname, &codes, g.k, g.t, g.l, g.axis)?;
-        let scales = MlxArray::from_slice(&scales, &[n])?;
-        // A row shard keeps the stored columns, so the module's coded axis applies unchanged.
-        TrellisLinear::from_checked(&wname, codes, scales, geometry).with_coded_axis(coded_axis)
-    }
-
-    /// Rank `rank`'s shard of `count` of the MLP `PREFIX.{gate,up,down}_proj` (see
-    /// [`TrellisMlp::shard`]), each projection's rows read from disk alone. Refused unless the
-    /// config stores gate and up on axis 1 and down on axis 0.
-    pub fn mlp_shard(&self, prefix: &str, rank: usize, count: usize) -> Result<TrellisMlp> {
-        let load = || {
-            let shard = RowShard::new(rank, count)?;
-            let mut files = Files::default();
-            let mut part =
-                |name: &str, axis| self.read_shard(&mut files, &format!("{prefix}.{name}"), shard, Some(axis));
-            TrellisMlp::new(part("gate_proj", 1)?, part("up_proj", 1)?, part("down_proj", 0)?)
-        };
-        load().with_context(|| format!("shard {rank} of {count} of MLP {prefix:?}"))
-    }
+/// Finds tensor `name` in its file's validated header.
+fn locate(artifact: &Artifact, name: &str) -> Result<Located> {
+    let file = artifact.file_of(name)?;
+    let header = artifact.header(&file)?;
+    let Some(entry) = header.tensors.get(name) else {
+        return Err(Error::artifact(&file, Some(name), format!("tensor {name:?} is missing from this file")));
+    };
+    let start = header.data_start + entry.offsets.0 as u64;
+    Ok(Located { file, entry: entry.clone(), start })
 }
 
-impl TrellisMlp {
-    /// [`Artifact::mlp_shard`]: rank `rank`'s shard of `count` of the MLP `prefix`, read from disk
-    /// alone.
-    pub fn from_artifact_shard(artifact: &Artifact, prefix: &str, rank: usize, count: usize) -> Result<TrellisMlp> {
-        artifact.mlp_shard(prefix, rank, count)
+/// Rank `shard.rank()`'s stored rows of the coded module `module` of `artifact`, through the
+/// files `files` has opened; `axis`, where given, is the axis the row rule needs the module
+/// stored on.
+pub(super) fn read_module_rows(
+    artifact: &Artifact,
+    files: &mut OpenFiles,
+    module: &str,
+    shard: RowShard,
+    axis: Option<u32>,
+) -> Result<TrellisLinear> {
+    let cfg = artifact.module_config(module)?;
+    let (wname, sname) = (format!("{module}.weight"), format!("{module}.scales"));
+    let w = locate(artifact, &wname)?;
+    let refuse = |l: &Located, key: &str, m: String| Error::artifact(&l.file, Some(key), m);
+    if w.entry.dtype != Dtype::Uint32 {
+        return Err(refuse(&w, &wname, format!("trellis codes are {}, expected uint32", w.entry.dtype)));
     }
+    let g = TrellisGeometry::from_codes_shape(&wname, &w.entry.shape, cfg.bits, cfg.group_size, cfg.l, cfg.axis)
+        .map_err(|e| refuse(&w, &wname, e.message()))?;
+    if let Some(want) = axis {
+        check_rule_axis(&format!("module {module:?}"), g.axis, want)?;
+    }
+    let coded_axis = artifact.coded_axis(module, &g)?;
+    let (logical_in, logical_out) = match g.axis {
+        0 => (g.rows, coded_axis.logical),
+        _ => (coded_axis.logical, g.rows),
+    };
+    artifact.check_model_dims(module, logical_in, logical_out, &g)?;
+    let rows = shard.rows(g.rows, &format!("module {module:?}"))?;
+    let s = locate(artifact, &sname)?;
+    if s.entry.dtype != Dtype::Float16 {
+        return Err(refuse(&s, &sname, format!("trellis scales of {wname:?} are {}, expected float16", s.entry.dtype)));
+    }
+    if s.entry.shape != [g.rows] {
+        let m = format!(
+            "trellis scales of {wname:?} have shape {:?}, expected [{}] (one per stored row of codes {:?})",
+            s.entry.shape, g.rows, w.entry.shape
+        );
+        return Err(refuse(&s, &sname, m));
+    }
+    let n = rows.len();
+    let (spans, shape) = match g.layout() {
+        CodeLayout::RowMajor => {
+            let row_bytes = w.entry.shape[1] as u64 * 4;
+            (vec![(w.start + rows.start as u64 * row_bytes, n as u64 * row_bytes)], vec![n, w.entry.shape[1]])
+        }
+        CodeLayout::K3Interleaved => {
+            let (groups, slot) = (w.entry.shape[0], 48 * 4);
+            let spans = (0..groups as u64)
+                .map(|grp| (w.start + (grp * g.rows as u64 + rows.start as u64) * slot, n as u64 * slot))
+                .collect();
+            (spans, vec![groups, n, 48])
+        }
+    };
+    let words = read_le(files.handle(&w.file)?, &w.file, &wname, &spans, u32::from_le_bytes)?;
+    let scale_span = [(s.start + rows.start as u64 * 2, n as u64 * 2)];
+    let scales = read_le(files.handle(&s.file)?, &s.file, &sname, &scale_span, |b: [u8; 2]| {
+        f16::from_bits(u16::from_le_bytes(b))
+    })?;
+    if let Some((i, v)) = scales.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        let m = format!("the scale of stored row {} is {v}; scales must be finite", rows.start + i);
+        return Err(refuse(&s, &sname, m));
+    }
+    let codes = MlxArray::from_slice(&words, &shape)?;
+    let geometry = check_codes(&wname, &codes, g.k, g.t, g.l, g.axis)?;
+    let scales = MlxArray::from_slice(&scales, &[n])?;
+    // A row shard keeps the stored columns, so the module's coded axis applies unchanged.
+    TrellisLinear::from_checked(&wname, codes, scales, geometry).with_coded_axis(coded_axis)
 }
 
 /// Reads the byte ranges `spans` (file offset, length) of tensor `key` from `file` (at `path`)

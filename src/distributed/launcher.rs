@@ -1,7 +1,7 @@
 //! A local launcher for tensor-parallel runs: starts N processes of one program as one MLX
 //! distributed group on this machine, watches them, and hands back what each printed and wrote.
-//! Shared by `qwen_mlp`, `bench_mlp --tp` and `tests/tensor_parallel.rs` (each includes this file
-//! with `#[path]`).
+//! The examples (`qwen_mlp`, `bench_mlp --tp`) and the tensor-parallel tests start their ranks
+//! with it; a process learns from [`rank_group`] whether it is one of them.
 //!
 //! Each process gets the environment MLX's back-end reads: for the ring a hostfile of
 //! `127.0.0.1` ports (`MLX_RANK`, `MLX_HOSTFILE`); for NCCL `MLX_RANK`, `MLX_WORLD_SIZE`,
@@ -12,8 +12,28 @@
 //!
 //! A watchdog bounds the run: when one process fails, the others are stopped at once (they would
 //! otherwise wait for it in the group's first collective, or forever in the ring's accept), and
-//! when the time limit passes every process still running is stopped.
-#![allow(dead_code)] // each program that includes it uses part of it
+//! when the time limit passes every process still running is stopped. A launch that failed or
+//! was stopped is an [`Error::Launch`] from [`Report::check`].
+//!
+//! ```no_run
+//! use std::process::Command;
+//! use std::time::Duration;
+//! use mlx_trellis::distributed::launcher::{rank_group, run, Launch};
+//! use mlx_trellis::distributed::CollectiveBackend;
+//! # fn main() -> mlx_trellis::Result<()> {
+//! if let Some(joined) = rank_group() {
+//!     let (group, out) = joined?; // a rank: do its part, write its results under `out`
+//!     # let _ = (group, out);
+//!     return Ok(());
+//! }
+//! // The parent: this program again as two ranks of a ring on this machine.
+//! let exe = std::env::current_exe().map_err(|e| mlx_trellis::Error::io("the running program", e))?;
+//! let launch = Launch::new(2, CollectiveBackend::Ring, Duration::from_secs(60));
+//! let report = run(&launch, &|_rank| Command::new(&exe))?;
+//! report.check()?;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
@@ -23,8 +43,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use mlx_trellis::distributed::{env, is_available, Backend, Group};
+use crate::device::{backend, Backend};
+use crate::error::{Error, Result};
+
+use super::backend::{is_available, CollectiveBackend};
+use super::env;
+use super::group::Group;
 
 /// How a process learns it is a rank of a launch: `ring`, `nccl` or `alone`.
 pub const ROLE: &str = "MLX_TRELLIS_TP_ROLE";
@@ -36,9 +60,9 @@ pub const OUT: &str = "MLX_TRELLIS_TP_OUT";
 pub struct Launch {
     /// Processes (ranks).
     pub world: usize,
-    /// [`Backend::Ring`] or [`Backend::Nccl`] ([`Backend::Any`]: NCCL on MLX's CUDA build where it
+    /// [`CollectiveBackend::Ring`] or [`CollectiveBackend::Nccl`] ([`CollectiveBackend::Any`]: NCCL on MLX's CUDA build where it
     /// has NCCL, else the ring).
-    pub backend: Backend,
+    pub backend: CollectiveBackend,
     /// The most the whole launch may take.
     pub timeout: Duration,
     /// NCCL: the GPU each rank sees (`CUDA_VISIBLE_DEVICES`); empty: rank r sees the r-th GPU of
@@ -50,29 +74,25 @@ pub struct Launch {
 
 impl Launch {
     /// `world` processes over `backend`, at most `timeout`, echoing their standard error.
-    pub fn new(world: usize, backend: Backend, timeout: Duration) -> Launch {
+    pub fn new(world: usize, backend: CollectiveBackend, timeout: Duration) -> Launch {
         Launch { world, backend, timeout, gpus: Vec::new(), echo: true }
     }
 
-    /// The back-end the processes will use: [`Backend::Any`] resolved as MLX would on this build.
-    pub fn resolved_backend(&self) -> Result<Backend> {
+    /// The back-end the processes will use: [`CollectiveBackend::Any`] resolved as MLX would on this build.
+    pub fn resolved_backend(&self) -> Result<CollectiveBackend> {
         Ok(match self.backend {
-            Backend::Any if mlx_trellis::backend() == mlx_trellis::Backend::Cuda && is_available(Backend::Nccl) => {
-                Backend::Nccl
+            CollectiveBackend::Any if backend() == Backend::Cuda && is_available(CollectiveBackend::Nccl) => {
+                CollectiveBackend::Nccl
             }
-            Backend::Any => Backend::Ring,
-            b @ (Backend::Ring | Backend::Nccl) => b,
-            Backend::Mpi => bail!("the local launcher starts ring and NCCL groups; start MPI ones with mpirun"),
+            CollectiveBackend::Any => CollectiveBackend::Ring,
+            b @ (CollectiveBackend::Ring | CollectiveBackend::Nccl) => b,
+            CollectiveBackend::Mpi => {
+                return Err(Error::invalid(
+                    "the local launcher starts ring and NCCL groups; start MPI ones with mpirun",
+                ))
+            }
         })
     }
-}
-
-/// The relErr gate of an `n`-rank MLP with bf16 activations against the whole MLP: each rank's
-/// partial output is rounded to bf16 and the all-reduce adds them in bf16, 2n - 1 roundings of
-/// half a bf16 unit (2^-8 of the value) against the whole MLP's one, so (n + 1) · 2^-8, and never
-/// below the crate's bf16 gate.
-pub fn bf16_tp_gate(n: usize) -> f64 {
-    ((n as f64 + 1.0) * 2f64.powi(-8)).max(1e-2)
 }
 
 /// A directory removed, with all it holds, when this is dropped.
@@ -88,12 +108,15 @@ impl Drop for TempDir {
 /// What became of one process.
 #[derive(Debug)]
 pub struct RankResult {
+    /// Its rank.
     pub rank: usize,
     /// Its exit status (after a stop, the kill's).
     pub status: Option<ExitStatus>,
     /// Why the launcher stopped it, if it did.
     pub stopped: Option<String>,
+    /// Its standard output (bytes that are not UTF-8 replaced).
     pub stdout: String,
+    /// Its standard error (bytes that are not UTF-8 replaced).
     pub stderr: String,
     /// From the start of the launch to its end.
     pub elapsed: Duration,
@@ -115,13 +138,16 @@ impl RankResult {
 /// What became of a launch.
 #[derive(Debug)]
 pub struct Report {
-    pub backend: Backend,
+    /// The back-end the ranks formed their group on.
+    pub backend: CollectiveBackend,
+    /// Every rank's result, by rank.
     pub ranks: Vec<RankResult>,
     /// The ranks that failed by themselves (not stopped by the launcher), in the order the
     /// watchdog saw them end; ranks that end within one of its polls are listed by rank.
     pub failures: Vec<usize>,
     /// Whether the time limit stopped it.
     pub timed_out: bool,
+    /// From the start of the launch to its end.
     pub elapsed: Duration,
     /// The directory the ranks shared ([`OUT`]).
     pub out: PathBuf,
@@ -130,8 +156,8 @@ pub struct Report {
 }
 
 impl Report {
-    /// An error naming the first rank that failed (with the end of its standard error), or the
-    /// time limit, unless every rank succeeded.
+    /// An [`Error::Launch`] naming the first rank that failed (with the end of its standard
+    /// error), or the time limit, unless every rank succeeded.
     pub fn check(&self) -> Result<()> {
         if let Some(&r) = self.failures.first() {
             let rr = &self.ranks[r];
@@ -140,20 +166,28 @@ impl Report {
             } else {
                 String::new()
             };
-            bail!(
+            return Err(Error::launch(format!(
                 "rank {r} of {} failed ({}){others}; the launcher stopped the rest. Its last words:\n{}",
                 self.ranks.len(),
                 rr.status.map_or("no status".into(), |s| s.to_string()),
                 rr.stderr_tail(12)
-            );
+            )));
         }
         if self.timed_out {
             let running: Vec<String> =
                 self.ranks.iter().filter(|r| r.stopped.is_some()).map(|r| r.rank.to_string()).collect();
-            bail!("the launch passed its time limit; ranks {} were still running and were stopped", running.join(", "));
+            return Err(Error::launch(format!(
+                "the launch passed its time limit; ranks {} were still running and were stopped",
+                running.join(", ")
+            )));
         }
         if let Some(r) = self.ranks.iter().find(|r| !r.succeeded()) {
-            bail!("rank {} did not succeed: {:?}\n{}", r.rank, r.status, r.stderr_tail(12));
+            return Err(Error::launch(format!(
+                "rank {} did not succeed: {:?}\n{}",
+                r.rank,
+                r.status,
+                r.stderr_tail(12)
+            )));
         }
         Ok(())
     }
@@ -166,8 +200,11 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<_>>()
-        .context("picking free ports")?;
-    listeners.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+        .map_err(|e| Error::launch(format!("picking free ports: {e}")))?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()).map_err(|e| Error::launch(format!("picking free ports: {e}"))))
+        .collect()
 }
 
 fn fresh_dir() -> Result<TempDir> {
@@ -178,13 +215,13 @@ fn fresh_dir() -> Result<TempDir> {
         std::process::id(),
         COUNT.fetch_add(1, Ordering::Relaxed)
     ));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     Ok(TempDir(dir))
 }
 
 /// The environment of each rank (variables to set; every other variable of a back-end, and
 /// [`ROLE`], is removed from the child's environment: see [`inherited`]).
-fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec<(String, String)>>> {
+fn environments(launch: &Launch, backend: CollectiveBackend, out: &Path) -> Result<Vec<Vec<(String, String)>>> {
     let n = launch.world;
     let mut envs: Vec<Vec<(String, String)>> = (0..n)
         .map(|_| {
@@ -193,21 +230,21 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
         .collect();
     match backend {
         // A ring needs two processes; one process alone needs no group.
-        Backend::Ring if n == 1 => envs[0].push((ROLE.into(), "alone".into())),
-        Backend::Ring => {
+        CollectiveBackend::Ring if n == 1 => envs[0].push((ROLE.into(), "alone".into())),
+        CollectiveBackend::Ring => {
             let ports = free_ports(n)?;
             let hosts: Vec<serde_json::Value> =
                 ports.iter().map(|p| serde_json::json!([format!("127.0.0.1:{p}")])).collect();
             let hostfile = out.join("hostfile.json");
-            std::fs::write(&hostfile, serde_json::to_string(&hosts)?)
-                .with_context(|| format!("writing {}", hostfile.display()))?;
+            let text = serde_json::to_string(&hosts).map_err(|e| Error::invalid(format!("the hostfile: {e}")))?;
+            std::fs::write(&hostfile, text).map_err(|e| Error::io(&hostfile, e))?;
             for (r, e) in envs.iter_mut().enumerate() {
                 e.push((ROLE.into(), "ring".into()));
                 e.push((env::MLX_RANK.into(), r.to_string()));
                 e.push((env::MLX_HOSTFILE.into(), hostfile.display().to_string()));
             }
         }
-        Backend::Nccl => {
+        CollectiveBackend::Nccl => {
             let port = free_ports(1)?[0];
             // One GPU per rank: those named, else the first n this process sees, else 0..n.
             let gpus: Vec<String> = if !launch.gpus.is_empty() {
@@ -218,11 +255,11 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
                 (0..n).map(|r| r.to_string()).collect()
             };
             if gpus.len() != n {
-                bail!(
+                return Err(Error::invalid(format!(
                     "{} GPU(s) ({:?}, from Launch::gpus or CUDA_VISIBLE_DEVICES) for {n} NCCL ranks",
                     gpus.len(),
                     gpus
-                );
+                )));
             }
             for (r, e) in envs.iter_mut().enumerate() {
                 e.push((ROLE.into(), "nccl".into()));
@@ -240,7 +277,11 @@ fn environments(launch: &Launch, backend: Backend, out: &Path) -> Result<Vec<Vec
 
 /// The variables a rank must not inherit from this process: every back-end's and [`ROLE`].
 fn inherited() -> impl Iterator<Item = &'static str> {
-    [Backend::Ring, Backend::Nccl, Backend::Mpi].into_iter().flat_map(env::variables).copied().chain([ROLE])
+    [CollectiveBackend::Ring, CollectiveBackend::Nccl, CollectiveBackend::Mpi]
+        .into_iter()
+        .flat_map(env::variables)
+        .copied()
+        .chain([ROLE])
 }
 
 /// Reads a child's pipe to its end (bytes that are not UTF-8 replaced), echoing lines with
@@ -274,7 +315,7 @@ fn stop_all(children: &mut [(Child, JoinHandle<String>, JoinHandle<String>)]) {
 /// waits for them under the watchdog (see the module docs).
 pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report> {
     if launch.world == 0 {
-        bail!("a launch has at least one process");
+        return Err(Error::invalid("a launch has at least one process"));
     }
     let backend = launch.resolved_backend()?;
     let dir = fresh_dir()?;
@@ -292,7 +333,7 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
             Ok(c) => c,
             Err(e) => {
                 stop_all(&mut children);
-                return Err(e).with_context(|| format!("starting rank {r}: {cmd:?}"));
+                return Err(Error::io(cmd.get_program(), e).context(format!("starting rank {r}: {cmd:?}")));
             }
         };
         let prefix = launch.echo.then(|| format!("[rank {r}] "));
@@ -328,7 +369,7 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
         }
         if let Some(e) = broken {
             stop_all(&mut children);
-            return Err(e).context("waiting for a rank");
+            return Err(Error::launch(format!("waiting for a rank: {e}")));
         }
         let reason = if let Some(f) = failures.first() {
             Some(format!("stopped after rank {f} failed"))
@@ -375,9 +416,9 @@ pub fn rank_group() -> Option<Result<(Group, PathBuf)>> {
     Some((|| {
         let group = match role.as_str() {
             "alone" => Group::alone(),
-            "ring" => Group::init(Backend::Ring, true)?,
-            "nccl" => Group::init(Backend::Nccl, true)?,
-            other => bail!("{ROLE} = {other:?} is not ring, nccl or alone"),
+            "ring" => Group::init(CollectiveBackend::Ring, true)?,
+            "nccl" => Group::init(CollectiveBackend::Nccl, true)?,
+            other => return Err(Error::invalid(format!("{ROLE} = {other:?} is not ring, nccl or alone"))),
         };
         Ok((group, out))
     })())

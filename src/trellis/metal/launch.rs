@@ -1,5 +1,7 @@
-//! What the seed's Metal kernel families share (the seed's `launch`): the launch constants, the
-//! registration of a family's kernel, and the one fold of split-K partials (MLX's `sum` over
+//! What the Metal kernel families share to register and launch their kernels: the launch
+//! constants, the registration of a family's kernel once
+//! ([`family_kernel`], [`registered_kernel`]), the launch of a split-K kernel
+//! ([`partials_launch`]) and the one fold of its partials ([`apply_and_fold`]: MLX's `sum` over
 //! the splits, then the cast to the activation dtype).
 
 use crate::array::MlxArray;
@@ -15,7 +17,7 @@ pub const TRELLIS_THREADS: usize = 128;
 pub const TRELLIS_SG_PER_TG: usize = 4;
 
 /// The Metal kernel of `family`, registered once from `body()` and the concatenated `headers`
-/// with the seed's arguments (`x, codes, scales -> partial`).
+/// with the upstream arguments (`x, codes, scales -> partial`).
 pub(crate) fn family_kernel(
     family: &'static str,
     body: impl FnOnce() -> &'static str,

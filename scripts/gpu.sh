@@ -1,0 +1,460 @@
+#!/usr/bin/env bash
+# mlx-trellis on an NVIDIA GPU: get MLX's CUDA build, build the binaries, run the tests, the
+# benchmarks, the profiles and the tensor-parallel checks. Documented in docs/gpu.md.
+#
+#   scripts/gpu.sh setup DIR                  # MLX's CUDA build (pip) into DIR; writes DIR/env.sh
+#   scripts/gpu.sh build                      # test and example binaries into the bundle
+#   scripts/gpu.sh test [NAME...]             # the bundle's test binaries, ignored GPU tests included
+#   scripts/gpu.sh bench [mlp|down|encoder|all]
+#   scripts/gpu.sh profile [mlp [M] | down [M] | latency [contenders|sweep] | ab BASE_BENCH_DOWN ROWS...]
+#   scripts/gpu.sh tp [one | multi N]         # tensor parallelism over NCCL
+#
+# Environment (defaults in brackets):
+#   MLX_VERSION      the MLX release to set up [0.32.2, the one mlx-c 0.7.0 is written against]
+#   PYTHON           the Python whose pip `setup` uses [python3]
+#   NVIDIA_LIBS      setup: `system` (the CUDA 13 runtime of PYTHON's `nvidia` package), `install`
+#                    (pip-install the runtime wheels MLX's CUDA build declares into DIR) or `auto`
+#                    (system when PYTHON has an `nvidia` package, else install) [auto]
+#   MLX_CUDA_DIR     a folder `setup` filled: its env.sh is sourced before every run step [unset:
+#                    the environment as it is, LD_LIBRARY_PATH must already reach MLX's CUDA build]
+#   BUNDLE           where `build` puts the binaries and the run steps find them [target/gpu-bundle]
+#   OUT              where the run steps write logs, JSON and reports [$BUNDLE/out]
+#   MLX_PTX_CACHE_DIR  MLX's cache of NVRTC-compiled kernels [$BUNDLE/ptx-cache]
+#   TEST_THREADS     test threads per test binary [8]
+#   TEST_TIMEOUT     seconds each test binary may take [1200]
+#   BENCH_TIMEOUT    seconds each benchmark may take [900]
+#   NCU, NSYS        Nsight Compute and Nsight Systems [found on PATH or under /usr/local/cuda/bin]
+#
+# Every run step has a time limit (a hung GPU call must not hold the machine), writes its output
+# to $OUT/NAME.txt, and ends with a summary of each step's status. Exit status: 0 when every
+# step passed, 1 when one failed, 2 for a usage error.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bundle="${BUNDLE:-target/gpu-bundle}"
+mlx_version="${MLX_VERSION:-0.32.2}"
+python="${PYTHON:-python3}"
+
+usage() {
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+# ---------------------------------------------------------------------------------------------
+# setup DIR: MLX's CUDA build with pip, and the environment that runs the binaries on it.
+
+setup() {
+  local dir="${1:-}"
+  [ -n "$dir" ] || usage
+  set -e
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  echo "== MLX $mlx_version, CUDA 13 build (mlx-cuda-13), into $dir"
+  "$python" -m pip install --quiet --upgrade --no-deps --target "$dir" "mlx-cuda-13==$mlx_version"
+  [ -f "$dir/mlx/lib/libmlx.so" ] || { echo "no $dir/mlx/lib/libmlx.so after pip install" >&2; exit 1; }
+
+  # The CUDA 13 runtime libraries MLX's CUDA build needs (cuBLAS, cuDNN, NVRTC, NCCL, ...): the
+  # ones a Python environment already has (a PyTorch install, say), or the wheels it declares.
+  local mode="${NVIDIA_LIBS:-auto}" nvidia_roots
+  if [ "$mode" = auto ]; then
+    if "$python" -c 'import nvidia' 2>/dev/null; then mode=system; else mode=install; fi
+  fi
+  case "$mode" in
+  system)
+    nvidia_roots=$("$python" -c 'import nvidia; print("\n".join(nvidia.__path__))')
+    ;;
+  install)
+    local reqs
+    reqs=$("$python" - "$dir" <<'EOF'
+import glob, sys
+from email.parser import Parser
+for meta in glob.glob(sys.argv[1] + "/mlx_cuda_13-*.dist-info/METADATA"):
+    for req in Parser().parse(open(meta, encoding="utf-8")).get_all("Requires-Dist") or []:
+        if req.startswith("nvidia-") and "extra ==" not in req:
+            print(req.split(";")[0].replace(" ", ""))
+EOF
+)
+    [ -n "$reqs" ] || { echo "found no nvidia-* requirements in mlx-cuda-13's metadata" >&2; exit 1; }
+    echo "== the CUDA runtime wheels it declares, into $dir:" $reqs
+    # shellcheck disable=SC2086
+    "$python" -m pip install --quiet --upgrade --target "$dir" $reqs
+    nvidia_roots="$dir/nvidia"
+    ;;
+  *)
+    echo "NVIDIA_LIBS=$mode: expected auto, system or install" >&2
+    exit 2
+    ;;
+  esac
+  local libs="$dir/mlx/lib"
+  [ -d "$dir/mlx_cuda_13.libs" ] && libs="$libs:$dir/mlx_cuda_13.libs"
+  local root sub
+  while read -r root; do
+    for sub in "$root"/*/lib; do [ -d "$sub" ] && libs="$libs:$sub"; done
+  done <<<"$nvidia_roots"
+  cat >"$dir/env.sh" <<EOF
+# MLX $mlx_version's CUDA build for mlx-trellis binaries (written by scripts/gpu.sh setup).
+# The binaries' run path (DT_RUNPATH) names the MLX they were built against; LD_LIBRARY_PATH
+# overrides it, so the same binaries load this libmlx.so and run on the GPU.
+export LD_LIBRARY_PATH="$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
+export MLX_CUDA_DIR="$dir"
+EOF
+  set +e
+  echo
+  echo "Wrote $dir/env.sh:"
+  cat "$dir/env.sh"
+  echo
+  echo "Use it one of two ways:"
+  echo "  source $dir/env.sh                  # then run any binary built as usual, or"
+  echo "  MLX_CUDA_DIR=$dir scripts/gpu.sh test     # the run steps of this script source it"
+  echo "or build against it directly (the binaries then link the CUDA libmlx.so; the linker and"
+  echo "the binaries find the CUDA runtime libraries through env.sh):"
+  echo "  source $dir/env.sh && MLX_DIR=$dir/mlx cargo build --release --features tuning --examples"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  else
+    echo "(nvidia-smi is not on PATH: no driver here?)"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# build: every test binary and example into the bundle, under stable names.
+
+# collect_tests CARGO_ARGS...: builds the test binaries `cargo test --no-run CARGO_ARGS` names
+# and copies each to $bundle/test_NAME (the library's unit tests as test_lib).
+collect_tests() {
+  cargo test --release --no-run --message-format=json "$@" |
+    "$python" -c 'import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        kind = m["target"]["kind"]
+        print("lib" if kind == ["lib"] else m["target"]["name"], m["executable"])' |
+    while read -r name exe; do cp "$exe" "$bundle/test_$name"; done
+}
+
+build() {
+  set -e
+  mkdir -p "$bundle"
+  cargo build --release --features tuning --examples
+  collect_tests --features tuning --lib --tests
+  local e
+  for e in bench_down bench_mlp qwen_down qwen_mlp quantize_layer quantize_mlp; do
+    cp "target/release/examples/$e" "$bundle/"
+  done
+  # Smaller to carry to another machine; the run path to MLX stays.
+  strip "$bundle"/* 2>/dev/null || true
+  ls -l "$bundle"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The run steps.
+
+out="${OUT:-$bundle/out}"
+summary=()
+failed=0
+
+# prepare: the environment every run step needs, and the bundle's presence.
+prepare() {
+  if [ -n "${MLX_CUDA_DIR:-}" ]; then
+    [ -f "$MLX_CUDA_DIR/env.sh" ] || { echo "MLX_CUDA_DIR=$MLX_CUDA_DIR has no env.sh (scripts/gpu.sh setup DIR)" >&2; exit 2; }
+    # shellcheck disable=SC1091
+    source "$MLX_CUDA_DIR/env.sh"
+  fi
+  [ -d "$bundle" ] || { echo "no bundle at $bundle: run 'scripts/gpu.sh build' (or set BUNDLE)" >&2; exit 2; }
+  mkdir -p "$out"
+  export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-$bundle/ptx-cache}"
+  # NVLink SHARP (multicast) is left off: some virtualised GPUs reject it (NCCL then fails).
+  export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
+  export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+}
+
+# step NAME SECONDS COMMAND...: COMMAND under a time limit, its output in $out/NAME.txt (and on
+# the terminal), its status in the summary. Returns the command's exit status.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit} s): $*"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+  local rc=${PIPESTATUS[0]} took=$((SECONDS - t0))
+  if [ "$rc" = 0 ]; then
+    summary+=("ok      $name (${took} s)")
+  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    summary+=("TIMEOUT $name (over ${limit} s)")
+    failed=1
+  else
+    summary+=("FAILED  $name (exit $rc, ${took} s)")
+    failed=1
+  fi
+  return "$rc"
+}
+
+note() { # a line of the summary that is not a step's status
+  summary+=("$1")
+}
+
+finish() {
+  echo
+  echo "== summary (logs in $out)"
+  printf '  %s\n' "${summary[@]}"
+  exit "$failed"
+}
+
+# ---------------------------------------------------------------------------------------------
+# test [NAME...]: the bundle's test binaries (all, or test_NAME for each NAME).
+
+# Binaries whose f32 gates assume MLX multiplies f32 matrices in f32: run with MLX_ENABLE_TF32=0.
+f32_only=" tensor_parallel shard "
+# Binaries run a second time with MLX_ENABLE_TF32=0 (the generic path's f32 gate is then 1e-4
+# instead of TF32's).
+f32_again=" foundation trellis_core "
+# Binaries that start processes of their own: one test at a time.
+serial=" tensor_parallel "
+
+run_tests() {
+  local names=("$@") t exe threads
+  if [ "${#names[@]}" = 0 ]; then
+    for exe in "$bundle"/test_*; do names+=("${exe##*/test_}"); done
+  fi
+  for t in "${names[@]}"; do
+    exe="$bundle/test_$t"
+    [ -x "$exe" ] || { note "FAILED  test_$t: no $exe"; failed=1; continue; }
+    threads="${TEST_THREADS:-8}"
+    [[ "$serial" == *" $t "* ]] && threads=1
+    # The encoder's quality table is a measurement (minutes on the CPU), not a check.
+    if [[ "$f32_only" == *" $t "* ]]; then
+      step "test_${t}_f32" "${TEST_TIMEOUT:-1200}" env MLX_ENABLE_TF32=0 "$exe" --include-ignored \
+        --skip quality_table --test-threads "$threads"
+      continue
+    fi
+    step "test_$t" "${TEST_TIMEOUT:-1200}" "$exe" --include-ignored --skip quality_table --test-threads "$threads"
+    if [[ "$f32_again" == *" $t "* ]]; then
+      step "test_${t}_f32" "${TEST_TIMEOUT:-1200}" env MLX_ENABLE_TF32=0 "$exe" --include-ignored \
+        --skip quality_table --test-threads "$threads"
+    fi
+  done
+  [ "${#@}" = 0 ] && clean_exit
+}
+
+# clean_exit: a call that fails after GPU work (the Metal path forced on CUDA) must end in exit
+# status 2, never in an abort ("terminate called", status 134), 20 times over; the main example's
+# success path must end in 0.
+clean_exit() {
+  [ -x "$bundle/qwen_down" ] || return 0
+  local i rc codes="" bad=0
+  for i in $(seq 20); do
+    timeout 60 "$bundle/qwen_down" --path metal --rows 1 --bits 2 >"$out/clean_exit_$i.txt" 2>&1
+    rc=$?
+    codes="$codes $rc"
+    if [ "$rc" != 2 ] || grep -q "terminate called" "$out/clean_exit_$i.txt"; then bad=1; fi
+  done
+  if [ "$bad" = 0 ]; then note "ok      clean exit after an error, 20 runs (exit codes$codes)"; else
+    note "FAILED  clean exit after an error, 20 runs (exit codes$codes; see $out/clean_exit_*.txt)"
+    failed=1
+  fi
+  step qwen_down_ok 300 "$bundle/qwen_down" --rows 1 --bits 2 >/dev/null
+}
+
+# ---------------------------------------------------------------------------------------------
+# bench [mlp|down|encoder|all]
+
+bench() {
+  local what="${1:-all}" limit="${BENCH_TIMEOUT:-900}"
+  case "$what" in mlp | down | encoder | all) ;; *) usage ;; esac
+  if [ "$what" = mlp ] || [ "$what" = all ]; then
+    # The headline table (docs/benchmarks.md) and its plot.
+    step bench_mlp "$limit" "$bundle/bench_mlp" --bits 3,2 --evals 10 --rounds 3 --json "$out/bench_mlp.json" &&
+      step bench_mlp_plot 60 "$bundle/bench_mlp" --plot "$out/bench_mlp.json" "$out/bench_mlp.svg"
+  fi
+  if [ "$what" = down ] || [ "$what" = all ]; then
+    step bench_down "$limit" "$bundle/bench_down" --evals 10 --json "$out/bench_down.json"
+  fi
+  if [ "$what" = encoder ] || [ "$what" = all ]; then
+    # The Qwen down shape coded on the GPU, its first 512 rows again on the CPU: the same bytes.
+    step quantize_layer "$limit" "$bundle/quantize_layer" --backend cuda --compare-cpu 512
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# profile: Nsight Systems and Nsight Compute, where they are installed.
+
+find_tool() { # find_tool NAME: the tool on PATH or under /usr/local/cuda/bin, else nothing
+  command -v "$1" 2>/dev/null || { [ -x "/usr/local/cuda/bin/$1" ] && echo "/usr/local/cuda/bin/$1"; } || true
+}
+
+# durations NAME SECONDS [NCU_ARGS...] -- COMMAND...: each kernel launch's own duration (launches
+# serialised, clocks as the GPU sets them) into $out/NAME.csv, for scripts/ncu_durations.py.
+durations() {
+  local name=$1 limit=$2
+  shift 2
+  local args=()
+  while [ "$1" != -- ]; do args+=("$1"); shift; done
+  shift
+  step "$name" "$limit" "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --print-units base --csv --page raw --log-file "$out/$name.log" "${args[@]}" "$@" >/dev/null
+  # The CSV is what ncu printed on standard output: keep it, not the tee'd copy with the log.
+  grep -E '^"' "$out/$name.txt" >"$out/$name.csv" || true
+}
+
+profile() {
+  local what="${1:-mlp}"
+  [ $# -gt 0 ] && shift
+  ncu="${NCU:-$(find_tool ncu)}"
+  local nsys="${NSYS:-$(find_tool nsys)}" m
+  case "$what" in
+  mlp)
+    # The MLP benchmark at M rows (default 1): a timeline, every kernel's own duration, and a
+    # full report of one launch of each trellis kernel.
+    m="${1:-1}"
+    local run=("$bundle/bench_mlp" --rows "$m" --bits 3 --evals 3 --rounds 1 --no-alone)
+    if [ -n "$nsys" ]; then
+      step "nsys_mlp_m$m" 600 "$nsys" profile --force-overwrite true -o "$out/mlp_m$m" "${run[@]}"
+    else
+      note "skipped nsys: not installed (NSYS=PATH)"
+    fi
+    if [ -n "$ncu" ]; then
+      durations "durations_mlp_m$m" 600 -- "${run[@]}" &&
+        "$python" scripts/ncu_durations.py "$out/durations_mlp_m$m.csv" | tee "$out/durations_mlp_m$m.summary.txt"
+      step "ncu_mlp_m$m" 600 "$ncu" --kernel-name 'regex:gate_up|down_mma' --launch-skip 6 --launch-count 2 \
+        --set full -o "$out/mlp_m$m" -f "${run[@]}"
+    else
+      note "skipped ncu: not installed (NCU=PATH)"
+    fi
+    ;;
+  down)
+    # The planned down kernel at M rows: a full report with per-instruction stalls and SASS.
+    m="${1:-1}"
+    [ -n "$ncu" ] || { note "skipped: ncu is not installed (NCU=PATH)"; return; }
+    step "ncu_down_m$m" 300 "$ncu" --kernel-name regex:down_mma --launch-skip 3 --launch-count 1 --set full \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+      -o "$out/down_m$m" -f "$bundle/bench_down" --paths --rows "$m" --bits 3 --calls 4 --evals 3 &&
+      step "ncu_down_m${m}_details" 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page details >/dev/null &&
+      step "ncu_down_m${m}_sass" 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page source --csv --print-source sass >/dev/null
+    ;;
+  latency)
+    # Every kernel's own duration (launches serialised): the down benchmark's contenders and the
+    # down kernel's configurations. SWEEP_ROWS, SWEEP_TIMEOUT [280] and SWEEP_ARGS (more
+    # bench_down arguments, e.g. `--bits 2`) shape the sweep.
+    local part="${1:-both}"
+    [ -n "$ncu" ] || { note "skipped: ncu is not installed (NCU=PATH)"; return; }
+    if [ "$part" != sweep ]; then
+      for m in 1 8 16 32 64 128; do
+        durations "latency_m$m" 100 -- "$bundle/bench_down" --rows "$m" --bits 3 --calls 1 --evals 3
+      done
+    fi
+    if [ "$part" != contenders ]; then
+      for m in ${SWEEP_ROWS:-1 8 16 32 64 128}; do
+        # shellcheck disable=SC2086
+        durations "latency_sweep_m$m" "${SWEEP_TIMEOUT:-280}" --kernel-name regex:down_mma -- \
+          "$bundle/bench_down" --sweep --rows "$m" --bits 3 --calls 1 --evals 1 ${SWEEP_ARGS:-}
+      done
+    fi
+    "$python" scripts/ncu_durations.py "$out"/latency_*.csv | tee "$out/latency.summary.txt"
+    ;;
+  ab)
+    # The planned down kernel alone, this bundle's bench_down against BASE (another build's),
+    # alternating, two runs each: builds compared in the same minutes, since run-to-run drift of
+    # a few per cent would hide the change.
+    local base="${1:-}"
+    [ -n "$base" ] && [ $# -ge 2 ] || usage
+    shift
+    [ -n "$ncu" ] || { note "skipped: ncu is not installed (NCU=PATH)"; return; }
+    local run which bin
+    for m in "$@"; do for run in 1 2; do for which in base this; do
+      bin="$bundle/bench_down"
+      [ "$which" = base ] && bin="$base"
+      durations "ab_m${m}_${which}_$run" 100 --kernel-name regex:down_mma -- \
+        "$bin" --paths --rows "$m" --bits 3 --calls 1 --evals 3
+    done; done; done
+    "$python" scripts/ncu_durations.py "$out"/ab_m*.csv | tee "$out/ab.summary.txt"
+    ;;
+  *) usage ;;
+  esac
+}
+
+# ---------------------------------------------------------------------------------------------
+# tp [one | multi N]: tensor parallelism over NCCL.
+
+tp() {
+  local mode="${1:-one}"
+  # The NCCL back-end must be there, or nothing else can run.
+  step tp_probe 60 "$bundle/qwen_mlp" --probe || return
+  if ! grep -q "MLX back-end cuda" "$out/tp_probe.txt"; then
+    note "FAILED  MLX's back-end is not CUDA (MLX_CUDA_DIR, or LD_LIBRARY_PATH?)"
+    failed=1
+    return
+  fi
+  if ! grep -q "nccl yes" "$out/tp_probe.txt"; then
+    note "FAILED  this MLX CUDA build has no NCCL back-end (is libnccl.so.2 on LD_LIBRARY_PATH?)"
+    failed=1
+    return
+  fi
+  case "$mode" in
+  one)
+    # One GPU: a one-rank NCCL group runs the sharded MLP end to end against one process, and the
+    # sharded path's cost against the unsharded MLP (target: within 3 %).
+    step tp_nccl_one_rank_bf16 150 "$bundle/qwen_mlp" --tp 1 --backend nccl --layers 2 --rows 1 --timeout 130 &&
+      real_group tp_nccl_one_rank_bf16 1
+    step tp_nccl_one_rank_f32 120 "$bundle/qwen_mlp" --tp 1 --backend nccl --layers 2 --rows 4 --dtype f32 --timeout 100 &&
+      real_group tp_nccl_one_rank_f32 1
+    step tp_overhead 240 "$bundle/bench_mlp" --tp 1 --backend nccl --rows 1,8,32,128 --evals 30 --timeout 220 &&
+      overhead tp_overhead 1.03
+    ;;
+  multi)
+    local n="${2:-}"
+    [ -n "$n" ] || usage
+    local gpus
+    gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+    if [ "$gpus" -lt "$n" ]; then
+      note "FAILED  $n ranks need $n GPUs; nvidia-smi lists $gpus"
+      failed=1
+      return
+    fi
+    step "tp_nccl_${n}_ranks_m1" 200 "$bundle/qwen_mlp" --tp "$n" --backend nccl --layers 2 --rows 1 --timeout 180 &&
+      real_group "tp_nccl_${n}_ranks_m1" "$n"
+    step "tp_nccl_${n}_ranks_m8_f32" 200 "$bundle/qwen_mlp" --tp "$n" --backend nccl --layers 2 --rows 8 --dtype f32 --timeout 180 &&
+      real_group "tp_nccl_${n}_ranks_m8_f32" "$n"
+    step "tp_bench_$n" 180 "$bundle/bench_mlp" --tp "$n" --backend nccl --rows 1,8,32,128 --evals 20 --timeout 160
+    ;;
+  *) usage ;;
+  esac
+}
+
+# real_group NAME RANKS: the log shows that the ranks formed an NCCL group of RANKS.
+real_group() {
+  if grep -q "Group(nccl, rank 0 of $2)" "$out/$1.txt"; then
+    note "ok      $1: the ranks formed an NCCL group of $2"
+  else
+    note "FAILED  $1: no NCCL group of $2 in the log"
+    failed=1
+  fi
+}
+
+# overhead NAME LIMIT: the largest 'TP / unsharded' ratio of the benchmark's table.
+overhead() {
+  local worst
+  worst=$(awk -F'|' '/^\| [0-9]+ \|/ { r = $5 + 0; if (r > w) w = r } END { printf "%.3f", w }' "$out/$1.txt")
+  if awk -v w="$worst" -v l="$2" 'BEGIN { exit !(w > 0 && w <= l) }'; then
+    note "ok      $1: sharded/unsharded at most $worst per layer (target $2)"
+  else
+    note "OVER    $1: sharded/unsharded up to $worst per layer (target $2; a few per cent is run-to-run noise: rerun to confirm)"
+    failed=1
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+
+cmd="${1:-}"
+[ $# -gt 0 ] && shift
+case "$cmd" in
+setup) setup "$@" ;;
+build) build ;;
+test) prepare; run_tests "$@"; finish ;;
+bench) prepare; bench "$@"; finish ;;
+profile) prepare; profile "$@"; finish ;;
+tp) prepare; tp "$@"; finish ;;
+*) usage ;;
+esac

@@ -1,0 +1,193 @@
+//! Bits per weight per tensor from a budget: given each tensor's measured error at every
+//! candidate `k`, pick one `k` per tensor that keeps the total stored bits within
+//! `budget · Σ weights` and makes the summed error small.
+//!
+//! The choice is greedy on the marginal error reduction per stored bit: every tensor starts at
+//! its cheapest candidate, then the upgrade (to any candidate with more stored bits) with the
+//! largest `Δerror / Δbits` that still fits the budget is applied, until none fits or none lowers
+//! the error. Allowing jumps past the next candidate handles measured errors that do not fall
+//! evenly with `k`. The bits counted are the real stored bits of a candidate (codes and f16
+//! scales, [`stored_bits`]), so the achieved bits per weight is what the artifact holds. Ties go
+//! to the tensor whose name sorts first, then to the smaller upgrade, so the result depends
+//! neither on the order the tensors are given in nor on anything but the inputs.
+
+use crate::error::{invalid, Result};
+
+/// One candidate coding of a tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BitCandidate {
+    /// Bits per coded weight of the trellis code.
+    pub k: u32,
+    /// Everything the tensor stores at this `k`, in bits (codes and scales; [`stored_bits`]).
+    pub stored_bits: u64,
+    /// The measured error of this candidate (for example the proxy error `tr(E H Eᵀ)`); finite
+    /// and at least 0.
+    pub error: f64,
+}
+
+/// A tensor to allocate bits to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorOptions {
+    /// The tensor's name; unique among the tensors of one allocation.
+    pub name: String,
+    /// The number of weights of the dense tensor (the budget is per weight of these).
+    pub weights: u64,
+    /// The codings to choose from; at least one, distinct `k`.
+    pub candidates: Vec<BitCandidate>,
+}
+
+/// The candidate chosen for one tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorChoice {
+    /// The tensor's name.
+    pub name: String,
+    /// The chosen bits per coded weight.
+    pub k: u32,
+    /// The chosen candidate's stored bits.
+    pub stored_bits: u64,
+    /// The chosen candidate's error.
+    pub error: f64,
+}
+
+/// The result of [`allocate_bits`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allocation {
+    /// One choice per tensor, in the order the tensors were given.
+    pub choices: Vec<TensorChoice>,
+    /// The stored bits of all choices.
+    pub stored_bits: u64,
+    /// The weights of all tensors.
+    pub weights: u64,
+    /// `stored_bits / weights`: the achieved bits per weight, at most the budget.
+    pub bits_per_weight: f64,
+    /// The summed error of the choices.
+    pub error: f64,
+}
+
+/// The stored bits of a coded matrix of `rows` stored rows and `cols` coded columns at `k` bits
+/// per weight: `rows · cols · k` bits of codes and 16 bits of f16 scale per row.
+pub fn stored_bits(rows: usize, cols: usize, k: u32) -> Result<u64> {
+    let codes = (rows as u64).checked_mul(cols as u64).and_then(|w| w.checked_mul(u64::from(k)));
+    match codes.and_then(|c| c.checked_add(16 * rows as u64)) {
+        Some(bits) => Ok(bits),
+        None => invalid!("stored_bits: [{rows}, {cols}] at k = {k} overflows a 64-bit count of bits"),
+    }
+}
+
+/// Picks one candidate per tensor with `Σ stored_bits ≤ budget · Σ weights`, greedy on error
+/// reduction per bit (see the [module](self) docs). Errors when the inputs are invalid (empty,
+/// duplicate names, no candidates, repeated `k`, zero weights or bits, a negative or non-finite
+/// error, a non-positive or non-finite budget) and when even the cheapest candidates exceed the
+/// budget (the error names that minimum).
+pub fn allocate_bits(tensors: &[TensorOptions], budget_bits_per_weight: f64) -> Result<Allocation> {
+    let budget = budget_bits_per_weight;
+    if !(budget.is_finite() && budget > 0.0) {
+        invalid!("allocate_bits: the budget {budget} bits per weight must be finite and positive");
+    }
+    if tensors.is_empty() {
+        invalid!("allocate_bits: no tensors given");
+    }
+    let mut by_name: Vec<usize> = (0..tensors.len()).collect();
+    by_name.sort_by(|&a, &b| tensors[a].name.cmp(&tensors[b].name));
+    for pair in by_name.windows(2) {
+        if tensors[pair[0]].name == tensors[pair[1]].name {
+            invalid!("allocate_bits: the tensor name {:?} is given twice", tensors[pair[0]].name);
+        }
+    }
+    // Each tensor's candidates from cheapest (ties: lower error, then lower k).
+    let mut sorted = Vec::with_capacity(tensors.len());
+    let mut weights = 0u64;
+    for t in tensors {
+        check_tensor(t)?;
+        weights = match weights.checked_add(t.weights) {
+            Some(w) => w,
+            None => invalid!("allocate_bits: the weight count overflows 64 bits"),
+        };
+        let mut order: Vec<&BitCandidate> = t.candidates.iter().collect();
+        order.sort_by(|a, b| a.stored_bits.cmp(&b.stored_bits).then(a.error.total_cmp(&b.error)).then(a.k.cmp(&b.k)));
+        sorted.push(order);
+    }
+    let allowed = budget * weights as f64;
+    let mut chosen = vec![0usize; tensors.len()];
+    let mut used: u64 = 0;
+    for order in &sorted {
+        used = match used.checked_add(order[0].stored_bits) {
+            Some(u) => u,
+            None => invalid!("allocate_bits: the stored bits overflow 64 bits"),
+        };
+    }
+    if used as f64 > allowed {
+        invalid!(
+            "allocate_bits: a budget of {budget} bits per weight is below the minimum {:.6} (every tensor at its cheapest candidate)",
+            used as f64 / weights as f64
+        );
+    }
+    loop {
+        // The best upgrade: (ratio, tensor, candidate, Δbits); ties to the name first, then the
+        // smaller Δbits (the tensors are visited in name order, candidates by growing bits).
+        let mut best: Option<(f64, usize, usize, u64)> = None;
+        for &t in &by_name {
+            let order = &sorted[t];
+            let current = order[chosen[t]];
+            for (c, cand) in order.iter().enumerate().skip(chosen[t] + 1) {
+                let extra = cand.stored_bits - current.stored_bits;
+                let gain = current.error - cand.error;
+                if extra == 0 || gain <= 0.0 || used.checked_add(extra).is_none_or(|u| u as f64 > allowed) {
+                    continue;
+                }
+                let ratio = gain / extra as f64;
+                if best.is_none_or(|(r, ..)| ratio > r) {
+                    best = Some((ratio, t, c, extra));
+                }
+            }
+        }
+        match best {
+            Some((_, t, c, extra)) => {
+                chosen[t] = c;
+                used += extra;
+            }
+            None => break,
+        }
+    }
+    let choices: Vec<TensorChoice> = tensors
+        .iter()
+        .zip(&sorted)
+        .zip(&chosen)
+        .map(|((t, order), &c)| TensorChoice {
+            name: t.name.clone(),
+            k: order[c].k,
+            stored_bits: order[c].stored_bits,
+            error: order[c].error,
+        })
+        .collect();
+    // Summed in name order, so the total does not depend on the input order either.
+    let error = by_name.iter().map(|&t| choices[t].error).sum();
+    Ok(Allocation { choices, stored_bits: used, weights, bits_per_weight: used as f64 / weights as f64, error })
+}
+
+/// Checks one tensor's counts and candidates.
+fn check_tensor(t: &TensorOptions) -> Result<()> {
+    let name = &t.name;
+    if t.weights == 0 {
+        invalid!("allocate_bits: tensor {name:?} has no weights");
+    }
+    if t.candidates.is_empty() {
+        invalid!("allocate_bits: tensor {name:?} has no candidates");
+    }
+    for (i, c) in t.candidates.iter().enumerate() {
+        if t.candidates[..i].iter().any(|d| d.k == c.k) {
+            invalid!("allocate_bits: tensor {name:?} lists k = {} twice", c.k);
+        }
+        if c.stored_bits == 0 {
+            invalid!("allocate_bits: tensor {name:?} at k = {} stores no bits", c.k);
+        }
+        if !(c.error.is_finite() && c.error >= 0.0) {
+            invalid!(
+                "allocate_bits: tensor {name:?} at k = {} has error {} (must be finite and at least 0)",
+                c.k,
+                c.error
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,508 @@
+//! The Hessian-weighted encoder (LDLQ / BlockLDLQ) and the bit allocator: `H = I` and diagonal
+//! `H` give the plain codes bit for bit; the targets are the LDLQ recursion of an independently
+//! factored `H` and every block is the plain Viterbi code of its target; the proxy error drops on
+//! an ill-conditioned `H`; unusable `H` and blow-up fall back with warnings; the codes decode
+//! through the reference decoder to the reported reconstruction; the allocator keeps its budget,
+//! is deterministic and refuses a budget below its minimum; a rotation or a padded coded axis is
+//! refused by name.
+
+use mlx_trellis::trellis::encoder::allocate::{allocate_bits, stored_bits, BitCandidate, TensorOptions};
+use mlx_trellis::trellis::encoder::{
+    block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_with_targets, lut_rms, proxy_error, BlockSearch,
+    EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, RotationSpec,
+};
+use mlx_trellis::trellis::reference::{block_state, block_words, expand};
+use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
+use mlx_trellis::trellis::CodeLayout;
+mod common;
+use common::require_cuda;
+
+const T: usize = 256;
+
+fn config(k: u32, axis: u32) -> EncoderConfig {
+    EncoderConfig { axis, backend: EncoderBackend::Cpu, ..EncoderConfig::new(k, 12) }
+}
+
+/// The reference decoder's weights equal the reported reconstruction bit for bit.
+fn assert_decodes(result: &LdlqEncoded, what: &str) {
+    let enc = &result.encoded;
+    let decoded = expand(&enc.layer.codes, &enc.layer.scales, &enc.layer.geometry).unwrap();
+    assert_eq!(decoded.len(), enc.reconstruction.len(), "{what}");
+    let same = decoded.iter().zip(&enc.reconstruction).all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "{what}: reference decode differs from the reported reconstruction");
+}
+
+fn identity(n: usize, value: f64) -> Vec<f64> {
+    let mut h = vec![0f64; n * n];
+    (0..n).for_each(|i| h[i * n + i] = value);
+    h
+}
+
+/// `H = Xᵀ X` of `2n` samples of an AR(1) process along the features (neighbouring inputs
+/// correlated 0.95) plus four directions of 30x the standard deviation: far from the identity,
+/// condition number in the thousands.
+fn ill_conditioned(n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = SplitMix64::new(seed);
+    let spikes: Vec<Vec<f64>> =
+        (0..4).map(|_| (0..n).map(|_| rng.next_gaussian() / (n as f64).sqrt()).collect()).collect();
+    let mut h = vec![0f64; n * n];
+    let mut x = vec![0f64; n];
+    for _ in 0..2 * n {
+        let mut prev = 0.0;
+        for v in x.iter_mut() {
+            prev = 0.95 * prev + (1.0f64 - 0.95 * 0.95).sqrt() * rng.next_gaussian();
+            *v = prev;
+        }
+        for s in &spikes {
+            let a = 30.0 * rng.next_gaussian();
+            x.iter_mut().zip(s).for_each(|(v, d)| *v += a * d);
+        }
+        for a in 0..n {
+            for b in a..n {
+                h[a * n + b] += x[a] * x[b];
+            }
+        }
+    }
+    for a in 0..n {
+        for b in 0..a {
+            h[a * n + b] = h[b * n + a];
+        }
+    }
+    h
+}
+
+#[test]
+fn identity_and_diagonal_h_give_the_plain_codes_bit_for_bit() {
+    // Axis 1: W [8, 768] (three input blocks per row); axis 0: W [512, 12] (stored [12, 512]),
+    // row-major and, at k 3, the 3-bit interleaved layout.
+    for (axis, out, inp) in [(1u32, 8usize, 768usize), (0, 512, 12)] {
+        let w = gaussian(out * inp, 100 + axis as u64).unwrap();
+        let mut rng = SplitMix64::new(7);
+        let diagonal: Vec<f64> = (0..inp).map(|_| 0.1 + rng.next_f64() * 10.0).collect();
+        let mut diag_h = identity(inp, 0.0);
+        (0..inp).for_each(|i| diag_h[i * inp + i] = diagonal[i]);
+        for k in [2u32, 3, 4] {
+            let mut layouts = vec![CodeLayout::RowMajor];
+            if axis == 0 && k == 3 {
+                layouts.push(CodeLayout::K3Interleaved);
+            }
+            for layout in layouts {
+                let cfg = EncoderConfig { layout, ..config(k, axis) };
+                let plain = encode_linear(&w, out, inp, &cfg).unwrap();
+                for (name, h) in [("I", identity(inp, 1.0)), ("diagonal", diag_h.clone())] {
+                    let what = format!("axis {axis} k {k} {layout:?} H = {name}");
+                    let got = encode_linear_ldlq(&w, out, inp, Some(&h), &cfg, &LdlqConfig::default()).unwrap();
+                    assert_eq!(got.outcome, LdlqOutcome::Weighted { damping: 0.01 }, "{what}");
+                    assert!(got.warnings.is_empty(), "{what}: {:?}", got.warnings);
+                    assert_eq!(got.encoded.layer.codes, plain.layer.codes, "{what}: codes");
+                    assert_eq!(got.encoded.layer.scales, plain.layer.scales, "{what}: scales");
+                    assert_eq!(got.encoded.layer.geometry, plain.layer.geometry, "{what}: geometry");
+                    assert_eq!(got.encoded.mse, plain.mse, "{what}: mse");
+                    assert_decodes(&got, &what);
+                }
+            }
+        }
+    }
+}
+
+/// `U` with `H' = U D Uᵀ` (`U` unit upper triangular, `D` diagonal) by the textbook recursion
+/// from the last index, then `U B⁻¹` for the unit upper blocks `B = blockdiag(U_kk)` of `group`
+/// indices: the feedback coefficients of block LDLQ in forward order.
+fn reference_factor(h: &[f64], n: usize, damping: f64, group: usize) -> Vec<f64> {
+    let shift = damping * (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64;
+    let mut u = identity(n, 1.0);
+    let mut d = vec![0f64; n];
+    for j in (0..n).rev() {
+        d[j] = h[j * n + j] + shift - (j + 1..n).map(|m| u[j * n + m] * u[j * n + m] * d[m]).sum::<f64>();
+        assert!(d[j] > 0.0, "the test's H is positive definite");
+        for i in 0..j {
+            u[i * n + j] = (h[i * n + j] - (j + 1..n).map(|m| u[i * n + m] * u[j * n + m] * d[m]).sum::<f64>()) / d[j];
+        }
+    }
+    let mut start = 0;
+    while start < n {
+        let end = (start + group).min(n);
+        // Rows above the block: x B_kk = y by forward substitution (B_kk unit upper).
+        for i in 0..start {
+            for c in start..end {
+                let s: f64 = (start..c).map(|m| u[i * n + m] * u[m * n + c]).sum();
+                u[i * n + c] -= s;
+            }
+        }
+        for i in start..end {
+            for c in start..end {
+                u[i * n + c] = (i == c) as u8 as f64;
+            }
+        }
+        start = end;
+    }
+    u
+}
+
+/// The targets and codes are LDLQ's: every target equals `W + (W − Ŵ) A` with the test's own
+/// factor (A = U − I, only earlier groups), and every block's states are the plain Viterbi path
+/// of its target divided by its row's scale.
+fn assert_exact_ldlq(w: &[f32], out: usize, inp: usize, h: &[f64], k: u32, axis: u32, row_group: usize) -> LdlqEncoded {
+    let cfg = config(k, axis);
+    let ldlq = LdlqConfig { stored_row_group: row_group, ..LdlqConfig::default() };
+    let (got, targets) = encode_linear_ldlq_with_targets(w, out, inp, Some(h), &cfg, &ldlq).unwrap();
+    let what = format!("axis {axis} k {k} [{out}, {inp}] group {row_group}");
+    assert_eq!(got.outcome, LdlqOutcome::Weighted { damping: 0.01 }, "{what}: {:?}", got.warnings);
+    let group = if axis == 1 { T } else { row_group };
+    let u = reference_factor(h, inp, 0.01, group);
+    let rec = &got.encoded.reconstruction;
+    // Stored-orientation index of (o, i).
+    let at = |o: usize, i: usize| if axis == 1 { o * inp + i } else { i * out + o };
+    let mut worst = 0f64;
+    for o in 0..out {
+        for i in 0..inp {
+            let first_of_group = i / group * group;
+            let feedback: f64 =
+                (0..first_of_group).map(|j| (w[o * inp + j] as f64 - rec[at(o, j)] as f64) * u[j * inp + i]).sum();
+            let want = w[o * inp + i] as f64 + feedback;
+            worst = worst.max((targets[at(o, i)] as f64 - want).abs());
+        }
+    }
+    let w_rms = (w.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+    assert!(worst <= 1e-6 * w_rms, "{what}: a target is {worst:e} away from the LDLQ recursion (weights' RMS {w_rms})");
+    // Every block is the Viterbi path of its target.
+    let g = got.encoded.layer.geometry;
+    let (rows, cols) = if axis == 1 { (out, inp) } else { (inp, out) };
+    let lut_rms = lut_rms(12).unwrap();
+    for r in 0..rows {
+        let scale = got.encoded.layer.scales[r];
+        if axis == 0 {
+            // Axis 0 takes the scale from the target row, as the plain encoder would.
+            let row = &targets[r * cols..(r + 1) * cols];
+            let rms = (row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64).sqrt();
+            assert_eq!(scale, half::f16::from_f64(rms / lut_rms), "{what}: scale of stored row {r}");
+        }
+        for b in 0..cols / T {
+            let x: Vec<f32> =
+                targets[r * cols + b * T..r * cols + (b + 1) * T].iter().map(|&v| v / scale.to_f32()).collect();
+            let path = block_path(&x, k, 12, BlockSearch::Viterbi).unwrap();
+            let words = block_words(&got.encoded.layer.codes, &g, r, b).unwrap();
+            let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, 12).unwrap()).collect();
+            assert_eq!(decoded, path, "{what}: stored row {r}, block {b} is not the Viterbi code of its target");
+        }
+    }
+    assert_decodes(&got, &what);
+    got
+}
+
+#[test]
+fn the_codes_follow_the_ldlq_recursion_of_an_independent_factor() {
+    // Axis 1: BlockLDLQ over input blocks of T (four blocks); axis 0: exact LDLQ (one stored row
+    // per step) and groups of 5 rows (not dividing the 48 rows, so the last group is short).
+    let (out, inp) = (6, 1024);
+    let w = gaussian(out * inp, 11).unwrap();
+    assert_exact_ldlq(&w, out, inp, &ill_conditioned(inp, 3), 2, 1, 1);
+    let (out, inp) = (512, 48);
+    let w = gaussian(out * inp, 12).unwrap();
+    let h = ill_conditioned(inp, 4);
+    for group in [1, 5] {
+        assert_exact_ldlq(&w, out, inp, &h, 3, 0, group);
+    }
+}
+
+#[test]
+fn ldlq_lowers_the_proxy_error_of_an_ill_conditioned_h() {
+    // Axis 1 W [64, 1024]; axis 0 W [512, 256] (stored [256, 512]), at k 2, 3, 4.
+    for (axis, out, inp) in [(1u32, 64usize, 1024usize), (0, 512, 256)] {
+        let w = gaussian(out * inp, 20 + axis as u64).unwrap();
+        let h = ill_conditioned(inp, 30 + axis as u64);
+        for k in [2u32, 3, 4] {
+            let cfg = config(k, axis);
+            let plain = encode_linear(&w, out, inp, &cfg).unwrap();
+            let plain_proxy = proxy_error(&w, &plain.reconstruction, out, inp, axis, &h, None).unwrap();
+            let got = encode_linear_ldlq(&w, out, inp, Some(&h), &cfg, &LdlqConfig::default()).unwrap();
+            let what = format!("axis {axis} k {k}");
+            assert!(matches!(got.outcome, LdlqOutcome::Weighted { .. }), "{what}: {:?}", got.warnings);
+            let proxy = got.proxy.unwrap();
+            assert_eq!(proxy.reference, plain_proxy.reference, "{what}: the same weights");
+            let ratio = proxy.error / plain_proxy.error;
+            println!(
+                "{what}: relative proxy error plain {:.4e}, LDLQ {:.4e}, ratio {ratio:.3}; mse plain {:.4e}, LDLQ {:.4e}",
+                plain_proxy.relative(),
+                proxy.relative(),
+                plain.mse,
+                got.encoded.mse
+            );
+            assert!(ratio < 0.7, "{what}: LDLQ's proxy error is {ratio:.3} of the plain code's");
+            assert_decodes(&got, &what);
+        }
+    }
+}
+
+#[test]
+fn the_result_does_not_depend_on_the_thread_count() {
+    for (axis, out, inp, group) in [(1u32, 5usize, 768usize, 1usize), (0, 512, 40, 1), (0, 512, 40, 3)] {
+        let w = gaussian(out * inp, 50).unwrap();
+        let h = ill_conditioned(inp, 51);
+        let ldlq = LdlqConfig { stored_row_group: group, ..LdlqConfig::default() };
+        let run = |threads| {
+            let cfg = EncoderConfig { threads: Some(threads), ..config(3, axis) };
+            encode_linear_ldlq(&w, out, inp, Some(&h), &cfg, &ldlq).unwrap()
+        };
+        let (one, three) = (run(1), run(3));
+        assert_eq!(one.encoded.layer.codes, three.encoded.layer.codes, "axis {axis} group {group}");
+        assert_eq!(one.encoded.layer.scales, three.encoded.layer.scales, "axis {axis} group {group}");
+        assert_eq!(one.proxy, three.proxy, "axis {axis} group {group}");
+    }
+}
+
+#[test]
+fn unusable_h_falls_back_to_the_plain_codes_with_a_warning() {
+    for (axis, out, inp) in [(1u32, 4usize, 512usize), (0, 256, 8)] {
+        let w = gaussian(out * inp, 60).unwrap();
+        let cfg = config(2, axis);
+        let plain = encode_linear(&w, out, inp, &cfg).unwrap();
+        let mut nan = identity(inp, 1.0);
+        nan[inp + 1] = f64::NAN;
+        let mut infinite = identity(inp, 1.0);
+        infinite[1] = f64::INFINITY;
+        let cases: [(&str, Option<Vec<f64>>, &str); 5] = [
+            ("missing", None, "no H"),
+            ("zero (singular)", Some(identity(inp, 0.0)), "singular"),
+            ("NaN", Some(nan), "not finite"),
+            ("infinite", Some(infinite), "not finite"),
+            ("negative diagonal", Some(identity(inp, -1.0)), "negative"),
+        ];
+        for (name, h, says) in cases {
+            let what = format!("axis {axis} H {name}");
+            let got = encode_linear_ldlq(&w, out, inp, h.as_deref(), &cfg, &LdlqConfig::default()).unwrap();
+            assert_eq!(got.outcome, LdlqOutcome::Unweighted, "{what}");
+            assert_eq!(got.warnings.len(), 1, "{what}: {:?}", got.warnings);
+            assert!(got.warnings[0].contains(says), "{what}: {:?}", got.warnings);
+            assert_eq!(got.encoded.layer.codes, plain.layer.codes, "{what}");
+            assert_eq!(got.encoded.layer.scales, plain.layer.scales, "{what}");
+            let finite = h.as_ref().is_some_and(|h| h.iter().all(|v| v.is_finite()));
+            assert_eq!(got.proxy.is_some(), finite, "{what}: a proxy error exactly when H is finite");
+            assert_decodes(&got, &what);
+        }
+        // A wrong size is the caller's error, not a fallback.
+        let err = encode_linear_ldlq(&w, out, inp, Some(&identity(inp + 1, 1.0)), &cfg, &LdlqConfig::default());
+        assert!(err.is_err(), "axis {axis}: H of the wrong size");
+    }
+}
+
+#[test]
+fn an_indefinite_h_is_retried_with_more_damping() {
+    // H = I except H[0, 1] = H[1, 0] = 10: eigenvalues -9 and 11 there, mean diagonal 1. Damping
+    // 0.01, 0.1 and 1 leave it indefinite; 10 makes it positive definite.
+    let (out, inp) = (4, 512);
+    let w = gaussian(out * inp, 70).unwrap();
+    let mut h = identity(inp, 1.0);
+    h[1] = 10.0;
+    h[inp] = 10.0;
+    let got = encode_linear_ldlq(&w, out, inp, Some(&h), &config(2, 1), &LdlqConfig::default()).unwrap();
+    let LdlqOutcome::Weighted { damping } = got.outcome else { panic!("fell back: {:?}", got.warnings) };
+    assert!((damping - 10.0).abs() <= 1e-12, "damping {damping}");
+    assert_eq!(got.warnings.len(), 3, "{:?}", got.warnings);
+    assert!(got.warnings.iter().all(|w| w.contains("not positive definite")), "{:?}", got.warnings);
+    assert_decodes(&got, "indefinite H, retried");
+    // With no retries the same H falls back.
+    let once = LdlqConfig { retries: 0, ..LdlqConfig::default() };
+    let got = encode_linear_ldlq(&w, out, inp, Some(&h), &config(2, 1), &once).unwrap();
+    assert_eq!(got.outcome, LdlqOutcome::Unweighted);
+    assert_eq!(got.warnings.len(), 2, "{:?}", got.warnings);
+    assert_eq!(got.encoded.layer.codes, encode_linear(&w, out, inp, &config(2, 1)).unwrap().layer.codes);
+}
+
+#[test]
+fn targets_beyond_the_growth_limit_are_refused() {
+    // Axis 0 on the ill-conditioned H: the feedback makes some target rows larger than their
+    // originals; a limit barely above 1 refuses them at every damping, so the code falls back.
+    let (out, inp) = (256, 64);
+    let w = gaussian(out * inp, 80).unwrap();
+    let h = ill_conditioned(inp, 81);
+    let tight = LdlqConfig { growth_limit: 1.000001, retries: 1, ..LdlqConfig::default() };
+    let got = encode_linear_ldlq(&w, out, inp, Some(&h), &config(2, 0), &tight).unwrap();
+    assert_eq!(got.outcome, LdlqOutcome::Unweighted, "{:?}", got.warnings);
+    assert_eq!(got.warnings.len(), 3, "{:?}", got.warnings);
+    assert!(got.warnings[..2].iter().all(|w| w.contains("RMS")), "{:?}", got.warnings);
+    // The default limit accepts the same H.
+    let fine = encode_linear_ldlq(&w, out, inp, Some(&h), &config(2, 0), &LdlqConfig::default()).unwrap();
+    assert_eq!(fine.outcome, LdlqOutcome::Weighted { damping: 0.01 }, "{:?}", fine.warnings);
+}
+
+#[test]
+fn invalid_ldlq_settings_are_refused_by_name() {
+    let w = gaussian(4 * 256, 90).unwrap();
+    let h = identity(256, 1.0);
+    let cases = [
+        (LdlqConfig { damping: -1.0, ..LdlqConfig::default() }, "damping"),
+        (LdlqConfig { damping: f64::NAN, ..LdlqConfig::default() }, "damping"),
+        (LdlqConfig { retries: 11, ..LdlqConfig::default() }, "retries"),
+        (LdlqConfig { growth_limit: 1.0, ..LdlqConfig::default() }, "growth_limit"),
+        (LdlqConfig { stored_row_group: 0, ..LdlqConfig::default() }, "stored_row_group"),
+    ];
+    for (ldlq, name) in cases {
+        let err = encode_linear_ldlq(&w, 4, 256, Some(&h), &config(2, 1), &ldlq).unwrap_err().to_string();
+        assert!(err.contains(name), "{name}: {err}");
+    }
+    let mut bad = w.clone();
+    bad[3] = f32::NAN;
+    assert!(encode_linear_ldlq(&bad, 4, 256, Some(&h), &config(2, 1), &LdlqConfig::default()).is_err());
+}
+
+#[test]
+fn a_rotation_or_a_padded_axis_is_refused_by_name() {
+    let ldlq = LdlqConfig::default();
+    // A rotation: the result could not record it (code_linear rotates; LDLQ takes the rotated
+    // weights and the rotated H).
+    let w = gaussian(4 * 256, 91).unwrap();
+    let h = identity(256, 1.0);
+    let rotated = EncoderConfig { rotation: Some(RotationSpec { seed: 7 }), ..config(2, 1) };
+    let err = encode_linear_ldlq(&w, 4, 256, Some(&h), &rotated, &ldlq).unwrap_err().to_string();
+    assert!(err.contains("rotation"), "{err}");
+    // A coded axis of 200 logical columns (not whole blocks) on either axis: LDLQ does not pad.
+    let w = gaussian(4 * 200, 92).unwrap();
+    let err = encode_linear_ldlq(&w, 4, 200, Some(&identity(200, 1.0)), &config(2, 1), &ldlq).unwrap_err().to_string();
+    assert!(err.contains("does not pad"), "axis 1: {err}");
+    let err = encode_linear_ldlq(&w, 200, 4, Some(&identity(4, 1.0)), &config(2, 0), &ldlq).unwrap_err().to_string();
+    assert!(err.contains("does not pad"), "axis 0: {err}");
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn ldlq_on_the_cuda_search_gives_the_cpu_bytes() {
+    require_cuda();
+    // Axis 1 (one block per row per step), axis 0 one stored row per step and 16 per step, and
+    // the 3-bit interleaved layout.
+    let cases = [
+        (1u32, 64usize, 1024usize, 1usize, CodeLayout::RowMajor),
+        (0, 512, 256, 1, CodeLayout::RowMajor),
+        (0, 512, 256, 16, CodeLayout::RowMajor),
+        (0, 512, 256, 1, CodeLayout::K3Interleaved),
+    ];
+    for (axis, out, inp, group, layout) in cases {
+        let w = gaussian(out * inp, 200 + axis as u64).unwrap();
+        let h = ill_conditioned(inp, 201);
+        let ldlq = LdlqConfig { stored_row_group: group, ..LdlqConfig::default() };
+        let ks: &[u32] = if layout == CodeLayout::K3Interleaved { &[3] } else { &[2, 3, 4] };
+        for &k in ks {
+            let what = format!("axis {axis} k {k} group {group} {layout:?}");
+            let on = |backend| EncoderConfig { backend, layout, ..config(k, axis) };
+            let cpu = encode_linear_ldlq(&w, out, inp, Some(&h), &on(EncoderBackend::Cpu), &ldlq).unwrap();
+            let gpu = encode_linear_ldlq(&w, out, inp, Some(&h), &on(EncoderBackend::Cuda), &ldlq).unwrap();
+            assert_eq!(gpu.outcome, cpu.outcome, "{what}: {:?}", gpu.warnings);
+            assert_eq!(gpu.encoded.layer.scales, cpu.encoded.layer.scales, "{what}: scales");
+            if let Some(i) = cpu.encoded.layer.codes.iter().zip(&gpu.encoded.layer.codes).position(|(a, b)| a != b) {
+                panic!("{what}: code word {i} differs between the CPU and CUDA searches");
+            }
+            assert_eq!(gpu.encoded.layer.codes.len(), cpu.encoded.layer.codes.len(), "{what}");
+            assert_eq!(gpu.proxy, cpu.proxy, "{what}: proxy error");
+            assert_decodes(&gpu, &what);
+            println!("{what}: same bytes, relative proxy error {:.4e}", gpu.proxy.unwrap().relative());
+        }
+    }
+}
+
+fn tensor(name: &str, rows: usize, cols: usize, errors: [f64; 3]) -> TensorOptions {
+    let candidates = [2u32, 3, 4]
+        .iter()
+        .zip(errors)
+        .map(|(&k, error)| BitCandidate { k, stored_bits: stored_bits(rows, cols, k).unwrap(), error })
+        .collect();
+    TensorOptions { name: name.into(), weights: (rows * cols) as u64, candidates }
+}
+
+#[test]
+fn stored_bits_count_codes_and_scales() {
+    assert_eq!(stored_bits(576, 1536, 3).unwrap(), 576 * 1536 * 3 + 576 * 16);
+    assert!(stored_bits(usize::MAX, 2, 4).is_err());
+}
+
+#[test]
+fn the_allocator_keeps_the_budget_and_takes_the_best_ratio_first() {
+    // Three tensors of the same size: "b" gains most from its first upgrade, "a" next.
+    let tensors = vec![
+        tensor("c", 256, 512, [4.0, 3.5, 3.4]),
+        tensor("b", 256, 512, [10.0, 2.0, 1.0]),
+        tensor("a", 256, 512, [6.0, 3.0, 2.9]),
+    ];
+    let per_k = |k: u64| (256 * 512 * k + 256 * 16) as f64 / (256.0 * 512.0);
+    let minimum = per_k(2);
+    let low = allocate_bits(&tensors, minimum).unwrap();
+    assert!(low.choices.iter().all(|c| c.k == 2), "{low:?}");
+    assert_eq!(low.bits_per_weight, minimum);
+    // One upgrade's worth: "b" to 3.
+    let one = allocate_bits(&tensors, (2.0 * per_k(2) + per_k(3)) / 3.0).unwrap();
+    let ks: Vec<(String, u32)> = one.choices.iter().map(|c| (c.name.clone(), c.k)).collect();
+    assert_eq!(ks, [("c".to_string(), 2), ("b".to_string(), 3), ("a".to_string(), 2)]);
+    assert_eq!(one.error, 4.0 + 2.0 + 6.0);
+    // Two: then "a" to 3 (ratio 3 per 1 bit/weight against b's 1 and c's 0.5).
+    let two = allocate_bits(&tensors, (per_k(2) + 2.0 * per_k(3)) / 3.0).unwrap();
+    assert_eq!(two.choices.iter().map(|c| c.k).collect::<Vec<_>>(), [2, 3, 3]);
+    // Everything at k 4 when the budget allows it.
+    let all = allocate_bits(&tensors, 4.5).unwrap();
+    assert!(all.choices.iter().all(|c| c.k == 4), "{all:?}");
+    assert!(all.bits_per_weight <= 4.5);
+}
+
+#[test]
+fn the_allocator_is_deterministic_and_never_leaves_a_fitting_improvement() {
+    let mut rng = SplitMix64::new(5);
+    let mut tensors: Vec<TensorOptions> = (0..40)
+        .map(|i| {
+            let (rows, cols) = ([256usize, 512, 1536][i % 3], [256usize, 768][i % 2]);
+            let e2 = 1.0 + rng.next_f64() * 10.0;
+            // Mostly falling errors, some uneven (k 3 no better than k 2).
+            let e3 = if i % 7 == 0 { e2 * 1.01 } else { e2 * (0.2 + 0.2 * rng.next_f64()) };
+            let e4 = e2 * 0.05 * rng.next_f64();
+            tensor(&format!("t{i:02}"), rows, cols, [e2, e3, e4])
+        })
+        .collect();
+    // Identical candidates on two tensors force ties, broken by name.
+    tensors.push(tensor("tie-b", 256, 256, [5.0, 1.0, 0.5]));
+    tensors.push(tensor("tie-a", 256, 256, [5.0, 1.0, 0.5]));
+    for budget in [2.1, 2.5, 3.0, 3.25, 3.7] {
+        let got = allocate_bits(&tensors, budget).unwrap();
+        assert!(got.stored_bits as f64 <= budget * got.weights as f64, "budget {budget}: {}", got.bits_per_weight);
+        let sum: u64 = got.choices.iter().map(|c| c.stored_bits).sum();
+        assert_eq!(sum, got.stored_bits);
+        // No single upgrade that fits the rest of the budget lowers the error.
+        let allowed = budget * got.weights as f64;
+        for (t, c) in tensors.iter().zip(&got.choices) {
+            for cand in &t.candidates {
+                let fits = (got.stored_bits - c.stored_bits + cand.stored_bits) as f64 <= allowed;
+                assert!(!(fits && cand.error < c.error), "budget {budget}: {} could move to k {}", t.name, cand.k);
+            }
+        }
+        // The same choices for the tensors in reverse order.
+        let mut reversed = tensors.clone();
+        reversed.reverse();
+        let again = allocate_bits(&reversed, budget).unwrap();
+        let mut a: Vec<_> = got.choices.clone();
+        let mut b: Vec<_> = again.choices.clone();
+        a.sort_by(|x, y| x.name.cmp(&y.name));
+        b.sort_by(|x, y| x.name.cmp(&y.name));
+        assert_eq!(a, b, "budget {budget}");
+        assert_eq!(got.error, again.error);
+    }
+    // The tie: with exactly one upgrade of the tied pair affordable, "tie-a" gets it.
+    let pair = [tensor("tie-b", 256, 256, [5.0, 1.0, 0.5]), tensor("tie-a", 256, 256, [5.0, 1.0, 0.5])];
+    let bits = (stored_bits(256, 256, 2).unwrap() + stored_bits(256, 256, 3).unwrap()) as f64 / (2.0 * 65536.0);
+    let got = allocate_bits(&pair, bits).unwrap();
+    assert_eq!((got.choices[0].k, got.choices[1].k), (2, 3), "{got:?}");
+}
+
+#[test]
+fn the_allocator_refuses_a_budget_below_its_minimum_and_bad_input() {
+    let tensors = vec![tensor("a", 256, 512, [3.0, 2.0, 1.0])];
+    let minimum = (256.0 * 512.0 * 2.0 + 256.0 * 16.0) / (256.0 * 512.0);
+    let err = allocate_bits(&tensors, 2.0).unwrap_err().to_string();
+    assert!(err.contains(&format!("{minimum:.6}")), "{err}");
+    assert!(allocate_bits(&tensors, minimum).is_ok());
+    assert!(allocate_bits(&[], 3.0).is_err());
+    assert!(allocate_bits(&tensors, f64::NAN).is_err());
+    let twice = vec![tensors[0].clone(), tensors[0].clone()];
+    assert!(allocate_bits(&twice, 3.0).unwrap_err().to_string().contains("twice"));
+    let mut bad = tensors[0].clone();
+    bad.candidates[1].error = f64::INFINITY;
+    assert!(allocate_bits(&[bad], 3.0).is_err());
+    let mut repeated = tensors[0].clone();
+    repeated.candidates[2].k = 2;
+    assert!(allocate_bits(&[repeated], 3.0).is_err());
+}
