@@ -166,9 +166,10 @@ impl Hessians {
         let path = path.as_ref();
         let bad = |message: String| Error::artifact(path, None, message);
         let buffer = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let file = safetensors::SafeTensors::deserialize(&buffer).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
-        let (_, header) =
-            safetensors::SafeTensors::read_metadata(&buffer).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let file =
+            safetensors::SafeTensors::deserialize(&buffer).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
+        let (_, header) = safetensors::SafeTensors::read_metadata(&buffer)
+            .map_err(|e| bad(format!("not a safetensors file: {e}")))?;
         let meta = |key: &str| header.metadata().as_ref().and_then(|m| m.get(key)).cloned();
         let count = |key: &str| -> Result<usize> {
             meta(key)
@@ -251,7 +252,9 @@ pub fn collect_hessians(
             LINEARS
                 .iter()
                 .filter(|l| matches!(**l, "mlp.gate_proj" | "mlp.down_proj"))
-                .chain(LINEARS.iter().filter(|l| spec.attention && matches!(**l, "self_attn.q_proj" | "self_attn.o_proj")))
+                .chain(
+                    LINEARS.iter().filter(|l| spec.attention && matches!(**l, "self_attn.q_proj" | "self_attn.o_proj")),
+                )
                 .map(move |l| hf_module(i, l))
         })
         .collect();
@@ -314,8 +317,10 @@ pub fn calibrate_gguf(
     let tokens = calibration_tokens(&tokenizer, texts, max_tokens)?;
     let plan = LayerPlan { mlp: LinearPlan::Dense, attention: LinearPlan::Dense, ..LayerPlan::shipped() };
     let model = LlamaModel::from_opened_gguf(&gguf, &plan)?;
-    let names: Vec<String> =
-        texts.iter().map(|p| p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned())).collect();
+    let names: Vec<String> = texts
+        .iter()
+        .map(|p| p.file_name().map_or_else(|| p.display().to_string(), |f| f.to_string_lossy().into_owned()))
+        .collect();
     collect_hessians(&model, &tokens, spec, &names.join(" + "), progress)
 }
 

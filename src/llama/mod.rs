@@ -27,6 +27,7 @@
 mod attention;
 pub mod calibrate;
 pub mod chat;
+pub mod coding;
 mod config;
 pub mod eval;
 mod fetch;
