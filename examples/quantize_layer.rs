@@ -9,7 +9,8 @@
 //! encoder's output is decoded again by the reference decoder (from the written artifact when
 //! `--out` is given), and the mean squared error of those decoded weights, whether they agree bit
 //! for bit with the encoder's own reconstruction, and the encode rate are printed as a table.
-//! Exit status 0 means the decode agreed (and `--check` passed); 1 means it did not; 2 is an
+//! Exit status 0 means the decode agreed and the relative error is within its bound
+//! (`encoder::RELATIVE_MSE_BOUND` (1/2)), and `--check` passed; 1 means one of them did not; 2 is an
 //! error.
 //!
 //! ```text
@@ -32,7 +33,7 @@ use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::reference_coded::forward_coded_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::Rotation;
-use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer};
+use mlx_trellis::trellis::{check_artifact_dir, write_artifact, Artifact, CodeLayout, ForwardPath, HostLayer};
 use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
@@ -55,16 +56,15 @@ const CHECK_ROWS: usize = 4;
 /// padded to whole blocks where neither axis is (docs/format.md §10). The codes are
 /// decoded again by the reference decoder (from the written artifact when --out is given); the
 /// table shows the mean squared error, whether the decode agrees bit for bit with the encoder's
-/// own reconstruction, and the encode rate. Exit status: 0 the decode agreed (and --check and
+/// own reconstruction, and the encode rate. Exit status: 0 the decode agreed, the relative error
+/// (mean squared error over mean squared weight) is below its bound (1/2) (and --check and
 /// --compare-cpu passed), 1 one of them did not, 2 an error.
 #[derive(Parser)]
-#[command(
-    after_help = "Examples:
+#[command(after_help = "Examples:
   cargo run --release --example quantize_layer -- --rows 5120 --cols 1024 --bits 3 --L 12
   cargo run --release --example quantize_layer -- --bits 3 --L 12 --layout interleaved --out DIR --check
   cargo run --release --example quantize_layer -- --input model.safetensors --tensor model.layers.0.mlp.down_proj.weight --out DIR
-  cargo run --release --example quantize_layer -- --backend cuda --compare-cpu 512"
-)]
+  cargo run --release --example quantize_layer -- --backend cuda --compare-cpu 512")]
 struct Options {
     /// A safetensors file holding the dense weight (any float dtype); goes with --tensor
     #[arg(long, value_name = "FILE", requires = "tensor")]
@@ -165,6 +165,10 @@ fn run() -> Result<bool> {
         ..EncoderConfig::new(o.k, o.l)
     };
     cfg.validate()?;
+    if let Some(dir) = &o.out {
+        // Refused now rather than after the encode.
+        check_artifact_dir(dir).with_context(|| format!("--out {dir}"))?;
+    }
     let (w, out_features, in_features, source) = load_weight(&o)?;
     let choice = choose_axis(out_features, in_features, o.axis, cfg.t as usize)?;
     let (axis, n) = (choice.axis, choice.logical);
@@ -227,12 +231,13 @@ fn run() -> Result<bool> {
     }
     let mse = sq / stored.len() as f64;
     let agrees = mse.to_bits() == coded.mse.to_bits() && coded_axis == coded.coded_axis;
+    let q = coded.quality();
 
     println!("\nTrellis encoder: {source}, W [{out_features}, {in_features}]");
-    println!("| stored | k | L | axis | rotation | layout | search | mse (reference decode) | mse / mean w² | encode s | weights/s | decode = encoder's |");
+    println!("| stored | k | L | axis | rotation | layout | search | mse (reference decode) | mse / mean w² (gate) | encode s | weights/s | decode = encoder's |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| [{rows}, {cols}] | {} | {} | {axis} | {} | {} | {} | {mse:.4e} | {:.5} | {encode_s:.2} | {rate:.3e} | {} |",
+        "| [{rows}, {cols}] | {} | {} | {axis} | {} | {} | {} | {mse:.4e} | {:.3e} ({} {:.1e}) | {encode_s:.2} | {rate:.3e} | {} |",
         o.k,
         o.l,
         coded_axis.rotation.as_ref().map_or("none".to_string(), |r| format!("block {}", r.block())),
@@ -241,10 +246,18 @@ fn run() -> Result<bool> {
             CodeLayout::K3Interleaved => "interleaved",
         },
         search_on(&cfg),
-        if coded.mean_square > 0.0 { mse / coded.mean_square } else { 0.0 },
+        q.relative_mse,
+        if q.passes() { "ok" } else { "FAIL" },
+        q.bound,
         if agrees { "yes" } else { "NO" }
     );
-    let mut ok = agrees;
+    if q.zero_rows + q.flushed_rows > 0 {
+        println!(
+            "\n{} stored rows are all zeros (coded exactly); {} are too small for an f16 scale (below 2^-14 · RMS(lut)) and decode to zeros",
+            q.zero_rows, q.flushed_rows
+        );
+    }
+    let mut ok = agrees && q.passes();
 
     if o.compare_cpu_rows > 0 {
         // The same stored rows (rotated as coded) through both searches, row-major, must give

@@ -11,8 +11,9 @@
 //! whole blocks, else padded). An axis-0 projection at k 3, L 12 with a multiple of 512 stored
 //! columns uses the 3-bit block interleave, every other one row-major. The artifact is then read
 //! back, one forward of four rows by the generic path is checked against the f64 reference of
-//! the read-back codes, and the quantization error against the dense MLP is printed. Exit status
-//! 0 means the check passed; 1 means it did not; 2 is an error.
+//! the read-back codes, and the quantization error against the dense MLP is printed with each
+//! projection's relative error, gated at `encoder::RELATIVE_MSE_BOUND` (1/2). Exit status 0 means the
+//! check and the bounds passed; 1 means one did not; 2 is an error.
 //!
 //! ```text
 //! cargo run --release --example quantize_mlp -- --out /tmp/mlp
@@ -31,7 +32,9 @@ use mlx_trellis::trellis::encoder::{choose_axis, code_linear, EncoderConfig, Rot
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::reference_coded::mlp_coded_f64;
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp};
+use mlx_trellis::trellis::{
+    check_artifact_dir, write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear, TrellisMlp,
+};
 use mlx_trellis::{load_safetensors, MlxArray};
 
 #[path = "common/check.rs"]
@@ -55,15 +58,14 @@ const CHECK_ROWS: usize = 4;
 /// projection at k 3, L 12 with a multiple of 512 stored columns uses the 3-bit block
 /// interleave, every other one row-major. The artifact is read
 /// back, one forward of four rows by the generic path is checked against the f64 reference of the
-/// read-back codes, and the quantization error against the dense MLP is printed. Exit status: 0
-/// the check passed, 1 it did not, 2 an error.
+/// read-back codes, and the quantization error against the dense MLP is printed with each
+/// projection's relative error (mean squared error over mean squared weight, gated at its bound
+/// 1/2). Exit status: 0 the check and every bound passed, 1 one did not, 2 an error.
 #[derive(Parser)]
-#[command(
-    after_help = "Examples:
+#[command(after_help = "Examples:
   cargo run --release --example quantize_mlp -- --out /tmp/mlp
   cargo run --release --example quantize_mlp -- --input model.safetensors --prefix model.layers.0.mlp --out DIR
-  cargo run --release --example qwen_down -- --weights /tmp/mlp --mlp model.layers.0.mlp"
-)]
+  cargo run --release --example qwen_down -- --weights /tmp/mlp --mlp model.layers.0.mlp")]
 struct Options {
     /// The dense checkpoint (safetensors, any float dtype) [default: a seeded Gaussian MLP]
     #[arg(long, value_name = "FILE")]
@@ -170,9 +172,12 @@ fn dense_mlp_f64(x: &[f32], m: usize, [gate, up, down]: &[Dense; 3]) -> Result<V
 
 fn run() -> Result<bool> {
     let o = parse_args()?;
+    // Refused now rather than after the encode.
+    check_artifact_dir(&o.out).with_context(|| format!("--out {}", o.out))?;
     let dense = dense_mlp(&o)?;
     let names = ["gate_proj", "up_proj", "down_proj"];
     let mut coded = Vec::with_capacity(3);
+    let mut qualities = Vec::with_capacity(3);
     for (i, (name, d)) in names.iter().zip(&dense).enumerate() {
         let (k, conventional) = if *name == "down_proj" { (o.down_bits, 0) } else { (o.bits, 1) };
         let choice = choose_axis(d.out_features, d.in_features, conventional, 256)?;
@@ -213,6 +218,7 @@ fn run() -> Result<bool> {
             c.mse,
             c.relative_mse()
         ));
+        qualities.push((module.clone(), c.quality()));
         coded.push((module.clone(), c.to_linear(&module)?));
     }
     let modules: Vec<(&str, &TrellisLinear)> = coded.iter().map(|(n, l)| (n.as_str(), l)).collect();
@@ -238,5 +244,17 @@ fn run() -> Result<bool> {
     println!("| check ({CHECK_ROWS} rows, f32, generic path) | relErr | gate |\n|---|---|---|");
     println!("| vs the f64 reference of the written codes | {err:.2e} | {status} ({gate:.1e}) |");
     println!("| vs the dense MLP (quantization error) | {quantization:.2e} | information |");
-    Ok(passed)
+    println!(
+        "\n| module | mse / mean w² | gate | rows all zero | rows too small, decoded as zeros |\n|---|---|---|---|---|"
+    );
+    let mut coded_ok = true;
+    for (module, q) in &qualities {
+        coded_ok &= q.passes();
+        let status = if q.passes() { "ok" } else { "FAIL" };
+        println!(
+            "| {module} | {:.3e} | {status} ({:.1e}) | {} | {} |",
+            q.relative_mse, q.bound, q.zero_rows, q.flushed_rows
+        );
+    }
+    Ok(passed && coded_ok)
 }

@@ -5,10 +5,12 @@
 //! runs the residual chain `x <- x + mlp_l(x)` over the layers in this process with every layer
 //! whole, then starts `--tp N` processes of itself as one MLX distributed group on this machine
 //! (`mlx_trellis::distributed::launcher`). Each loads only its rows of each layer from the safetensors file,
-//! runs the same chain with one all-reduce per layer, and writes its outputs back. This process
-//! prints the per-layer time of each and the relErr of every rank's layer outputs against its own
-//! (gate: 1e-4 for f32 activations; for bf16 (N + 1) · 2^-8, at least 1e-2: each rank's partial
-//! and each addition of the all-reduce rounds to bf16); exit status 0 means every check passed.
+//! times the same chain with one all-reduce per layer, and runs each layer `l` once more on the
+//! one process's input of layer `l`, writing those outputs back. This process prints the
+//! per-layer time of each and the relErr of every rank's layer outputs against its own, layer by
+//! layer on the same input, so rounding does not compound along the chain (gate: 1e-4 for f32
+//! activations; for bf16 (N + 1) · 2^-8, at least 1e-2: each rank's partial and each addition of
+//! the all-reduce rounds to bf16); exit status 0 means every check passed.
 //!
 //! ```text
 //! cargo run --release --example qwen_mlp -- --tp 2                       # ring on the CPU
@@ -45,20 +47,18 @@ use mlx_trellis::{backend, eval_all, load_safetensors, save_safetensors, Dtype, 
 /// It writes seeded synthetic coded MLP layers as a model artifact (or takes --weights), runs the
 /// residual chain x <- x + mlp_l(x) over them in this process with every layer whole, then starts
 /// --tp processes of itself as one MLX distributed group on this machine. Each loads only its
-/// rows of each layer, runs the same chain with one all-reduce per layer and writes its outputs
-/// back. The table gives the per-layer time of both, the all-reduce alone, and every rank's
-/// relErr per layer against the one process (gate: 1e-4 for f32 activations; (N + 1) * 2^-8, at
-/// least 1e-2, for bf16). Exit status: 0 every check passed, 1 a result missed its gate, 2 an
-/// error.
+/// rows of each layer, times the same chain with one all-reduce per layer, and runs each layer l
+/// once more on the one process's input of layer l. The table gives the per-layer time of both,
+/// the all-reduce alone, and every rank's relErr per layer against the one process on the same
+/// input (gate: 1e-4 for f32 activations; (N + 1) * 2^-8, at least 1e-2, for bf16). Exit status:
+/// 0 every check passed, 1 a result missed its gate, 2 an error.
 #[derive(Parser)]
-#[command(
-    after_help = "Examples:
+#[command(after_help = "Examples:
   cargo run --release --example qwen_mlp -- --tp 2                              # ring on the CPU
   cargo run --release --example qwen_mlp -- --tp 2 --hidden 1024 --inter 2048   # small and quick
   target/release/examples/qwen_mlp --tp 1 --backend nccl                        # one NCCL rank (CUDA build)
   target/release/examples/qwen_mlp --tp 4 --backend nccl --rows 8               # four GPUs
-  target/release/examples/qwen_mlp --probe"
-)]
+  target/release/examples/qwen_mlp --probe")]
 struct Options {
     /// Processes (ranks) of the group
     #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 2)]
@@ -87,10 +87,10 @@ struct Options {
     #[command(flatten)]
     path: cli::PathArg,
     /// Hidden width of the synthetic layers
-    #[arg(long, value_name = "H", default_value_t = 5120)]
+    #[arg(long, value_name = "H", value_parser = cli::positive, default_value_t = 5120)]
     hidden: usize,
     /// Intermediate width of the synthetic layers
-    #[arg(long, value_name = "I", default_value_t = 17408)]
+    #[arg(long, value_name = "I", value_parser = cli::positive, default_value_t = 17408)]
     inter: usize,
     #[command(flatten)]
     seed: cli::SeedArg,
@@ -186,7 +186,11 @@ fn write_synthetic(o: &Options, dir: &Path) -> Result<()> {
     let mut names = Vec::new();
     let mut layers = Vec::new();
     for l in 0..o.layers {
-        let h = synthetic_mlp(o.hidden, o.inter, o.bits, layout, o.seed.seed.wrapping_add(1000 * l as u64 + o.bits as u64))?;
+        let h =
+            synthetic_mlp(o.hidden, o.inter, o.bits, layout, o.seed.seed.wrapping_add(1000 * l as u64 + o.bits as u64))
+                .with_context(|| {
+                    format!("synthetic layers of --hidden {} --inter {} --bits {}", o.hidden, o.inter, o.bits)
+                })?;
         for (name, host) in [("gate_proj", &h.0), ("up_proj", &h.1), ("down_proj", &h.2)] {
             let module = format!("{}.{name}", prefix(l));
             layers.push(TrellisLinear::from_host(&module, host)?);
@@ -215,8 +219,18 @@ fn rank_main(o: &Options, joined: mlx_trellis::Result<(mlx_trellis::distributed:
     let (outs, median, best) = timed_chain(o, &x, &|l, x| layers[l].forward(x, o.path.path))?;
     // The all-reduce alone: a chain of as many, on arrays of the MLP output's shape.
     let (_, ar_median, _) = timed_chain(o, &x, &|_, x| x.all_sum(&group))?;
-    let names: Vec<String> = (0..o.layers).map(|l| format!("y{l}")).collect();
-    let tensors: Vec<(&str, &MlxArray)> = names.iter().map(String::as_str).zip(&outs).collect();
+    // The check: each layer on the one process's input of that layer.
+    let inputs_file = std::env::var("QWEN_MLP_INPUTS").context("QWEN_MLP_INPUTS (set by the parent process)")?;
+    let inputs = load_safetensors(&inputs_file)?;
+    let mut checked = Vec::with_capacity(o.layers);
+    for (l, layer) in layers.iter().enumerate() {
+        let x_l = inputs.tensors.get(&format!("x{l}")).with_context(|| format!("{inputs_file} has no x{l}"))?;
+        checked.push(layer.forward(x_l, o.path.path)?);
+    }
+    let mut names: Vec<String> = (0..o.layers).map(|l| format!("y{l}")).collect();
+    names.push("chain".into());
+    let results: Vec<&MlxArray> = checked.iter().chain(outs.last()).collect();
+    let tensors: Vec<(&str, &MlxArray)> = names.iter().map(String::as_str).zip(results).collect();
     let meta = BTreeMap::from([
         ("load_s".to_string(), format!("{load_s:.3}")),
         ("median_ms".to_string(), format!("{median:.4}")),
@@ -231,27 +245,31 @@ fn rank_main(o: &Options, joined: mlx_trellis::Result<(mlx_trellis::distributed:
 
 fn parent(o: &Options) -> Result<bool> {
     progress(&format!("MLX back-end: {}", backend()));
+    // What an earlier run killed outright left behind.
+    tp::remove_stale_dirs("qwen_mlp");
     let scratch = std::env::temp_dir().join(format!("qwen_mlp-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
     // Removed on every way out; a --weights directory is never touched.
-    let _scratch = o.weights.is_none().then(|| tp::TempDir(scratch.clone()));
+    let _scratch = tp::TempDir(scratch.clone());
     let dir = match &o.weights {
         Some(d) => d.clone(),
         None => {
             let t = Instant::now();
-            write_synthetic(o, &scratch)?;
+            let model = scratch.join("model");
+            write_synthetic(o, &model)?;
             progress(&format!(
                 "wrote {} synthetic layers to {} in {:.1} s",
                 o.layers,
-                scratch.display(),
+                model.display(),
                 t.elapsed().as_secs_f64()
             ));
-            scratch.clone()
+            model
         }
     };
-    run_parent(o, &dir)
+    run_parent(o, &dir, &scratch)
 }
 
-fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
+fn run_parent(o: &Options, dir: &Path, scratch: &Path) -> Result<bool> {
     let art = Artifact::open(dir)?;
     let whole: Vec<TrellisMlp> =
         (0..o.layers).map(|l| TrellisMlp::from_artifact(&art, &prefix(l))).collect::<mlx_trellis::Result<_>>()?;
@@ -260,13 +278,21 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
     let (want, one_median, one_best) = timed_chain(o, &x, &|l, x| whole[l].forward_with(x, o.path.path))?;
     progress(&format!("one process: {one_median:.3} ms per layer"));
     drop(whole);
+    // Layer l's input in the one process's chain: x, then x + y_0, ...
+    let mut chain_inputs = vec![x.clone()];
+    for y in &want[..o.layers - 1] {
+        chain_inputs.push(chain_inputs.last().expect("one input").add(y)?);
+    }
+    let input_names: Vec<String> = (0..o.layers).map(|l| format!("x{l}")).collect();
+    let inputs_file = scratch.join("inputs.safetensors");
+    save_safetensors(&inputs_file, input_names.iter().map(String::as_str).zip(&chain_inputs), &BTreeMap::new())?;
 
     let launch = tp::Launch::new(o.tp, o.backend, Duration::from_secs(o.timeout));
     let exe = std::env::current_exe()?;
     let dir_s = dir.display().to_string();
     let report = tp::run(&launch, &|_| {
         let mut c = Command::new(&exe);
-        c.args(std::env::args().skip(1)).env("QWEN_MLP_MODEL", &dir_s);
+        c.args(std::env::args().skip(1)).env("QWEN_MLP_MODEL", &dir_s).env("QWEN_MLP_INPUTS", &inputs_file);
         c
     })?;
     report.check()?;
@@ -307,7 +333,9 @@ fn run_parent(o: &Options, dir: &Path) -> Result<bool> {
     println!("| one process, whole layers | {one_median:.3} | {one_best:.3} |");
     println!("| TP {} rank 0 (shard + all-reduce) | {:.3} | {:.3} |", o.tp, ms("median_ms"), ms("best_ms"));
     println!("| TP {} rank 0, the all-reduce alone | {:.3} | |", o.tp, ms("allreduce_ms"));
-    println!("\n| layer | relErr, every rank against one process (max) | gate {gate:.2e} |\n|---|---|---|");
+    println!(
+        "\n| layer | relErr, every rank against one process on the same input (max) | gate {gate:.2e} |\n|---|---|---|"
+    );
     for (l, e) in errs.iter().enumerate() {
         println!("| {l} | {e:.2e} | {} |", if *e < gate { "ok" } else { "FAIL" });
     }

@@ -53,6 +53,19 @@ pub(crate) fn element_count(shape: &[usize]) -> Result<usize> {
 /// shape whose element count overflows (MLX multiplies the dimensions unchecked).
 pub(crate) fn dims(shape: &[usize]) -> Result<Vec<c_int>> {
     element_count(shape)?;
+    dims_unchecked_memory(shape)
+}
+
+/// [`dims`] for an array MLX will allocate, of `dtype`: also refused when its bytes exceed what
+/// MLX can get ([`crate::memory::check_fits`]; MLX's CPU allocator would hand back a null
+/// buffer).
+fn dims_to_allocate(shape: &[usize], dtype: Dtype) -> Result<Vec<c_int>> {
+    let bytes = element_count(shape)? as u128 * dtype.size_of() as u128;
+    crate::memory::check_fits(bytes, || format!("an array of shape {shape:?} and dtype {dtype}"))?;
+    dims(shape)
+}
+
+fn dims_unchecked_memory(shape: &[usize]) -> Result<Vec<c_int>> {
     shape
         .iter()
         .map(|&d| {
@@ -100,7 +113,7 @@ impl MlxArray {
         if data.len() != expected {
             invalid!("{} elements do not fill shape {shape:?} ({expected} elements)", data.len());
         }
-        let dims = dims(shape)?;
+        let dims = dims_to_allocate(shape, T::DTYPE)?;
         // The pointer only has to be valid; MLX copies `expected` elements out of it.
         let ptr = if data.is_empty() { std::ptr::NonNull::<T>::dangling().as_ptr() } else { data.as_ptr() };
         // SAFETY: `ptr` points at `expected` elements of `T`, whose layout is MLX's `T::DTYPE`
@@ -118,21 +131,21 @@ impl MlxArray {
 
     /// Zeros of `shape` and `dtype`.
     pub fn zeros(shape: &[usize], dtype: Dtype) -> Result<MlxArray> {
-        let dims = dims(shape)?;
+        let dims = dims_to_allocate(shape, dtype)?;
         // SAFETY: `dims` is a live slice of `dims.len()` ints for the duration of the call.
         MlxArray::op(|res, s| unsafe { sys::mlx_zeros(res, dims.as_ptr(), dims.len(), dtype.to_raw(), s) })
     }
 
     /// Ones of `shape` and `dtype`.
     pub fn ones(shape: &[usize], dtype: Dtype) -> Result<MlxArray> {
-        let dims = dims(shape)?;
+        let dims = dims_to_allocate(shape, dtype)?;
         // SAFETY: `dims` is a live slice of `dims.len()` ints for the duration of the call.
         MlxArray::op(|res, s| unsafe { sys::mlx_ones(res, dims.as_ptr(), dims.len(), dtype.to_raw(), s) })
     }
 
     /// `value` (converted to `dtype`) repeated over `shape`.
     pub fn full(shape: &[usize], value: f64, dtype: Dtype) -> Result<MlxArray> {
-        let dims = dims(shape)?;
+        let dims = dims_to_allocate(shape, dtype)?;
         // A fill scalar GPUs accept (MLX has no float64 there): f32 for floats, i64 for integers;
         // float64 arrays (CPU only) keep the full value.
         let fill = match dtype {

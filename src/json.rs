@@ -50,7 +50,7 @@ fn check_no_duplicate_keys(text: &[u8]) -> std::result::Result<(), JsonProblem> 
 
 /// Reads `path` whole, refusing (before reading further) a file over `cap` bytes.
 pub(crate) fn read_capped(path: &Path, cap: u64, what: &str) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = crate::files::open_regular_file(path)?;
     let mut bytes = Vec::new();
     file.take(cap.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| Error::io(path, e))?;
     if bytes.len() as u64 > cap {

@@ -56,10 +56,12 @@ pub mod distributed;
 mod dtype;
 mod error;
 mod ffi;
+mod files;
 mod io;
 mod json;
 mod kernel;
 pub mod llama;
+mod memory;
 pub mod nn;
 mod ops;
 #[cfg(feature = "metal-sim")]
@@ -72,9 +74,11 @@ pub use device::{
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, ErrorKind, Result};
+pub use files::open_regular_file;
 pub use io::gguf::{GgmlType, Gguf, GgufTensor, GGUF_GROUP_SIZE};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
+pub use memory::available_memory;
 pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
 #[cfg(feature = "metal-sim")]
 pub use sim::MetalSimScope;

@@ -8,6 +8,13 @@
 //! sweep (`catch_unwind`); an abort kills the test binary; a case that hangs trips the watchdog.
 //!
 //! `MLX_TRELLIS_SWEEP_CASES` overrides the number of cases (default 100,000 over two threads).
+//!
+//! A second, smaller sweep covers input that is valid but extreme, and files that are not what
+//! they seem: stored rows of magnitudes from 0 and 1e-12 to 1e4 through the encoder (exact zeros
+//! for rows below f16's scale range, never an error larger than the row), activations of
+//! magnitudes 1e-8 to 1e8 through the CPU paths (against the f64 reference), directories
+//! holding another model's index or shards when an artifact is written, and FIFOs,
+//! directories and devices in place of an artifact's files (refused, never waited on).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
@@ -17,7 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use mlx_trellis::trellis::reference::{forward_f64, rel_err};
+use mlx_trellis::trellis::encoder::{encode, quality, EncoderConfig};
+use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::SplitMix64;
 use mlx_trellis::trellis::{synthetic_layer, write_artifact, Artifact, CodeLayout, ForwardPath, TrellisLinear};
 use mlx_trellis::{f16, save_safetensors, Error, ErrorKind, MlxArray};
@@ -627,11 +635,14 @@ fn every_corrupted_artifact_loads_checked_or_is_refused_with_a_typed_error() {
     let progress = Arc::new(AtomicU64::new(0));
     let current = Arc::new(Mutex::new(vec![String::new(); threads as usize]));
 
-    // The watchdog: a case that stops the sweep's progress for longer than HANG fails it.
+    // The watchdog: a case that stops the sweep's progress for longer than HANG fails it. It ends
+    // with the sweep (the other test of this binary may still run).
     let (wd_progress, wd_current) = (progress.clone(), current.clone());
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wd_finished = finished.clone();
     std::thread::spawn(move || {
         let (mut last, mut since) = (0, Instant::now());
-        loop {
+        while !wd_finished.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(500));
             let now = wd_progress.load(Ordering::Relaxed);
             if now != last {
@@ -660,6 +671,7 @@ fn every_corrupted_artifact_loads_checked_or_is_refused_with_a_typed_error() {
         }
         failures.extend(t.failures);
     }
+    finished.store(true, Ordering::Relaxed);
     let secs = start.elapsed().as_secs_f64();
     let done: u64 = outcomes.values().sum::<u64>() + failures.len() as u64;
     // Straight to stderr, past the test harness's capture, so that every run shows it.
@@ -678,4 +690,210 @@ fn every_corrupted_artifact_loads_checked_or_is_refused_with_a_typed_error() {
     // refusals are accepted too, but too rare to require of a short sweep).
     assert!(outcomes.get(&Outcome::LoadedAndRun).copied().unwrap_or(0) > 0, "no case loaded and ran");
     assert!(outcomes.get(&Outcome::Refused(ErrorKind::Artifact)).copied().unwrap_or(0) > 0, "no case was refused");
+}
+
+/// Cases of the second sweep ([`extreme_values_and_misleading_files_are_served_or_refused`]).
+const EDGE_CASES: u64 = 1500;
+
+/// One encoder case: rows of random magnitudes (some zero, some below f16's scale range) coded
+/// and decoded, and the coded layer run on activations of a random magnitude by the CPU paths.
+fn magnitude_case(rng: &mut SplitMix64) -> Result<String, String> {
+    let (k, l) = (2 + below(rng, 3) as u32, [8u32, 10, 12][below(rng, 3)]);
+    let (rows, cols) = (1 + below(rng, 6), 256 * (1 + below(rng, 2)));
+    let axis = below(rng, 2) as u32;
+    let magnitudes: Vec<f64> =
+        (0..rows).map(|_| if below(rng, 5) == 0 { 0.0 } else { 10f64.powf(-12.0 + 16.0 * rng.next_f64()) }).collect();
+    let w: Vec<f32> = (0..rows * cols).map(|i| (rng.next_gaussian() * magnitudes[i / cols]) as f32).collect();
+    let cfg = EncoderConfig { axis, ..EncoderConfig::new(k, l) };
+    let shown: Vec<String> = magnitudes.iter().map(|m| format!("{m:.1e}")).collect();
+    let label = format!("k {k} L {l} axis {axis} [{rows}, {cols}] row magnitudes {shown:?}");
+    let enc = encode(&w, rows, cols, &cfg).map_err(|e| format!("{label}: encode: {e:#}"))?;
+    let decoded = expand(&enc.layer.codes, &enc.layer.scales, &enc.layer.geometry).map_err(|e| e.to_string())?;
+    if decoded.iter().zip(&enc.reconstruction).any(|(a, b)| a.to_bits() != b.to_bits()) {
+        return Err(format!("{label}: the decode differs from the encoder's reconstruction"));
+    }
+    for (r, (row, rec)) in w.chunks_exact(cols).zip(decoded.chunks_exact(cols)).enumerate() {
+        let power: f64 = row.iter().map(|&v| f64::from(v).powi(2)).sum();
+        let err: f64 = row.iter().zip(rec).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum();
+        let scale = enc.layer.scales[r].to_f32();
+        if scale == 0.0 && rec.iter().any(|&v| v != 0.0) {
+            return Err(format!("{label}: row {r} of scale 0 does not decode to zeros"));
+        }
+        if err > power {
+            return Err(format!("{label}: row {r}'s error {err:e} exceeds its energy {power:e}"));
+        }
+        if scale != 0.0 && err >= 0.5 * power {
+            return Err(format!("{label}: row {r} (scale {scale:e}) has relative error {}", err / power));
+        }
+    }
+    quality(&w, &enc).map_err(|e| e.to_string())?;
+    // The CPU paths on activations of one random magnitude.
+    let layer = TrellisLinear::from_host("edge", &enc.layer).map_err(|e| format!("{label}: {e:#}"))?;
+    let g = enc.layer.geometry;
+    let m = 1 + below(rng, 3);
+    let x_scale = 10f64.powf(-8.0 + 16.0 * rng.next_f64());
+    let x: Vec<f32> = (0..m * g.in_features()).map(|_| (rng.next_gaussian() * x_scale) as f32).collect();
+    let xa = MlxArray::from_slice(&x, &[m, g.in_features()]).map_err(|e| e.to_string())?;
+    let xr: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
+    let want = forward_f64(&xr, m, &enc.layer.codes, &enc.layer.scales, &g).map_err(|e| e.to_string())?;
+    for path in [ForwardPath::Generic, ForwardPath::Reference] {
+        let y = layer.forward_with(&xa, path).map_err(|e| format!("{label}: {path}: {e:#}"))?;
+        let got: Vec<f64> = y.to_vec::<f32>().map_err(|e| e.to_string())?.into_iter().map(f64::from).collect();
+        let err = rel_err(&got, &want).map_err(|e| e.to_string())?;
+        // All-zero outputs (every row of scale 0) compare exactly.
+        if !(err < 1e-5 || (want.iter().all(|&v| v == 0.0) && got.iter().all(|&v| v == 0.0))) {
+            return Err(format!("{label}: {path} path at activations ~{x_scale:.1e}: relErr {err:e}"));
+        }
+    }
+    Ok("magnitudes".into())
+}
+
+/// What a directory may hold from another model when an artifact is written into it.
+fn stale_case(rng: &mut SplitMix64, dir: &Path) -> Result<String, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let (old_down, old_up) = layers(1000 + below(rng, 1000) as u64);
+    write_artifact(dir, &[(DOWN, &old_down), (UP, &old_up)], &[]).map_err(|e| e.to_string())?;
+    let index = dir.join("model.safetensors.index.json");
+    let kind = below(rng, 5);
+    let map = |file: &str| json!({ "weight_map": { format!("{DOWN}.weight"): file, format!("{DOWN}.scales"): file } });
+    match kind {
+        0 => {}
+        1 => std::fs::write(&index, r#"{"weight_map": {}}"#).unwrap(),
+        2 => std::fs::write(&index, map("gone.safetensors").to_string()).unwrap(),
+        3 => {
+            std::fs::copy(dir.join("model.safetensors"), dir.join("old-00001-of-00001.safetensors")).unwrap();
+            std::fs::write(&index, map("old-00001-of-00001.safetensors").to_string()).unwrap();
+        }
+        _ => {
+            std::fs::copy(dir.join("model.safetensors"), dir.join("old-00001-of-00001.safetensors")).unwrap();
+        }
+    }
+    let (new_down, new_up) = layers(2000 + below(rng, 1000) as u64);
+    match write_artifact(dir, &[(DOWN, &new_down), (UP, &new_up)], &[]) {
+        Err(e) if e.kind() == ErrorKind::Artifact && e.to_string().contains("model.safetensors.index.json") => {
+            if !index.exists() {
+                return Err(format!("stale kind {kind}: refused without an index: {e:#}"));
+            }
+            // The old files stay readable as they were, or refused; never mixed with new ones.
+            return Ok(format!("stale {kind} refused"));
+        }
+        Err(e) => return Err(format!("stale kind {kind}: write failed: {e:#}")),
+        Ok(()) => {}
+    }
+    if index.exists() {
+        return Err(format!("stale kind {kind}: written beside an index"));
+    }
+    let art = Artifact::open(dir).map_err(|e| format!("stale kind {kind}: {e:#}"))?;
+    for (name, want) in [(DOWN, &new_down), (UP, &new_up)] {
+        let got = art.module(name).map_err(|e| format!("stale kind {kind}: {e:#}"))?;
+        if got.to_host().unwrap().codes != want.to_host().unwrap().codes {
+            return Err(format!("stale kind {kind}: {name} loaded from an older file"));
+        }
+    }
+    Ok(format!("stale {kind} written"))
+}
+
+/// One of an artifact's files replaced by a FIFO, a directory or a link to a device.
+fn special_file_case(rng: &mut SplitMix64, dir: &Path) -> Result<String, String> {
+    let _ = std::fs::remove_dir_all(dir);
+    let (down, up) = layers(7);
+    write_artifact(dir, &[(DOWN, &down), (UP, &up)], &[]).map_err(|e| e.to_string())?;
+    let sharded = below(rng, 2) == 0;
+    if sharded {
+        std::fs::rename(dir.join("model.safetensors"), dir.join("part.safetensors")).unwrap();
+        let map = json!({ "weight_map": {
+            format!("{DOWN}.weight"): "part.safetensors", format!("{DOWN}.scales"): "part.safetensors",
+            format!("{UP}.weight"): "part.safetensors", format!("{UP}.scales"): "part.safetensors",
+        }});
+        std::fs::write(dir.join("model.safetensors.index.json"), map.to_string()).unwrap();
+    }
+    let targets: &[&str] = if sharded {
+        &["config.json", "model.safetensors.index.json", "part.safetensors"]
+    } else {
+        &["config.json", "model.safetensors"]
+    };
+    let target = dir.join(pick(rng, targets));
+    std::fs::remove_file(&target).unwrap();
+    let what = match below(rng, 3) {
+        0 => {
+            let ok = std::process::Command::new("mkfifo").arg(&target).status().is_ok_and(|s| s.success());
+            assert!(ok, "mkfifo {}", target.display());
+            "a FIFO"
+        }
+        1 => {
+            std::fs::create_dir(&target).unwrap();
+            "a directory"
+        }
+        _ => {
+            #[cfg(unix)]
+            std::os::unix::fs::symlink("/dev/zero", &target).unwrap();
+            "a link to /dev/zero"
+        }
+    };
+    let loaded = (|| -> mlx_trellis::Result<()> {
+        let art = Artifact::open(dir)?;
+        art.module(DOWN)?;
+        art.module(UP)?;
+        Ok(())
+    })();
+    match loaded {
+        Ok(()) => Err(format!("{} as {what} loaded", target.display())),
+        Err(e) => check_refusal(dir, &e).map(|()| format!("{what} refused")),
+    }
+}
+
+#[test]
+fn extreme_values_and_misleading_files_are_served_or_refused() {
+    let base = common::mlp_artifact::temp_dir("edge-sweep");
+    let (progress, current) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(String::new())));
+    let (wd_progress, wd_current) = (progress.clone(), current.clone());
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let wd_finished = finished.clone();
+    std::thread::spawn(move || {
+        let (mut last, mut since) = (0, Instant::now());
+        while !wd_finished.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = wd_progress.load(Ordering::Relaxed);
+            if now != last {
+                (last, since) = (now, Instant::now());
+            } else if since.elapsed() > HANG {
+                eprintln!("edge sweep: no progress for {HANG:?}; running: {:?}", wd_current.lock().unwrap());
+                std::process::exit(101);
+            }
+        }
+    });
+    let start = Instant::now();
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for case in 0..EDGE_CASES {
+        let mut rng = SplitMix64::new(0xED6E_0037 ^ case.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let dir = base.join("case");
+        let kind = below(&mut rng, 3);
+        *current.lock().unwrap() = format!("case {case} (kind {kind})");
+        let result = catch_unwind(AssertUnwindSafe(|| match kind {
+            0 => magnitude_case(&mut rng),
+            1 => stale_case(&mut rng, &dir),
+            _ => special_file_case(&mut rng, &dir),
+        }));
+        match result {
+            Ok(Ok(outcome)) => *outcomes.entry(outcome).or_default() += 1,
+            Ok(Err(why)) => failures.push(format!("case {case}: {why}")),
+            Err(_) => failures.push(format!("case {case}: PANIC")),
+        }
+        progress.fetch_add(1, Ordering::Relaxed);
+    }
+    finished.store(true, Ordering::Relaxed);
+    let _ = writeln!(
+        std::io::stderr(),
+        "edge sweep: {EDGE_CASES} cases in {:.1} s: {outcomes:?}",
+        start.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&base);
+    for f in failures.iter().take(20) {
+        eprintln!("FAILED {f}");
+    }
+    assert!(failures.is_empty(), "{} of {EDGE_CASES} cases failed (first: {:?})", failures.len(), failures.first());
+    for needed in ["magnitudes", "stale 0 written", "stale 1 refused", "a FIFO refused"] {
+        assert!(outcomes.contains_key(needed), "no case gave {needed:?}: {outcomes:?}");
+    }
 }

@@ -3,8 +3,8 @@
 
 use half::f16;
 use mlx_trellis::trellis::encoder::{
-    block_path, encode, encode_linear, encode_with_progress, encode_with_search, stored_from_linear, BlockSearch,
-    Encoded, EncoderConfig,
+    block_path, encode, encode_linear, encode_with_progress, encode_with_search, lut_rms, quality, stored_from_linear,
+    BlockSearch, Encoded, EncoderConfig, RELATIVE_MSE_BOUND,
 };
 use mlx_trellis::trellis::format::row_major_to_interleaved;
 use mlx_trellis::trellis::reference::{block_state, block_words, expand, forward_f64, rel_err};
@@ -63,18 +63,20 @@ fn decoding_the_codes_gives_the_reported_reconstruction_and_mse() {
     let (rows, cols) = (6, 768);
     let mut w = gaussian(rows * cols, 3).unwrap();
     for v in &mut w[cols..2 * cols] {
-        *v = 0.0; // an all-zero row: scale 1.0
+        *v = 0.0; // an all-zero row: scale 0
     }
     for v in &mut w[2 * cols..3 * cols] {
         *v *= 0.013; // a row at a real model's scale
     }
     for v in &mut w[3 * cols..4 * cols] {
-        *v *= 1e-9; // a row whose scale would underflow f16
+        *v *= 1e-9; // a row whose scale would underflow f16: scale 0
     }
     for (k, l) in [(2u32, 10u32), (3, 12), (4, 9)] {
         let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
-        assert_eq!(enc.layer.scales[1], f16::ONE, "zero row");
-        assert!(enc.layer.scales.iter().all(|s| s.to_f32() > 0.0 && s.is_finite()));
+        assert_eq!(enc.layer.scales[1], f16::ZERO, "zero row");
+        assert_eq!(enc.layer.scales[3], f16::ZERO, "tiny row");
+        let others = [0, 2, 4, 5].map(|r| enc.layer.scales[r]);
+        assert!(others.iter().all(|s| s.to_f32() > 0.0 && s.is_finite()), "{others:?}");
         let rms_ratio = enc.layer.scales[2].to_f32() / enc.layer.scales[0].to_f32();
         assert!((rms_ratio / 0.013 - 1.0).abs() < 0.1, "scales follow the row RMS: {rms_ratio}");
         assert_decode_matches(&enc, &w, &format!("k {k} L {l}"));
@@ -114,6 +116,74 @@ fn mse_thresholds_on_gaussian_data_pass_and_broken_searches_miss_them() {
             );
         }
     }
+}
+
+/// The relative mean squared error of stored row `r` of `enc` against `w`.
+fn row_relative_error(enc: &Encoded, w: &[f32], r: usize, cols: usize) -> f64 {
+    let (row, rec) = (&w[r * cols..(r + 1) * cols], &enc.reconstruction[r * cols..(r + 1) * cols]);
+    let sq: f64 = row.iter().zip(rec).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum();
+    sq / row.iter().map(|&a| f64::from(a).powi(2)).sum::<f64>()
+}
+
+#[test]
+fn zero_and_tiny_rows_decode_to_exact_zeros_and_small_rows_keep_their_relative_error() {
+    let (k, l, cols) = (3u32, 12u32, 512usize);
+    let g = gaussian(4 * cols, 21).unwrap();
+    // Row 0 all zeros, row 1 of RMS 0.02, row 2 of RMS 1e-9 (its scale would underflow f16),
+    // row 3 of RMS 1e-4 · RMS(lut) (just inside f16's normal range).
+    let rms = [0.0, 0.02, 1e-9, 1e-4 * lut_rms(l).unwrap()];
+    let w: Vec<f32> = g.iter().enumerate().map(|(i, &v)| v * rms[i / cols] as f32).collect();
+    let enc = encode(&w, 4, cols, &config(k, l)).unwrap();
+    assert_decode_matches(&enc, &w, "zero and tiny rows");
+    for r in [0, 2] {
+        assert_eq!(enc.layer.scales[r].to_f32(), 0.0, "row {r}: scale");
+        assert!(enc.reconstruction[r * cols..(r + 1) * cols].iter().all(|&v| v == 0.0), "row {r} decodes to zeros");
+    }
+    // The tiny row loses its energy and nothing more (relative error exactly 1, never noise).
+    assert_eq!(row_relative_error(&enc, &w, 2, cols), 1.0);
+    // The small row codes as well as the ordinary one.
+    let (ordinary, small) = (row_relative_error(&enc, &w, 1, cols), row_relative_error(&enc, &w, 3, cols));
+    assert!(ordinary < 0.03 && small < 1.5 * ordinary, "ordinary {ordinary}, small {small}");
+    let q = quality(&w, &enc).unwrap();
+    assert_eq!((q.zero_rows, q.flushed_rows), (1, 1));
+    assert!(q.passes() && q.relative_mse > 0.0, "{q:?}");
+
+    // A matrix of tiny rows only decodes to zeros: relative error 1, which misses the gate.
+    let tiny: Vec<f32> = g.iter().map(|&v| v * 1e-9).collect();
+    let enc = encode(&tiny, 4, cols, &config(k, l)).unwrap();
+    let q = quality(&tiny, &enc).unwrap();
+    assert!((q.relative_mse - 1.0).abs() < 1e-12 && q.flushed_rows == 4 && !q.passes(), "{q:?}");
+    // An all-zero matrix codes exactly.
+    let zeros = vec![0f32; 4 * cols];
+    let enc = encode(&zeros, 4, cols, &config(k, l)).unwrap();
+    assert!(enc.reconstruction.iter().all(|&v| v == 0.0) && enc.mse == 0.0);
+    let q = quality(&zeros, &enc).unwrap();
+    assert!(q.relative_mse == 0.0 && q.zero_rows == 4 && q.passes(), "{q:?}");
+}
+
+#[test]
+fn the_relative_error_bound_holds_for_gaussian_and_heavy_tailed_rows_and_has_teeth() {
+    // Every k at the smallest L the encoder takes for it and at L = 12, on Gaussian rows and on
+    // the cubes of Gaussian values (heavy tails the code clips).
+    let (rows, cols) = (4, 512);
+    assert_eq!(RELATIVE_MSE_BOUND, 0.5);
+    for k in 1u32..=8 {
+        for (l, cube) in [((k + 1).max(8), false), (12, false), (12, true)] {
+            let g = gaussian(rows * cols, 300 + k as u64).unwrap();
+            let w: Vec<f32> = if cube { g.iter().map(|&v| v * v * v).collect() } else { g };
+            let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
+            let q = quality(&w, &enc).unwrap();
+            assert!(q.passes(), "k {k} L {l} cube {cube}: {q:?}");
+            // The same codes with every scale negated (a broken coder) miss it.
+            let negated: Vec<f32> = enc.reconstruction.iter().map(|&v| -v).collect();
+            let broken = Encoded { reconstruction: negated.clone(), mse: mse_of(&w, &negated), ..enc.clone() };
+            assert!(!quality(&w, &broken).unwrap().passes(), "k {k} L {l} cube {cube}: negated scales pass");
+        }
+    }
+}
+
+fn mse_of(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| (f64::from(x) - f64::from(y)).powi(2)).sum::<f64>() / a.len() as f64
 }
 
 #[test]

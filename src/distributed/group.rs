@@ -12,6 +12,7 @@ use crate::ffi::{call, call_value};
 
 use super::backend::{is_available, CollectiveBackend};
 use super::env::{plan, Env, Plan};
+use super::setup::{setup_timeout, waits_for, SetupWatchdog};
 
 /// A group of processes that run collectives together (MLX's `distributed::Group`).
 ///
@@ -47,9 +48,11 @@ impl Group {
     /// malformed hostfile, a rank outside the group or a back-end the MLX build lacks is an
     /// [`Error::InvalidArgument`] either way, checked before MLX is called.
     ///
-    /// Forming a group blocks until every rank has joined: the ring accepts its left neighbour's
-    /// connection with no time limit (and retries its own connection for about 30 s), NCCL's
-    /// ranks other than 0 wait up to `MLX_NCCL_TIMEOUT` ms (300 s by default) for rank 0. A
+    /// Forming a group blocks until every rank has joined, at most
+    /// [`MLX_TRELLIS_SETUP_TIMEOUT`](super::MLX_TRELLIS_SETUP_TIMEOUT) seconds (default 120): past
+    /// that, the process prints which rank it waited for at which address and exits with status 2
+    /// (MLX's set-up cannot be interrupted, so no error is returned). A failure of MLX's set-up
+    /// (an address that cannot be bound, say) is an error naming this rank's addresses. A
     /// launcher should watch its processes and stop the others when one fails. MLX keeps the
     /// first group of each back-end for the life of the process: a later `init` of the same
     /// back-end returns it.
@@ -62,7 +65,12 @@ impl Group {
         match plan(backend, strict, &env).with_context(context)? {
             Plan::Alone => Ok(Group::alone()),
             Plan::Join(m) => {
-                let group = Group::init_mlx(m.backend).with_context(context)?;
+                let limit = setup_timeout(&var).with_context(context)?;
+                let waiting = waits_for(&m, &var);
+                let watchdog = SetupWatchdog::start(limit, waiting.clone());
+                let group = Group::init_mlx(m.backend).with_context(|| format!("{}: {waiting}", context()));
+                drop(watchdog);
+                let group = group?;
                 if (group.rank, group.size) != (m.rank, m.size) {
                     let message = format!(
                         "MLX formed a {} group of {} processes with this one as rank {}, but the environment says rank {} of {}",

@@ -15,6 +15,14 @@
 //! when the time limit passes every process still running is stopped. A launch that failed or
 //! was stopped is an [`Error::Launch`] from [`Report::check`].
 //!
+//! Nothing outlives the launcher. On Linux each rank is killed when the thread that started it
+//! ends (`PR_SET_PDEATHSIG`), so a launcher killed by any signal, `SIGKILL` included, takes its
+//! ranks with it: call [`run`] from a thread that lives as long as the launch (the main thread).
+//! While [`run`] watches its ranks, `SIGTERM`, `SIGINT` and `SIGHUP` stop them, remove the shared
+//! directory and return an [`Error::Launch`] naming the signal (outside [`run`] these signals keep
+//! their default action). A directory left by a launcher that was killed outright is removed by
+//! the next launch ([`remove_stale_dirs`]).
+//!
 //! ```no_run
 //! use std::process::Command;
 //! use std::time::Duration;
@@ -49,6 +57,7 @@ use crate::error::{Error, Result};
 use super::backend::{is_available, CollectiveBackend};
 use super::env;
 use super::group::Group;
+use super::stop_signals;
 
 /// How a process learns it is a rank of a launch: `ring`, `nccl` or `alone`.
 pub const ROLE: &str = "MLX_TRELLIS_TP_ROLE";
@@ -98,6 +107,52 @@ impl Launch {
 /// A directory removed, with all it holds, when this is dropped.
 #[derive(Debug)]
 pub struct TempDir(pub PathBuf);
+
+/// Removes the directories directly under the system's temporary directory whose name is
+/// `prefix`, then `-` and the id of a process that no longer runs (and anything after a further
+/// `-`): what a process that was killed before it could clean up left behind. Directories of
+/// running processes are kept. Returns how many were removed.
+pub fn remove_stale_dirs(prefix: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(prefix)).and_then(|r| r.strip_prefix('-')) else {
+            continue;
+        };
+        let Ok(pid) = rest.split('-').next().unwrap_or_default().parse::<u32>() else {
+            continue;
+        };
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && pid != std::process::id() && !process_runs(pid) && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether a process with id `pid` exists (one that exists but belongs to another user counts).
+fn process_runs(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 only checks that `pid` could be signalled; nothing is sent.
+        let status = unsafe { libc::kill(pid, 0) };
+        status == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+/// The prefix of the directories the launcher shares with its ranks (`PREFIX-PID-...`).
+const DIR_PREFIX: &str = "mlx-trellis-tp";
 
 impl Drop for TempDir {
     fn drop(&mut self) {
@@ -209,9 +264,10 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
 
 fn fresh_dir() -> Result<TempDir> {
     static COUNT: AtomicUsize = AtomicUsize::new(0);
+    remove_stale_dirs(DIR_PREFIX);
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let dir = std::env::temp_dir().join(format!(
-        "mlx-trellis-tp-{}-{}-{nanos}",
+        "{DIR_PREFIX}-{}-{}-{nanos}",
         std::process::id(),
         COUNT.fetch_add(1, Ordering::Relaxed)
     ));
@@ -329,6 +385,7 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
             cmd.env_remove(v);
         }
         cmd.envs(vars.iter().map(|(k, v)| (k, v))).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        die_with_parent(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -342,6 +399,7 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
         children.push((child, so, se));
     }
     let n = children.len();
+    let signals = stop_signals::Watch::start();
     let mut status: Vec<Option<ExitStatus>> = vec![None; n];
     let mut stopped: Vec<Option<String>> = vec![None; n];
     let mut ended: Vec<Option<Duration>> = vec![None; n];
@@ -370,6 +428,13 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
         if let Some(e) = broken {
             stop_all(&mut children);
             return Err(Error::launch(format!("waiting for a rank: {e}")));
+        }
+        if let Some(signal) = signals.received() {
+            stop_all(&mut children);
+            return Err(Error::launch(format!(
+                "the launcher received {signal}: it stopped its {n} rank(s) and removed {}",
+                out.display()
+            )));
         }
         let reason = if let Some(f) = failures.first() {
             Some(format!("stopped after rank {f} failed"))
@@ -406,6 +471,37 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
         });
     }
     Ok(Report { backend, ranks, failures, timed_out, elapsed: start.elapsed(), out, _out: dir })
+}
+
+/// Makes the child started by `cmd` die with the thread that starts it (Linux), and refuse to
+/// start when that thread's process is already gone.
+fn die_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        let parent = std::process::id();
+        // SAFETY: the closure runs in the child between fork and exec and calls only
+        // async-signal-safe functions, allocating nothing on success.
+        unsafe { cmd.pre_exec(move || ask_for_death_signal(parent)) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
+/// In a forked child before exec: asks for `SIGKILL` when the parent thread ends, and fails if
+/// the parent (`parent`, a process id) has already gone.
+#[cfg(target_os = "linux")]
+fn ask_for_death_signal(parent: u32) -> std::io::Result<()> {
+    // SAFETY: `prctl(PR_SET_PDEATHSIG, signal)` only sets this process's attribute.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The parent may have died before the signal was asked for.
+    // SAFETY: `getppid` has no preconditions.
+    if unsafe { libc::getppid() } as u32 != parent {
+        return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+    }
+    Ok(())
 }
 
 /// In a rank: the group the launcher's environment describes (strict), or this process alone for

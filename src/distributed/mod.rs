@@ -43,7 +43,10 @@ pub mod env;
 mod group;
 pub mod launcher;
 mod mlp;
+mod setup;
+mod stop_signals;
 
 pub use backend::{is_available, CollectiveBackend};
 pub use group::Group;
 pub use mlp::{bf16_tp_gate, ShardedMlp};
+pub use setup::{DEFAULT_SETUP_TIMEOUT, MLX_TRELLIS_SETUP_TIMEOUT};

@@ -55,7 +55,7 @@ pub(crate) fn read_header(path: &Path) -> Result<Header> {
     #[cfg(test)]
     READS.with(|n| n.set(n.get() + 1));
     let io = |e| Error::io(path, e);
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut file = crate::files::open_regular_file(path)?;
     let file_len = file.metadata().map_err(io)?.len();
     let bad = |message: String| Err(Error::artifact(path, None, message));
     if file_len < 8 {

@@ -157,7 +157,10 @@ fn load_validated(path: &Path, header: &Header, eval: bool) -> Result<Safetensor
     Ok(out)
 }
 
-/// Writes `tensors` (evaluated first) and `metadata` to a safetensors file.
+/// Writes `tensors` (evaluated first) and `metadata` to the safetensors file `path`, exactly
+/// that path whatever its extension. The file is written under a temporary name in the same
+/// directory and renamed over `path` once complete, so a reader sees the old file or the new
+/// one, never a part; a failed write leaves `path` as it was and removes the temporary file.
 pub fn save_safetensors<'a>(
     path: impl AsRef<Path>,
     tensors: impl IntoIterator<Item = (&'a str, &'a MlxArray)>,
@@ -165,7 +168,15 @@ pub fn save_safetensors<'a>(
 ) -> Result<()> {
     let path = path.as_ref();
     (|| -> Result<()> {
-        let file = path_cstring(path)?;
+        if path.as_os_str().is_empty() {
+            return Err(Error::invalid("empty path: name the file to write"));
+        }
+        if path.is_dir() {
+            return Err(Error::invalid("it is a directory"));
+        }
+        // MLX appends ".safetensors" to a name without it: the temporary name ends in it.
+        let temporary = temporary_sibling(path)?;
+        let file = path_cstring(&temporary)?;
         // SAFETY: creating empty maps has no preconditions; they are freed by the guards.
         let arrays = ArrayMap(unsafe { sys::mlx_map_string_to_array_new() });
         // SAFETY: as above.
@@ -182,8 +193,29 @@ pub fn save_safetensors<'a>(
             call(|| unsafe { sys::mlx_map_string_to_string_insert(strings.0, k.as_ptr(), v.as_ptr()) })?;
         }
         // SAFETY: `file` is NUL-terminated and both maps are live.
-        call(|| unsafe { sys::mlx_save_safetensors(file.as_ptr(), arrays.0, strings.0) })?;
-        Ok(())
+        let saved = call(|| unsafe { sys::mlx_save_safetensors(file.as_ptr(), arrays.0, strings.0) });
+        let renamed = saved.and_then(|()| std::fs::rename(&temporary, path).map_err(|e| Error::io(path, e)));
+        if renamed.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        renamed
     })()
     .with_context(|| format!("saving safetensors file {}", path.display()))
+}
+
+/// A name for a temporary file next to `path` (same directory, so a rename replaces `path` in
+/// one step), unique to this process and call, ending in `.safetensors`.
+fn temporary_sibling(path: &Path) -> Result<std::path::PathBuf> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static COUNT: AtomicUsize = AtomicUsize::new(0);
+    let Some(name) = path.file_name() else {
+        return Err(Error::invalid("the path names no file"));
+    };
+    let unique = format!(
+        ".{}.{}-{}.tmp.safetensors",
+        name.to_string_lossy(),
+        std::process::id(),
+        COUNT.fetch_add(1, Ordering::Relaxed)
+    );
+    Ok(path.with_file_name(unique))
 }

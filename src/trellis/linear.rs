@@ -26,6 +26,7 @@ use super::reference_coded::forward_coded_f64;
 use super::rotation::{CodedAxis, Rotation};
 use super::transform::AxisTransform;
 use super::{cuda, metal};
+use crate::memory::check_fits;
 
 /// How a forward pass is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -288,7 +289,8 @@ impl TrellisLinear {
         self.forward_with(x, ForwardPath::Auto)
     }
 
-    /// `x · W` by a chosen path.
+    /// `x · W` by a chosen path. A product whose working set exceeds the memory MLX can get
+    /// (see [`crate::available_memory`]) is refused before it runs.
     pub fn forward_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
         let g = &self.geometry;
         let (x2, mut out_shape) = activation_rows(&self.name, "layer", x, self.in_features(), Some(g))?;
@@ -297,6 +299,7 @@ impl TrellisLinear {
         if m == 0 {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
+        check_fits(working_set(m, g, x.dtype()), || format!("{} ({g}) on {m} activation rows", self.name))?;
         let (path, y) = resolve_auto(path, || self.best_path(), |path| self.forward_2d(&x2, m, path));
         y.and_then(|y| y.reshape(&out_shape)).with_context(|| format!("{} ({g}) by the {path} path", self.name))
     }
@@ -363,4 +366,13 @@ impl fmt::Debug for TrellisLinear {
         }
         f.write_str(")")
     }
+}
+
+/// The bytes a product of `m` rows through `g` may hold at once, whatever the path: the
+/// activations and the output in f32 and in the activations' dtype, and the generic path's
+/// decoded weights (states and values, f32).
+fn working_set(m: usize, g: &TrellisGeometry, dtype: Dtype) -> u128 {
+    let per_value = 4 + dtype.size_of() as u128;
+    let rows = m as u128 * (g.in_features() as u128 + g.out_features() as u128) * per_value;
+    rows + 8 * g.rows as u128 * g.cols as u128
 }

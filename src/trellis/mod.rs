@@ -32,7 +32,7 @@ pub mod transform;
 pub use format::{CodeLayout, HostLayer, TrellisGeometry};
 pub use linear::{ForwardPath, TrellisLinear};
 pub use mlp::TrellisMlp;
-pub use model::{write_artifact, Artifact, ModuleConfig};
+pub use model::{check_artifact_dir, write_artifact, Artifact, ModuleConfig};
 pub use operands::LayerOperands;
 pub use rotation::{CodedAxis, Rotation};
 pub use shard::{RowShard, SHARD_ROW_MULTIPLE};

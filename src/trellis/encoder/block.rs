@@ -113,7 +113,7 @@ impl<'a> BlockCoder<'a> {
                 }
                 None => {
                     for (xi, &w) in self.x.iter_mut().zip(block) {
-                        *xi = w / scale;
+                        *xi = super::normalised(w, scale);
                     }
                     let block_weights = self.column_weights.map(|cw| &cw[b * t..(b + 1) * t]);
                     self.weighted = block_weights.is_some_and(|bw| bw.iter().any(|&v| v != 1.0));

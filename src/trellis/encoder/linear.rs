@@ -18,7 +18,7 @@ use crate::trellis::format::HostLayer;
 use crate::trellis::linear::TrellisLinear;
 use crate::trellis::rotation::{CodedAxis, Rotation};
 
-use super::{encode_padded, stored_from_linear, EncoderConfig};
+use super::{encode_padded, stored_from_linear, EncoderConfig, Quality, RELATIVE_MSE_BOUND};
 
 /// A seeded random-sign block Hadamard rotation of the coded axis ([`Rotation::seeded`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,15 +73,31 @@ pub struct CodedLinear {
     pub mse: f64,
     /// Mean of `w²` over the input `W`, for a relative error `mse / mean_square`.
     pub mean_square: f64,
+    /// Stored rows of the input that are all zeros (coded exactly, scale 0).
+    pub zero_rows: usize,
 }
 
 impl CodedLinear {
-    /// `mse / mean_square` (0 for an all-zero `W`).
+    /// `mse / mean_square` (0 for an all-zero `W`, which codes exactly).
     pub fn relative_mse(&self) -> f64 {
         if self.mean_square > 0.0 {
             self.mse / self.mean_square
-        } else {
+        } else if self.mse == 0.0 {
             0.0
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    /// The relative error against [`RELATIVE_MSE_BOUND`] and the stored rows coded as zeros, as
+    /// [`quality`](super::quality) reports them for a plain coding.
+    pub fn quality(&self) -> Quality {
+        let scale_zero = self.layer.scales.iter().filter(|s| s.to_f32() == 0.0).count();
+        Quality {
+            relative_mse: self.relative_mse(),
+            bound: RELATIVE_MSE_BOUND,
+            zero_rows: self.zero_rows,
+            flushed_rows: scale_zero.saturating_sub(self.zero_rows),
         }
     }
 
@@ -132,11 +148,13 @@ pub fn code_linear(
     }
     let count = (rows * n) as f64;
     let mean_square = stored.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / count;
+    let zero_rows = stored.chunks_exact(n).filter(|row| row.iter().all(|&v| v == 0.0)).count();
     Ok(CodedLinear {
         layer: encoded.layer,
         coded_axis: CodedAxis { rotation, logical: n },
         mse: sq / count,
         mean_square,
+        zero_rows,
     })
 }
 

@@ -6,9 +6,11 @@
 //! stored on which axis):
 //!
 //! 1. `scale[r] = f16(RMS(row) / RMS(lut))`, where `RMS(lut)` is taken over the `2^L` values of
-//!    [`lut1mad`] ([`lut_rms`]). An all-zero row gets 1.0; a row so small that its scale would
-//!    round to zero gets the smallest positive f16 instead (so the division below stays finite).
-//! 2. `x = row / f32(scale[r])`, coded block by block (`T = 256` weights per block).
+//!    [`lut1mad`] ([`lut_rms`]). A row whose scale would fall below f16's normal range
+//!    (`2^-14`; an all-zero row included) gets scale 0 and decodes to exact zeros (see
+//!    [`row_scale`]).
+//! 2. `x = row / f32(scale[r])` (0 for a row of scale 0), coded block by block (`T = 256`
+//!    weights per block).
 //! 3. Each block is the minimum squared-error path through the bitshift trellis: `2^L` states,
 //!    the successor of state `p` under the `k`-bit symbol `b` is `((p << k) | b) mod 2^L`, and
 //!    state `s` emits `value(s)` (the f32 [`lut1mad`] entry). Tail-biting as QTIP does it: the
@@ -84,6 +86,7 @@ pub mod hessian;
 pub mod ldlq;
 mod linear;
 mod parallel;
+mod quality;
 mod search;
 
 use block::BlockCoder;
@@ -92,6 +95,7 @@ pub use hessian::{proxy_error, rotate_hessian, ProxyError};
 pub use ldlq::encode_linear_ldlq_with_targets;
 pub use ldlq::{encode_linear_ldlq, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded, LdlqOutcome};
 pub use linear::{choose_axis, code_linear, AxisChoice, CodedLinear, RotationSpec};
+pub use quality::{quality, Quality, RELATIVE_MSE_BOUND};
 
 /// The block length every shipped model uses and the only one the encoder accepts.
 pub const BLOCK_LEN: u32 = 256;
@@ -188,6 +192,27 @@ impl EncoderConfig {
         Ok(())
     }
 
+    /// Checks that a dense linear weight `[out_features, in_features]` can be coded with this
+    /// configuration, in the linear layer's terms: the coded axis (the output features on axis 0,
+    /// the input features on axis 1) must be a whole number of `T`-weight blocks.
+    pub fn check_linear(&self, out_features: usize, in_features: usize) -> Result<()> {
+        self.validate()?;
+        let (coded, name, other) = match self.axis {
+            0 => (out_features, "out_features", "axis 0 stores Wᵀ [in, out] and codes along the output features"),
+            _ => (in_features, "in_features", "axis 1 stores W [out, in] and codes along the input features"),
+        };
+        if coded == 0 || coded % self.t as usize != 0 {
+            invalid!(
+                "encoder: {name} = {coded} is not a positive multiple of the block length T = {} ({other})",
+                self.t
+            );
+        }
+        if out_features == 0 || in_features == 0 {
+            invalid!("encoder: the linear weight [out {out_features}, in {in_features}] is empty");
+        }
+        Ok(())
+    }
+
     /// Whether the block search runs on CUDA (see [`EncoderBackend`]).
     pub fn searches_on_cuda(&self) -> bool {
         match self.backend {
@@ -269,6 +294,7 @@ pub fn stored_from_linear(
 pub fn encode_linear(w: &[f32], out_features: usize, in_features: usize, cfg: &EncoderConfig) -> Result<Encoded> {
     cfg.validate()?;
     let (stored, rows, cols) = stored_from_linear(w, out_features, in_features, cfg.axis)?;
+    cfg.check_linear(out_features, in_features)?;
     encode(&stored, rows, cols, cfg)
 }
 
@@ -513,7 +539,7 @@ fn search_on_cuda(
             .zip(scales)
             .flat_map(|(row, scale)| {
                 let scale = scale.to_f32();
-                row.iter().map(move |&w| w / scale)
+                row.iter().map(move |&w| normalised(w, scale))
             })
             .collect();
         let states = viterbi_cuda::search_blocks(&x, cfg.k, cfg.l, lut).with_context(|| {
@@ -592,18 +618,36 @@ fn code_rows(
     }
 }
 
-/// `f16(RMS(row) / lut_rms)`; 1.0 for an all-zero row; never zero or infinite.
+/// The scale of one stored row, the one function that decides it: `f16(RMS(row) / lut_rms)`.
+///
+/// A row whose scale would fall below f16's normal range (`RMS(row) / lut_rms < 2^-14`, an
+/// all-zero row included) gets scale 0 and decodes to exact zeros: f16 cannot hold a smaller
+/// scale to its 11 significant bits, and a coarse subnormal one would decode the row to noise
+/// many times larger than the row. Such a row's error is its own energy (relative error 1, never
+/// more), below `(2^-14 · lut_rms)²` per weight. Too large a row (the scale overflows f16) is an
+/// error.
 fn row_scale(row: &[f32], lut_rms: f64, r: usize) -> Result<f16> {
     let sum_sq: f64 = row.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    if sum_sq == 0.0 {
-        return Ok(f16::ONE);
+    let rms = (sum_sq / row.len().max(1) as f64).sqrt();
+    let ideal = rms / lut_rms;
+    if ideal < f64::from(f16::MIN_POSITIVE) {
+        return Ok(f16::ZERO);
     }
-    let scale = f16::from_f64((sum_sq / row.len() as f64).sqrt() / lut_rms);
+    let scale = f16::from_f64(ideal);
     if scale.is_infinite() {
-        invalid!("encoder: row {r} has RMS {:e}, too large for an f16 scale", (sum_sq / row.len() as f64).sqrt());
+        invalid!("encoder: row {r} has RMS {rms:e}, too large for an f16 scale");
     }
-    // A nonzero row whose scale underflows f16 keeps the smallest positive one.
-    Ok(if scale == f16::ZERO { f16::from_bits(1) } else { scale })
+    Ok(scale)
+}
+
+/// A weight divided by its row's scale, the value the block search codes; 0 in a row of scale 0
+/// (see [`row_scale`]), whose codes decode to zeros whatever they hold.
+fn normalised(w: f32, scale: f32) -> f32 {
+    if scale == 0.0 {
+        0.0
+    } else {
+        w / scale
+    }
 }
 
 #[cfg(test)]

@@ -99,28 +99,56 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
+/// Whether `path` exists: `false` where it does not, an [`Error::Io`] naming it where it cannot
+/// be looked at (a directory without permission), so that is not mistaken for a missing file.
+fn present(path: &FsPath) -> Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io(path, e).context("the model directory cannot be read")),
+    }
+}
+
 impl Artifact {
-    /// Opens `dir`, reading `config.json` and, if present, `model.safetensors.index.json`.
+    /// Opens `dir`, reading `config.json` and, if present, `model.safetensors.index.json`. An
+    /// index must list at least one tensor and every file it names must be a regular file in
+    /// the directory (the index decides where every tensor is read from; a `model.safetensors`
+    /// next to it is never used).
     pub fn open(dir: impl AsRef<FsPath>) -> Result<Artifact> {
         let root = ModelRoot::new(dir.as_ref())?;
-        if !root.dir.join(CONFIG).exists() {
+        if !present(&root.dir.join(CONFIG))? {
             return Err(Error::artifact(&root.dir, None, "model directory has no config.json"));
         }
         let config_path = root.file(CONFIG, &root.dir, Some(CONFIG))?;
         let config = read_object(&config_path, MAX_CONFIG_BYTES)?;
         let mut weight_map = BTreeMap::new();
-        if root.dir.join(INDEX).exists() {
+        if present(&root.dir.join(INDEX))? {
             let index_path = root.file(INDEX, &root.dir, Some(INDEX))?;
             let index = read_object(&index_path, MAX_INDEX_BYTES)?;
             let Some(map) = index.get("weight_map").and_then(Value::as_object) else {
                 return Err(Error::artifact(&index_path, Some("weight_map"), "there is no \"weight_map\" object"));
             };
+            if map.is_empty() {
+                return Err(Error::artifact(&index_path, Some("weight_map"), "is empty: the index lists no tensor"));
+            }
+            let mut files = std::collections::BTreeSet::new();
             for (name, file) in map {
                 let Some(file) = file.as_str() else {
                     let message = format!("weight_map entry is {}, not a file name", kind(file));
                     return Err(Error::artifact(&index_path, Some(name), message));
                 };
                 check_shard_name(&index_path, name, file)?;
+                // Each named file is checked once, with the first tensor that names it.
+                if files.insert(file) {
+                    root.file(file, &index_path, Some(name)).map_err(|e| match e {
+                        Error::Io { source, .. } => Error::artifact(
+                            &index_path,
+                            Some(name),
+                            format!("shard file {file:?} cannot be read: {source}"),
+                        ),
+                        other => other,
+                    })?;
+                }
                 weight_map.insert(name.clone(), file.to_string());
             }
         }
@@ -251,7 +279,7 @@ impl Artifact {
                 None => Err(Error::artifact(&index, Some(name), format!("tensor {name:?} is not listed in {INDEX}"))),
             };
         }
-        if self.root.dir.join(SINGLE).exists() {
+        if present(&self.root.dir.join(SINGLE))? {
             return self.root.file(SINGLE, &self.root.dir, Some(SINGLE));
         }
         Err(Error::artifact(&self.root.dir, None, format!("model directory has neither {SINGLE} nor {INDEX}")))
@@ -395,10 +423,37 @@ fn module_entry(layer: &TrellisLinear) -> Value {
     entry
 }
 
+/// Checks that an artifact can be written to `dir` before the work that makes it: `dir` is a
+/// directory (created, with its parents, if missing) in which a file can be created, and it
+/// holds no `model.safetensors.index.json` (see [`write_artifact`]).
+pub fn check_artifact_dir(dir: impl AsRef<FsPath>) -> Result<()> {
+    let dir = dir.as_ref();
+    if dir.as_os_str().is_empty() {
+        invalid!("empty path: name the directory to write the artifact to");
+    }
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::artifact(dir, None, "is not a directory (an artifact is a directory of files)"));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e).context("creating the artifact's directory"))?;
+    let index = dir.join(INDEX);
+    if present(&index)? {
+        let message = "is left from another model: it would decide where every tensor is read from instead of the new model.safetensors; remove it (and its shards) or write to another directory";
+        return Err(Error::artifact(index, None, message));
+    }
+    let probe = dir.join(format!(".mlx-trellis-write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| Error::io(dir, e).context("the artifact's directory is not writable"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// Writes `modules` (name, layer) to `dir` as one `model.safetensors` and a `config.json` whose
 /// `quantization` and `quantization_config` list them. `extra` members (for example
 /// `hidden_size`) are written into the config too; they may not be `quantization` or
 /// `quantization_config`, and names may not repeat.
+///
+/// A directory that holds a `model.safetensors.index.json` is refused ([`check_artifact_dir`]):
+/// the index would win over the new `model.safetensors` when the artifact is opened. Each file
+/// is written under a temporary name and renamed into place, so a reader never sees part of one.
 pub fn write_artifact(
     dir: impl AsRef<FsPath>,
     modules: &[(&str, &TrellisLinear)],
@@ -430,14 +485,20 @@ pub fn write_artifact(
     names.extend(signs.iter().map(|(n, a)| (n.clone(), a)));
     config.insert("quantization".into(), Value::Object(quant.clone()));
     config.insert("quantization_config".into(), Value::Object(quant));
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    check_artifact_dir(dir)?;
     let tensors: Vec<(&str, &MlxArray)> = names.iter().map(|(n, a)| (n.as_str(), *a)).collect();
     let meta = BTreeMap::from([("format".to_string(), "mlx".to_string())]);
     save_safetensors(dir.join(SINGLE), tensors, &meta)?;
     let path = dir.join(CONFIG);
     let text = serde_json::to_string_pretty(&Value::Object(config)).map_err(|e| Error::invalid(e.to_string()))?;
-    std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
-    Ok(())
+    let temporary = dir.join(format!(".{CONFIG}.{}.tmp", std::process::id()));
+    let written = std::fs::write(&temporary, text + "\n")
+        .and_then(|()| std::fs::rename(&temporary, &path))
+        .map_err(|e| Error::io(&path, e));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
 }
 
 #[cfg(test)]

@@ -6,4 +6,4 @@ mod coded_axis;
 mod paths;
 mod shard;
 
-pub use artifact::{write_artifact, Artifact, ModuleConfig};
+pub use artifact::{check_artifact_dir, write_artifact, Artifact, ModuleConfig};

@@ -38,6 +38,9 @@ pub(super) struct ModelRoot {
 impl ModelRoot {
     /// Resolves `dir`, which must be a directory.
     pub(super) fn new(dir: &Path) -> Result<ModelRoot> {
+        if dir.as_os_str().is_empty() {
+            return Err(Error::invalid("empty path: name the model directory"));
+        }
         let canonical = std::fs::canonicalize(dir).map_err(|e| Error::io(dir, e))?;
         if !canonical.is_dir() {
             return Err(Error::artifact(dir, None, "is not a directory (a model directory holds config.json)"));

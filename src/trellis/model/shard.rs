@@ -39,7 +39,7 @@ impl OpenFiles {
     fn handle(&mut self, path: &Path) -> Result<&mut File> {
         Ok(match self.0.entry(path.to_path_buf()) {
             Entry::Occupied(open) => open.into_mut(),
-            Entry::Vacant(slot) => slot.insert(File::open(path).map_err(|e| Error::io(path, e))?),
+            Entry::Vacant(slot) => slot.insert(crate::files::open_regular_file(path)?),
         })
     }
 }
