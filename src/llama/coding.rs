@@ -169,8 +169,9 @@ pub fn code_projection(
         (None, None) => invalid!("code_projection: {module}: nothing was coded"),
     };
     let (mse, mean_square) = logical_error(&reconstruction, &original, n, rotation.as_ref())?;
+    let zero_rows = original.chunks_exact(n).filter(|row| row.iter().all(|&v| v == 0.0)).count();
     Ok(ProjectionCode {
-        coded: CodedLinear { layer, coded_axis: CodedAxis { rotation, logical: n }, mse, mean_square },
+        coded: CodedLinear { layer, coded_axis: CodedAxis { rotation, logical: n }, mse, mean_square, zero_rows },
         choice,
         proxy,
         baseline_proxy,

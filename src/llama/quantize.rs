@@ -198,6 +198,9 @@ pub fn rotation_seed(module: &str, axis: u32, seed: u64) -> u64 {
     fnv1a(&key) ^ seed
 }
 
+/// A projection coded at `k` (`.0`), its code (`.1`) and the code's stored bits (`.2`).
+type CodedAt = (u32, CodedLinear, u64);
+
 /// Stored bits of a coded layer (codes, f16 scales, f16 rotation signs) and its logical weights.
 fn stored_bits(coded: &CodedLinear, shape: [usize; 2]) -> (u64, u64) {
     let g = &coded.layer.geometry;
@@ -290,7 +293,7 @@ pub fn quantize_model(
     }
 
     // Every projection's codes: one per k asked for (the budget's candidates, or its one k).
-    let mut coded: Vec<(ModuleReport, Vec<(u32, CodedLinear, u64)>)> = Vec::with_capacity(plan.len());
+    let mut coded: Vec<(ModuleReport, Vec<CodedAt>)> = Vec::with_capacity(plan.len());
     for (i, (module, tensor, conventional)) in plan.iter().enumerate() {
         let start = Instant::now();
         let ks: Vec<u32> = match spec.budget {
