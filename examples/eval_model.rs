@@ -63,9 +63,27 @@ struct Args {
     /// Also write the results as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Also plot KL (log scale) against bits per weight as SVG.
+    /// Also plot KL (log scale) against bits per weight as SVG, one line per family.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Also write the Markdown table (with its heading line) to this file.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+/// Splits `SPEC|label=TEXT|family=TEXT` into the spec and its label and family overrides.
+fn split_overrides(text: &str) -> Result<(&str, Option<String>, Option<String>)> {
+    let mut parts = text.split('|');
+    let spec = parts.next().unwrap_or_default();
+    let (mut label, mut family) = (None, None);
+    for part in parts {
+        match part.split_once('=') {
+            Some(("label", v)) if !v.is_empty() && label.is_none() => label = Some(v.to_string()),
+            Some(("family", v)) if !v.is_empty() && family.is_none() => family = Some(v.to_string()),
+            _ => bail!("{text:?}: {part:?} is not label=TEXT or family=TEXT (each at most once, not empty)"),
+        }
+    }
+    Ok((spec, label, family))
 }
 
 enum Spec {
@@ -85,7 +103,18 @@ struct Variant {
     forward_seconds: f64,
 }
 
-fn parse_spec(spec: &str, dtype: Dtype) -> Result<(Spec, String, String)> {
+fn parse_spec(text: &str, dtype: Dtype) -> Result<(Spec, String, String)> {
+    let (spec, label, family) = split_overrides(text)?;
+    let (parsed, default_label, default_family) = parse_plain_spec(spec, dtype)?;
+    let family = match (family, &label) {
+        (Some(f), _) => f,
+        (None, Some(l)) => l.rsplit_once(' ').map_or(l.as_str(), |(f, _)| f).to_string(),
+        (None, None) => default_family,
+    };
+    Ok((parsed, label.unwrap_or(default_label), family))
+}
+
+fn parse_plain_spec(spec: &str, dtype: Dtype) -> Result<(Spec, String, String)> {
     let bits_group = |rest: &str| -> Result<(i32, i32)> {
         let (b, g) = rest.split_once(':').with_context(|| format!("{spec:?}: expected BITS:GROUP"))?;
         Ok((
@@ -210,15 +239,17 @@ fn run(args: Args) -> Result<()> {
     }
 
     let evaluated: usize = windows.iter().map(|w| w.len()).sum();
-    println!(
-        "{} tokens of {} in {} windows of {}; KL(as shipped ‖ variant) in nats per token; bits/weight over the replaced layers (scales and biases included; as shipped: the MLP's)\n",
-        evaluated,
-        args.text.display(),
-        windows.len(),
-        args.window
-    );
-    println!("| variant | layers replaced | bits/weight | KL | perplexity | load (s) | tokens/s |");
-    println!("|---|---|---|---|---|---|---|");
+    let mut table = vec![
+        format!(
+            "{} tokens of {} in {} windows of {}; KL(as shipped ‖ variant) in nats per token; bits/weight over the replaced layers (scales and biases included; as shipped: the MLP's)\n",
+            evaluated,
+            args.text.display(),
+            windows.len(),
+            args.window
+        ),
+        "| variant | family | layers replaced | bits/weight | KL | perplexity | load (s) | tokens/s |".to_string(),
+        "|---|---|---|---|---|---|---|---|".to_string(),
+    ];
     let mut rows = Vec::new();
     for v in &variants {
         let model = v.model.as_ref().unwrap_or(&reference);
@@ -231,19 +262,26 @@ fn run(args: Args) -> Result<()> {
         let kl = v.score.kl / v.score.positions as f64;
         let ppl = (v.score.nll / v.score.positions as f64).exp();
         let tps = evaluated as f64 / v.forward_seconds;
-        println!(
-            "| {} | {} | {} | {kl:.4} | {ppl:.2} | {:.2} | {tps:.1} |",
+        table.push(format!(
+            "| {} | {} | {} | {} | {kl:.4} | {ppl:.2} | {:.2} | {tps:.1} |",
             v.label,
+            v.family,
             v.layers,
             bpw.map_or("–".into(), |b| format!("{b:.3}")),
             v.load_seconds
-        );
+        ));
         rows.push(serde_json::json!({
             "label": v.label, "family": v.family, "layers": v.layers, "bits_per_weight": bpw,
             "kl": kl, "perplexity": ppl, "load_seconds": v.load_seconds, "tokens_per_second": tps,
             "positions": v.score.positions, "tokens": evaluated, "window": args.window,
             "text": args.text.display().to_string(), "dtype": dtype.to_string(),
         }));
+    }
+    for line in &table {
+        println!("{line}");
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, table.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     eprintln!("evaluation took {:.0} s", start.elapsed().as_secs_f64());
     if let Some(path) = &args.json {

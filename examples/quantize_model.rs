@@ -3,12 +3,21 @@
 //! projections (and with `--attention` the attention ones) at `--bits` k, rotated, everything
 //! else as shipped from the base GGUF copied (or hard-linked) into the directory.
 //!
-//! Progress and each projection's relative MSE (`mse / mean w²`) go to stderr; a summary table
-//! to stdout. Exit status 0 on success, 2 on an error.
+//! With `--ldlq` every projection is coded Hessian-weighted against the second moment `H` of its
+//! input, collected on a calibration text with the model as shipped (or read with `--hessians`);
+//! with `--budget B` each projection's k (2, 3 or 4) is picked by its measured proxy error so
+//! that the coded projections store at most B bits per weight. Where `H` is known, each
+//! projection's relative proxy error `tr(E H Eᵀ) / tr(W H Wᵀ)` is reported.
+//!
+//! Progress and each projection's relative MSE (`mse / mean w²`) and proxy error go to stderr; a
+//! summary table to stdout; `--report FILE` writes every projection's figures as JSON. Exit
+//! status 0 on success, 2 on an error.
 //!
 //! ```text
 //! cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4
 //! cargo run --release --example quantize_model -- --bits 3 --attention --out /tmp/smollm2-k3-all
+//! cargo run --release --example quantize_model -- --bits 3 --ldlq --save-hessians /tmp/h.safetensors --out /tmp/smollm2-ldlq-k3
+//! cargo run --release --example quantize_model -- --budget 3.0 --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-b3
 //! cargo run --release --example generate -- --model /tmp/smollm2-k4
 //! ```
 
@@ -19,9 +28,14 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
+use mlx_trellis::llama::calibrate::{
+    calibrate_gguf, CalibrationSpec, Hessians, DEFAULT_CALIBRATION_TEXTS, DEFAULT_CALIBRATION_TOKENS,
+    DEFAULT_CALIBRATION_WINDOW,
+};
 use mlx_trellis::llama::fetch_smollm2;
 use mlx_trellis::llama::quantize::{quantize_model, ModuleReport, QuantizeSpec};
-use mlx_trellis::trellis::encoder::EncoderBackend;
+use mlx_trellis::trellis::encoder::{EncoderBackend, LdlqConfig, LdlqOutcome, ProxyError};
+use serde_json::{json, Value};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Backend {
@@ -74,6 +88,150 @@ struct Args {
     /// Where the encoder's block search runs (auto: CUDA when MLX has it).
     #[arg(long, value_enum, default_value_t = Backend::Auto)]
     backend: Backend,
+    /// Code every projection Hessian-weighted (LDLQ) against the calibration H of its input.
+    #[arg(long)]
+    ldlq: bool,
+    /// LDLQ damping: H + λ · mean(diag H) · I.
+    #[arg(long, default_value_t = LdlqConfig::default().damping)]
+    ldlq_damping: f64,
+    /// LDLQ on axis 0 (coded along the outputs): input features coded per feedback step (1 is
+    /// exact; more give a GPU search larger batches).
+    #[arg(long, default_value_t = 1)]
+    ldlq_group: usize,
+    /// With --ldlq: also code every projection unweighted and report both proxy errors (twice
+    /// the coding work).
+    #[arg(long)]
+    baseline: bool,
+    /// Pick each projection's k in {2, 3, 4} by its proxy error so that the coded projections
+    /// store at most B bits per weight (codes, scales and rotation signs); needs calibration.
+    #[arg(long, value_name = "B")]
+    budget: Option<f64>,
+    /// Read the calibration H from this file (written by --save-hessians) instead of collecting it.
+    #[arg(long, value_name = "FILE")]
+    hessians: Option<PathBuf>,
+    /// Write the calibration H collected to this file (safetensors, f64), for later --hessians.
+    /// Collects the attention inputs too, so that the file serves any later run.
+    #[arg(long, value_name = "FILE", conflicts_with = "hessians")]
+    save_hessians: Option<PathBuf>,
+    /// Calibration text (repeatable; concatenated). Default: GPL-2, LGPL-2.1, Apache-2.0 and
+    /// GFDL-1.3 from /usr/share/common-licenses (not the evaluation's GPL-3).
+    #[arg(long = "calib-text", value_name = "FILE")]
+    calib_texts: Vec<PathBuf>,
+    /// Calibration tokens at most.
+    #[arg(long, default_value_t = DEFAULT_CALIBRATION_TOKENS)]
+    calib_tokens: usize,
+    /// Calibration window in tokens (each from an empty cache).
+    #[arg(long, default_value_t = DEFAULT_CALIBRATION_WINDOW)]
+    calib_window: usize,
+    /// Write every projection's figures (k, bits, relative MSE, proxy errors, LDLQ outcome,
+    /// warnings, budget candidates) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+}
+
+/// The median of `values` (`None` when empty).
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+fn proxy_json(p: &Option<ProxyError>) -> Value {
+    match p {
+        Some(p) => json!({ "relative": p.relative(), "error": p.error, "reference": p.reference }),
+        None => Value::Null,
+    }
+}
+
+fn ldlq_text(o: &Option<LdlqOutcome>) -> String {
+    match o {
+        Some(LdlqOutcome::Weighted { damping }) => format!("LDLQ (damping {damping})"),
+        Some(LdlqOutcome::Unweighted) => "LDLQ fell back to unweighted".into(),
+        None => "unweighted".into(),
+    }
+}
+
+fn module_json(r: &ModuleReport) -> Value {
+    json!({
+        "module": r.module, "shape": r.shape, "axis": r.axis, "coded_len": [r.coded_len.0, r.coded_len.1],
+        "k": r.bits, "bits_per_weight": r.bits_per_weight, "rotation_block": r.rotation_block,
+        "relative_mse": r.relative_mse, "proxy": proxy_json(&r.proxy),
+        "baseline_proxy": proxy_json(&r.baseline_proxy), "coding": ldlq_text(&r.ldlq),
+        "proxy_ratio_to_baseline": match (r.proxy, r.baseline_proxy) {
+            (Some(p), Some(b)) if b.error > 0.0 => Value::from(p.error / b.error),
+            _ => Value::Null,
+        },
+        "warnings": r.warnings, "seconds": r.seconds,
+        "candidates": r.candidates.iter().map(|c| json!({
+            "k": c.k, "bits_per_weight": c.bits_per_weight, "proxy": proxy_json(&Some(c.proxy)),
+            "baseline_proxy": proxy_json(&c.baseline_proxy), "coding": ldlq_text(&c.ldlq),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The calibration H the run needs: read, or collected (and saved where asked).
+fn calibration(args: &Args, model: &PathBuf, spec: &QuantizeSpec) -> Result<Option<(Hessians, Value)>> {
+    if let Some(path) = &args.hessians {
+        let t = Instant::now();
+        let h = Hessians::load(path).with_context(|| format!("reading the calibration {}", path.display()))?;
+        eprintln!(
+            "[quantize_model] calibration read from {}: {} inputs over {} tokens ({}), {:.0} MiB, {:.1} s",
+            path.display(),
+            h.by_input.len(),
+            h.tokens,
+            h.source,
+            h.bytes() as f64 / (1 << 20) as f64,
+            t.elapsed().as_secs_f64()
+        );
+        let info = json!({ "file": path.display().to_string(), "tokens": h.tokens, "windows": h.windows,
+            "source": h.source, "inputs": h.by_input.len(), "host_bytes": h.bytes() });
+        return Ok(Some((h, info)));
+    }
+    let needed = spec.ldlq.is_some() || spec.budget.is_some() || args.save_hessians.is_some();
+    if !needed {
+        return Ok(None);
+    }
+    let texts: Vec<PathBuf> = if args.calib_texts.is_empty() {
+        DEFAULT_CALIBRATION_TEXTS.iter().map(PathBuf::from).collect()
+    } else {
+        args.calib_texts.clone()
+    };
+    let cal = CalibrationSpec {
+        window: args.calib_window,
+        layers: spec.layers,
+        attention: spec.attention || args.save_hessians.is_some(),
+    };
+    eprintln!(
+        "[quantize_model] calibrating on {} (at most {} tokens, windows of {}), model as shipped",
+        texts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" + "),
+        args.calib_tokens,
+        cal.window
+    );
+    let h = calibrate_gguf(model, &texts, args.calib_tokens, &cal, &mut |done, all| {
+        eprintln!("[quantize_model] calibration window {done}/{all}");
+    })?;
+    let active = mlx_trellis::active_memory().unwrap_or(0);
+    eprintln!(
+        "[quantize_model] calibration: {} inputs over {} tokens in {} windows, {:.1} s; H on the host {:.0} MiB (f64), MLX active memory {:.0} MiB",
+        h.by_input.len(),
+        h.tokens,
+        h.windows,
+        h.seconds,
+        h.bytes() as f64 / (1 << 20) as f64,
+        active as f64 / (1 << 20) as f64
+    );
+    if let Some(path) = &args.save_hessians {
+        h.save(path).with_context(|| format!("writing the calibration {}", path.display()))?;
+        eprintln!("[quantize_model] calibration written to {}", path.display());
+    }
+    let info = json!({ "texts": texts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "tokens": h.tokens, "windows": h.windows, "window": cal.window, "seconds": h.seconds,
+        "inputs": h.by_input.len(), "host_bytes": h.bytes(), "mlx_active_bytes": active });
+    Ok(Some((h, info)))
 }
 
 fn overrides(list: &[String]) -> Result<BTreeMap<String, u32>> {
@@ -105,21 +263,33 @@ fn run(args: Args) -> Result<()> {
             Backend::Cpu => EncoderBackend::Cpu,
             Backend::Cuda => EncoderBackend::Cuda,
         },
+        ldlq: args.ldlq.then_some(LdlqConfig {
+            damping: args.ldlq_damping,
+            stored_row_group: args.ldlq_group,
+            ..LdlqConfig::default()
+        }),
+        baseline: args.baseline,
+        budget: args.budget,
     };
-    let model = match args.model {
-        Some(p) => p,
+    if args.baseline && !args.ldlq {
+        bail!("--baseline compares LDLQ with the unweighted code; it needs --ldlq");
+    }
+    let model = match &args.model {
+        Some(p) => p.clone(),
         None => fetch_smollm2()?,
     };
+    let start = Instant::now();
     eprintln!(
-        "[quantize_model] {} -> {}: k {} {}{}, L {}",
+        "[quantize_model] {} -> {}: {} {}{}{}, L {}",
         model.display(),
         args.out.display(),
-        spec.bits,
+        spec.budget.map_or(format!("k {}", spec.bits), |b| format!("budget {b} bits/weight")),
         if spec.attention { "MLP and attention" } else { "MLP" },
         if spec.rotation { ", rotated" } else { ", NOT rotated" },
+        if spec.ldlq.is_some() { ", LDLQ" } else { "" },
         spec.l
     );
-    let start = Instant::now();
+    let calibrated = calibration(&args, &model, &spec)?;
     let mut on_module = |r: &ModuleReport| {
         let rotation = r.rotation_block.map_or("plain".to_string(), |b| format!("rotated (block {b})"));
         let padding = if r.coded_len.0 == r.coded_len.1 {
@@ -127,23 +297,84 @@ fn run(args: Args) -> Result<()> {
         } else {
             format!(", padded {} -> {}", r.coded_len.0, r.coded_len.1)
         };
+        let proxy = match (r.proxy, r.baseline_proxy) {
+            (Some(p), Some(b)) => format!(
+                ", proxy {:.3e} ({}) vs {:.3e} unweighted: ratio {:.3}",
+                p.relative(),
+                ldlq_text(&r.ldlq),
+                b.relative(),
+                p.error / b.error
+            ),
+            (Some(p), None) => format!(", proxy {:.3e} ({})", p.relative(), ldlq_text(&r.ldlq)),
+            _ => String::new(),
+        };
         eprintln!(
-            "[quantize_model] {}/{} {} [{}, {}] axis {} k {} {rotation}{padding}: relative MSE {:.5}, {:.3} bits/weight, {:.1} s",
-            r.index, r.total, r.module, r.shape[0], r.shape[1], r.axis, r.bits, r.relative_mse, r.bits_per_weight, r.seconds
+            "[quantize_model] {}/{} {} [{}, {}] axis {} k {} {rotation}{padding}{}: relative MSE {:.5}{proxy}, {:.3} bits/weight, {:.1} s",
+            r.index, r.total, r.module, r.shape[0], r.shape[1], r.axis, r.bits,
+            if r.candidate { " (candidate)" } else { "" },
+            r.relative_mse, r.bits_per_weight, r.seconds
         );
+        for w in &r.warnings {
+            eprintln!("[quantize_model] warning: {w}");
+        }
     };
-    let report = quantize_model(&model, &spec, &args.out, &mut on_module)?;
+    let hessians = calibrated.as_ref().map(|(h, _)| h);
+    let report = quantize_model(&model, &spec, hessians, &args.out, &mut on_module)?;
+    if spec.budget.is_some() {
+        for r in &report.modules {
+            let cands: Vec<String> =
+                r.candidates.iter().map(|c| format!("k {}: {:.3e}", c.k, c.proxy.relative())).collect();
+            eprintln!("[quantize_model] budget: {} -> k {} (relative proxy {})", r.module, r.bits, cands.join(", "));
+        }
+    }
+    let proxies: Vec<f64> = report.modules.iter().filter_map(|r| r.proxy.map(|p| p.relative())).collect();
+    let ratios: Vec<f64> = report
+        .modules
+        .iter()
+        .filter_map(|r| match (r.proxy, r.baseline_proxy) {
+            (Some(p), Some(b)) if b.error > 0.0 => Some(p.error / b.error),
+            _ => None,
+        })
+        .collect();
+    if let Some(m) = median(proxies.clone()) {
+        eprintln!("[quantize_model] median relative proxy error over {} projections: {m:.4e}", proxies.len());
+    }
+    if let Some(m) = median(ratios.clone()) {
+        let worst = ratios.iter().copied().fold(0.0, f64::max);
+        eprintln!(
+            "[quantize_model] proxy error LDLQ / unweighted: median {m:.3} over {} projections (worst {worst:.3})",
+            ratios.len()
+        );
+    }
+    if let Some(path) = &args.report {
+        let doc = json!({
+            "model": model.display().to_string(), "out": args.out.display().to_string(),
+            "k": spec.bits, "budget": spec.budget, "rotation": spec.rotation, "ldlq": spec.ldlq.is_some(),
+            "ldlq_damping": spec.ldlq.map(|l| l.damping), "ldlq_group": spec.ldlq.map(|l| l.stored_row_group),
+            "attention": spec.attention, "layers": spec.layers, "L": spec.l,
+            "bits_per_weight": report.bits_per_weight, "calibration": calibrated.as_ref().map(|(_, i)| i.clone()),
+            "median_relative_proxy": median(proxies), "median_proxy_ratio_to_baseline": median(ratios),
+            "seconds": start.elapsed().as_secs_f64(),
+            "modules": report.modules.iter().map(module_json).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("[quantize_model] report written to {}", path.display());
+    }
     let n = report.modules.len() as f64;
     let mean = report.modules.iter().map(|r| r.relative_mse).sum::<f64>() / n;
     let worst = report.modules.iter().map(|r| r.relative_mse).fold(0.0, f64::max);
-    println!("| model | coded projections | k | rotated | bits/weight | mean relative MSE | worst | seconds |");
-    println!("|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} | {} | {} | {:.3} | {mean:.5} | {worst:.5} | {:.1} |",
+        "| model | coded projections | k | rotated | coding | bits/weight | mean relative MSE | worst | seconds |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} | {} | {:.3} | {mean:.5} | {worst:.5} | {:.1} |",
         model.file_name().map_or_else(|| model.display().to_string(), |f| f.to_string_lossy().into_owned()),
         report.modules.len(),
-        spec.bits,
+        spec.budget.map_or(spec.bits.to_string(), |b| format!("budget {b}")),
         if spec.rotation { "yes" } else { "no" },
+        if spec.ldlq.is_some() { "LDLQ" } else { "unweighted" },
         report.bits_per_weight,
         start.elapsed().as_secs_f64()
     );

@@ -20,7 +20,7 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     std::fs::write(dir.join("model.safetensors.index.json"), "{\"weight_map\": {}}")?;
     let spec = QuantizeSpec { bits: 4, layers: Some(2), attention: true, ..QuantizeSpec::default() };
     let mut seen = Vec::new();
-    let report = quantize_model(&gguf_path, &spec, &dir, &mut |r| seen.push(r.module.clone()))?;
+    let report = quantize_model(&gguf_path, &spec, None, &dir, &mut |r| seen.push(r.module.clone()))?;
     ensure!(report.modules.len() == 14 && seen.len() == 14, "{} modules coded", report.modules.len());
     ensure!(!dir.join("model.safetensors.index.json").exists(), "the stale index is still there");
     ensure!(std::fs::metadata(dir.join(BASE_GGUF))?.len() == std::fs::metadata(&gguf_path)?.len());
@@ -54,10 +54,10 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
 
     // Running again over the same directory replaces the files (the base model is kept).
     let again = QuantizeSpec { bits: 2, layers: Some(1), ..QuantizeSpec::default() };
-    quantize_model(&gguf_path, &again, &dir, &mut |_| {})?;
+    quantize_model(&gguf_path, &again, None, &dir, &mut |_| {})?;
     ensure!(Artifact::open(&dir)?.trellis_modules()?.len() == 3);
     let refused = QuantizeSpec { bits: 5, ..QuantizeSpec::default() };
-    ensure!(quantize_model(&gguf_path, &refused, &dir, &mut |_| {}).is_err());
+    ensure!(quantize_model(&gguf_path, &refused, None, &dir, &mut |_| {}).is_err());
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }

@@ -25,7 +25,9 @@
 //! ```
 
 mod attention;
+pub mod calibrate;
 pub mod chat;
+pub mod coding;
 mod config;
 pub mod eval;
 mod fetch;

@@ -2,9 +2,10 @@
 //! into a trellis artifact that the model runner loads.
 //!
 //! [`quantize_model`] reads each chosen projection of every block dequantized to f32, codes it
-//! with [`code_linear`] (the coded axis chosen by the rule of docs/format.md §10, rotated by default,
-//! padded where neither dimension is a whole number of 256-weight blocks), and writes to the
-//! output directory:
+//! with [`code_projection`] (the coded axis chosen by the rule of docs/format.md §10, rotated by default,
+//! padded where neither dimension is a whole number of 256-weight blocks; unweighted, or
+//! Hessian-weighted by LDLQ against the calibration `H` of its input), and writes to the output
+//! directory:
 //!
 //! - `model.safetensors`: the coded modules under their Hugging Face names
 //!   (`model.layers.N.mlp.gate_proj`, `...self_attn.q_proj`, ...): codes, scales and, where
@@ -32,10 +33,14 @@ use serde_json::Value;
 use crate::dtype::Dtype;
 use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::io::gguf::Gguf;
-use crate::trellis::encoder::{code_linear, EncoderBackend, EncoderConfig, RotationSpec};
-use crate::trellis::format::CodeLayout;
+use crate::trellis::encoder::allocate::{allocate_bits, BitCandidate, TensorOptions};
+use crate::trellis::encoder::{
+    choose_axis, CodedLinear, EncoderBackend, EncoderConfig, LdlqConfig, LdlqOutcome, ProxyError, BLOCK_LEN,
+};
 use crate::trellis::{write_artifact, TrellisLinear};
 
+use super::calibrate::Hessians;
+use super::coding::{code_projection, ProjectionCoding};
 use super::names::{gguf_tensor_name, hf_module, is_mlp, LINEARS};
 
 /// The conventional coded axis of a projection (docs/format.md §10): 0 (along the outputs) for the
@@ -51,10 +56,14 @@ fn conventional_axis(linear: &str) -> u32 {
 /// The name of the copied source model inside the output directory.
 pub const BASE_GGUF: &str = "base.gguf";
 
+/// The bits per weight a budget chooses from, for every coded projection.
+pub const BUDGET_BITS: [u32; 3] = [2, 3, 4];
+
 /// What [`quantize_model`] codes, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizeSpec {
-    /// Bits per weight (2, 3 or 4) of every coded projection without an override.
+    /// Bits per weight (2, 3 or 4) of every coded projection without an override (ignored with
+    /// a [`budget`](Self::budget)).
     pub bits: u32,
     /// Bits per weight of single projections, by Hugging Face module name
     /// (`model.layers.3.mlp.down_proj`); every name must be a coded projection.
@@ -74,10 +83,22 @@ pub struct QuantizeSpec {
     pub threads: Option<usize>,
     /// Where the encoder's block search runs.
     pub backend: EncoderBackend,
+    /// Code every projection Hessian-weighted (LDLQ) against the calibration `H` of its input,
+    /// with these parameters; `None` codes unweighted.
+    pub ldlq: Option<LdlqConfig>,
+    /// With `ldlq`: also code every projection unweighted and report that code's proxy error
+    /// beside the weighted one's (twice the coding work).
+    pub baseline: bool,
+    /// Pick each projection's bits per weight from [`BUDGET_BITS`] so that all coded projections
+    /// together store at most this many bits per weight (codes, scales and rotation signs), by
+    /// [`allocate_bits`] on the measured proxy errors. Needs a calibration `H` of every coded
+    /// projection's input; excludes `bits_overrides`.
+    pub budget: Option<f64>,
 }
 
 impl Default for QuantizeSpec {
-    /// k 4 MLPs, rotated, L 12, seed 0, one thread per core, the search where it runs best.
+    /// k 4 MLPs, rotated, unweighted, L 12, seed 0, one thread per core, the search where it runs
+    /// best.
     fn default() -> QuantizeSpec {
         QuantizeSpec {
             bits: 4,
@@ -89,8 +110,26 @@ impl Default for QuantizeSpec {
             l: 12,
             threads: None,
             backend: EncoderBackend::Auto,
+            ldlq: None,
+            baseline: false,
+            budget: None,
         }
     }
+}
+
+/// One candidate of a budget: a projection coded at `k`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateReport {
+    /// Bits per coded weight.
+    pub k: u32,
+    /// Stored bits (codes, scales, signs) over the logical weights.
+    pub bits_per_weight: f64,
+    /// The proxy error `tr(E H Eᵀ)` and its reference `tr(W H Wᵀ)`.
+    pub proxy: ProxyError,
+    /// The proxy error of the unweighted code at this `k`, where it was coded too.
+    pub baseline_proxy: Option<ProxyError>,
+    /// How LDLQ went at this `k`, where it was asked for and applicable.
+    pub ldlq: Option<LdlqOutcome>,
 }
 
 /// One coded projection, as [`quantize_model`] reports it.
@@ -116,14 +155,28 @@ pub struct ModuleReport {
     pub relative_mse: f64,
     /// Stored bits (codes, scales, signs) over the logical weights.
     pub bits_per_weight: f64,
-    /// Seconds spent coding it.
+    /// The proxy error of the code, where a calibration `H` of its input is known.
+    pub proxy: Option<ProxyError>,
+    /// The proxy error of the unweighted code, where it was coded beside an LDLQ one
+    /// ([`QuantizeSpec::baseline`]).
+    pub baseline_proxy: Option<ProxyError>,
+    /// How LDLQ went, where it was asked for and applicable.
+    pub ldlq: Option<LdlqOutcome>,
+    /// Why the code is not what was asked for (no `H`, padding, LDLQ fallbacks).
+    pub warnings: Vec<String>,
+    /// With a budget: every candidate, by growing `k`; in the final report only.
+    pub candidates: Vec<CandidateReport>,
+    /// True for a budget candidate reported as it is coded (the choice comes later, in the
+    /// final [`QuantizeReport`]).
+    pub candidate: bool,
+    /// Seconds spent coding it (every candidate, with a budget).
     pub seconds: f64,
 }
 
 /// What [`quantize_model`] wrote.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizeReport {
-    /// Every coded projection, in order.
+    /// Every coded projection, in order, as written.
     pub modules: Vec<ModuleReport>,
     /// Stored bits over logical weights of all coded projections together.
     pub bits_per_weight: f64,
@@ -145,20 +198,26 @@ pub fn rotation_seed(module: &str, axis: u32, seed: u64) -> u64 {
     fnv1a(&key) ^ seed
 }
 
-/// Stored bits of a coded layer (codes, f16 scales, f16 signs) over its logical weights.
-fn stored_bits(layer: &TrellisLinear) -> (f64, f64) {
-    let g = layer.geometry();
-    let signs = layer.rotation().map_or(0, |r| r.len());
-    let bits = (g.code_words() * 32 + g.rows * 16 + signs * 16) as f64;
-    (bits, (layer.in_features() * layer.out_features()) as f64)
+/// A projection coded at `k` (`.0`), its code (`.1`) and the code's stored bits (`.2`).
+type CodedAt = (u32, CodedLinear, u64);
+
+/// Stored bits of a coded layer (codes, f16 scales, f16 rotation signs) and its logical weights.
+fn stored_bits(coded: &CodedLinear, shape: [usize; 2]) -> (u64, u64) {
+    let g = &coded.layer.geometry;
+    let signs = coded.coded_axis.rotation.as_ref().map_or(0, |r| r.len());
+    let bits = (g.code_words() * 32 + g.rows * 16 + signs * 16) as u64;
+    (bits, (shape[0] * shape[1]) as u64)
 }
 
 /// Codes the projections of the GGUF model `gguf_path` by `spec` into `out_dir` (see the module
-/// documentation), calling `progress` after each one. The output directory is created if
-/// needed; files other than the ones written (and a stale shard index) are left alone.
+/// documentation), weighting and measuring codes by `hessians` (the calibration of the model's
+/// layer inputs, [`collect_hessians`](super::calibrate::collect_hessians)) where given, calling
+/// `progress` after each projection (each budget candidate) is coded. The output directory is
+/// created if needed; files other than the ones written (and a stale shard index) are left alone.
 pub fn quantize_model(
     gguf_path: impl AsRef<Path>,
     spec: &QuantizeSpec,
+    hessians: Option<&Hessians>,
     out_dir: impl AsRef<Path>,
     progress: &mut dyn FnMut(&ModuleReport),
 ) -> Result<QuantizeReport> {
@@ -166,6 +225,17 @@ pub fn quantize_model(
     check_bits("bits", spec.bits)?;
     for (name, &k) in &spec.bits_overrides {
         check_bits(name, k)?;
+    }
+    if let Some(b) = spec.budget {
+        if !spec.bits_overrides.is_empty() {
+            invalid!("quantize_model: a budget picks every projection's bits; bits overrides are refused with it");
+        }
+        if hessians.is_none() {
+            invalid!("quantize_model: a budget of {b} bits per weight needs the calibration H of the layer inputs (its proxy errors)");
+        }
+    }
+    if spec.ldlq.is_some() && hessians.is_none() {
+        invalid!("quantize_model: LDLQ needs the calibration H of the layer inputs");
     }
     let gguf = Gguf::open(gguf_path)?;
     let arch = gguf.metadata_string("general.architecture")?;
@@ -202,61 +272,159 @@ pub fn quantize_model(
         invalid!("quantize_model: the bits override {name:?} names no coded projection of this model");
     }
 
-    let mut coded = Vec::with_capacity(plan.len());
-    let mut reports = Vec::with_capacity(plan.len());
-    let (mut all_bits, mut all_weights) = (0f64, 0f64);
+    if let Some(budget) = spec.budget {
+        // The cheapest choice, every projection at the smallest k, from the shapes alone: an
+        // impossible budget is refused before anything is coded.
+        let (mut bits, mut weights) = (0u64, 0u64);
+        for (_, tensor, conventional) in &plan {
+            let [out, inf] = gguf.tensor_shape(tensor)?[..] else {
+                invalid!("{tensor} is not a 2-D weight [out, in]");
+            };
+            let choice = choose_axis(out, inf, *conventional, BLOCK_LEN as usize)?;
+            let rows = (out * inf / choice.logical) as u64;
+            let signs = if spec.rotation { choice.logical as u64 } else { 0 };
+            bits += rows * choice.stored as u64 * u64::from(BUDGET_BITS[0]) + 16 * rows + 16 * signs;
+            weights += (out * inf) as u64;
+        }
+        let least = bits as f64 / weights as f64;
+        if budget < least {
+            invalid!("quantize_model: a budget of {budget} bits per weight is below the least these projections store, {least:.4} (all at k {})", BUDGET_BITS[0]);
+        }
+    }
+
+    // Every projection's codes: one per k asked for (the budget's candidates, or its one k).
+    let mut coded: Vec<(ModuleReport, Vec<CodedAt>)> = Vec::with_capacity(plan.len());
     for (i, (module, tensor, conventional)) in plan.iter().enumerate() {
         let start = Instant::now();
-        let k = spec.bits_overrides.get(module).copied().unwrap_or(spec.bits);
-        let layer = (|| {
+        let ks: Vec<u32> = match spec.budget {
+            Some(_) => BUDGET_BITS.to_vec(),
+            None => vec![spec.bits_overrides.get(module).copied().unwrap_or(spec.bits)],
+        };
+        let entry = (|| {
             let w = gguf.dense_f32(tensor)?;
             let [out, inf] = w.try_shape()?[..] else {
                 invalid!("{tensor} has shape {:?}, expected a 2-D weight [out, in]", w.shape());
             };
             let w = w.astype(Dtype::Float32)?.to_vec::<f32>()?;
-            let mut cfg = EncoderConfig {
-                axis: *conventional,
-                threads: spec.threads,
-                backend: spec.backend,
-                ..EncoderConfig::new(k, spec.l)
-            };
-            let choice = crate::trellis::encoder::choose_axis(out, inf, cfg.axis, cfg.t as usize)?;
-            if spec.rotation {
-                cfg.rotation = Some(RotationSpec { seed: rotation_seed(module, choice.axis, spec.seed) });
+            let h = hessians.and_then(|hs| hs.for_module(module));
+            let mut codes = Vec::with_capacity(ks.len());
+            let mut report: Option<ModuleReport> = None;
+            for &k in &ks {
+                let t = Instant::now();
+                let choice = choose_axis(out, inf, *conventional, BLOCK_LEN as usize)?;
+                let coding = ProjectionCoding {
+                    encoder: EncoderConfig {
+                        axis: *conventional,
+                        threads: spec.threads,
+                        backend: spec.backend,
+                        ..EncoderConfig::new(k, spec.l)
+                    },
+                    rotation_seed: spec.rotation.then(|| rotation_seed(module, choice.axis, spec.seed)),
+                    ldlq: spec.ldlq,
+                    baseline: spec.baseline,
+                };
+                let c = code_projection(module, &w, out, inf, h, &coding)?;
+                let (bits, weights) = stored_bits(&c.coded, [out, inf]);
+                let r = ModuleReport {
+                    index: i + 1,
+                    total: plan.len(),
+                    module: module.clone(),
+                    shape: [out, inf],
+                    axis: c.choice.axis,
+                    coded_len: (c.choice.logical, c.choice.stored),
+                    bits: k,
+                    rotation_block: c.coded.coded_axis.rotation.as_ref().map(|r| r.block()),
+                    relative_mse: c.coded.relative_mse(),
+                    bits_per_weight: bits as f64 / weights as f64,
+                    proxy: c.proxy,
+                    baseline_proxy: c.baseline_proxy,
+                    ldlq: c.ldlq,
+                    warnings: c.warnings,
+                    candidates: Vec::new(),
+                    candidate: spec.budget.is_some(),
+                    seconds: t.elapsed().as_secs_f64(),
+                };
+                progress(&r);
+                if spec.budget.is_some() {
+                    let Some(proxy) = r.proxy else {
+                        invalid!(
+                            "{module}: no proxy error at k {k} ({}); a budget needs one for every projection",
+                            r.warnings.join("; ")
+                        );
+                    };
+                    let base = report.get_or_insert_with(|| r.clone());
+                    base.candidates.push(CandidateReport {
+                        k,
+                        bits_per_weight: r.bits_per_weight,
+                        proxy,
+                        baseline_proxy: r.baseline_proxy,
+                        ldlq: r.ldlq,
+                    });
+                    base.warnings
+                        .extend(r.warnings.iter().filter(|w| !base.warnings.contains(w)).cloned().collect::<Vec<_>>());
+                } else {
+                    report = Some(r);
+                }
+                codes.push((k, c.coded, bits));
             }
-            // The 3-bit block interleave is what the axis-0 kernels read fastest.
-            if k == 3 && spec.l == 12 && choice.axis == 0 && choice.stored % 512 == 0 {
-                cfg.layout = CodeLayout::K3Interleaved;
-            }
-            let c = code_linear(&w, out, inf, &cfg, &mut |_, _| {})?;
-            let layer = c.to_linear(module)?;
-            let (bits, weights) = stored_bits(&layer);
-            let report = ModuleReport {
-                index: i + 1,
-                total: plan.len(),
-                module: module.clone(),
-                shape: [out, inf],
-                axis: choice.axis,
-                coded_len: (choice.logical, choice.stored),
-                bits: k,
-                rotation_block: c.coded_axis.rotation.as_ref().map(|r| r.block()),
-                relative_mse: c.relative_mse(),
-                bits_per_weight: bits / weights,
-                seconds: start.elapsed().as_secs_f64(),
-            };
-            Ok((layer, report, bits, weights))
+            let mut report = report.ok_or_else(|| Error::invalid("no k to code"))?;
+            report.seconds = start.elapsed().as_secs_f64();
+            Ok((report, codes))
         })()
         .with_context(|| format!("coding {tensor} of {} as {module}", gguf_path.display()))?;
-        let (layer, report, bits, weights) = layer;
-        all_bits += bits;
-        all_weights += weights;
-        progress(&report);
-        reports.push(report);
-        coded.push((module.clone(), layer));
+        coded.push(entry);
     }
 
-    write_model_dir(gguf_path, out_dir, &coded, hidden, inter)?;
-    Ok(QuantizeReport { modules: reports, bits_per_weight: all_bits / all_weights, out_dir: out_dir.to_path_buf() })
+    // The k of every projection: the one coded, or the budget's choice among the candidates.
+    let chosen: Vec<u32> = match spec.budget {
+        None => coded.iter().map(|(_, codes)| codes[0].0).collect(),
+        Some(budget) => {
+            let tensors: Vec<TensorOptions> = coded
+                .iter()
+                .map(|(r, codes)| TensorOptions {
+                    name: r.module.clone(),
+                    weights: (r.shape[0] * r.shape[1]) as u64,
+                    candidates: codes
+                        .iter()
+                        .zip(&r.candidates)
+                        .map(|((k, _, bits), c)| BitCandidate { k: *k, stored_bits: *bits, error: c.proxy.error })
+                        .collect(),
+                })
+                .collect();
+            allocate_bits(&tensors, budget)?.choices.iter().map(|c| c.k).collect()
+        }
+    };
+
+    let mut layers_out = Vec::with_capacity(coded.len());
+    let mut reports = Vec::with_capacity(coded.len());
+    let (mut all_bits, mut all_weights) = (0u64, 0u64);
+    for ((mut report, codes), k) in coded.into_iter().zip(chosen) {
+        let Some((_, code, bits)) = codes.into_iter().find(|(ck, _, _)| *ck == k) else {
+            invalid!("quantize_model: {}: no code at the chosen k {k}", report.module);
+        };
+        let weights = (report.shape[0] * report.shape[1]) as u64;
+        if let Some(c) = report.candidates.iter().find(|c| c.k == k) {
+            (report.proxy, report.baseline_proxy, report.ldlq) = (Some(c.proxy), c.baseline_proxy, c.ldlq);
+        }
+        report.bits = k;
+        report.bits_per_weight = bits as f64 / weights as f64;
+        report.candidate = false;
+        all_bits += bits;
+        all_weights += weights;
+        let layer = code.to_linear(&report.module)?;
+        if spec.budget.is_some() {
+            report.relative_mse = code.relative_mse();
+        }
+        layers_out.push((report.module.clone(), layer));
+        reports.push(report);
+    }
+
+    write_model_dir(gguf_path, out_dir, &layers_out, hidden, inter)?;
+    Ok(QuantizeReport {
+        modules: reports,
+        bits_per_weight: all_bits as f64 / all_weights as f64,
+        out_dir: out_dir.to_path_buf(),
+    })
 }
 
 fn check_bits(what: &str, k: u32) -> Result<()> {

@@ -1,0 +1,207 @@
+//! One projection coded as whole-model quantization codes it: on the axis the rule of docs/format.md §10
+//! picks, rotated on that axis, and either unweighted or Hessian-weighted (LDLQ) against the
+//! second moment of the layer's input; with the proxy error `tr(E H Eᵀ)` of the code wherever an
+//! `H` is known.
+//!
+//! # Bases
+//!
+//! The rotation `Q` acts on the coded axis. Coded along the inputs (axis 1, `W' = W Q`), the
+//! inputs the layer sees are `x Q`, so the code is weighted by `Qᵀ H Q`
+//! ([`rotate_hessian`](super::calibrate::rotate_hessian)). Coded along the outputs (axis 0,
+//! `W' = Qᵀ W`), the input axis is untouched and `H` is used as collected. The proxy error is
+//! the same in either basis (`E' H' E'ᵀ = E H Eᵀ`), so it is computed in the coded one.
+//!
+//! # Padding
+//!
+//! A coded axis that is not whole blocks is zero-padded and coded with the padding free
+//! ([`encode_padded`]). The Hessian-weighted encoder codes whole blocks only: a padded projection
+//! is coded unweighted, with a warning, even where LDLQ is asked for (SmolLM2's MLP projections
+//! are not padded; its attention projections are).
+
+use crate::error::{invalid, Result};
+use crate::trellis::encoder::{
+    choose_axis, encode_linear_ldlq, encode_padded, proxy_error, stored_from_linear, AxisChoice, CodedLinear,
+    EncoderConfig, LdlqConfig, LdlqOutcome, ProxyError,
+};
+use crate::trellis::format::CodeLayout;
+use crate::trellis::rotation::{CodedAxis, Rotation};
+
+use super::calibrate::{rotate_hessian, Hessian};
+
+/// How [`code_projection`] codes one projection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProjectionCoding {
+    /// The encoder's parameters (`k`, `L`, threads, back-end); its `axis` is the conventional
+    /// axis of the projection, its `rotation` and `layout` are ignored (set from the fields
+    /// below and the chosen axis).
+    pub encoder: EncoderConfig,
+    /// The seed of the coded axis' rotation; `None` codes the weights unrotated.
+    pub rotation_seed: Option<u64>,
+    /// Hessian-weighted coding with these parameters; `None` codes unweighted.
+    pub ldlq: Option<LdlqConfig>,
+    /// With `ldlq`: also code unweighted, to report that code's proxy error beside the weighted
+    /// one (doubles the work).
+    pub baseline: bool,
+}
+
+/// A coded projection and what is known of its error.
+#[derive(Debug, Clone)]
+pub struct ProjectionCode {
+    /// The code, its coded axis and its weight error.
+    pub coded: CodedLinear,
+    /// The chosen axis.
+    pub choice: AxisChoice,
+    /// The proxy error of the code (`None` without a usable `H`).
+    pub proxy: Option<ProxyError>,
+    /// The proxy error of the unweighted code when it was coded too (see
+    /// [`ProjectionCoding::baseline`]).
+    pub baseline_proxy: Option<ProxyError>,
+    /// How the LDLQ coding went (`None` where it was not asked for or not applicable).
+    pub ldlq: Option<LdlqOutcome>,
+    /// Why the code is not what was asked for (no `H`, a padded axis, LDLQ fallbacks), in order.
+    pub warnings: Vec<String>,
+}
+
+/// Codes the dense `w` `[out_features, in_features]` (row-major) of projection `module` as
+/// `coding` says, weighted by (and measured against) `hessian`, the second moment of its input in
+/// the dense weights' basis (see the [module](self) docs). Errors on invalid arguments only; a
+/// missing, mis-sized or unusable `H` codes unweighted with a warning.
+pub fn code_projection(
+    module: &str,
+    w: &[f32],
+    out_features: usize,
+    in_features: usize,
+    hessian: Option<&Hessian>,
+    coding: &ProjectionCoding,
+) -> Result<ProjectionCode> {
+    let cfg = &coding.encoder;
+    let choice = choose_axis(out_features, in_features, cfg.axis, cfg.t as usize)?;
+    let mut encoder = EncoderConfig { axis: choice.axis, rotation: None, ..*cfg };
+    // The 3-bit block interleave is what the axis-0 kernels read fastest.
+    encoder.layout = if cfg.k == 3 && cfg.l == 12 && choice.axis == 0 && choice.stored % 512 == 0 {
+        CodeLayout::K3Interleaved
+    } else {
+        CodeLayout::RowMajor
+    };
+    let mut warnings = Vec::new();
+
+    let (mut stored, rows, n) = stored_from_linear(w, out_features, in_features, choice.axis)?;
+    let original = stored.clone();
+    let rotation = coding.rotation_seed.map(|seed| Rotation::seeded(n, seed)).transpose()?;
+    if let Some(r) = &rotation {
+        r.rotate_rows(&mut stored)?;
+    }
+    // The weights in the coded basis, as a linear [out, in] again.
+    let rotated_linear = match choice.axis {
+        1 => stored.clone(),
+        _ => {
+            let mut t = vec![0f32; stored.len()];
+            for (i, row) in stored.chunks_exact(n).enumerate() {
+                for (o, &v) in row.iter().enumerate() {
+                    t[o * in_features + i] = v;
+                }
+            }
+            t
+        }
+    };
+    let h = match hessian {
+        None => {
+            warnings.push(format!("{module}: no calibration H for its input; coded unweighted, no proxy error"));
+            None
+        }
+        Some(h) if h.n != in_features || h.data.len() != in_features * in_features => {
+            warnings.push(format!(
+                "{module}: the calibration H is [{0}, {0}], the layer has {in_features} inputs; coded unweighted",
+                h.n
+            ));
+            None
+        }
+        Some(h) => match (&rotation, choice.axis) {
+            (Some(r), 1) => Some(rotate_hessian(&h.data, r)?),
+            _ => Some(h.data.clone()),
+        },
+    };
+    let proxy_of = |reconstruction: &[f32]| -> Result<Option<ProxyError>> {
+        match &h {
+            Some(h) => Ok(Some(proxy_error(
+                &rotated_linear,
+                reconstruction,
+                out_features,
+                in_features,
+                choice.axis,
+                h,
+                cfg.threads,
+            )?)),
+            None => Ok(None),
+        }
+    };
+    let padded = choice.logical != choice.stored;
+    let weighted = match (&coding.ldlq, &h) {
+        (Some(_), Some(_)) if padded => {
+            warnings.push(format!(
+                "{module}: its coded axis of {} is padded to {}; LDLQ codes whole blocks only, coded unweighted",
+                choice.logical, choice.stored
+            ));
+            None
+        }
+        (Some(ldlq), Some(h)) => {
+            Some(encode_linear_ldlq(&rotated_linear, out_features, in_features, Some(h), &encoder, ldlq)?)
+        }
+        _ => None,
+    };
+    let unweighted_needed = weighted.is_none() || coding.baseline;
+    let unweighted = if unweighted_needed {
+        let e = encode_padded(&stored, rows, n, &encoder, &mut |_, _| {})?;
+        let cols = e.layer.geometry.cols;
+        let logical: Vec<f32> = e.reconstruction.chunks_exact(cols).flat_map(|r| r[..n].iter().copied()).collect();
+        let proxy = proxy_of(&logical)?;
+        Some((e, logical, proxy))
+    } else {
+        None
+    };
+    let (layer, reconstruction, proxy, baseline_proxy, outcome) = match (weighted, unweighted) {
+        (Some(wt), base) => {
+            warnings.extend(wt.warnings.iter().map(|w| format!("{module}: {w}")));
+            let baseline = base.and_then(|(_, _, p)| p);
+            (wt.encoded.layer, wt.encoded.reconstruction, wt.proxy, baseline, Some(wt.outcome))
+        }
+        (None, Some((e, logical, proxy))) => (e.layer, logical, proxy, None, None),
+        (None, None) => invalid!("code_projection: {module}: nothing was coded"),
+    };
+    let (mse, mean_square) = logical_error(&reconstruction, &original, n, rotation.as_ref())?;
+    let zero_rows = original.chunks_exact(n).filter(|row| row.iter().all(|&v| v == 0.0)).count();
+    Ok(ProjectionCode {
+        coded: CodedLinear { layer, coded_axis: CodedAxis { rotation, logical: n }, mse, mean_square, zero_rows },
+        choice,
+        proxy,
+        baseline_proxy,
+        ldlq: outcome,
+        warnings,
+    })
+}
+
+/// The mean squared error of the decoded logical columns `reconstruction` (`[rows, n]`, coded
+/// basis), rotated back in f64, against the stored weights `original` (`[rows, n]`, dense basis),
+/// and the mean of `original²`.
+fn logical_error(
+    reconstruction: &[f32],
+    original: &[f32],
+    n: usize,
+    rotation: Option<&Rotation>,
+) -> Result<(f64, f64)> {
+    if reconstruction.len() != original.len() || n == 0 {
+        invalid!("code_projection: {} reconstructed values for {} weights", reconstruction.len(), original.len());
+    }
+    let mut sq = 0f64;
+    let mut row = vec![0f64; n];
+    for (dec, orig) in reconstruction.chunks_exact(n).zip(original.chunks_exact(n)) {
+        row.iter_mut().zip(dec).for_each(|(r, &d)| *r = f64::from(d));
+        if let Some(r) = rotation {
+            r.inverse_f64(&mut row)?;
+        }
+        sq += row.iter().zip(orig).map(|(&d, &o)| (d - f64::from(o)).powi(2)).sum::<f64>();
+    }
+    let count = original.len() as f64;
+    let mean_square = original.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / count;
+    Ok((sq / count, mean_square))
+}
