@@ -328,6 +328,8 @@ impl Gguf {
         if !matches!(kind, MetadataKind::Number(_)) {
             return Err(self.wrong_kind(key, kind, "one number"));
         }
+        // MLX's GPU back-ends have no float64: convert this one number on the CPU stream.
+        let _cpu = crate::device::Stream::cpu()?.enter();
         let value = self.metadata_array(key)?.astype(Dtype::Float64)?.to_vec::<f64>()?;
         match value.as_slice() {
             [v] => Ok(*v),
