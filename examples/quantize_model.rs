@@ -211,18 +211,19 @@ fn calibration(args: &Args, model: &PathBuf, spec: &QuantizeSpec) -> Result<Opti
         args.calib_tokens,
         cal.window
     );
+    mlx_trellis::reset_peak_memory()?;
     let h = calibrate_gguf(model, &texts, args.calib_tokens, &cal, &mut |done, all| {
         eprintln!("[quantize_model] calibration window {done}/{all}");
     })?;
-    let active = mlx_trellis::active_memory().unwrap_or(0);
+    let peak = mlx_trellis::peak_memory()?;
     eprintln!(
-        "[quantize_model] calibration: {} inputs over {} tokens in {} windows, {:.1} s; H on the host {:.0} MiB (f64), MLX active memory {:.0} MiB",
+        "[quantize_model] calibration: {} inputs over {} tokens in {} windows, {:.1} s; H on the host {:.0} MiB (f64), MLX peak memory {:.0} MiB (model and activations)",
         h.by_input.len(),
         h.tokens,
         h.windows,
         h.seconds,
         h.bytes() as f64 / (1 << 20) as f64,
-        active as f64 / (1 << 20) as f64
+        peak as f64 / (1 << 20) as f64
     );
     if let Some(path) = &args.save_hessians {
         h.save(path).with_context(|| format!("writing the calibration {}", path.display()))?;
@@ -230,7 +231,7 @@ fn calibration(args: &Args, model: &PathBuf, spec: &QuantizeSpec) -> Result<Opti
     }
     let info = json!({ "texts": texts.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
         "tokens": h.tokens, "windows": h.windows, "window": cal.window, "seconds": h.seconds,
-        "inputs": h.by_input.len(), "host_bytes": h.bytes(), "mlx_active_bytes": active });
+        "inputs": h.by_input.len(), "host_bytes": h.bytes(), "mlx_peak_bytes": peak });
     Ok(Some((h, info)))
 }
 

@@ -273,6 +273,22 @@ pub fn active_memory() -> Result<usize> {
     Ok(bytes)
 }
 
+/// The most bytes of device memory MLX has held for live arrays since the process started or
+/// the last [`reset_peak_memory`].
+pub fn peak_memory() -> Result<usize> {
+    let mut bytes = 0usize;
+    // SAFETY: `bytes` is a valid out-pointer.
+    call(|| unsafe { sys::mlx_get_peak_memory(&mut bytes) })?;
+    Ok(bytes)
+}
+
+/// Starts [`peak_memory`] again from the memory held now.
+pub fn reset_peak_memory() -> Result<()> {
+    // SAFETY: no preconditions.
+    call(|| unsafe { sys::mlx_reset_peak_memory() })?;
+    Ok(())
+}
+
 /// Waits until everything queued on this thread's default stream has run, and then frees MLX's
 /// cache of released buffers. A program that ran MLX work ends through
 /// [`exit_process`](crate::exit_process), which calls this first: on MLX's CUDA back-end,

@@ -71,7 +71,8 @@ pub mod trellis;
 
 pub use array::{MlxArray, SharedArray};
 pub use device::{
-    active_memory, backend, clear_cache, seed, synchronize, Backend, Device, DeviceType, Stream, StreamScope,
+    active_memory, backend, clear_cache, peak_memory, reset_peak_memory, seed, synchronize, Backend, Device,
+    DeviceType, Stream, StreamScope,
 };
 pub use dtype::{Dtype, Element};
 pub use error::{Error, ErrorKind, Result};

@@ -281,10 +281,18 @@ pub fn quantize_model(
                 invalid!("{tensor} is not a 2-D weight [out, in]");
             };
             let choice = choose_axis(out, inf, *conventional, BLOCK_LEN as usize)?;
-            let rows = (out * inf / choice.logical) as u64;
+            // The stored rows are the other dimension; the sizes come from a validated header.
+            let rows = if choice.axis == 0 { inf } else { out } as u64;
             let signs = if spec.rotation { choice.logical as u64 } else { 0 };
-            bits += rows * choice.stored as u64 * u64::from(BUDGET_BITS[0]) + 16 * rows + 16 * signs;
-            weights += (out * inf) as u64;
+            let tensor_bits = rows
+                .checked_mul(choice.stored as u64 * u64::from(BUDGET_BITS[0]))
+                .and_then(|b| b.checked_add(16 * rows + 16 * signs))
+                .and_then(|b| b.checked_add(bits));
+            let tensor_weights = (out as u64).checked_mul(inf as u64).and_then(|w| w.checked_add(weights));
+            let (Some(b), Some(w)) = (tensor_bits, tensor_weights) else {
+                invalid!("quantize_model: {tensor}: [{out}, {inf}] overflows a count of bits");
+            };
+            (bits, weights) = (b, w);
         }
         let least = bits as f64 / weights as f64;
         if budget < least {
