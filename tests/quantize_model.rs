@@ -46,6 +46,8 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     ensure!((q.in_features(), q.out_features(), q.geometry().cols) == (576, 192, 768));
 
     let model = LlamaModel::from_artifact(&dir, Dtype::Float32)?;
+    // The attention's projections are replaced too, beside the wholly coded MLPs.
+    ensure!(model.replaced_modules().len() == 14, "{:?} replaced", model.replaced_modules());
     let tokenizer = LlamaTokenizer::from_gguf(&Gguf::open(&gguf_path)?)?;
     let prompt = tokenizer.encode("The capital of France is")?;
     let out = generate(&model, &prompt, 2, &mut Sampler::new(Sampling::Greedy)?, &[], &mut |_| Ok(()))?;

@@ -17,7 +17,7 @@ use super::attention::{Attention, LayerCache};
 use super::config::LlamaConfig;
 use super::linear::Linear;
 use super::mlp::Mlp;
-use super::names::{gguf_tensor_name, hf_module, LINEARS};
+use super::names::{gguf_tensor_name, hf_module, is_mlp, LINEARS};
 
 /// How one linear layer is loaded from the GGUF file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,16 +252,17 @@ impl LlamaModel {
         }
         for (i, block) in self.blocks.iter_mut().enumerate() {
             let mlp_names = ["mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"].map(|l| hf_module(i, l));
-            if mlp_names.iter().all(|n| coded.contains(n)) {
+            let whole_mlp = mlp_names.iter().all(|n| coded.contains(n));
+            if whole_mlp {
                 let mlp = TrellisMlp::from_artifact(artifact, &format!("model.layers.{i}.mlp"))?;
                 block.mlp = Mlp::Trellis(mlp);
                 check_mlp(&block.mlp, &self.config).with_context(|| format!("block {i}"))?;
                 self.replaced.extend(mlp_names);
-                continue;
             }
             for linear in LINEARS {
                 let hf = hf_module(i, linear);
-                if !coded.contains(&hf) {
+                // A wholly coded MLP is in place already; the attention's projections are not.
+                if !coded.contains(&hf) || (whole_mlp && is_mlp(linear)) {
                     continue;
                 }
                 let layer = Linear::Trellis(artifact.module(&hf)?);
