@@ -65,16 +65,14 @@ impl Report {
 /// (relErr = max|a-b| / max|b|). Exit status: 0 every check passed, 1 a relErr of 1e-2 or more or
 /// a non-finite output, 2 an error (including a back-end other than CUDA).
 #[derive(Parser)]
-#[command(
-    after_help = "Examples:
+#[command(after_help = "Examples:
   cargo build --release --features tuning --example bench_down
   target/release/examples/bench_down --rows 1,8,64 --json out.json
   target/release/examples/bench_down --sweep --rows 16      # time kernel configurations instead
   target/release/examples/bench_down --sweep --configs \"nc8 mt1 ks1 w4 s52 fold pack; nc2 mt3 ks4 w8 s13\"
   target/release/examples/bench_down --paths                # the fused kernel against the dense path
   target/release/examples/bench_down --probe --rows 1       # where one queued call's time goes
-  target/release/examples/bench_down --folds --splits 13,32 # MLX's fold of partials in candidate layouts"
-)]
+  target/release/examples/bench_down --folds --splits 13,32 # MLX's fold of partials in candidate layouts")]
 struct Args {
     #[command(flatten)]
     rows: cli::BenchRows,

@@ -50,15 +50,13 @@ const LAYERS: usize = 8;
 /// layer) and timed beside the unsharded chain. Exit status: 0 every check passed, 1 a check
 /// missed its gate, 2 an error (including a back-end other than CUDA for the single-process run).
 #[derive(Parser)]
-#[command(
-    after_help = "Examples:
+#[command(after_help = "Examples:
   cargo build --release --features tuning --example bench_mlp
   target/release/examples/bench_mlp --bits 3 --evals 8 --rounds 2 --json out.json
   target/release/examples/bench_mlp --plot out.json docs/bench_mlp_h200.svg     # the plot of a JSON table
   target/release/examples/bench_mlp --tp 1 --backend nccl                       # one GPU: the sharded path's overhead
   target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
-  target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3"
-)]
+  target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3")]
 struct Cli {
     #[command(flatten)]
     rows: cli::BenchRows,

@@ -22,7 +22,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use mlx_trellis::llama::eval::{log_probs, score_window, WindowScore};
 use mlx_trellis::llama::{fetch_smollm2, LayerPlan, LlamaModel, LlamaTokenizer};
+
+#[path = "common/variants.rs"]
+mod variants;
 use mlx_trellis::{eval_all, Dtype, Gguf};
+use variants::{load, parse_spec};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum ActDtype {
@@ -32,15 +36,8 @@ enum ActDtype {
 
 /// Perplexity and KL against the as-shipped model for variants of a Llama model's linear layers.
 #[derive(Parser, Debug)]
-#[command(after_help = "Variants (repeat --variant):\n  \
-shipped                  every layer as the GGUF ships it\n  \
-affine:BITS:GROUP        the MLP projections re-quantized by MLX (e.g. affine:4:64)\n  \
-affine-all:BITS:GROUP    every linear layer re-quantized by MLX\n  \
-dir:PATH[:LABEL]         a quantized model directory (trellis-coded modules over its base GGUF)\n\
-The plot groups variants into lines by family: the label up to its last space \
-(\"trellis rotated k4\" -> \"trellis rotated\").\n\n\
-Example:\n  cargo run --release --example eval_model -- --variant shipped --variant affine:4:64 \
---variant affine:3:64 --json eval.json --plot eval.svg")]
+#[command(after_help = format!("{}\n\nExample:\n  cargo run --release --example eval_model -- --variant shipped \
+--variant affine:4:64 --variant affine:3:64 --json eval.json --plot eval.svg", variants::VARIANTS_HELP))]
 struct Args {
     /// The base GGUF file (default: SmolLM2-135M-Instruct, fetched and cached).
     #[arg(long)]
@@ -71,27 +68,6 @@ struct Args {
     markdown: Option<PathBuf>,
 }
 
-/// Splits `SPEC|label=TEXT|family=TEXT` into the spec and its label and family overrides.
-fn split_overrides(text: &str) -> Result<(&str, Option<String>, Option<String>)> {
-    let mut parts = text.split('|');
-    let spec = parts.next().unwrap_or_default();
-    let (mut label, mut family) = (None, None);
-    for part in parts {
-        match part.split_once('=') {
-            Some(("label", v)) if !v.is_empty() && label.is_none() => label = Some(v.to_string()),
-            Some(("family", v)) if !v.is_empty() && family.is_none() => family = Some(v.to_string()),
-            _ => bail!("{text:?}: {part:?} is not label=TEXT or family=TEXT (each at most once, not empty)"),
-        }
-    }
-    Ok((spec, label, family))
-}
-
-enum Spec {
-    Shipped,
-    Plan(LayerPlan, &'static str),
-    Dir(PathBuf),
-}
-
 struct Variant {
     label: String,
     family: String,
@@ -101,65 +77,6 @@ struct Variant {
     load_seconds: f64,
     score: WindowScore,
     forward_seconds: f64,
-}
-
-fn parse_spec(text: &str, dtype: Dtype) -> Result<(Spec, String, String)> {
-    let (spec, label, family) = split_overrides(text)?;
-    let (parsed, default_label, default_family) = parse_plain_spec(spec, dtype)?;
-    let family = match (family, &label) {
-        (Some(f), _) => f,
-        (None, Some(l)) => l.rsplit_once(' ').map_or(l.as_str(), |(f, _)| f).to_string(),
-        (None, None) => default_family,
-    };
-    Ok((parsed, label.unwrap_or(default_label), family))
-}
-
-fn parse_plain_spec(spec: &str, dtype: Dtype) -> Result<(Spec, String, String)> {
-    let bits_group = |rest: &str| -> Result<(i32, i32)> {
-        let (b, g) = rest.split_once(':').with_context(|| format!("{spec:?}: expected BITS:GROUP"))?;
-        Ok((
-            b.parse().with_context(|| format!("{spec:?}: bits"))?,
-            g.parse().with_context(|| format!("{spec:?}: group"))?,
-        ))
-    };
-    if spec == "shipped" {
-        return Ok((Spec::Shipped, "as shipped".into(), "as shipped".into()));
-    }
-    if let Some(rest) = spec.strip_prefix("affine-all:") {
-        let (bits, group) = bits_group(rest)?;
-        let plan = LayerPlan { dtype, ..LayerPlan::all_affine(bits, group) };
-        return Ok((Spec::Plan(plan, "all"), format!("affine-all g{group} {bits}"), format!("affine-all g{group}")));
-    }
-    if let Some(rest) = spec.strip_prefix("affine:") {
-        let (bits, group) = bits_group(rest)?;
-        let plan = LayerPlan { dtype, ..LayerPlan::mlp_affine(bits, group) };
-        return Ok((Spec::Plan(plan, "MLP"), format!("affine g{group} {bits}"), format!("affine g{group}")));
-    }
-    if let Some(rest) = spec.strip_prefix("dir:") {
-        let (path, label) = match rest.split_once(':') {
-            Some((p, l)) => (PathBuf::from(p), l.to_string()),
-            None => {
-                let p = PathBuf::from(rest);
-                let name = p.file_name().map_or_else(|| rest.to_string(), |n| n.to_string_lossy().into_owned());
-                (p, name)
-            }
-        };
-        let family = label.rsplit_once(' ').map_or(label.as_str(), |(f, _)| f).to_string();
-        return Ok((Spec::Dir(path), label, family));
-    }
-    bail!("unknown variant {spec:?} (shipped, affine:BITS:GROUP, affine-all:BITS:GROUP, dir:PATH[:LABEL])")
-}
-
-fn load(spec: &Spec, base: &PathBuf, dtype: Dtype) -> Result<(Option<LlamaModel>, String)> {
-    Ok(match spec {
-        Spec::Shipped => (None, "none".into()),
-        Spec::Plan(plan, layers) => (Some(LlamaModel::from_gguf(base, plan)?), (*layers).into()),
-        Spec::Dir(dir) => {
-            let m = LlamaModel::from_artifact(dir, dtype)?;
-            let n = m.replaced_modules().len();
-            (Some(m), format!("{n} coded"))
-        }
-    })
 }
 
 fn run(args: Args) -> Result<()> {

@@ -47,14 +47,12 @@ const OUT_FEATURES: usize = 5120;
 /// 1e-2 for bf16, 1e-4 for f32) and prints a table. Exit status: 0 every check passed, 1 a result
 /// missed its gate, 2 an error.
 #[derive(Parser)]
-#[command(
-    after_help = "Examples:
+#[command(after_help = "Examples:
   cargo run --release --example qwen_down
   cargo run --release --example qwen_down -- --path generic --rows 1,4 --bits 3
   cargo run --release --example qwen_down -- --weights DIR --module model.layers.0.mlp.down_proj
   cargo run --release --example qwen_down -- --weights DIR --module NAME --x x.safetensors --out y.safetensors
-  cargo run --release --example qwen_down -- --weights DIR --mlp model.layers.0.mlp --x x.safetensors --out y.safetensors"
-)]
+  cargo run --release --example qwen_down -- --weights DIR --mlp model.layers.0.mlp --x x.safetensors --out y.safetensors")]
 struct Options {
     /// A model directory (config.json and safetensors) to run a coded module or MLP from; goes
     /// with --module or --mlp
@@ -130,8 +128,16 @@ fn layers(o: &Options) -> Result<Vec<TrellisLinear>> {
         .into_iter()
         .map(|(k, layout)| {
             step(&format!("building a synthetic {IN_FEATURES} -> {OUT_FEATURES} layer, k = {k}, {layout:?}"), || {
-                let h =
-                    synthetic_layer(IN_FEATURES, OUT_FEATURES, k, 12, 0, layout, 0.015, o.seed.seed.wrapping_add(k as u64))?;
+                let h = synthetic_layer(
+                    IN_FEATURES,
+                    OUT_FEATURES,
+                    k,
+                    12,
+                    0,
+                    layout,
+                    0.015,
+                    o.seed.seed.wrapping_add(k as u64),
+                )?;
                 TrellisLinear::from_host(&format!("synthetic.k{k}.down_proj"), &h)
             })
         })

@@ -214,7 +214,9 @@ fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
         }
         let gate = bf16_tp_gate(n);
         if worst >= gate {
-            let miss = format!("the sharded layer 0 missed its bf16 gate {gate:.1e} against the unsharded one: relErr {worst:.3e}");
+            let miss = format!(
+                "the sharded layer 0 missed its bf16 gate {gate:.1e} against the unsharded one: relErr {worst:.3e}"
+            );
             return Err(super::exit::GateMissed(miss).into());
         }
     }

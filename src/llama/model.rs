@@ -353,6 +353,16 @@ impl LlamaModel {
         (weights > 0).then(|| bits as f64 / weights as f64)
     }
 
+    /// The MLP half of block `block` on the residual stream `x` (`[.., hidden]` in the model's
+    /// dtype): `x + mlp(rms_norm(x))`, as [`forward`](Self::forward) computes it. A benchmark
+    /// chains the blocks' MLPs through it to time them the way the model runs them.
+    pub fn mlp_residual(&self, block: usize, x: &MlxArray) -> Result<MlxArray> {
+        let Some(b) = self.blocks.get(block) else {
+            invalid!("block {block} of a model of {} blocks", self.blocks.len());
+        };
+        x.add(&b.mlp.forward(&rms_norm(x, &b.ffn_norm, self.config.rms_eps)?)?)
+    }
+
     /// The logits (`[L, vocab]`, float32) of `tokens` following what `cache` holds; the tokens'
     /// keys and values are appended to `cache`.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<MlxArray> {

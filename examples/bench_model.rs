@@ -1,0 +1,333 @@
+//! How fast a Llama model's variants run: decoding tokens/s, and the time of one MLP layer in the
+//! model's own chain of MLPs, every variant loaded side by side and measured in the same run.
+//!
+//! - **Decode**: per round, a fresh cache takes the prompt (untimed), `--warmup` one-token steps
+//!   (untimed; the first round's compile every kernel the variant runs), then `--tokens` timed
+//!   one-token steps. Every variant is fed the same fixed tokens (the prompt's, cycled), so its
+//!   own predictions never change what it computes; each step waits for its logits' argmax on
+//!   the host, as a sampler does. Reported: median tokens/s over the rounds.
+//! - **MLP chain**: `x <- x + mlp_b(rms_norm(x))` over the model's blocks `b` in order (each
+//!   block's weights distinct, as the model runs them), `--chains` passes queued per evaluation,
+//!   for each row count M of `--rows`. Timed from building the graph to its result, so the host's
+//!   per-call cost counts as it does in a model. Reported: median µs per MLP layer.
+//!
+//! Rounds visit the variants in turn, so a drift in clocks or temperature hits them alike. Ratios
+//! are against the first `dense` variant (else the first variant): above 1 is faster.
+//! Speed is only half a claim: measure the same variants' quality with `eval_model`.
+//!
+//! ```text
+//! cargo run --release --example bench_model -- --variant dense --variant affine:4:64 \
+//!     --variant dir:/models/smollm2-ldlq-k3:trellis k3 --json speed.json --plot speed.svg
+//! ```
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, ValueEnum};
+use mlx_trellis::llama::{fetch_smollm2, LayerPlan, LlamaModel, LlamaTokenizer};
+use mlx_trellis::nn::select::argmax;
+use mlx_trellis::{eval_all, Dtype, Gguf, MlxArray};
+
+#[path = "common/cli.rs"]
+mod cli;
+#[path = "common/exit.rs"]
+mod exit;
+#[path = "common/variants.rs"]
+mod variants;
+
+use variants::{load, parse_spec, Spec};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ActDtype {
+    F32,
+    Bf16,
+}
+
+/// Decoding speed and MLP-layer time of variants of a Llama model, in one run.
+#[derive(Parser, Debug)]
+#[command(after_help = format!("{}\n\nExample:\n  cargo run --release --example bench_model -- --variant dense \
+--variant affine:4:64 --variant 'dir:/tmp/smollm2-k3|label=trellis k3' --json speed.json --plot speed.svg",
+    variants::VARIANTS_HELP))]
+struct Args {
+    /// The base GGUF file (default: SmolLM2-135M-Instruct, fetched and cached).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// A variant to measure (repeatable; see below). Default: dense and shipped.
+    #[arg(long = "variant")]
+    variants: Vec<String>,
+    /// Activation dtype.
+    #[arg(long, value_enum, default_value_t = ActDtype::Bf16)]
+    dtype: ActDtype,
+    /// The prompt whose tokens (cycled) feed the decode steps.
+    #[arg(long, default_value = "The capital of France is Paris. The capital of Italy is Rome.")]
+    prompt: String,
+    /// Untimed one-token steps before each round's timed ones.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    warmup: usize,
+    /// Timed one-token steps per round (0: no decode measurement).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    tokens: usize,
+    /// Rounds (each variant measured once per round); medians are reported.
+    #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 5)]
+    rounds: usize,
+    /// Row counts M of the MLP chain, comma-separated (empty: no MLP measurement).
+    #[arg(long, value_name = "M,...", value_delimiter = ',', value_parser = cli::positive,
+          default_value = "1,8,32,128")]
+    rows: Vec<usize>,
+    /// Passes over the model's MLPs queued per evaluation of the MLP chain.
+    #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 4)]
+    chains: usize,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Also plot µs per MLP layer against M as SVG, one line per variant.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Also write the Markdown table to this file.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+}
+
+struct Variant {
+    label: String,
+    model: LlamaModel,
+    bits_per_weight: Option<f64>,
+    /// Tokens/s of each round.
+    decode: Vec<f64>,
+    /// Per row count: µs per MLP layer of each round.
+    mlp: Vec<Vec<f64>>,
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// Tokens/s of `tokens` timed one-token steps after the prompt and `warmup` untimed steps.
+fn decode_round(model: &LlamaModel, feed: &[u32], prompt: usize, warmup: usize, tokens: usize) -> Result<f64> {
+    let mut cache = model.new_cache();
+    let step = |tokens: &[u32], cache: &mut _| -> Result<()> {
+        let logits = model.forward(tokens, cache)?;
+        // The host waits for the next token, as sampling does.
+        argmax(&logits, -1, false)?.eval()?;
+        Ok(())
+    };
+    step(&feed[..prompt], &mut cache)?;
+    let mut next = feed[prompt..].iter().chain(feed.iter()).cycle();
+    for _ in 0..warmup {
+        step(&[*next.next().context("no tokens")?], &mut cache)?;
+    }
+    let t = Instant::now();
+    for _ in 0..tokens {
+        step(&[*next.next().context("no tokens")?], &mut cache)?;
+    }
+    Ok(tokens as f64 / t.elapsed().as_secs_f64())
+}
+
+/// µs per MLP layer of `chains` passes over the model's MLPs on `x`, graph building included.
+fn mlp_round(model: &LlamaModel, x: &MlxArray, chains: usize) -> Result<f64> {
+    let blocks = model.config().layers;
+    let t = Instant::now();
+    let mut y = x.clone();
+    for _ in 0..chains {
+        for b in 0..blocks {
+            y = model.mlp_residual(b, &y)?;
+        }
+    }
+    eval_all(&[&y])?;
+    Ok(t.elapsed().as_secs_f64() * 1e6 / (chains * blocks) as f64)
+}
+
+fn run(args: Args) -> Result<bool> {
+    let dtype = match args.dtype {
+        ActDtype::F32 => Dtype::Float32,
+        ActDtype::Bf16 => Dtype::Bfloat16,
+    };
+    let base = match &args.model {
+        Some(p) => p.clone(),
+        None => fetch_smollm2()?,
+    };
+    let tokenizer = LlamaTokenizer::from_gguf(&Gguf::open(&base)?)?;
+    let feed = tokenizer.encode(&args.prompt)?;
+    if feed.len() < 2 {
+        bail!("--prompt {:?} has {} tokens; it needs at least 2", args.prompt, feed.len());
+    }
+    let prompt = feed.len() / 2;
+
+    let specs = if args.variants.is_empty() { vec!["dense".into(), "shipped".into()] } else { args.variants.clone() };
+    let mut variants = Vec::new();
+    for s in &specs {
+        let (spec, label, _) = parse_spec(s, dtype)?;
+        let t = Instant::now();
+        let model = match load(&spec, &base, dtype).with_context(|| format!("loading variant {s:?}"))? {
+            (Some(m), _) => m,
+            (None, _) => LlamaModel::from_gguf(&base, &LayerPlan { dtype, ..LayerPlan::shipped() })?,
+        };
+        let replaced = model.replaced_modules();
+        let bits_per_weight = if replaced.is_empty() || matches!(spec, Spec::Plan(..)) {
+            model.bits_per_weight(|n| n.contains(".mlp."))
+        } else {
+            model.bits_per_weight(|n| replaced.contains(n))
+        };
+        let needed = feed.len() + args.warmup + args.tokens;
+        if needed > model.config().context {
+            bail!("{needed} positions per round exceed the model's context of {}", model.config().context);
+        }
+        eprintln!("{label}: loaded in {:.2} s", t.elapsed().as_secs_f64());
+        variants.push(Variant {
+            label,
+            model,
+            bits_per_weight,
+            decode: Vec::new(),
+            mlp: vec![Vec::new(); args.rows.len()],
+        });
+    }
+    let hidden = variants[0].model.config().hidden;
+    let inputs = args
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| mlx_trellis::random::normal(&[m, hidden], dtype, 0.0, 1.0, i as u64))
+        .collect::<mlx_trellis::Result<Vec<_>>>()?;
+    eval_all(&inputs.iter().collect::<Vec<_>>())?;
+
+    let start = Instant::now();
+    for round in 0..args.rounds {
+        for v in &mut variants {
+            if args.tokens > 0 {
+                let tps = decode_round(&v.model, &feed, prompt, args.warmup, args.tokens)
+                    .with_context(|| format!("{}: decoding", v.label))?;
+                v.decode.push(tps);
+            }
+            for (i, x) in inputs.iter().enumerate() {
+                if round == 0 {
+                    mlp_round(&v.model, x, 1)?; // compiles the kernels of this row count
+                }
+                let us = mlp_round(&v.model, x, args.chains)
+                    .with_context(|| format!("{}: MLP chain at {} rows", v.label, args.rows[i]))?;
+                v.mlp[i].push(us);
+            }
+        }
+        let line: Vec<String> = variants
+            .iter()
+            .map(|v| {
+                let d = v.decode.last().map_or(String::new(), |t| format!(" {t:.1} tok/s"));
+                let m = v.mlp.first().and_then(|r| r.last()).map_or(String::new(), |u| format!(", {u:.1} µs"));
+                format!("{}{d}{m}", v.label)
+            })
+            .collect();
+        eprintln!("round {}/{} ({:.0} s): {}", round + 1, args.rounds, start.elapsed().as_secs_f64(), line.join("; "));
+    }
+
+    let reference = specs.iter().position(|s| s.split('|').next() == Some("dense")).unwrap_or(0);
+    let ref_decode = median(&variants[reference].decode);
+    let ref_mlp: Vec<Option<f64>> = variants[reference].mlp.iter().map(|r| median(r)).collect();
+    let ratio = |r: Option<f64>, x: Option<f64>, faster_is_larger: bool| -> String {
+        match (r, x) {
+            (Some(r), Some(x)) if r > 0.0 && x > 0.0 => {
+                format!("{:.2}×", if faster_is_larger { x / r } else { r / x })
+            }
+            _ => "–".into(),
+        }
+    };
+    let mut header = "| variant | MLP bits/weight | decode tokens/s | vs ref |".to_string();
+    let mut rule = "|---|---|---|---|".to_string();
+    for m in &args.rows {
+        header += &format!(" MLP µs/layer M={m} | vs ref |");
+        rule += "---|---|";
+    }
+    let mut table = vec![
+        format!(
+            "{} activations; decode: median of {} rounds of {} steps; MLP: median µs per layer over {} passes of the model's {} MLPs; ratios against {} (above 1: faster)\n",
+            dtype,
+            args.rounds,
+            args.tokens,
+            args.chains,
+            variants[0].model.config().layers,
+            variants[reference].label
+        ),
+        header,
+        rule,
+    ];
+    let mut rows = Vec::new();
+    for v in &variants {
+        let d = median(&v.decode);
+        let mut line = format!(
+            "| {} | {} | {} | {} |",
+            v.label,
+            v.bits_per_weight.map_or("–".into(), |b| format!("{b:.3}")),
+            d.map_or("–".into(), |d| format!("{d:.1}")),
+            ratio(ref_decode, d, true)
+        );
+        let mut mlp = Vec::new();
+        for (i, m) in args.rows.iter().enumerate() {
+            let us = median(&v.mlp[i]);
+            line += &format!(" {} | {} |", us.map_or("–".into(), |u| format!("{u:.1}")), ratio(ref_mlp[i], us, false));
+            mlp.push(serde_json::json!({ "rows": m, "us_per_layer": us, "rounds": v.mlp[i] }));
+        }
+        table.push(line);
+        rows.push(serde_json::json!({
+            "label": v.label, "bits_per_weight": v.bits_per_weight, "decode_tokens_per_second": d,
+            "decode_rounds": v.decode, "mlp": mlp, "dtype": dtype.to_string(), "tokens": args.tokens,
+            "warmup": args.warmup, "chains": args.chains, "reference": variants[reference].label,
+        }));
+    }
+    for line in &table {
+        println!("{line}");
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, table.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        let series: Vec<(String, Vec<(f64, f64)>)> = variants
+            .iter()
+            .map(|v| {
+                let points = args.rows.iter().zip(&v.mlp).filter_map(|(&m, r)| Some((m as f64, median(r)?))).collect();
+                (v.label.clone(), points)
+            })
+            .collect();
+        plot(&series, path).with_context(|| format!("plotting {}", path.display()))?;
+    }
+    Ok(true)
+}
+
+fn plot(series: &[(String, Vec<(f64, f64)>)], path: &PathBuf) -> Result<()> {
+    use plotters::prelude::*;
+    let points = || series.iter().flat_map(|(_, v)| v.iter().copied());
+    if points().next().is_none() {
+        bail!("no MLP timings to plot (--rows)");
+    }
+    let (x_lo, x_hi) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let y_hi = points().fold(0.0f64, |a, p| a.max(p.1));
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("µs per MLP layer in the model's chain of MLPs", ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d((x_lo * 0.8..x_hi * 1.25).log_scale(), 0.0..y_hi * 1.15)?;
+    chart.configure_mesh().x_desc("activation rows M").y_desc("µs per MLP layer").draw()?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).mix(0.9);
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    exit::finish(run(args).context("bench_model"), "bench_model: a check failed")
+}
