@@ -1,18 +1,19 @@
-//! The trellis kernels of MLX's CUDA back-end, one concern per file: the down projection's
-//! configuration, plan and launch ([`down`]), the axis-1 projections and the fused
-//! gate·up·SwiGLU ([`gate_up`], their shape and plan in `gate_up_plan.rs`), the decode-once
-//! dense path ([`dense`]), the activations pre-pass both kernel families use (`prescale.rs`) and
-//! the encoder's block search ([`viterbi`]). The kernel texts come from
-//! the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
+//! The trellis kernels of MLX's CUDA back-end, one folder per kernel family with one concern per
+//! file: the down projection's launch, configuration and plan ([`down`]: `mod.rs`, `config.rs`,
+//! `plan.rs`), the axis-1 projections and the fused gate·up·SwiGLU with their plan ([`gate_up`]:
+//! `mod.rs`, `plan.rs`), the expand kernel and the decode-once dense path ([`expand`]), the
+//! activations pre-pass both kernel families use (`prescale.rs`) and the encoder's block search
+//! ([`viterbi`]). The kernel texts come from the crate's one table of `kernels/` files
+//! (`src/kernel/sources.rs`).
 
-pub mod dense;
 pub mod down;
-pub(crate) mod down_config;
-pub(crate) mod down_plan;
+pub mod expand;
 pub mod gate_up;
-pub(crate) mod gate_up_plan;
 pub(crate) mod prescale;
 pub mod viterbi;
+
+/// The expand module under its former name (`trellis::cuda::dense`).
+pub use expand as dense;
 
 /// The configuration knobs behind the public entry points (the `tuning` feature), for benchmark
 /// sweeps and tests: the down kernel's configurations and plan, a call with an explicit
@@ -25,9 +26,9 @@ pub mod tuning {
     use crate::trellis::format::TrellisGeometry;
     use crate::trellis::operands::LayerOperands;
 
-    pub use super::down_config::CudaDownConfig;
-    pub use super::down_plan::{plan, plan_for};
-    pub use super::gate_up_plan::{plan as axis_one_plan, AxisOneConfig};
+    pub use super::down::config::CudaDownConfig;
+    pub use super::down::plan::{plan, plan_for};
+    pub use super::gate_up::plan::{plan as axis_one_plan, AxisOneConfig};
 
     /// [`down_cuda`](super::down::down_cuda) with an explicit configuration and never the dense
     /// path (every valid configuration gives the same sums up to f32 rounding order).

@@ -4,7 +4,7 @@
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 
-use super::down_plan::pass_tiles;
+use crate::trellis::cuda::down::plan::pass_tiles;
 
 /// The static shared memory a thread block may take (the warps' sums for warp 0 to add).
 const STATIC_SHARED_LIMIT: usize = 48 * 1024;
