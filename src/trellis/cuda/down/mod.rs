@@ -16,8 +16,12 @@
 //! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
 //! while the fused kernel's decode-and-multiply grows with the rows.
 
-pub(crate) mod config;
-pub(crate) mod plan;
+// The configuration and the plan (public with the `tuning` feature, for the sweeps and tests that
+// call the kernel with a configuration of their own; crate-private otherwise), as Metal's families.
+crate::tuning_mods! {
+    config;
+    plan;
+}
 
 use std::sync::Arc;
 

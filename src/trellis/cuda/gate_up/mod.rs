@@ -11,7 +11,11 @@
 //! instead of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit
 //! activations the layer is decoded once to dense weights for MLX's matmul instead.
 
-pub(crate) mod plan;
+// The shape and its plan (public with the `tuning` feature, for the sweeps and tests that call the
+// kernel with a shape of their own; crate-private otherwise), as Metal's families.
+crate::tuning_mods! {
+    plan;
+}
 
 use std::sync::Arc;
 
