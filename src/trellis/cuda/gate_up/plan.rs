@@ -68,7 +68,8 @@ impl AxisOneConfig {
 }
 
 /// The shape for `m` rows of `dtype` activations (`fused`: the gate·up·SwiGLU kernel, which
-/// holds two accumulator sets and so takes one row tile a block).
+/// holds two accumulator sets and so takes one row tile a block); docs/cuda-mlp.md says how the
+/// work is split and holds the kernel's measurements.
 pub fn plan(m: usize, dtype: Dtype, fused: bool) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
