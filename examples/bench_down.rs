@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::down::uses_dense;
+use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, plan_for, CudaDownConfig};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlx_trellis::trellis::cuda::dense::expand_cuda;
+use mlx_trellis::trellis::cuda::expand::expand_cuda;
 use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;

@@ -14,7 +14,7 @@ import re
 import sys
 
 # The down kernel's name (src/kernel/registry.rs, then MLX's suffix of template arguments in the
-# order src/trellis/cuda/down.rs gives them): the dtypes Y and T, the ints R C K L NC MT KS WARPS
+# order src/trellis/cuda/down/mod.rs gives them): the dtypes Y and T, the ints R C K L NC MT KS WARPS
 # SPLITS STAGES, then the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS.
 CONFIG = re.compile(
     r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 10 + r"_([tf])" * 6

@@ -2,8 +2,8 @@
 //! without MLX's CUDA back-end (`scripts/gpu.sh test` runs them on a CUDA machine); the host-side
 //! checks of their configurations run on every back-end.
 
-use mlx_trellis::trellis::cuda::dense::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::down::{uses_dense, DENSE_MIN_ROWS};
+use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{down_cuda_with, plan, CudaDownConfig};
 mod common;
 

@@ -1,76 +1,23 @@
-//! The trellis kernels of MLX's CUDA back-end, one concern per file: the down projection's
-//! configuration, plan and launch ([`down`]), the axis-1 projections and the fused
-//! gate·up·SwiGLU ([`gate_up`], their shape and plan in `gate_up_plan.rs`), the decode-once
-//! dense path ([`dense`]), the activations pre-pass both kernel families use (`prescale.rs`) and
-//! the encoder's block search ([`viterbi`]). The kernel texts come from
-//! the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
+//! The trellis kernels of MLX's CUDA back-end, one folder per kernel family with one concern per
+//! file: the down projection's launch, configuration and plan ([`down`]: `mod.rs`, `config.rs`,
+//! `plan.rs`), the axis-1 projections and the fused gate·up·SwiGLU with their plan ([`gate_up`]:
+//! `mod.rs`, `plan.rs`), the expand kernel and the decode-once dense path ([`expand`]), the
+//! activations pre-pass both kernel families use (`prescale.rs`) and the encoder's block search
+//! ([`viterbi`]). The kernel texts come from the crate's one table of `kernels/` files
+//! (`src/kernel/sources.rs`).
+//!
+//! With the `tuning` feature the families' configuration and plan modules are public (declared
+//! with `crate::tuning_mods!`, as Metal's families are), and `tuning` gathers their knobs with the
+//! calls that take an explicit configuration.
 
-pub mod dense;
 pub mod down;
-pub(crate) mod down_config;
-pub(crate) mod down_plan;
+pub mod expand;
 pub mod gate_up;
-pub(crate) mod gate_up_plan;
 pub(crate) mod prescale;
 pub mod viterbi;
 
-/// The configuration knobs behind the public entry points (the `tuning` feature), for benchmark
-/// sweeps and tests: the down kernel's configurations and plan, a call with an explicit
-/// configuration and its partial sums before the fold; the axis-1 kernel's shapes and plan, and
-/// its calls with an explicit shape.
 #[cfg(feature = "tuning")]
-pub mod tuning {
-    use crate::array::MlxArray;
-    use crate::error::Result;
-    use crate::trellis::format::TrellisGeometry;
-    use crate::trellis::operands::LayerOperands;
+pub mod tuning;
 
-    pub use super::down_config::CudaDownConfig;
-    pub use super::down_plan::{plan, plan_for};
-    pub use super::gate_up_plan::{plan as axis_one_plan, AxisOneConfig};
-
-    /// [`down_cuda`](super::down::down_cuda) with an explicit configuration and never the dense
-    /// path (every valid configuration gives the same sums up to f32 rounding order).
-    pub fn down_cuda_with(
-        x2: &MlxArray,
-        codes: &MlxArray,
-        scales: &MlxArray,
-        g: &TrellisGeometry,
-        cfg: CudaDownConfig,
-    ) -> Result<MlxArray> {
-        Ok(super::down::run(x2, codes, scales, g, cfg)?.0)
-    }
-
-    /// The kernel's f32 partial sums `[M, SPLITS, C]` of [`down_cuda_with`]'s call, which it also
-    /// folds itself (for profiling).
-    pub fn down_cuda_partials(
-        x2: &MlxArray,
-        codes: &MlxArray,
-        scales: &MlxArray,
-        g: &TrellisGeometry,
-        cfg: CudaDownConfig,
-    ) -> Result<MlxArray> {
-        Ok(super::down::run(x2, codes, scales, g, cfg)?.1)
-    }
-
-    /// [`linear`](super::gate_up::linear) with an explicit shape and never the dense path.
-    pub fn axis_one_with(
-        x2: &MlxArray,
-        codes: &MlxArray,
-        scales: &MlxArray,
-        g: &TrellisGeometry,
-        cfg: AxisOneConfig,
-    ) -> Result<MlxArray> {
-        super::gate_up::linear_with(x2, codes, scales, g, cfg)
-    }
-
-    /// [`swiglu`](super::gate_up::swiglu) with an explicit shape and never the dense path.
-    pub fn swiglu_with<'g, 'u>(
-        x2: &MlxArray,
-        gate: impl Into<LayerOperands<'g>>,
-        up: impl Into<LayerOperands<'u>>,
-        cfg: AxisOneConfig,
-    ) -> Result<MlxArray> {
-        super::gate_up::swiglu_with(x2, gate.into(), up.into(), cfg)
-    }
-}
+/// The expand module under its former name (`trellis::cuda::dense`).
+pub use expand as dense;

@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{unserved, Result};
 use crate::trellis::format::TrellisGeometry;
 
-use super::down_config::CudaDownConfig;
+use super::config::CudaDownConfig;
 
 /// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=4 (the
 /// widths it is tested at against the reference; wider codes are refused as unserved) and
@@ -97,7 +97,7 @@ pub(crate) fn pass_tiles(m: usize) -> u32 {
     tiles.div_ceil(tiles.div_ceil(8)) as u32
 }
 
-/// Rows of 16-bit activations from which [`down_cuda`](super::down::down_cuda) decodes the layer
+/// Rows of 16-bit activations from which [`down_cuda`](super::down_cuda) decodes the layer
 /// to dense weights and runs MLX's matmul instead of the fused kernel: the decode costs one write
 /// of the dense layer whatever the row count, while the fused kernel decodes every weight again
 /// in each pass of up to 64 rows (the crossover measured on an H200 is in docs/cuda-down.md).
@@ -106,7 +106,7 @@ pub(crate) fn pass_tiles(m: usize) -> u32 {
 /// fused kernel keeps.
 pub const DENSE_MIN_ROWS: usize = 129;
 
-/// Whether [`down_cuda`](super::down::down_cuda) takes the dense path for `m` rows of `dtype` activations.
+/// Whether [`down_cuda`](super::down_cuda) takes the dense path for `m` rows of `dtype` activations.
 pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
     m >= DENSE_MIN_ROWS && matches!(dtype, Dtype::Float16 | Dtype::Bfloat16)
 }
@@ -114,7 +114,7 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trellis::cuda::down_config::{PLAN_SHARED_BUDGET, WIDE_PLAN_SHARED_BUDGET};
+    use crate::trellis::cuda::down::config::{PLAN_SHARED_BUDGET, WIDE_PLAN_SHARED_BUDGET};
 
     #[test]
     fn every_planned_configuration_is_valid() {

@@ -4,7 +4,7 @@
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 
-use super::down_plan::pass_tiles;
+use crate::trellis::cuda::down::plan::pass_tiles;
 
 /// The static shared memory a thread block may take (the warps' sums for warp 0 to add).
 const STATIC_SHARED_LIMIT: usize = 48 * 1024;
@@ -68,7 +68,8 @@ impl AxisOneConfig {
 }
 
 /// The shape for `m` rows of `dtype` activations (`fused`: the gate·up·SwiGLU kernel, which
-/// holds two accumulator sets and so takes one row tile a block).
+/// holds two accumulator sets and so takes one row tile a block); docs/cuda-mlp.md says how the
+/// work is split and holds the kernel's measurements.
 pub fn plan(m: usize, dtype: Dtype, fused: bool) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;

@@ -4,12 +4,18 @@
 //! output in the activation dtype: the reduction runs inside each output row, so no partial
 //! sums and no fold.
 //!
-//! The plan (`gate_up_plan.rs`) picks the kernel's shape for a row count; the kernel file says
+//! The plan (`plan.rs`) picks the kernel's shape for a row count; the kernel file says
 //! how the work is split.
 //! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16, each row
 //! multiplied by a power of two into f16's range (one pre-pass launch per call, `prescale.cu`,
 //! instead of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit
 //! activations the layer is decoded once to dense weights for MLX's matmul instead.
+
+// The shape and its plan (public with the `tuning` feature, for the sweeps and tests that call the
+// kernel with a shape of their own; crate-private otherwise), as Metal's families.
+crate::tuning_mods! {
+    plan;
+}
 
 use std::sync::Arc;
 
@@ -24,9 +30,9 @@ use crate::trellis::checks::{check_operands, same_but_bits};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
-use super::dense::expand_cuda;
-use super::gate_up_plan::{plan, AxisOneConfig};
+use super::expand::expand_cuda;
 use super::prescale::{self, PrePassOutput};
+use plan::{plan, AxisOneConfig};
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
 /// the pre-pass (each row brought into f16's range by a power of two): every row tile of the
@@ -35,7 +41,8 @@ pub const CONVERT_MIN_ROWS: usize = 17;
 
 /// Rows of 16-bit activations from which [`linear`] and [`swiglu`] decode the layer to dense
 /// weights ([`expand_cuda`]) and run MLX's matmul: the fused kernel decodes every weight once per
-/// pass of up to 64 rows, the dense path once per call.
+/// pass of up to 64 rows, the dense path once per call (the crossover measured on an H200 is in
+/// docs/cuda-mlp.md).
 pub const DENSE_MIN_ROWS: usize = 65;
 
 /// Whether `m` rows of `dtype` activations take the dense path.

@@ -227,7 +227,7 @@ impl CudaDownConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trellis::cuda::down_plan::{plan, plan_for};
+    use crate::trellis::cuda::down::plan::{plan, plan_for};
 
     #[test]
     fn the_deepest_ring_that_fits_is_found() {

@@ -9,12 +9,19 @@
 //! file for the work split. With prescaled B tiles a pre-pass kernel
 //! (`kernels/cuda/prescale.cu`) first writes the activations times the row scales as f16 (and
 //! zeroes the fold's counters), and the kernel streams them in with the codes. The plan
-//! (`down_plan.rs`) picks the configuration for a row count.
+//! (`plan.rs`) picks the configuration for a row count.
 //!
 //! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
 //! once to dense weights and runs MLX's matmul (`down_cuda_dense`): the decode costs one write
 //! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
 //! while the fused kernel's decode-and-multiply grows with the rows.
+
+// The configuration and the plan (public with the `tuning` feature, for the sweeps and tests that
+// call the kernel with a configuration of their own; crate-private otherwise), as Metal's families.
+crate::tuning_mods! {
+    config;
+    plan;
+}
 
 use std::sync::Arc;
 
@@ -27,11 +34,11 @@ use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
-use super::dense::down_cuda_dense;
-use super::down_config::CudaDownConfig;
-use super::down_plan::{plan_for, require_supported};
-pub use super::down_plan::{supports, uses_dense, DENSE_MIN_ROWS};
+use super::expand::down_cuda_dense;
 use super::prescale::{self, PrePassOutput};
+use config::CudaDownConfig;
+use plan::{plan_for, require_supported};
+pub use plan::{supports, uses_dense, DENSE_MIN_ROWS};
 
 const SOURCE: &str = sources::CUDA_DOWN_MMA;
 const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
@@ -55,7 +62,7 @@ fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
 }
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype: the fused kernel with the configuration the
-/// plan picks (`down_plan.rs`), or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
+/// plan picks (`plan.rs`), or from [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda_dense`].
 ///
 /// `codes` must start on a 16-byte boundary: the kernel streams it with 16-byte asynchronous
 /// copies. Arrays MLX allocates (loaded, created or computed, and so every `TrellisLinear`'s)

@@ -1,0 +1,63 @@
+//! The configuration knobs behind the public entry points (the `tuning` feature), for benchmark
+//! sweeps and tests: the down kernel's configurations and plan, a call with an explicit
+//! configuration and its partial sums before the fold; the axis-1 kernel's shapes and plan, and
+//! its calls with an explicit shape.
+//!
+//! The configurations and plans are declared where they belong, public with the feature through
+//! `crate::tuning_mods!` as Metal's kernel families are (`down::config`, `down::plan`,
+//! `gate_up::plan`); this module keeps them, and the calls with an explicit configuration, under
+//! the names the benchmarks and tests use.
+
+use crate::array::MlxArray;
+use crate::error::Result;
+use crate::trellis::format::TrellisGeometry;
+use crate::trellis::operands::LayerOperands;
+
+pub use super::down::config::CudaDownConfig;
+pub use super::down::plan::{plan, plan_for};
+pub use super::gate_up::plan::{plan as axis_one_plan, AxisOneConfig};
+
+/// [`down_cuda`](super::down::down_cuda) with an explicit configuration and never the dense
+/// path (every valid configuration gives the same sums up to f32 rounding order).
+pub fn down_cuda_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<MlxArray> {
+    Ok(super::down::run(x2, codes, scales, g, cfg)?.0)
+}
+
+/// The kernel's f32 partial sums `[M, SPLITS, C]` of [`down_cuda_with`]'s call, which it also
+/// folds itself (for profiling).
+pub fn down_cuda_partials(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<MlxArray> {
+    Ok(super::down::run(x2, codes, scales, g, cfg)?.1)
+}
+
+/// [`linear`](super::gate_up::linear) with an explicit shape and never the dense path.
+pub fn axis_one_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+) -> Result<MlxArray> {
+    super::gate_up::linear_with(x2, codes, scales, g, cfg)
+}
+
+/// [`swiglu`](super::gate_up::swiglu) with an explicit shape and never the dense path.
+pub fn swiglu_with<'g, 'u>(
+    x2: &MlxArray,
+    gate: impl Into<LayerOperands<'g>>,
+    up: impl Into<LayerOperands<'u>>,
+    cfg: AxisOneConfig,
+) -> Result<MlxArray> {
+    super::gate_up::swiglu_with(x2, gate.into(), up.into(), cfg)
+}
