@@ -106,7 +106,7 @@
   // B tiles in flight: with PRESCALED one per ring slot, copied with the slot's codes.
   constexpr int B_SLOTS = PRESCALED ? STAGES : 2;
   // Prescaled rows are padded to whole steps of any KS: the host's PRESCALED_ROW_MULTIPLE (64,
-  // src/trellis/cuda/down.rs), which also sizes prescale.cu's output.
+  // src/trellis/cuda/down/mod.rs), which also sizes prescale.cu's output.
   constexpr int R_PAD = (R + 63) / 64 * 64;
   static_assert(!MBARRIERS || (PRESCALED && STAGES >= 3), "MBARRIERS runs the prescaled ring, 3 stages or more");
   // Shared memory, all of it dynamic: the code ring and the B tiles (every part's size a

@@ -1,6 +1,6 @@
 // Dense weights W[r, c] = value(state(r, c)) * scale[r] in T, for trellis codes of either layout
 // (T = 256 positions per coded block, 8 K words per block, L <= 16): what MLX's own matmul then
-// multiplies when many activation rows share the layer (see src/trellis/cuda/dense.rs).
+// multiplies when many activation rows share the layer (see src/trellis/cuda/expand.rs).
 //
 // Thread t writes 16 consecutive weights of one stored row (t = r * C / 16 + chunk): two 16-byte
 // stores for 16-bit T, four for f32, so a warp writes 512 contiguous weights and reads the 8 K
@@ -12,7 +12,7 @@
 //
 // Values equal the reference's f32 weights bit for bit: value(state) is y / 147.800537109375
 // rounded once to f32 (y * (1 / 147.8...) and one FMA correction of its residual: checked for
-// every y in [-510, 510] on the host, see src/trellis/cuda/dense.rs), times f32(scale[r]), then rounded to T.
+// every y in [-510, 510] on the host, see src/trellis/cuda/expand.rs), times f32(scale[r]), then rounded to T.
 //
 // Template ints: R, C, K, L. Template bool: INTERLEAVE (3-bit block interleave). Template type:
 // T (the output dtype).
