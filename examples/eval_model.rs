@@ -6,8 +6,9 @@
 //! cache (every position but the last predicts the next token). For each window the as-shipped
 //! model's log-probabilities are computed once and every variant is scored against them, all
 //! variants held in memory. Per variant: perplexity, mean KL(shipped ‖ variant) in nats per
-//! token, bits per weight of the layers it replaces (scales and biases included), load time and
-//! tokens/s of the evaluation's forward passes.
+//! token, bits per weight of the layers it replaces (scales and biases included) and load time.
+//! Speed is `bench_model`'s job: this program's forward passes include the first use's kernel
+//! compilation, so their time says nothing about how fast a variant runs.
 //!
 //! ```text
 //! cargo run --release --example eval_model -- --variant shipped --variant affine:4:64 \
@@ -76,7 +77,6 @@ struct Variant {
     model: Option<LlamaModel>,
     load_seconds: f64,
     score: WindowScore,
-    forward_seconds: f64,
 }
 
 fn run(args: Args) -> Result<()> {
@@ -122,26 +122,20 @@ fn run(args: Args) -> Result<()> {
             model,
             load_seconds,
             score: WindowScore::default(),
-            forward_seconds: 0.0,
         });
     }
 
     let start = Instant::now();
     for (i, w) in windows.iter().enumerate() {
-        let t = Instant::now();
         let ref_logp = log_probs(&reference, w)?;
         eval_all(&[&ref_logp])?;
-        let ref_seconds = t.elapsed().as_secs_f64();
         for v in &mut variants {
             let Some(model) = &v.model else {
-                v.forward_seconds += ref_seconds;
                 v.score += score_window(&ref_logp, &ref_logp, w)?;
                 continue;
             };
-            let t = Instant::now();
             let logp = log_probs(model, w)?;
             eval_all(&[&logp])?;
-            v.forward_seconds += t.elapsed().as_secs_f64();
             v.score += score_window(&ref_logp, &logp, w)?;
         }
         let summary: Vec<String> =
@@ -164,8 +158,8 @@ fn run(args: Args) -> Result<()> {
             windows.len(),
             args.window
         ),
-        "| variant | family | layers replaced | bits/weight | KL | perplexity | load (s) | tokens/s |".to_string(),
-        "|---|---|---|---|---|---|---|---|".to_string(),
+        "| variant | family | layers replaced | bits/weight | KL | perplexity | load (s) |".to_string(),
+        "|---|---|---|---|---|---|---|".to_string(),
     ];
     let mut rows = Vec::new();
     for v in &variants {
@@ -178,9 +172,8 @@ fn run(args: Args) -> Result<()> {
         };
         let kl = v.score.kl / v.score.positions as f64;
         let ppl = (v.score.nll / v.score.positions as f64).exp();
-        let tps = evaluated as f64 / v.forward_seconds;
         table.push(format!(
-            "| {} | {} | {} | {} | {kl:.4} | {ppl:.2} | {:.2} | {tps:.1} |",
+            "| {} | {} | {} | {} | {kl:.4} | {ppl:.2} | {:.2} |",
             v.label,
             v.family,
             v.layers,
@@ -189,7 +182,7 @@ fn run(args: Args) -> Result<()> {
         ));
         rows.push(serde_json::json!({
             "label": v.label, "family": v.family, "layers": v.layers, "bits_per_weight": bpw,
-            "kl": kl, "perplexity": ppl, "load_seconds": v.load_seconds, "tokens_per_second": tps,
+            "kl": kl, "perplexity": ppl, "load_seconds": v.load_seconds,
             "positions": v.score.positions, "tokens": evaluated, "window": args.window,
             "text": args.text.display().to_string(), "dtype": dtype.to_string(),
         }));
