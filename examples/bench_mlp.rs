@@ -30,6 +30,8 @@ use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype,
 mod cli;
 #[path = "common/exit.rs"]
 mod exit;
+#[path = "common/plot.rs"]
+mod plot;
 #[path = "common/tp_bench.rs"]
 mod tp_bench;
 
@@ -223,7 +225,7 @@ fn main() -> ExitCode {
 fn bench(cli: &Cli) -> Result<()> {
     let args = parse(cli);
     if let Some((json, svg)) = &args.plot {
-        return plot::write(json, svg);
+        return plot_json::write(json, svg);
     }
     if backend() != Backend::Cuda {
         bail!("bench_mlp times the CUDA kernels; this MLX build's back-end is {}", backend());
@@ -391,9 +393,8 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
 
 /// The SVG plot of a `--json` table: time per MLP layer against the row count, one line per
 /// contender (log-log).
-mod plot {
+mod plot_json {
     use anyhow::{Context, Result};
-    use plotters::prelude::*;
 
     pub fn write(json: &str, svg: &str) -> Result<()> {
         let text = std::fs::read_to_string(json).with_context(|| format!("reading {json}"))?;
@@ -410,30 +411,16 @@ mod plot {
                 None => series.push((name, vec![point])),
             }
         }
-        let max_m = series.iter().flat_map(|(_, v)| v.iter().map(|p| p.0)).fold(1.0, f64::max);
-        let (lo, hi) = series
-            .iter()
-            .flat_map(|(_, v)| v.iter().map(|p| p.1))
-            .fold((f64::MAX, 0.0f64), |(a, b), t| (a.min(t), b.max(t)));
-        let root = SVGBackend::new(svg, (900, 560)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption("Qwen3-14B MLP per layer, chain of distinct layers, H200 (µs)", ("sans-serif", 22))
-            .margin(16)
-            .x_label_area_size(44)
-            .y_label_area_size(64)
-            .build_cartesian_2d((1.0..max_m * 1.1).log_scale(), (lo * 0.8..hi * 1.25).log_scale())?;
-        chart.configure_mesh().x_desc("activation rows M").y_desc("µs per MLP layer").draw()?;
-        for (i, (name, points)) in series.iter().enumerate() {
-            let color = Palette99::pick(i).mix(0.9);
-            chart
-                .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
-                .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-        }
-        chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
-        root.present()?;
-        Ok(())
+        super::plot::lines(
+            &series,
+            std::path::Path::new(svg),
+            &super::plot::Chart {
+                caption: "Qwen3-14B MLP per layer, chain of distinct layers, H200 (µs)",
+                x_desc: "activation rows M",
+                y_desc: "µs per MLP layer",
+                x_log: true,
+                y_log: true,
+            },
+        )
     }
 }

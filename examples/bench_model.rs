@@ -24,25 +24,21 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use mlx_trellis::llama::{fetch_smollm2, LayerPlan, LlamaModel, LlamaTokenizer};
 use mlx_trellis::nn::select::argmax;
-use mlx_trellis::{eval_all, Dtype, Gguf, MlxArray};
+use mlx_trellis::{eval_all, Gguf, MlxArray};
 
 #[path = "common/cli.rs"]
 mod cli;
 #[path = "common/exit.rs"]
 mod exit;
+#[path = "common/plot.rs"]
+mod plot;
 #[path = "common/variants.rs"]
 mod variants;
 
-use variants::{load, parse_spec, Spec};
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum ActDtype {
-    F32,
-    Bf16,
-}
+use variants::{load, parse_spec, ActDtype, Spec};
 
 /// Decoding speed and MLP-layer time of variants of a Llama model, in one run.
 #[derive(Parser, Debug)]
@@ -141,10 +137,7 @@ fn mlp_round(model: &LlamaModel, x: &MlxArray, chains: usize) -> Result<f64> {
 }
 
 fn run(args: Args) -> Result<bool> {
-    let dtype = match args.dtype {
-        ActDtype::F32 => Dtype::Float32,
-        ActDtype::Bf16 => Dtype::Bfloat16,
-    };
+    let dtype = args.dtype.dtype();
     let base = match &args.model {
         Some(p) => p.clone(),
         None => fetch_smollm2()?,
@@ -292,39 +285,20 @@ fn run(args: Args) -> Result<bool> {
                 (v.label.clone(), points)
             })
             .collect();
-        plot(&series, path).with_context(|| format!("plotting {}", path.display()))?;
+        plot::lines(
+            &series,
+            path,
+            &plot::Chart {
+                caption: "µs per MLP layer in the model's chain of MLPs",
+                x_desc: "activation rows M",
+                y_desc: "µs per MLP layer",
+                x_log: true,
+                y_log: false,
+            },
+        )
+        .with_context(|| format!("plotting {}", path.display()))?;
     }
     Ok(true)
-}
-
-fn plot(series: &[(String, Vec<(f64, f64)>)], path: &PathBuf) -> Result<()> {
-    use plotters::prelude::*;
-    let points = || series.iter().flat_map(|(_, v)| v.iter().copied());
-    if points().next().is_none() {
-        bail!("no MLP timings to plot (--rows)");
-    }
-    let (x_lo, x_hi) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let y_hi = points().fold(0.0f64, |a, p| a.max(p.1));
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("µs per MLP layer in the model's chain of MLPs", ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
-        .build_cartesian_2d((x_lo * 0.8..x_hi * 1.25).log_scale(), 0.0..y_hi * 1.15)?;
-    chart.configure_mesh().x_desc("activation rows M").y_desc("µs per MLP layer").draw()?;
-    for (i, (name, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).mix(0.9);
-        chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-    }
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
-    root.present()?;
-    Ok(())
 }
 
 fn main() {

@@ -20,20 +20,16 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use mlx_trellis::llama::eval::{log_probs, score_window, WindowScore};
 use mlx_trellis::llama::{fetch_smollm2, LayerPlan, LlamaModel, LlamaTokenizer};
 
+#[path = "common/plot.rs"]
+mod plot;
 #[path = "common/variants.rs"]
 mod variants;
-use mlx_trellis::{eval_all, Dtype, Gguf};
-use variants::{load, parse_spec};
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum ActDtype {
-    F32,
-    Bf16,
-}
+use mlx_trellis::{eval_all, Gguf};
+use variants::{load, parse_spec, ActDtype};
 
 /// Perplexity and KL against the as-shipped model for variants of a Llama model's linear layers.
 #[derive(Parser, Debug)]
@@ -80,10 +76,7 @@ struct Variant {
 }
 
 fn run(args: Args) -> Result<()> {
-    let dtype = match args.dtype {
-        ActDtype::F32 => Dtype::Float32,
-        ActDtype::Bf16 => Dtype::Bfloat16,
-    };
+    let dtype = args.dtype.dtype();
     if args.window < 2 {
         bail!("--window must be at least 2");
     }
@@ -115,14 +108,7 @@ fn run(args: Args) -> Result<()> {
         let (model, layers) = load(&spec, &base, dtype).with_context(|| format!("loading variant {s:?}"))?;
         let load_seconds = if model.is_none() { reference_load_seconds } else { t.elapsed().as_secs_f64() };
         eprintln!("{label}: loaded in {load_seconds:.2} s");
-        variants.push(Variant {
-            label,
-            family,
-            layers,
-            model,
-            load_seconds,
-            score: WindowScore::default(),
-        });
+        variants.push(Variant { label, family, layers, model, load_seconds, score: WindowScore::default() });
     }
 
     let start = Instant::now();
@@ -199,7 +185,18 @@ fn run(args: Args) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.plot {
-        plot(&variants_points(&rows), path).with_context(|| format!("plotting {}", path.display()))?;
+        plot::lines(
+            &variants_points(&rows),
+            path,
+            &plot::Chart {
+                caption: "KL(as shipped ‖ variant) per token against bits per weight",
+                x_desc: "bits per weight (scales included)",
+                y_desc: "KL (nats/token)",
+                x_log: false,
+                y_log: true,
+            },
+        )
+        .with_context(|| format!("plotting {}", path.display()))?;
     }
     Ok(())
 }
@@ -225,36 +222,6 @@ fn variants_points(rows: &[serde_json::Value]) -> Vec<(String, Vec<(f64, f64)>)>
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
     }
     series
-}
-
-fn plot(series: &[(String, Vec<(f64, f64)>)], path: &PathBuf) -> Result<()> {
-    use plotters::prelude::*;
-    let points = || series.iter().flat_map(|(_, v)| v.iter().copied());
-    if points().next().is_none() {
-        bail!("no variant with replaced layers and a positive KL to plot");
-    }
-    let (x_lo, x_hi) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (y_lo, y_hi) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("KL(as shipped ‖ variant) per token against bits per weight", ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(64)
-        .build_cartesian_2d((x_lo - 0.25)..(x_hi + 0.25), (y_lo * 0.7..y_hi * 1.4).log_scale())?;
-    chart.configure_mesh().x_desc("bits per weight (scales included)").y_desc("KL (nats/token)").draw()?;
-    for (i, (name, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).mix(0.9);
-        chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
-        chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))?;
-    }
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE.mix(0.9)).draw()?;
-    root.present()?;
-    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -13,8 +13,28 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
 use mlx_trellis::llama::{LayerPlan, LinearPlan, LlamaModel};
 use mlx_trellis::Dtype;
+
+/// `--dtype`: the activation dtype the variants run in.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum ActDtype {
+    /// float32.
+    F32,
+    /// bfloat16.
+    Bf16,
+}
+
+impl ActDtype {
+    /// The MLX dtype.
+    pub fn dtype(self) -> Dtype {
+        match self {
+            ActDtype::F32 => Dtype::Float32,
+            ActDtype::Bf16 => Dtype::Bfloat16,
+        }
+    }
+}
 
 /// The help text that lists the variants.
 pub const VARIANTS_HELP: &str = "Variants (repeat --variant; SPEC[|label=TEXT][|family=TEXT]):\n  \
