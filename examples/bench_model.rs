@@ -38,7 +38,7 @@ mod plot;
 #[path = "common/variants.rs"]
 mod variants;
 
-use variants::{load, parse_spec, ActDtype, Spec};
+use variants::{load, parse_spec, ActDtype, ReportFiles, Spec};
 
 /// Decoding speed and MLP-layer time of variants of a Llama model, in one run.
 #[derive(Parser, Debug)]
@@ -74,15 +74,8 @@ struct Args {
     /// Passes over the model's MLPs queued per evaluation of the MLP chain.
     #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 4)]
     chains: usize,
-    /// Also write the results as JSON.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Also plot µs per MLP layer against M as SVG, one line per variant.
-    #[arg(long)]
-    plot: Option<PathBuf>,
-    /// Also write the Markdown table to this file.
-    #[arg(long)]
-    markdown: Option<PathBuf>,
+    #[command(flatten)]
+    out: ReportFiles,
 }
 
 struct Variant {
@@ -270,14 +263,14 @@ fn run(args: Args) -> Result<bool> {
     for line in &table {
         println!("{line}");
     }
-    if let Some(path) = &args.markdown {
+    if let Some(path) = &args.out.markdown {
         std::fs::write(path, table.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.out.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.out.plot {
         let series: Vec<(String, Vec<(f64, f64)>)> = variants
             .iter()
             .map(|v| {

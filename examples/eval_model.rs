@@ -29,7 +29,7 @@ mod plot;
 #[path = "common/variants.rs"]
 mod variants;
 use mlx_trellis::{eval_all, Gguf};
-use variants::{load, parse_spec, ActDtype};
+use variants::{load, parse_spec, ActDtype, ReportFiles};
 
 /// Perplexity and KL against the as-shipped model for variants of a Llama model's linear layers.
 #[derive(Parser, Debug)]
@@ -54,15 +54,8 @@ struct Args {
     /// Activation dtype.
     #[arg(long, value_enum, default_value_t = ActDtype::F32)]
     dtype: ActDtype,
-    /// Also write the results as JSON.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Also plot KL (log scale) against bits per weight as SVG, one line per family.
-    #[arg(long)]
-    plot: Option<PathBuf>,
-    /// Also write the Markdown table (with its heading line) to this file.
-    #[arg(long)]
-    markdown: Option<PathBuf>,
+    #[command(flatten)]
+    out: ReportFiles,
 }
 
 struct Variant {
@@ -176,15 +169,15 @@ fn run(args: Args) -> Result<()> {
     for line in &table {
         println!("{line}");
     }
-    if let Some(path) = &args.markdown {
+    if let Some(path) = &args.out.markdown {
         std::fs::write(path, table.join("\n") + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     eprintln!("evaluation took {:.0} s", start.elapsed().as_secs_f64());
-    if let Some(path) = &args.json {
+    if let Some(path) = &args.out.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.out.plot {
         plot::lines(
             &variants_points(&rows),
             path,

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 use mlx_trellis::llama::{LayerPlan, LinearPlan, LlamaModel};
 use mlx_trellis::Dtype;
 
@@ -34,6 +34,20 @@ impl ActDtype {
             ActDtype::Bf16 => Dtype::Bfloat16,
         }
     }
+}
+
+/// `--json`, `--plot`, `--markdown`: where a model-level example also writes its results.
+#[derive(Args, Debug, Clone)]
+pub struct ReportFiles {
+    /// Also write the results as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Also draw the results' plot as SVG, one line per family (eval_model) or variant (bench_model).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Also write the Markdown table (with its heading line) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
 }
 
 /// The help text that lists the variants.
