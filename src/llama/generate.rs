@@ -16,7 +16,9 @@ pub struct Generation {
     pub prompt_tokens: usize,
     /// Seconds from the start to the first generated token (the prompt's forward pass).
     pub prefill_seconds: f64,
-    /// Seconds for every later token.
+    /// Seconds from the second generated token to the last. The first one-token step is left
+    /// out: on a GPU it compiles the kernels of one activation row, which a decoding rate
+    /// should not count.
     pub decode_seconds: f64,
 }
 
@@ -26,9 +28,14 @@ impl Generation {
         self.prompt_tokens as f64 / self.prefill_seconds
     }
 
-    /// Generated tokens per second after the first.
+    /// Generated tokens per second over the steps [`decode_seconds`](Self::decode_seconds)
+    /// times (none when fewer than three tokens were generated: 0).
     pub fn decode_tokens_per_second(&self) -> f64 {
-        self.tokens.len().saturating_sub(1) as f64 / self.decode_seconds
+        let steps = self.tokens.len().saturating_sub(2);
+        if steps == 0 || self.decode_seconds <= 0.0 {
+            return 0.0;
+        }
+        steps as f64 / self.decode_seconds
     }
 }
 
@@ -49,6 +56,7 @@ pub fn generate(
     let mut tokens = Vec::new();
     let start = Instant::now();
     let mut prefill_seconds = 0.0;
+    let mut decode_start = None;
     let mut input = prompt.to_vec();
     while tokens.len() < max_tokens {
         let logits = model.forward(&input, &mut cache)?;
@@ -57,6 +65,8 @@ pub fn generate(
         let token = sampler.sample(&last.reshape(&[logits.shape()[1]])?)?;
         if tokens.is_empty() {
             prefill_seconds = start.elapsed().as_secs_f64();
+        } else if decode_start.is_none() {
+            decode_start = Some(Instant::now());
         }
         tokens.push(token);
         on_token(token)?;
@@ -65,6 +75,6 @@ pub fn generate(
         }
         input = vec![token];
     }
-    let decode_seconds = start.elapsed().as_secs_f64() - prefill_seconds;
+    let decode_seconds = decode_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
     Ok(Generation { tokens, prompt_tokens: prompt.len(), prefill_seconds, decode_seconds })
 }
