@@ -8,8 +8,9 @@
 
 use mlx_trellis::trellis::encoder::allocate::{allocate_bits, stored_bits, BitCandidate, TensorOptions};
 use mlx_trellis::trellis::encoder::{
-    block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_with_targets, lut_rms, proxy_error, BlockSearch,
-    EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, RotationSpec,
+    block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_lockstep, encode_linear_ldlq_with_targets,
+    lut_rms, proxy_error, BlockSearch, EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome,
+    LdlqProblem, RotationSpec,
 };
 use mlx_trellis::trellis::reference::{block_state, block_words, expand};
 use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
@@ -505,4 +506,128 @@ fn the_allocator_refuses_a_budget_below_its_minimum_and_bad_input() {
     let mut repeated = tensors[0].clone();
     repeated.candidates[2].k = 2;
     assert!(allocate_bits(&[repeated], 3.0).is_err());
+}
+
+/// Every field of two results is the same, bit for bit.
+fn assert_same(got: &LdlqEncoded, want: &LdlqEncoded, what: &str) {
+    let (g, w) = (&got.encoded, &want.encoded);
+    assert_eq!(g.layer.codes, w.layer.codes, "{what}: codes");
+    assert_eq!(g.layer.scales, w.layer.scales, "{what}: scales");
+    assert_eq!(g.layer.geometry, w.layer.geometry, "{what}: geometry");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&g.reconstruction) == bits(&w.reconstruction), "{what}: reconstruction");
+    assert_eq!(g.mse.to_bits(), w.mse.to_bits(), "{what}: mse");
+    assert_eq!(g.logical_cols, w.logical_cols, "{what}: logical columns");
+    assert_eq!(got.outcome, want.outcome, "{what}: outcome");
+    assert_eq!(got.proxy, want.proxy, "{what}: proxy error");
+    assert_eq!(got.warnings, want.warnings, "{what}: warnings");
+}
+
+#[test]
+fn lockstep_coding_gives_each_problem_its_own_result_bit_for_bit() {
+    let ill = |n: usize, seed: u64| Some(ill_conditioned(n, seed));
+    let mut nan = identity(512, 1.0);
+    nan[513] = f64::NAN;
+    // H = I but H[0, 1] = H[1, 0] = 10: indefinite until damping 10 (three retries).
+    let mut indefinite = identity(512, 1.0);
+    indefinite[1] = 10.0;
+    indefinite[512] = 10.0;
+    // (axis, out, in, H, layout, expected outcome: weighted at the first damping or not).
+    type Case = (u32, usize, usize, Option<Vec<f64>>, CodeLayout, bool);
+    let cases = |k: u32| -> Vec<Case> {
+        let interleaved = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+        vec![
+            (1, 6, 768, ill(768, 301), CodeLayout::RowMajor, true),
+            (0, 512, 48, ill(48, 302), interleaved, true),
+            (0, 256, 20, ill(20, 303), CodeLayout::RowMajor, true),
+            (0, 256, 12, None, CodeLayout::RowMajor, false),
+            (1, 4, 512, Some(nan.clone()), CodeLayout::RowMajor, false),
+            (1, 4, 512, Some(indefinite.clone()), CodeLayout::RowMajor, false),
+            (1, 3, 256, Some(identity(256, 2.0)), CodeLayout::RowMajor, true),
+        ]
+    };
+    // k 2 at L 8; k 3 at L 12 (the interleaved layout); axis 0 one stored row per step and 3.
+    for (k, l, group) in [(2u32, 8u32, 1usize), (3, 12, 1), (2, 8, 3)] {
+        let start = std::time::Instant::now();
+        let ldlq = LdlqConfig { stored_row_group: group, ..LdlqConfig::default() };
+        let cases = cases(k);
+        let weights: Vec<Vec<f32>> =
+            cases.iter().enumerate().map(|(i, c)| gaussian(c.1 * c.2, 310 + i as u64).unwrap()).collect();
+        let problems: Vec<LdlqProblem<'_>> = cases
+            .iter()
+            .zip(&weights)
+            .map(|((axis, out, inp, h, layout, _), w)| LdlqProblem {
+                w,
+                out_features: *out,
+                in_features: *inp,
+                hessian: h.as_deref(),
+                cfg: EncoderConfig { axis: *axis, layout: *layout, l, threads: Some(2), ..config(k, *axis) },
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let got = encode_linear_ldlq_lockstep(&problems, &ldlq, &mut |done, total| seen.push((done, total))).unwrap();
+        assert_eq!(got.len(), problems.len());
+        let total: usize = problems.iter().map(|p| p.out_features * p.in_features / T).sum();
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "k {k}: progress goes forward");
+        assert_eq!(seen.last(), Some(&(total, total)), "k {k}: progress ends at every block");
+        for (i, (p, c)) in problems.iter().zip(&cases).enumerate() {
+            let what = format!("k {k} L {l} group {group} problem {i} (axis {}, [{}, {}])", c.0, c.1, c.2);
+            let alone = encode_linear_ldlq(p.w, p.out_features, p.in_features, p.hessian, &p.cfg, &ldlq).unwrap();
+            assert_same(&got[i], &alone, &what);
+            let first = got[i].outcome == LdlqOutcome::Weighted { damping: 0.01 };
+            assert_eq!(first, c.5, "{what}: {:?} {:?}", got[i].outcome, got[i].warnings);
+            assert_decodes(&got[i], &what);
+        }
+        println!("k {k} L {l} group {group}: {} problems in {:.2} s", problems.len(), start.elapsed().as_secs_f64());
+    }
+}
+
+#[test]
+fn lockstep_problems_abandoned_mid_way_are_coded_alone() {
+    // A growth limit barely above 1: the problems on an ill-conditioned H are abandoned after
+    // some steps (the first target has no feedback), and so is axis 1 on H = I (a block's RMS
+    // above its row's); axis 0 on H = I never is (its targets are its rows).
+    let tight = LdlqConfig { growth_limit: 1.000001, retries: 1, ..LdlqConfig::default() };
+    let shapes = [(0u32, 256usize, 40usize, true), (1, 4, 768, true), (0, 512, 16, false), (1, 5, 512, false)];
+    let weights: Vec<Vec<f32>> = shapes.iter().map(|s| gaussian(s.1 * s.2, 400 + s.2 as u64).unwrap()).collect();
+    let hs: Vec<Vec<f64>> =
+        shapes.iter().map(|s| if s.3 { ill_conditioned(s.2, 401) } else { identity(s.2, 1.0) }).collect();
+    let problems: Vec<LdlqProblem<'_>> = shapes
+        .iter()
+        .zip(weights.iter().zip(&hs))
+        .map(|(s, (w, h))| LdlqProblem {
+            w,
+            out_features: s.1,
+            in_features: s.2,
+            hessian: Some(h),
+            cfg: EncoderConfig { l: 8, ..config(2, s.0) },
+        })
+        .collect();
+    let got = encode_linear_ldlq_lockstep(&problems, &tight, &mut |_, _| {}).unwrap();
+    for (i, (p, s)) in problems.iter().zip(&shapes).enumerate() {
+        let what = format!("problem {i} (axis {}, [{}, {}])", s.0, s.1, s.2);
+        let alone = encode_linear_ldlq(p.w, p.out_features, p.in_features, p.hessian, &p.cfg, &tight).unwrap();
+        assert_same(&got[i], &alone, &what);
+        if s.3 || s.0 == 1 {
+            assert!(got[i].warnings.iter().any(|w| w.contains("RMS")), "{what}: {:?}", got[i].warnings);
+        } else {
+            assert_eq!(got[i].outcome, LdlqOutcome::Weighted { damping: 0.01 }, "{what}: {:?}", got[i].warnings);
+        }
+    }
+}
+
+#[test]
+fn lockstep_refuses_mixed_searches_and_names_a_bad_problem() {
+    let w = gaussian(4 * 256, 500).unwrap();
+    let h = identity(256, 1.0);
+    let problem = |cfg| LdlqProblem { w: &w, out_features: 4, in_features: 256, hessian: Some(&h), cfg };
+    let ldlq = LdlqConfig::default();
+    let mixed = [problem(config(2, 1)), problem(config(3, 1))];
+    let err = encode_linear_ldlq_lockstep(&mixed, &ldlq, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("problem 1") && err.contains("one search"), "{err}");
+    let rotated = EncoderConfig { rotation: Some(RotationSpec { seed: 1 }), ..config(2, 1) };
+    let bad = [problem(config(2, 1)), problem(rotated)];
+    let err = format!("{:#}", encode_linear_ldlq_lockstep(&bad, &ldlq, &mut |_, _| {}).unwrap_err());
+    assert!(err.contains("problem 1") && err.contains("rotation"), "{err}");
+    assert!(encode_linear_ldlq_lockstep(&[], &ldlq, &mut |_, _| {}).unwrap().is_empty());
 }
