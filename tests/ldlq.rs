@@ -4,7 +4,8 @@
 //! an ill-conditioned `H`; unusable `H` and blow-up fall back with warnings; the codes decode
 //! through the reference decoder to the reported reconstruction; the allocator keeps its budget,
 //! is deterministic and refuses a budget below its minimum; a rotation or a padded coded axis is
-//! refused by name.
+//! refused by name; problems (and whole projections) coded in lockstep get, bit for bit, what
+//! each gets coded alone.
 
 use mlx_trellis::trellis::encoder::allocate::{allocate_bits, stored_bits, BitCandidate, TensorOptions};
 use mlx_trellis::trellis::encoder::{
@@ -630,4 +631,70 @@ fn lockstep_refuses_mixed_searches_and_names_a_bad_problem() {
     let err = format!("{:#}", encode_linear_ldlq_lockstep(&bad, &ldlq, &mut |_, _| {}).unwrap_err());
     assert!(err.contains("problem 1") && err.contains("rotation"), "{err}");
     assert!(encode_linear_ldlq_lockstep(&[], &ldlq, &mut |_, _| {}).unwrap().is_empty());
+}
+
+#[test]
+fn projections_coded_together_are_each_coded_as_alone() {
+    use mlx_trellis::llama::calibrate::Hessian;
+    use mlx_trellis::llama::coding::{code_projection, code_projections, ProjectionCoding, ProjectionJob};
+    // Two axis-0 projections sharing H (gate and up), one along the inputs, one padded (coded
+    // unweighted with a warning), one whose H has the wrong width; rotated but one; a baseline on
+    // one. L 8, k 2.
+    let shared = Hessian { n: 48, data: ill_conditioned(48, 600) };
+    let wide = Hessian { n: 512, data: ill_conditioned(512, 601) };
+    let small = Hessian { n: 300, data: identity(300, 1.0) };
+    let cases: [(usize, usize, u32, Option<&Hessian>, Option<u64>, bool); 6] = [
+        (512, 48, 1, Some(&shared), Some(1), false),
+        (512, 48, 1, Some(&shared), Some(2), true),
+        (4, 512, 1, Some(&wide), Some(3), false),
+        (200, 300, 1, Some(&small), Some(4), false),
+        (256, 20, 0, Some(&shared), None, false),
+        (512, 48, 1, None, Some(5), false),
+    ];
+    let weights: Vec<Vec<f32>> =
+        cases.iter().map(|c| gaussian(c.0 * c.1, 610 + c.0 as u64 + c.1 as u64).unwrap()).collect();
+    let names: Vec<String> = (0..cases.len()).map(|i| format!("p{i}")).collect();
+    let jobs: Vec<ProjectionJob<'_>> = cases
+        .iter()
+        .zip(&weights)
+        .zip(&names)
+        .map(|((&(out, inp, axis, hessian, rotation_seed, baseline), w), module)| ProjectionJob {
+            module,
+            w,
+            out_features: out,
+            in_features: inp,
+            hessian,
+            coding: ProjectionCoding {
+                encoder: EncoderConfig { l: 8, threads: Some(2), ..config(2, axis) },
+                rotation_seed,
+                ldlq: Some(LdlqConfig::default()),
+                baseline,
+            },
+        })
+        .collect();
+    let together = code_projections(&jobs).unwrap();
+    assert_eq!(together.len(), jobs.len());
+    for (j, got) in jobs.iter().zip(&together) {
+        let alone = code_projection(j.module, j.w, j.out_features, j.in_features, j.hessian, &j.coding).unwrap();
+        let what = j.module;
+        assert_eq!(got.coded.layer.codes, alone.coded.layer.codes, "{what}: codes");
+        assert_eq!(got.coded.layer.scales, alone.coded.layer.scales, "{what}: scales");
+        assert_eq!(got.coded.layer.geometry, alone.coded.layer.geometry, "{what}: geometry");
+        assert_eq!(got.coded.mse.to_bits(), alone.coded.mse.to_bits(), "{what}: mse");
+        assert_eq!(got.coded.mean_square.to_bits(), alone.coded.mean_square.to_bits(), "{what}: mean square");
+        assert_eq!(got.choice, alone.choice, "{what}: axis");
+        assert_eq!(got.proxy, alone.proxy, "{what}: proxy");
+        assert_eq!(got.baseline_proxy, alone.baseline_proxy, "{what}: baseline proxy");
+        assert_eq!(got.ldlq, alone.ldlq, "{what}: outcome");
+        assert_eq!(got.warnings, alone.warnings, "{what}: warnings");
+    }
+    // The weighted ones are weighted, the others say why not.
+    let weighted: Vec<bool> = together.iter().map(|c| matches!(c.ldlq, Some(LdlqOutcome::Weighted { .. }))).collect();
+    assert_eq!(
+        weighted,
+        [true, true, true, false, false, false],
+        "{:?}",
+        together.iter().map(|c| &c.warnings).collect::<Vec<_>>()
+    );
+    assert!(together[1].baseline_proxy.is_some());
 }
