@@ -643,7 +643,9 @@ fn projections_coded_together_are_each_coded_as_alone() {
     let shared = Hessian { n: 48, data: ill_conditioned(48, 600) };
     let wide = Hessian { n: 512, data: ill_conditioned(512, 601) };
     let small = Hessian { n: 300, data: identity(300, 1.0) };
-    let cases: [(usize, usize, u32, Option<&Hessian>, Option<u64>, bool); 6] = [
+    // (out, in, conventional axis, H, rotation seed, baseline).
+    type Case<'a> = (usize, usize, u32, Option<&'a Hessian>, Option<u64>, bool);
+    let cases: [Case<'_>; 6] = [
         (512, 48, 1, Some(&shared), Some(1), false),
         (512, 48, 1, Some(&shared), Some(2), true),
         (4, 512, 1, Some(&wide), Some(3), false),
