@@ -401,6 +401,39 @@ fn ldlq_on_the_cuda_search_gives_the_cpu_bytes() {
     }
 }
 
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn lockstep_on_the_cuda_search_gives_the_cpu_bytes() {
+    require_cuda();
+    // At k 3: axis 1, axis 0 row-major and interleaved, each also coded alone on the CPU.
+    let cases = [
+        (1u32, 64usize, 1024usize, CodeLayout::RowMajor),
+        (0, 512, 256, CodeLayout::RowMajor),
+        (0, 512, 256, CodeLayout::K3Interleaved),
+    ];
+    let weights: Vec<Vec<f32>> = cases.iter().map(|c| gaussian(c.1 * c.2, 700 + c.0 as u64).unwrap()).collect();
+    let hs: Vec<Vec<f64>> = cases.iter().map(|c| ill_conditioned(c.2, 701)).collect();
+    let on = |backend, axis, layout| EncoderConfig { backend, layout, ..config(3, axis) };
+    let problems: Vec<LdlqProblem<'_>> = cases
+        .iter()
+        .zip(weights.iter().zip(&hs))
+        .map(|(&(axis, out, inp, layout), (w, h))| LdlqProblem {
+            w,
+            out_features: out,
+            in_features: inp,
+            hessian: Some(h),
+            cfg: on(EncoderBackend::Cuda, axis, layout),
+        })
+        .collect();
+    let ldlq = LdlqConfig::default();
+    let gpu = encode_linear_ldlq_lockstep(&problems, &ldlq, &mut |_, _| {}).unwrap();
+    for (i, (p, c)) in problems.iter().zip(&cases).enumerate() {
+        let cpu_cfg = on(EncoderBackend::Cpu, c.0, c.3);
+        let cpu = encode_linear_ldlq(p.w, p.out_features, p.in_features, p.hessian, &cpu_cfg, &ldlq).unwrap();
+        assert_same(&gpu[i], &cpu, &format!("problem {i}: axis {} {:?}", c.0, c.3));
+    }
+}
+
 fn tensor(name: &str, rows: usize, cols: usize, errors: [f64; 3]) -> TensorOptions {
     let candidates = [2u32, 3, 4]
         .iter()

@@ -642,8 +642,10 @@ fn quantize_outputs(
     Ok(reports)
 }
 
-/// The most dense weights read at once for coding together (512 MiB of f32; the Hessian-weighted
-/// coder's buffers take a few times as much). A projection larger than this is a window alone.
+/// The most dense weights read at once for coding together: 512 MiB of f32, and about ten times
+/// as much in all while they are coded (the rotated copies, LDLQ's f64 residuals, targets and
+/// reconstructions of every projection in the lockstep). A projection larger than this is a
+/// window alone.
 const WINDOW_WEIGHTS: usize = 1 << 27;
 
 fn check_bits(what: &str, k: u32) -> Result<()> {
