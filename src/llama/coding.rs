@@ -7,7 +7,7 @@
 //!
 //! The rotation `Q` acts on the coded axis. Coded along the inputs (axis 1, `W' = W Q`), the
 //! inputs the layer sees are `x Q`, so the code is weighted by `Qᵀ H Q`
-//! ([`rotate_hessian`](super::calibrate::rotate_hessian)). Coded along the outputs (axis 0,
+//! ([`rotate_hessian`]). Coded along the outputs (axis 0,
 //! `W' = Qᵀ W`), the input axis is untouched and `H` is used as collected. The proxy error is
 //! the same in either basis (`E' H' E'ᵀ = E H Eᵀ`), so it is computed in the coded one.
 //!

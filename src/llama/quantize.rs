@@ -23,11 +23,10 @@
 //! projection is coded once at every k the outputs need, and each output ([`Allocation`]: a
 //! budget, or one k for every projection) picks its codes from those.
 //!
-//! The projections are read a window at a time (at most 2²⁷ dense weights; SmolLM2's fit
-//! one) and the window's projections at one k are coded together by
-//! [`code_projections`](super::coding::code_projections): the Hessian-weighted ones run their
-//! feedback steps in lockstep, one search call per step for all of them (the codes are those of
-//! coding each alone).
+//! The projections are read a window at a time (at most 2²⁷ dense weights; SmolLM2's fit one)
+//! and the window's projections at one k are coded together by [`code_projections`]: the
+//! Hessian-weighted ones run their feedback steps in lockstep, one search call per step for all
+//! of them (the codes are those of coding each alone).
 //!
 //! Rotation seeds: a projection stored `[out, in]` (axis 1) takes the seed of its input (every
 //! axis-1 projection of one input shares one rotation, so a runner can rotate that input once:
