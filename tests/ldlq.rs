@@ -4,12 +4,14 @@
 //! an ill-conditioned `H`; unusable `H` and blow-up fall back with warnings; the codes decode
 //! through the reference decoder to the reported reconstruction; the allocator keeps its budget,
 //! is deterministic and refuses a budget below its minimum; a rotation or a padded coded axis is
-//! refused by name.
+//! refused by name; problems (and whole projections) coded in lockstep get, bit for bit, what
+//! each gets coded alone.
 
 use mlx_trellis::trellis::encoder::allocate::{allocate_bits, stored_bits, BitCandidate, TensorOptions};
 use mlx_trellis::trellis::encoder::{
-    block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_with_targets, lut_rms, proxy_error, BlockSearch,
-    EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, RotationSpec,
+    block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_lockstep, encode_linear_ldlq_with_targets,
+    lut_rms, proxy_error, BlockSearch, EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome,
+    LdlqProblem, RotationSpec,
 };
 use mlx_trellis::trellis::reference::{block_state, block_words, expand};
 use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
@@ -399,6 +401,39 @@ fn ldlq_on_the_cuda_search_gives_the_cpu_bytes() {
     }
 }
 
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn lockstep_on_the_cuda_search_gives_the_cpu_bytes() {
+    require_cuda();
+    // At k 3: axis 1, axis 0 row-major and interleaved, each also coded alone on the CPU.
+    let cases = [
+        (1u32, 64usize, 1024usize, CodeLayout::RowMajor),
+        (0, 512, 256, CodeLayout::RowMajor),
+        (0, 512, 256, CodeLayout::K3Interleaved),
+    ];
+    let weights: Vec<Vec<f32>> = cases.iter().map(|c| gaussian(c.1 * c.2, 700 + c.0 as u64).unwrap()).collect();
+    let hs: Vec<Vec<f64>> = cases.iter().map(|c| ill_conditioned(c.2, 701)).collect();
+    let on = |backend, axis, layout| EncoderConfig { backend, layout, ..config(3, axis) };
+    let problems: Vec<LdlqProblem<'_>> = cases
+        .iter()
+        .zip(weights.iter().zip(&hs))
+        .map(|(&(axis, out, inp, layout), (w, h))| LdlqProblem {
+            w,
+            out_features: out,
+            in_features: inp,
+            hessian: Some(h),
+            cfg: on(EncoderBackend::Cuda, axis, layout),
+        })
+        .collect();
+    let ldlq = LdlqConfig::default();
+    let gpu = encode_linear_ldlq_lockstep(&problems, &ldlq, &mut |_, _| {}).unwrap();
+    for (i, (p, c)) in problems.iter().zip(&cases).enumerate() {
+        let cpu_cfg = on(EncoderBackend::Cpu, c.0, c.3);
+        let cpu = encode_linear_ldlq(p.w, p.out_features, p.in_features, p.hessian, &cpu_cfg, &ldlq).unwrap();
+        assert_same(&gpu[i], &cpu, &format!("problem {i}: axis {} {:?}", c.0, c.3));
+    }
+}
+
 fn tensor(name: &str, rows: usize, cols: usize, errors: [f64; 3]) -> TensorOptions {
     let candidates = [2u32, 3, 4]
         .iter()
@@ -505,4 +540,196 @@ fn the_allocator_refuses_a_budget_below_its_minimum_and_bad_input() {
     let mut repeated = tensors[0].clone();
     repeated.candidates[2].k = 2;
     assert!(allocate_bits(&[repeated], 3.0).is_err());
+}
+
+/// Every field of two results is the same, bit for bit.
+fn assert_same(got: &LdlqEncoded, want: &LdlqEncoded, what: &str) {
+    let (g, w) = (&got.encoded, &want.encoded);
+    assert_eq!(g.layer.codes, w.layer.codes, "{what}: codes");
+    assert_eq!(g.layer.scales, w.layer.scales, "{what}: scales");
+    assert_eq!(g.layer.geometry, w.layer.geometry, "{what}: geometry");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert!(bits(&g.reconstruction) == bits(&w.reconstruction), "{what}: reconstruction");
+    assert_eq!(g.mse.to_bits(), w.mse.to_bits(), "{what}: mse");
+    assert_eq!(g.logical_cols, w.logical_cols, "{what}: logical columns");
+    assert_eq!(got.outcome, want.outcome, "{what}: outcome");
+    assert_eq!(got.proxy, want.proxy, "{what}: proxy error");
+    assert_eq!(got.warnings, want.warnings, "{what}: warnings");
+}
+
+#[test]
+fn lockstep_coding_gives_each_problem_its_own_result_bit_for_bit() {
+    let ill = |n: usize, seed: u64| Some(ill_conditioned(n, seed));
+    let mut nan = identity(512, 1.0);
+    nan[513] = f64::NAN;
+    // H = I but H[0, 1] = H[1, 0] = 10: indefinite until damping 10 (three retries).
+    let mut indefinite = identity(512, 1.0);
+    indefinite[1] = 10.0;
+    indefinite[512] = 10.0;
+    // (axis, out, in, H, layout, expected outcome: weighted at the first damping or not).
+    type Case = (u32, usize, usize, Option<Vec<f64>>, CodeLayout, bool);
+    let cases = |k: u32| -> Vec<Case> {
+        let interleaved = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+        vec![
+            (1, 6, 768, ill(768, 301), CodeLayout::RowMajor, true),
+            (0, 512, 48, ill(48, 302), interleaved, true),
+            (0, 256, 20, ill(20, 303), CodeLayout::RowMajor, true),
+            (0, 256, 12, None, CodeLayout::RowMajor, false),
+            (1, 4, 512, Some(nan.clone()), CodeLayout::RowMajor, false),
+            (1, 4, 512, Some(indefinite.clone()), CodeLayout::RowMajor, false),
+            (1, 3, 256, Some(identity(256, 2.0)), CodeLayout::RowMajor, true),
+        ]
+    };
+    // k 2 at L 8; k 3 at L 12 (the interleaved layout); axis 0 one stored row per step and 3.
+    for (k, l, group) in [(2u32, 8u32, 1usize), (3, 12, 1), (2, 8, 3)] {
+        let start = std::time::Instant::now();
+        let ldlq = LdlqConfig { stored_row_group: group, ..LdlqConfig::default() };
+        let cases = cases(k);
+        let weights: Vec<Vec<f32>> =
+            cases.iter().enumerate().map(|(i, c)| gaussian(c.1 * c.2, 310 + i as u64).unwrap()).collect();
+        let problems: Vec<LdlqProblem<'_>> = cases
+            .iter()
+            .zip(&weights)
+            .map(|((axis, out, inp, h, layout, _), w)| LdlqProblem {
+                w,
+                out_features: *out,
+                in_features: *inp,
+                hessian: h.as_deref(),
+                cfg: EncoderConfig { axis: *axis, layout: *layout, l, threads: Some(2), ..config(k, *axis) },
+            })
+            .collect();
+        let mut seen = Vec::new();
+        let got = encode_linear_ldlq_lockstep(&problems, &ldlq, &mut |done, total| seen.push((done, total))).unwrap();
+        assert_eq!(got.len(), problems.len());
+        let total: usize = problems.iter().map(|p| p.out_features * p.in_features / T).sum();
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "k {k}: progress goes forward");
+        assert_eq!(seen.last(), Some(&(total, total)), "k {k}: progress ends at every block");
+        for (i, (p, c)) in problems.iter().zip(&cases).enumerate() {
+            let what = format!("k {k} L {l} group {group} problem {i} (axis {}, [{}, {}])", c.0, c.1, c.2);
+            let alone = encode_linear_ldlq(p.w, p.out_features, p.in_features, p.hessian, &p.cfg, &ldlq).unwrap();
+            assert_same(&got[i], &alone, &what);
+            let first = got[i].outcome == LdlqOutcome::Weighted { damping: 0.01 };
+            assert_eq!(first, c.5, "{what}: {:?} {:?}", got[i].outcome, got[i].warnings);
+            assert_decodes(&got[i], &what);
+        }
+        println!("k {k} L {l} group {group}: {} problems in {:.2} s", problems.len(), start.elapsed().as_secs_f64());
+    }
+}
+
+#[test]
+fn lockstep_problems_abandoned_mid_way_are_coded_alone() {
+    // A growth limit barely above 1: the problems on an ill-conditioned H are abandoned after
+    // some steps (the first target has no feedback), and so is axis 1 on H = I (a block's RMS
+    // above its row's); axis 0 on H = I never is (its targets are its rows).
+    let tight = LdlqConfig { growth_limit: 1.000001, retries: 1, ..LdlqConfig::default() };
+    let shapes = [(0u32, 256usize, 40usize, true), (1, 4, 768, true), (0, 512, 16, false), (1, 5, 512, false)];
+    let weights: Vec<Vec<f32>> = shapes.iter().map(|s| gaussian(s.1 * s.2, 400 + s.2 as u64).unwrap()).collect();
+    let hs: Vec<Vec<f64>> =
+        shapes.iter().map(|s| if s.3 { ill_conditioned(s.2, 401) } else { identity(s.2, 1.0) }).collect();
+    let problems: Vec<LdlqProblem<'_>> = shapes
+        .iter()
+        .zip(weights.iter().zip(&hs))
+        .map(|(s, (w, h))| LdlqProblem {
+            w,
+            out_features: s.1,
+            in_features: s.2,
+            hessian: Some(h),
+            cfg: EncoderConfig { l: 8, ..config(2, s.0) },
+        })
+        .collect();
+    let got = encode_linear_ldlq_lockstep(&problems, &tight, &mut |_, _| {}).unwrap();
+    for (i, (p, s)) in problems.iter().zip(&shapes).enumerate() {
+        let what = format!("problem {i} (axis {}, [{}, {}])", s.0, s.1, s.2);
+        let alone = encode_linear_ldlq(p.w, p.out_features, p.in_features, p.hessian, &p.cfg, &tight).unwrap();
+        assert_same(&got[i], &alone, &what);
+        if s.3 || s.0 == 1 {
+            assert!(got[i].warnings.iter().any(|w| w.contains("RMS")), "{what}: {:?}", got[i].warnings);
+        } else {
+            assert_eq!(got[i].outcome, LdlqOutcome::Weighted { damping: 0.01 }, "{what}: {:?}", got[i].warnings);
+        }
+    }
+}
+
+#[test]
+fn lockstep_refuses_mixed_searches_and_names_a_bad_problem() {
+    let w = gaussian(4 * 256, 500).unwrap();
+    let h = identity(256, 1.0);
+    let problem = |cfg| LdlqProblem { w: &w, out_features: 4, in_features: 256, hessian: Some(&h), cfg };
+    let ldlq = LdlqConfig::default();
+    let mixed = [problem(config(2, 1)), problem(config(3, 1))];
+    let err = encode_linear_ldlq_lockstep(&mixed, &ldlq, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(err.contains("problem 1") && err.contains("one search"), "{err}");
+    let rotated = EncoderConfig { rotation: Some(RotationSpec { seed: 1 }), ..config(2, 1) };
+    let bad = [problem(config(2, 1)), problem(rotated)];
+    let err = format!("{:#}", encode_linear_ldlq_lockstep(&bad, &ldlq, &mut |_, _| {}).unwrap_err());
+    assert!(err.contains("problem 1") && err.contains("rotation"), "{err}");
+    assert!(encode_linear_ldlq_lockstep(&[], &ldlq, &mut |_, _| {}).unwrap().is_empty());
+}
+
+#[test]
+fn projections_coded_together_are_each_coded_as_alone() {
+    use mlx_trellis::llama::calibrate::Hessian;
+    use mlx_trellis::llama::coding::{code_projection, code_projections, ProjectionCoding, ProjectionJob};
+    // Two axis-0 projections sharing H (gate and up), one along the inputs, one padded (coded
+    // unweighted with a warning), one whose H has the wrong width; rotated but one; a baseline on
+    // one. L 8, k 2.
+    let shared = Hessian { n: 48, data: ill_conditioned(48, 600) };
+    let wide = Hessian { n: 512, data: ill_conditioned(512, 601) };
+    let small = Hessian { n: 300, data: identity(300, 1.0) };
+    // (out, in, conventional axis, H, rotation seed, baseline).
+    type Case<'a> = (usize, usize, u32, Option<&'a Hessian>, Option<u64>, bool);
+    let cases: [Case<'_>; 6] = [
+        (512, 48, 1, Some(&shared), Some(1), false),
+        (512, 48, 1, Some(&shared), Some(2), true),
+        (4, 512, 1, Some(&wide), Some(3), false),
+        (200, 300, 1, Some(&small), Some(4), false),
+        (256, 20, 0, Some(&shared), None, false),
+        (512, 48, 1, None, Some(5), false),
+    ];
+    let weights: Vec<Vec<f32>> =
+        cases.iter().map(|c| gaussian(c.0 * c.1, 610 + c.0 as u64 + c.1 as u64).unwrap()).collect();
+    let names: Vec<String> = (0..cases.len()).map(|i| format!("p{i}")).collect();
+    let jobs: Vec<ProjectionJob<'_>> = cases
+        .iter()
+        .zip(&weights)
+        .zip(&names)
+        .map(|((&(out, inp, axis, hessian, rotation_seed, baseline), w), module)| ProjectionJob {
+            module,
+            w,
+            out_features: out,
+            in_features: inp,
+            hessian,
+            coding: ProjectionCoding {
+                encoder: EncoderConfig { l: 8, threads: Some(2), ..config(2, axis) },
+                rotation_seed,
+                ldlq: Some(LdlqConfig::default()),
+                baseline,
+            },
+        })
+        .collect();
+    let together = code_projections(&jobs).unwrap();
+    assert_eq!(together.len(), jobs.len());
+    for (j, got) in jobs.iter().zip(&together) {
+        let alone = code_projection(j.module, j.w, j.out_features, j.in_features, j.hessian, &j.coding).unwrap();
+        let what = j.module;
+        assert_eq!(got.coded.layer.codes, alone.coded.layer.codes, "{what}: codes");
+        assert_eq!(got.coded.layer.scales, alone.coded.layer.scales, "{what}: scales");
+        assert_eq!(got.coded.layer.geometry, alone.coded.layer.geometry, "{what}: geometry");
+        assert_eq!(got.coded.mse.to_bits(), alone.coded.mse.to_bits(), "{what}: mse");
+        assert_eq!(got.coded.mean_square.to_bits(), alone.coded.mean_square.to_bits(), "{what}: mean square");
+        assert_eq!(got.choice, alone.choice, "{what}: axis");
+        assert_eq!(got.proxy, alone.proxy, "{what}: proxy");
+        assert_eq!(got.baseline_proxy, alone.baseline_proxy, "{what}: baseline proxy");
+        assert_eq!(got.ldlq, alone.ldlq, "{what}: outcome");
+        assert_eq!(got.warnings, alone.warnings, "{what}: warnings");
+    }
+    // The weighted ones are weighted, the others say why not.
+    let weighted: Vec<bool> = together.iter().map(|c| matches!(c.ldlq, Some(LdlqOutcome::Weighted { .. }))).collect();
+    assert_eq!(
+        weighted,
+        [true, true, true, false, false, false],
+        "{:?}",
+        together.iter().map(|c| &c.warnings).collect::<Vec<_>>()
+    );
+    assert!(together[1].baseline_proxy.is_some());
 }

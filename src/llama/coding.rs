@@ -7,7 +7,7 @@
 //!
 //! The rotation `Q` acts on the coded axis. Coded along the inputs (axis 1, `W' = W Q`), the
 //! inputs the layer sees are `x Q`, so the code is weighted by `Qᵀ H Q`
-//! ([`rotate_hessian`](super::calibrate::rotate_hessian)). Coded along the outputs (axis 0,
+//! ([`rotate_hessian`]). Coded along the outputs (axis 0,
 //! `W' = Qᵀ W`), the input axis is untouched and `H` is used as collected. The proxy error is
 //! the same in either basis (`E' H' E'ᵀ = E H Eᵀ`), so it is computed in the coded one.
 //!
@@ -18,10 +18,10 @@
 //! is coded unweighted, with a warning, even where LDLQ is asked for (SmolLM2's MLP projections
 //! are not padded; its attention projections are).
 
-use crate::error::{invalid, Result};
+use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::trellis::encoder::{
-    choose_axis, encode_linear_ldlq, encode_padded, proxy_error, stored_from_linear, AxisChoice, CodedLinear,
-    EncoderConfig, LdlqConfig, LdlqOutcome, ProxyError,
+    choose_axis, encode_linear_ldlq_lockstep, encode_padded, proxy_error, stored_from_linear, AxisChoice, CodedLinear,
+    EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, ProxyError,
 };
 use crate::trellis::format::CodeLayout;
 use crate::trellis::rotation::{CodedAxis, Rotation};
@@ -74,6 +74,102 @@ pub fn code_projection(
     hessian: Option<&Hessian>,
     coding: &ProjectionCoding,
 ) -> Result<ProjectionCode> {
+    let job = ProjectionJob { module, w, out_features, in_features, hessian, coding: *coding };
+    let mut codes = code_projections(&[job])?;
+    codes.pop().ok_or_else(|| Error::invalid(format!("code_projection: {module}: nothing was coded")))
+}
+
+/// One projection of [`code_projections`]: the arguments of one [`code_projection`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct ProjectionJob<'a> {
+    /// The module's name, in its warnings.
+    pub module: &'a str,
+    /// The dense weight `[out_features, in_features]`, row-major.
+    pub w: &'a [f32],
+    /// Output features.
+    pub out_features: usize,
+    /// Input features.
+    pub in_features: usize,
+    /// The second moment of its input, in the dense weights' basis.
+    pub hessian: Option<&'a Hessian>,
+    /// How to code it.
+    pub coding: ProjectionCoding,
+}
+
+/// Codes every job as [`code_projection`] codes it alone, with the same results, but with the
+/// Hessian-weighted ones in lockstep ([`encode_linear_ldlq_lockstep`]): the jobs that LDLQ codes
+/// and whose searches and LDLQ parameters agree (`k`, `L`, `T`, back-end, threads) share one
+/// search call per feedback step. Returns one code per job, in order; errors name the module.
+pub fn code_projections(jobs: &[ProjectionJob<'_>]) -> Result<Vec<ProjectionCode>> {
+    let prepared = jobs
+        .iter()
+        .map(|j| prepare(j).with_context(|| format!("code_projection: {}", j.module)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut weighted: Vec<Option<LdlqEncoded>> = vec![None; jobs.len()];
+    // The LDLQ jobs, grouped by what one lockstep run shares; each group in job order.
+    let key = |p: &Prepared| {
+        let e = &p.encoder;
+        p.ldlq.map(|l| (l, e.k, e.l, e.t, e.backend, e.threads))
+    };
+    let mut groups: Vec<(_, Vec<usize>)> = Vec::new();
+    for (i, p) in prepared.iter().enumerate() {
+        if let Some(k) = key(p) {
+            match groups.iter_mut().find(|(g, _)| *g == k) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((k, vec![i])),
+            }
+        }
+    }
+    for ((ldlq, ..), members) in groups {
+        let problems: Vec<LdlqProblem<'_>> = members
+            .iter()
+            .map(|&i| {
+                let (p, j) = (&prepared[i], &jobs[i]);
+                LdlqProblem {
+                    w: &p.rotated_linear,
+                    out_features: j.out_features,
+                    in_features: j.in_features,
+                    hessian: p.h.as_deref(),
+                    cfg: p.encoder,
+                }
+            })
+            .collect();
+        let coded = encode_linear_ldlq_lockstep(&problems, &ldlq, &mut |_, _| {}).with_context(|| {
+            let names: Vec<&str> = members.iter().map(|&i| jobs[i].module).collect();
+            format!("code_projections: LDLQ of {}", names.join(", "))
+        })?;
+        for (i, c) in members.into_iter().zip(coded) {
+            weighted[i] = Some(c);
+        }
+    }
+    prepared
+        .into_iter()
+        .zip(weighted)
+        .zip(jobs)
+        .map(|((p, wt), j)| finish(j, p, wt).with_context(|| format!("code_projection: {}", j.module)))
+        .collect()
+}
+
+/// A projection rotated and checked, before its (weighted) code.
+struct Prepared {
+    choice: AxisChoice,
+    encoder: EncoderConfig,
+    warnings: Vec<String>,
+    stored: Vec<f32>,
+    rows: usize,
+    n: usize,
+    original: Vec<f32>,
+    rotation: Option<Rotation>,
+    /// The weights in the coded basis, as a linear `[out, in]` again.
+    rotated_linear: Vec<f32>,
+    /// `H` in the coded basis, where one of the right size is known.
+    h: Option<Vec<f64>>,
+    /// The LDLQ parameters where it codes the projection.
+    ldlq: Option<LdlqConfig>,
+}
+
+fn prepare(job: &ProjectionJob<'_>) -> Result<Prepared> {
+    let ProjectionJob { module, w, out_features, in_features, hessian, coding } = *job;
     let cfg = &coding.encoder;
     let choice = choose_axis(out_features, in_features, cfg.axis, cfg.t as usize)?;
     let mut encoder = EncoderConfig { axis: choice.axis, rotation: None, ..*cfg };
@@ -91,7 +187,6 @@ pub fn code_projection(
     if let Some(r) = &rotation {
         r.rotate_rows(&mut stored)?;
     }
-    // The weights in the coded basis, as a linear [out, in] again.
     let rotated_linear = match choice.axis {
         1 => stored.clone(),
         _ => {
@@ -121,6 +216,28 @@ pub fn code_projection(
             _ => Some(h.data.clone()),
         },
     };
+    let padded = choice.logical != choice.stored;
+    let ldlq = match (&coding.ldlq, &h) {
+        (Some(_), Some(_)) if padded => {
+            warnings.push(format!(
+                "{module}: its coded axis of {} is padded to {}; LDLQ codes whole blocks only, coded unweighted",
+                choice.logical, choice.stored
+            ));
+            None
+        }
+        (Some(ldlq), Some(_)) => Some(*ldlq),
+        _ => None,
+    };
+    Ok(Prepared { choice, encoder, warnings, stored, rows, n, original, rotation, rotated_linear, h, ldlq })
+}
+
+/// The rest of [`code_projection`] once the weighted code (where LDLQ codes it) is known.
+fn finish(job: &ProjectionJob<'_>, p: Prepared, weighted: Option<LdlqEncoded>) -> Result<ProjectionCode> {
+    let ProjectionJob { module, out_features, in_features, coding, .. } = *job;
+    let Prepared { choice, encoder, mut warnings, stored, rows, n, original, rotation, rotated_linear, h, ldlq } = p;
+    if ldlq.is_some() != weighted.is_some() {
+        invalid!("code_projection: {module}: the weighted code is missing or not asked for");
+    }
     let proxy_of = |reconstruction: &[f32]| -> Result<Option<ProxyError>> {
         match &h {
             Some(h) => Ok(Some(proxy_error(
@@ -130,24 +247,10 @@ pub fn code_projection(
                 in_features,
                 choice.axis,
                 h,
-                cfg.threads,
+                coding.encoder.threads,
             )?)),
             None => Ok(None),
         }
-    };
-    let padded = choice.logical != choice.stored;
-    let weighted = match (&coding.ldlq, &h) {
-        (Some(_), Some(_)) if padded => {
-            warnings.push(format!(
-                "{module}: its coded axis of {} is padded to {}; LDLQ codes whole blocks only, coded unweighted",
-                choice.logical, choice.stored
-            ));
-            None
-        }
-        (Some(ldlq), Some(h)) => {
-            Some(encode_linear_ldlq(&rotated_linear, out_features, in_features, Some(h), &encoder, ldlq)?)
-        }
-        _ => None,
     };
     let unweighted_needed = weighted.is_none() || coding.baseline;
     let unweighted = if unweighted_needed {

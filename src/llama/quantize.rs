@@ -2,10 +2,10 @@
 //! into a trellis artifact that the model runner loads.
 //!
 //! [`quantize_model`] reads each chosen projection of every block dequantized to f32, codes it
-//! with [`code_projection`] (the coded axis chosen by the rule of docs/format.md §10, rotated by default,
-//! padded where neither dimension is a whole number of 256-weight blocks; unweighted, or
-//! Hessian-weighted by LDLQ against the calibration `H` of its input), and writes to the output
-//! directory:
+//! as [`code_projection`](super::coding::code_projection) does (the coded axis chosen by the rule
+//! of docs/format.md §10, rotated by default, padded where neither dimension is a whole number of
+//! 256-weight blocks; unweighted, or Hessian-weighted by LDLQ against the calibration `H` of its
+//! input), and writes to the output directory:
 //!
 //! - `model.safetensors`: the coded modules under their Hugging Face names
 //!   (`model.layers.N.mlp.gate_proj`, `...self_attn.q_proj`, ...): codes, scales and, where
@@ -22,6 +22,11 @@
 //! [`quantize_model_allocations`] writes several such directories from one coding run: each
 //! projection is coded once at every k the outputs need, and each output ([`Allocation`]: a
 //! budget, or one k for every projection) picks its codes from those.
+//!
+//! The projections are read a window at a time (at most 2²⁷ dense weights; SmolLM2's fit one)
+//! and the window's projections at one k are coded together by [`code_projections`]: the
+//! Hessian-weighted ones run their feedback steps in lockstep, one search call per step for all
+//! of them (the codes are those of coding each alone).
 //!
 //! Rotation seeds: a projection stored `[out, in]` (axis 1) takes the seed of its input (every
 //! axis-1 projection of one input shares one rotation, so a runner can rotate that input once:
@@ -44,7 +49,7 @@ use crate::trellis::encoder::{
 use crate::trellis::{write_artifact, TrellisLinear};
 
 use super::calibrate::Hessians;
-use super::coding::{code_projection, ProjectionCoding};
+use super::coding::{code_projections, ProjectionCoding, ProjectionJob};
 use super::names::{gguf_tensor_name, hf_module, is_mlp, LINEARS};
 
 /// The conventional coded axis of a projection (docs/format.md §10): 0 (along the outputs) for the
@@ -175,7 +180,8 @@ pub struct ModuleReport {
     /// [`QuantizeReport`]s.
     pub candidate: bool,
     /// Seconds spent coding it (every candidate, with a budget; its k alone, in a uniform output
-    /// of a run that coded several).
+    /// of a run that coded several). Projections coded together (a window's projections at one
+    /// k) share their run's time evenly; the time of reading it counts where all its k's do.
     pub seconds: f64,
 }
 
@@ -232,7 +238,8 @@ pub enum Allocation {
 /// Codes the projections of the GGUF model `gguf_path` by `spec` into `out_dir` (see the module
 /// documentation), weighting and measuring codes by `hessians` (the calibration of the model's
 /// layer inputs, [`collect_hessians`](super::calibrate::collect_hessians)) where given, calling
-/// `progress` after each projection (each budget candidate) is coded. The output directory is
+/// `progress` for each projection (each budget candidate) once it is coded (after the run that
+/// codes its window at that k, in the order of the projections). The output directory is
 /// created if needed; files other than the ones written (and a stale shard index) are left alone.
 pub fn quantize_model(
     gguf_path: impl AsRef<Path>,
@@ -444,10 +451,10 @@ fn quantize_outputs(
         }
     }
 
-    // Every projection's codes: one per k some output needs.
-    let mut coded: Vec<CodedProjection> = Vec::with_capacity(plan.len());
-    for (i, (module, tensor, conventional)) in plan.iter().enumerate() {
-        let start = Instant::now();
+    // Every projection's codes: one per k some output needs. The projections are read a window at
+    // a time; the window's projections at one k are coded together, Hessian-weighted ones with
+    // their feedback steps in lockstep (code_projections), so one search call serves a step of all.
+    let ks_of = |module: &str| -> BTreeSet<u32> {
         let mut ks = BTreeSet::new();
         for (allocation, _) in outputs {
             match *allocation {
@@ -457,36 +464,76 @@ fn quantize_outputs(
                 }
             }
         }
-        // Reported as a candidate where the choice among its codes comes later.
-        let several = ks.len() > 1 || !budgets.is_empty();
-        let entry = (|| {
-            let w = gguf.dense_f32(tensor)?;
-            let [out, inf] = w.try_shape()?[..] else {
-                invalid!("{tensor} has shape {:?}, expected a 2-D weight [out, in]", w.shape());
-            };
-            let w = w.astype(Dtype::Float32)?.to_vec::<f32>()?;
-            let h = hessians.and_then(|hs| hs.for_module(module));
-            let mut p = CodedProjection {
-                codes: Vec::with_capacity(ks.len()),
+        ks
+    };
+    let mut coded: Vec<CodedProjection> = Vec::with_capacity(plan.len());
+    let mut first = 0;
+    while first < plan.len() {
+        let mut end = first;
+        let mut window_weights = 0usize;
+        while end < plan.len() {
+            let size: usize = gguf.tensor_shape(&plan[end].1)?.iter().product();
+            if end > first && window_weights.saturating_add(size) > WINDOW_WEIGHTS {
+                break;
+            }
+            window_weights = window_weights.saturating_add(size);
+            end += 1;
+        }
+        // The window's dense weights `[out, in]`, each read once for all its k's.
+        let mut dense = Vec::with_capacity(end - first);
+        for (module, tensor, _) in &plan[first..end] {
+            let start = Instant::now();
+            let d = (|| {
+                let w = gguf.dense_f32(tensor)?;
+                let [out, inf] = w.try_shape()?[..] else {
+                    invalid!("{tensor} has shape {:?}, expected a 2-D weight [out, in]", w.shape());
+                };
+                Ok((w.astype(Dtype::Float32)?.to_vec::<f32>()?, out, inf))
+            })()
+            .with_context(|| format!("coding {tensor} of {} as {module}", gguf_path.display()))?;
+            dense.push(d);
+            coded.push(CodedProjection {
+                codes: Vec::new(),
                 candidates: Vec::new(),
                 warnings: Vec::new(),
-                seconds: 0.0,
-            };
-            for &k in &ks {
-                let t = Instant::now();
-                let choice = choose_axis(out, inf, *conventional, BLOCK_LEN as usize)?;
-                let coding = ProjectionCoding {
-                    encoder: EncoderConfig {
-                        axis: *conventional,
-                        threads: spec.threads,
-                        backend: spec.backend,
-                        ..EncoderConfig::new(k, spec.l)
-                    },
-                    rotation_seed: spec.rotation.then(|| rotation_seed(module, choice.axis, spec.seed)),
-                    ldlq: spec.ldlq,
-                    baseline: spec.baseline,
-                };
-                let c = code_projection(module, &w, out, inf, h, &coding)?;
+                seconds: start.elapsed().as_secs_f64(),
+            });
+        }
+        let window_ks: BTreeSet<u32> = plan[first..end].iter().flat_map(|(m, _, _)| ks_of(m)).collect();
+        for k in window_ks {
+            let members: Vec<usize> = (first..end).filter(|&i| ks_of(&plan[i].0).contains(&k)).collect();
+            let jobs = members
+                .iter()
+                .map(|&i| {
+                    let (module, _, conventional) = &plan[i];
+                    let (w, out, inf) = &dense[i - first];
+                    let choice = choose_axis(*out, *inf, *conventional, BLOCK_LEN as usize)?;
+                    let coding = ProjectionCoding {
+                        encoder: EncoderConfig {
+                            axis: *conventional,
+                            threads: spec.threads,
+                            backend: spec.backend,
+                            ..EncoderConfig::new(k, spec.l)
+                        },
+                        rotation_seed: spec.rotation.then(|| rotation_seed(module, choice.axis, spec.seed)),
+                        ldlq: spec.ldlq,
+                        baseline: spec.baseline,
+                    };
+                    let hessian = hessians.and_then(|hs| hs.for_module(module));
+                    Ok(ProjectionJob { module, w, out_features: *out, in_features: *inf, hessian, coding })
+                })
+                .collect::<Result<Vec<_>>>()
+                .with_context(|| format!("coding {} at k {k}", gguf_path.display()))?;
+            let start = Instant::now();
+            let codes = code_projections(&jobs).with_context(|| format!("coding {} at k {k}", gguf_path.display()))?;
+            // One run coded them all: each is given an even share of its time.
+            let seconds = start.elapsed().as_secs_f64() / members.len() as f64;
+            for (&i, c) in members.iter().zip(codes) {
+                let (module, tensor, _) = &plan[i];
+                let (_, out, inf) = dense[i - first];
+                let p = &mut coded[i];
+                // Reported as a candidate where the choice among its codes comes later.
+                let several = ks_of(module).len() > 1 || !budgets.is_empty();
                 let (bits, weights) = stored_bits(&c.coded, [out, inf]);
                 let r = ModuleReport {
                     index: i + 1,
@@ -505,15 +552,16 @@ fn quantize_outputs(
                     warnings: c.warnings,
                     candidates: Vec::new(),
                     candidate: several,
-                    seconds: t.elapsed().as_secs_f64(),
+                    seconds,
                 };
                 progress(&r);
                 if !budgets.is_empty() && BUDGET_BITS.contains(&k) {
                     let Some(proxy) = r.proxy else {
-                        invalid!(
+                        return Err(Error::invalid(format!(
                             "{module}: no proxy error at k {k} ({}); a budget needs one for every projection",
                             r.warnings.join("; ")
-                        );
+                        )))
+                        .with_context(|| format!("coding {tensor} of {} as {module}", gguf_path.display()));
                     };
                     p.candidates.push(CandidateReport {
                         k,
@@ -528,13 +576,11 @@ fn quantize_outputs(
                         p.warnings.push(w.clone());
                     }
                 }
+                p.seconds += seconds;
                 p.codes.push((r, c.coded, bits));
             }
-            p.seconds = start.elapsed().as_secs_f64();
-            Ok(p)
-        })()
-        .with_context(|| format!("coding {tensor} of {} as {module}", gguf_path.display()))?;
-        coded.push(entry);
+        }
+        first = end;
     }
 
     // Each projection's candidates for the budgets: the same for every budget.
@@ -594,6 +640,12 @@ fn quantize_outputs(
     }
     Ok(reports)
 }
+
+/// The most dense weights read at once for coding together: 512 MiB of f32, and about ten times
+/// as much in all while they are coded (the rotated copies, LDLQ's f64 residuals, targets and
+/// reconstructions of every projection in the lockstep). A projection larger than this is a
+/// window alone.
+const WINDOW_WEIGHTS: usize = 1 << 27;
 
 fn check_bits(what: &str, k: u32) -> Result<()> {
     if !(2..=4).contains(&k) {

@@ -52,6 +52,13 @@
 //! block with the same values and scale. The output does not depend on the thread count or the
 //! search back-end. With `H = I` the feedback is exactly zero and the codes are the plain
 //! encoder's, bit for bit.
+//!
+//! # Several problems in lockstep
+//!
+//! [`encode_linear_ldlq_lockstep`] runs the feedback steps of several independent problems
+//! side by side and gives each step's blocks of all of them to one search call, so a search that
+//! is fast on large batches is not called once per small step of each problem. Each problem's
+//! feedback, guard and result are those of [`encode_linear_ldlq`] alone, bit for bit.
 
 use half::f16;
 
@@ -179,6 +186,140 @@ pub fn encode_linear_ldlq_with_targets(
     encode_ldlq(w, out_features, in_features, hessian, cfg, ldlq, &mut |_, _| {})
 }
 
+/// One independent problem of [`encode_linear_ldlq_lockstep`]: the arguments of one
+/// [`encode_linear_ldlq`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct LdlqProblem<'a> {
+    /// The dense weight `[out_features, in_features]`, row-major.
+    pub w: &'a [f32],
+    /// Output features (rows of `w`).
+    pub out_features: usize,
+    /// Input features (columns of `w`, the width of `H`).
+    pub in_features: usize,
+    /// `H` `[in, in]` in the basis of `w`; `None` codes unweighted.
+    pub hessian: Option<&'a [f64]>,
+    /// The problem's encoder; every problem of one call must agree on `k`, `l`, `t`, `backend`
+    /// and `threads` (the settings of the shared search), and may differ in `axis` and `layout`.
+    pub cfg: EncoderConfig,
+}
+
+/// Codes several independent problems as [`encode_linear_ldlq`] codes each alone, with the
+/// feedback steps of all of them in lockstep: at every step the blocks of that step of every
+/// problem still running go through one call of the block search (a GPU search is then given
+/// one large batch instead of many small ones), then each problem takes its codes back and
+/// feeds its own error forward. Problems with fewer steps finish earlier. A problem that is not
+/// coded weighted at the first damping (no `H`, an unusable one, a factor that is not positive
+/// definite, a target beyond the growth limit) leaves the lockstep and is coded alone by
+/// [`encode_linear_ldlq`]; since the encoder is deterministic, that gives its result.
+///
+/// Every result is bit for bit the one [`encode_linear_ldlq`] returns for that problem alone
+/// (each block is searched with the same values and scale, and the search of a block does not
+/// depend on the other blocks of the call). `progress(blocks_done, blocks)` counts the blocks
+/// of all problems. Errors on invalid arguments, as [`encode_linear_ldlq`] does, naming the
+/// problem, and on problems whose search settings differ.
+pub fn encode_linear_ldlq_lockstep(
+    problems: &[LdlqProblem<'_>],
+    ldlq: &LdlqConfig,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<LdlqEncoded>> {
+    ldlq.validate()?;
+    let checked = problems
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let c = Checked::new(p.w, p.out_features, p.in_features, p.hessian, &p.cfg, ldlq)
+                .with_context(|| format!("LDLQ lockstep: problem {i}"))?;
+            let first = &problems[0].cfg;
+            let search = |c: &EncoderConfig| (c.k, c.l, c.t, c.backend, c.threads);
+            if search(&p.cfg) != search(first) {
+                invalid!(
+                    "LDLQ lockstep: problem {i} searches with (k, L, T, backend, threads) = {:?}, problem 0 with {:?}; one search serves one setting",
+                    search(&p.cfg),
+                    search(first)
+                );
+            }
+            Ok(c)
+        })
+        .collect::<Result<Vec<Checked<'_>>>>()?;
+    let blocks: Vec<usize> = checked.iter().map(|c| c.rows * (c.cols / c.cfg.t as usize)).collect();
+    let total: usize = blocks.iter().sum();
+    let mut results: Vec<Option<LdlqEncoded>> = vec![None; problems.len()];
+    // Problems in the lockstep: their index and first attempt; the others are coded alone.
+    let mut running: Vec<(usize, FeedbackRun<'_>)> = Vec::new();
+    let mut alone = Vec::new();
+    for (i, c) in checked.iter().enumerate() {
+        match c.hessian.filter(|&h| unusable(h, c.n).is_none()) {
+            None => alone.push((i, 0)),
+            Some(h) => match feedback_factor(h, c.n, ldlq.damping, c.group(ldlq), c.threads)? {
+                None => alone.push((i, 0)),
+                Some(u) => running.push((i, FeedbackRun::new(c.coder(u, ldlq), c.group(ldlq))?)),
+            },
+        }
+    }
+    let mut done = 0;
+    if let Some((_, first)) = running.first() {
+        let cfg = *first.coder.cfg;
+        let lut = lut1mad(cfg.l)?;
+        let wpb = (cfg.t * cfg.k / 32) as usize;
+        while !running.is_empty() {
+            // The step's blocks of every running problem, in problem order.
+            let (mut targets, mut scales, mut taken) = (Vec::new(), Vec::new(), Vec::new());
+            let mut still = Vec::with_capacity(running.len());
+            for (i, mut run) in running.drain(..) {
+                match run.next_step()? {
+                    Step::Done => {
+                        let (d, c) = (ldlq.damping, &checked[i]);
+                        results[i] = Some(c.weighted(run.into_parts(), d, Vec::new())?.0);
+                    }
+                    Step::Abandoned(_) => {
+                        alone.push((i, run.blocks_done));
+                    }
+                    Step::Search(step_scales) => {
+                        targets.extend_from_slice(&run.step);
+                        scales.extend_from_slice(&step_scales);
+                        taken.push(step_scales.len());
+                        still.push((i, run));
+                    }
+                }
+            }
+            running = still;
+            if running.is_empty() {
+                break;
+            }
+            let n_blocks = scales.len();
+            let (mut codes, mut rec) = (vec![0u32; n_blocks * wpb], vec![0f32; n_blocks * cfg.t as usize]);
+            let rows = RowsOf {
+                weights: &targets,
+                codes: &mut codes,
+                reconstruction: &mut rec,
+                scales: &scales,
+                cols: cfg.t as usize,
+            };
+            search_and_code(rows, None, &cfg, &lut, BlockSearch::Viterbi, &mut |d, _| progress(done + d, total))
+                .context("LDLQ lockstep: a step's search")?;
+            done += n_blocks;
+            let mut b0 = 0;
+            for ((_, run), n) in running.iter_mut().zip(taken) {
+                let t = cfg.t as usize;
+                run.absorb(&codes[b0 * wpb..(b0 + n) * wpb], &rec[b0 * t..(b0 + n) * t]);
+                b0 += n;
+            }
+        }
+    }
+    // The rest alone, from the start, as encode_linear_ldlq codes them.
+    alone.sort_unstable();
+    for (i, coded) in alone {
+        let c = &checked[i];
+        results[i] = Some(c.solve(ldlq, &mut |_, _| {}).with_context(|| format!("LDLQ lockstep: problem {i}"))?.0);
+        done += blocks[i] - coded;
+        progress(done, total);
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| crate::Error::invalid("LDLQ lockstep: a problem was left uncoded")))
+        .collect()
+}
+
 fn encode_ldlq(
     w: &[f32],
     out_features: usize,
@@ -188,98 +329,154 @@ fn encode_ldlq(
     ldlq: &LdlqConfig,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<(LdlqEncoded, Vec<f32>)> {
-    cfg.validate()?;
-    ldlq.validate()?;
-    if cfg.rotation.is_some() {
-        invalid!(
-            "LDLQ: codes the matrix as given and its result cannot record a rotation (set rotation: None; to code a rotated layer, rotate the weights along the coded axis first and, on axis 1, H with rotate_hessian)"
-        );
-    }
-    let (stored, rows, cols) = stored_from_linear(w, out_features, in_features, cfg.axis)?;
-    let t = cfg.t as usize;
-    if rows == 0 || cols == 0 || cols % t != 0 {
-        invalid!(
-            "LDLQ: the stored matrix [{rows}, {cols}] is empty or not a whole number of {t}-weight blocks per row (LDLQ does not pad the coded axis; code_linear pads, unweighted)"
-        );
-    }
-    if let Some(i) = stored.iter().position(|v| !v.is_finite()) {
-        invalid!(
-            "LDLQ: stored weight at row {}, column {} is {} (the input must be finite)",
-            i / cols,
-            i % cols,
-            stored[i]
-        );
-    }
-    let n = in_features;
-    let threads = cfg.thread_count(rows.max(cols));
-    let mut warnings = Vec::new();
-    let unweighted = |warnings: Vec<String>, proxy_h: Option<&[f64]>, progress: &mut dyn FnMut(usize, usize)| {
-        let blocks = rows * (cols / t);
-        let encoded =
-            encode_with_progress(&stored, rows, cols, cfg, &mut |done, _| progress(done * (cols / t), blocks))?;
-        let proxy = match proxy_h {
-            Some(h) => {
-                Some(proxy_error(w, &encoded.reconstruction, out_features, in_features, cfg.axis, h, Some(threads))?)
-            }
-            None => None,
-        };
-        Ok::<_, crate::Error>((
-            LdlqEncoded { encoded, outcome: LdlqOutcome::Unweighted, proxy, warnings },
-            stored.clone(),
-        ))
-    };
-    let Some(h) = hessian else {
-        warnings.push("LDLQ: no H given; coded unweighted".to_string());
-        return unweighted(warnings, None, progress);
-    };
-    check_len(h, n, "LDLQ")?;
-    if let Some(why) = unusable(h, n) {
-        warnings.push(format!("LDLQ: {why}; coded unweighted"));
-        let finite = h.iter().all(|v| v.is_finite());
-        return unweighted(warnings, finite.then_some(h), progress);
-    }
-    let group = if cfg.axis == 1 { t } else { ldlq.stored_row_group };
-    let mut damping = ldlq.damping;
-    for _attempt in 0..=ldlq.retries {
-        let step = match feedback_factor(h, n, damping, group, threads)? {
-            None => Err(format!("H + {damping} · mean(diag H) · I is not positive definite")),
-            Some(u) => {
-                let coder = FeedbackCoder {
-                    stored: &stored,
-                    rows,
-                    cols,
-                    u: &u,
-                    n,
-                    cfg,
-                    growth_limit: ldlq.growth_limit,
-                    threads,
-                };
-                if cfg.axis == 1 {
-                    coder.code_input_blocks(progress)?
-                } else {
-                    coder.code_stored_rows(group, progress)?
-                }
-            }
-        };
-        match step {
-            Ok((codes, scales, reconstruction, targets)) => {
-                let encoded = finish(&stored, rows, cols, cfg, codes, scales, reconstruction)?;
-                let proxy =
-                    proxy_error(w, &encoded.reconstruction, out_features, in_features, cfg.axis, h, Some(threads))?;
-                let outcome = LdlqOutcome::Weighted { damping };
-                return Ok((LdlqEncoded { encoded, outcome, proxy: Some(proxy), warnings }, targets));
-            }
-            Err(why) => warnings.push(format!("LDLQ: damping {damping}: {why}; retrying with {}", damping * 10.0)),
-        }
-        // Zero damping cannot grow by multiplication; the first retry uses the default.
-        damping = if damping == 0.0 { LdlqConfig::default().damping } else { damping * 10.0 };
-    }
-    warnings.push(format!("LDLQ: no attempt succeeded after {} retries; coded unweighted", ldlq.retries));
-    unweighted(warnings, Some(h), progress)
+    Checked::new(w, out_features, in_features, hessian, cfg, ldlq)?.solve(ldlq, progress)
 }
 
-/// Codes, scales, reconstruction and targets of a finished attempt, or why it was abandoned.
-type Attempt = std::result::Result<(Vec<u32>, Vec<f16>, Vec<f32>, Vec<f32>), String>;
+/// A problem whose arguments passed every check, with its stored matrix.
+struct Checked<'a> {
+    w: &'a [f32],
+    out_features: usize,
+    in_features: usize,
+    hessian: Option<&'a [f64]>,
+    cfg: &'a EncoderConfig,
+    stored: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    n: usize,
+    threads: usize,
+}
+
+impl<'a> Checked<'a> {
+    /// The checks of [`encode_linear_ldlq`], in its order (`ldlq` is validated by the caller).
+    fn new(
+        w: &'a [f32],
+        out_features: usize,
+        in_features: usize,
+        hessian: Option<&'a [f64]>,
+        cfg: &'a EncoderConfig,
+        ldlq: &LdlqConfig,
+    ) -> Result<Checked<'a>> {
+        cfg.validate()?;
+        ldlq.validate()?;
+        if cfg.rotation.is_some() {
+            invalid!(
+                "LDLQ: codes the matrix as given and its result cannot record a rotation (set rotation: None; to code a rotated layer, rotate the weights along the coded axis first and, on axis 1, H with rotate_hessian)"
+            );
+        }
+        let (stored, rows, cols) = stored_from_linear(w, out_features, in_features, cfg.axis)?;
+        let t = cfg.t as usize;
+        if rows == 0 || cols == 0 || cols % t != 0 {
+            invalid!(
+                "LDLQ: the stored matrix [{rows}, {cols}] is empty or not a whole number of {t}-weight blocks per row (LDLQ does not pad the coded axis; code_linear pads, unweighted)"
+            );
+        }
+        if let Some(i) = stored.iter().position(|v| !v.is_finite()) {
+            invalid!(
+                "LDLQ: stored weight at row {}, column {} is {} (the input must be finite)",
+                i / cols,
+                i % cols,
+                stored[i]
+            );
+        }
+        let n = in_features;
+        if let Some(h) = hessian {
+            check_len(h, n, "LDLQ")?;
+        }
+        let threads = cfg.thread_count(rows.max(cols));
+        Ok(Checked { w, out_features, in_features, hessian, cfg, stored, rows, cols, n, threads })
+    }
+
+    /// The input features coded per feedback step.
+    fn group(&self, ldlq: &LdlqConfig) -> usize {
+        if self.cfg.axis == 1 {
+            self.cfg.t as usize
+        } else {
+            ldlq.stored_row_group
+        }
+    }
+
+    fn coder(&self, u: Vec<f64>, ldlq: &LdlqConfig) -> FeedbackCoder<'_> {
+        FeedbackCoder {
+            stored: &self.stored,
+            rows: self.rows,
+            cols: self.cols,
+            u,
+            n: self.n,
+            cfg: self.cfg,
+            growth_limit: ldlq.growth_limit,
+            threads: self.threads,
+        }
+    }
+
+    fn proxy(&self, h: &[f64], reconstruction: &[f32]) -> Result<ProxyError> {
+        let (w, out, inf, axis) = (self.w, self.out_features, self.in_features, self.cfg.axis);
+        proxy_error(w, reconstruction, out, inf, axis, h, Some(self.threads))
+    }
+
+    /// The result of an attempt at `damping` that ran to the end.
+    fn weighted(&self, parts: Parts, damping: f64, warnings: Vec<String>) -> Result<(LdlqEncoded, Vec<f32>)> {
+        let (codes, scales, reconstruction, targets) = parts;
+        let encoded = finish(&self.stored, self.rows, self.cols, self.cfg, codes, scales, reconstruction)?;
+        let h = self.hessian.ok_or_else(|| crate::Error::invalid("LDLQ: a weighted code without H"))?;
+        let proxy = self.proxy(h, &encoded.reconstruction)?;
+        let outcome = LdlqOutcome::Weighted { damping };
+        Ok((LdlqEncoded { encoded, outcome, proxy: Some(proxy), warnings }, targets))
+    }
+
+    /// The plain encoder's code, with the proxy error against `proxy_h` where given.
+    fn unweighted(
+        &self,
+        warnings: Vec<String>,
+        proxy_h: Option<&[f64]>,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<(LdlqEncoded, Vec<f32>)> {
+        let (rows, cols, t) = (self.rows, self.cols, self.cfg.t as usize);
+        let blocks = rows * (cols / t);
+        let encoded = encode_with_progress(&self.stored, rows, cols, self.cfg, &mut |done, _| {
+            progress(done * (cols / t), blocks)
+        })?;
+        let proxy = match proxy_h {
+            Some(h) => Some(self.proxy(h, &encoded.reconstruction)?),
+            None => None,
+        };
+        Ok((LdlqEncoded { encoded, outcome: LdlqOutcome::Unweighted, proxy, warnings }, self.stored.clone()))
+    }
+
+    /// Codes the problem alone: the fallbacks, then the attempts at growing damping.
+    fn solve(&self, ldlq: &LdlqConfig, progress: &mut dyn FnMut(usize, usize)) -> Result<(LdlqEncoded, Vec<f32>)> {
+        let (n, cfg) = (self.n, self.cfg);
+        let mut warnings = Vec::new();
+        let Some(h) = self.hessian else {
+            warnings.push("LDLQ: no H given; coded unweighted".to_string());
+            return self.unweighted(warnings, None, progress);
+        };
+        if let Some(why) = unusable(h, n) {
+            warnings.push(format!("LDLQ: {why}; coded unweighted"));
+            let finite = h.iter().all(|v| v.is_finite());
+            return self.unweighted(warnings, finite.then_some(h), progress);
+        }
+        let group = self.group(ldlq);
+        let lut = lut1mad(cfg.l)?;
+        let mut damping = ldlq.damping;
+        for _attempt in 0..=ldlq.retries {
+            let step = match feedback_factor(h, n, damping, group, self.threads)? {
+                None => Err(format!("H + {damping} · mean(diag H) · I is not positive definite")),
+                Some(u) => FeedbackRun::new(self.coder(u, ldlq), group)?.run_alone(&lut, progress)?,
+            };
+            match step {
+                Ok(parts) => return self.weighted(parts, damping, warnings),
+                Err(why) => warnings.push(format!("LDLQ: damping {damping}: {why}; retrying with {}", damping * 10.0)),
+            }
+            // Zero damping cannot grow by multiplication; the first retry uses the default.
+            damping = if damping == 0.0 { LdlqConfig::default().damping } else { damping * 10.0 };
+        }
+        warnings.push(format!("LDLQ: no attempt succeeded after {} retries; coded unweighted", ldlq.retries));
+        self.unweighted(warnings, Some(h), progress)
+    }
+}
+
+/// Codes, scales, reconstruction and targets of a finished attempt.
+type Parts = (Vec<u32>, Vec<f16>, Vec<f32>, Vec<f32>);
 
 /// Assembles the [`Encoded`] of row-major codes: the layout conversion and the mean squared
 /// error against the stored weights, summed in row-major order as the plain encoder does.
@@ -307,130 +504,208 @@ struct FeedbackCoder<'a> {
     stored: &'a [f32],
     rows: usize,
     cols: usize,
-    u: &'a [f64],
+    u: Vec<f64>,
     n: usize,
     cfg: &'a EncoderConfig,
     growth_limit: f64,
     threads: usize,
 }
 
-impl FeedbackCoder<'_> {
-    /// The largest RMS allowed for a target drawn from stored row `r`.
-    fn limits(&self) -> Vec<f64> {
-        let all = rms(self.stored);
-        self.stored.chunks_exact(self.cols).map(|row| self.growth_limit * rms(row).max(all)).collect()
+/// What [`FeedbackRun::next_step`] found.
+enum Step {
+    /// Every block is coded.
+    Done,
+    /// The attempt is abandoned, for this reason.
+    Abandoned(String),
+    /// The step's targets are in [`FeedbackRun::step`] (rows of `T`, one block each), with these
+    /// scales, one per block: search them and give the codes to [`FeedbackRun::absorb`].
+    Search(Vec<f16>),
+}
+
+/// One attempt in progress, a feedback step at a time: on axis 1 an input block of every stored
+/// row (BlockLDLQ over the stored columns), on axis 0 a group of stored rows (LDLQ over the
+/// input features). On axis 0 the feedback from the rows before a span of [`SPAN_ROWS`] is summed
+/// once for the whole span, the rest per step.
+struct FeedbackRun<'a> {
+    coder: FeedbackCoder<'a>,
+    /// Axis 0: stored rows per step and per span.
+    group: usize,
+    span_rows: usize,
+    lut_rms: f64,
+    limits: Vec<f64>,
+    words_per_row: usize,
+    codes: Vec<u32>,
+    reconstruction: Vec<f32>,
+    targets: Vec<f32>,
+    scales: Vec<f16>,
+    /// W − Ŵ (axis 1) or S − Ŝ (axis 0) of what is already coded, `[rows, cols]`.
+    residual: Vec<f64>,
+    /// Axis 1: the step's targets `[rows, T]`; axis 0: the span's partial targets.
+    scratch: Vec<f64>,
+    /// The step's targets as searched (f32, rows of `T`).
+    step: Vec<f32>,
+    /// Axis 1: the next input block; axis 0: the first stored row of the next step, the span
+    /// `[s0, s1)` it is in and the end of the step in progress.
+    next: usize,
+    s0: usize,
+    s1: usize,
+    g1: usize,
+    /// Blocks coded so far.
+    blocks_done: usize,
+}
+
+impl<'a> FeedbackRun<'a> {
+    fn new(coder: FeedbackCoder<'a>, group: usize) -> Result<FeedbackRun<'a>> {
+        let (rows, cols, t) = (coder.rows, coder.cols, coder.cfg.t as usize);
+        let cfg = coder.cfg;
+        let geometry = TrellisGeometry::row_major(rows, cols, cfg.k, cfg.t, cfg.l, cfg.axis)?;
+        let lut_rms = rms(&lut1mad(cfg.l)?);
+        let all = rms(coder.stored);
+        let limits = coder.stored.chunks_exact(cols).map(|row| coder.growth_limit * rms(row).max(all)).collect();
+        let size = || format!("the LDLQ buffers of [{rows}, {cols}]");
+        // Axis 1 takes each row's scale from the original row; axis 0 from its target.
+        let scales = if cfg.axis == 1 {
+            coder
+                .stored
+                .chunks_exact(cols)
+                .enumerate()
+                .map(|(r, row)| row_scale(row, lut_rms, r))
+                .collect::<Result<Vec<f16>>>()?
+        } else {
+            vec![f16::ONE; rows]
+        };
+        let span_rows = group * (SPAN_ROWS / group).max(1);
+        let scratch = try_filled(if cfg.axis == 1 { rows * t } else { span_rows * cols }, 0f64, size)?;
+        Ok(FeedbackRun {
+            group,
+            span_rows,
+            lut_rms,
+            limits,
+            words_per_row: geometry.code_words() / rows,
+            codes: try_filled(geometry.code_words(), 0u32, size)?,
+            reconstruction: try_filled(rows * cols, 0f32, size)?,
+            targets: try_filled(rows * cols, 0f32, size)?,
+            scales,
+            residual: try_filled(rows * cols, 0f64, size)?,
+            scratch,
+            step: Vec::new(),
+            next: 0,
+            s0: 0,
+            s1: 0,
+            g1: 0,
+            blocks_done: 0,
+            coder,
+        })
     }
 
-    /// Axis 1: BlockLDLQ over the input blocks (the stored columns), one trellis block of every
-    /// stored row per step.
-    fn code_input_blocks(&self, progress: &mut dyn FnMut(usize, usize)) -> Result<Attempt> {
-        let (rows, cols, t, n, u) = (self.rows, self.cols, self.cfg.t as usize, self.n, self.u);
-        let blocks = cols / t;
-        let geometry = TrellisGeometry::row_major(rows, cols, self.cfg.k, self.cfg.t, self.cfg.l, self.cfg.axis)?;
-        let (words_per_row, wpb) = (geometry.code_words() / rows, geometry.code_words() / rows / blocks);
-        let lut = lut1mad(self.cfg.l)?;
-        let lut_rms = rms(&lut);
-        let scales = self
-            .stored
-            .chunks_exact(cols)
-            .enumerate()
-            .map(|(r, row)| row_scale(row, lut_rms, r))
-            .collect::<Result<Vec<f16>>>()?;
-        let limits = self.limits();
-        let size = || format!("the LDLQ buffers of [{rows}, {cols}]");
-        let mut codes = try_filled(geometry.code_words(), 0u32, size)?;
-        let mut reconstruction = try_filled(rows * cols, 0f32, size)?;
-        let mut targets_all = try_filled(rows * cols, 0f32, size)?;
-        // W − Ŵ of the blocks already coded ([rows, cols], f64).
-        let mut residual = try_filled(rows * cols, 0f64, size)?;
-        let mut target = try_filled(rows * t, 0f64, size)?;
-        let (mut step_codes, mut step_rec) = (vec![0u32; rows * wpb], vec![0f32; rows * t]);
-        for b in 0..blocks {
-            let c0 = b * t;
-            let (stored, residual_ref) = (self.stored, &residual);
-            // target[o] = W[o, c0..c0+T] + Σ_{j < c0} residual[o, j] · U[j, c0..c0+T], for
-            // FEEDBACK_ROWS rows per pass over U's slice (each row's sum in the same order).
-            rows_in_parallel(&mut target, t, self.threads, |first, run| {
-                for (pass, accs) in run.chunks_mut(FEEDBACK_ROWS * t).enumerate() {
-                    let o0 = first + pass * FEEDBACK_ROWS;
-                    for (i, acc) in accs.chunks_exact_mut(t).enumerate() {
-                        let o = o0 + i;
-                        for (a, &v) in acc.iter_mut().zip(&stored[o * cols + c0..o * cols + c0 + t]) {
-                            *a = v as f64;
-                        }
-                    }
-                    for j in 0..c0 {
-                        let u_row = &u[j * n + c0..j * n + c0 + t];
-                        for (i, acc) in accs.chunks_exact_mut(t).enumerate() {
-                            axpy(acc, residual_ref[(o0 + i) * cols + j], u_row);
-                        }
+    /// Runs every step with its own search call.
+    fn run_alone(
+        mut self,
+        lut: &[f32],
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<std::result::Result<Parts, String>> {
+        let cfg = *self.coder.cfg;
+        let (t, wpb) = (cfg.t as usize, (cfg.t * cfg.k / 32) as usize);
+        let blocks = self.coder.rows * (self.coder.cols / t);
+        loop {
+            let scales = match self.next_step()? {
+                Step::Done => return Ok(Ok(self.into_parts())),
+                Step::Abandoned(why) => return Ok(Err(why)),
+                Step::Search(scales) => scales,
+            };
+            let (mut codes, mut rec) = (vec![0u32; scales.len() * wpb], vec![0f32; scales.len() * t]);
+            let rows =
+                RowsOf { weights: &self.step, codes: &mut codes, reconstruction: &mut rec, scales: &scales, cols: t };
+            let before = self.blocks_done;
+            search_and_code(rows, None, &cfg, lut, BlockSearch::Viterbi, &mut |done, _| {
+                progress(before + done, blocks)
+            })
+            .with_context(|| self.step_name())?;
+            self.absorb(&codes, &rec);
+        }
+    }
+
+    fn step_name(&self) -> String {
+        if self.coder.cfg.axis == 1 {
+            format!("LDLQ: input block {}", self.next)
+        } else {
+            format!("LDLQ: stored rows {}..{}", self.next, self.g1)
+        }
+    }
+
+    fn into_parts(self) -> Parts {
+        (self.codes, self.scales, self.reconstruction, self.targets)
+    }
+
+    /// The next step's targets, or why the attempt stops.
+    fn next_step(&mut self) -> Result<Step> {
+        if self.coder.cfg.axis == 1 {
+            self.next_input_block()
+        } else {
+            self.next_row_group()
+        }
+    }
+
+    /// Axis 1: block `b`'s target of every stored row.
+    fn next_input_block(&mut self) -> Result<Step> {
+        let c = &self.coder;
+        let (rows, cols, t, n, u) = (c.rows, c.cols, c.cfg.t as usize, c.n, &c.u[..]);
+        let b = self.next;
+        if b == cols / t {
+            return Ok(Step::Done);
+        }
+        let c0 = b * t;
+        let (stored, residual_ref) = (c.stored, &self.residual);
+        // target[o] = W[o, c0..c0+T] + Σ_{j < c0} residual[o, j] · U[j, c0..c0+T], for
+        // FEEDBACK_ROWS rows per pass over U's slice (each row's sum in the same order).
+        rows_in_parallel(&mut self.scratch, t, c.threads, |first, run| {
+            for (pass, accs) in run.chunks_mut(FEEDBACK_ROWS * t).enumerate() {
+                let o0 = first + pass * FEEDBACK_ROWS;
+                for (i, acc) in accs.chunks_exact_mut(t).enumerate() {
+                    let o = o0 + i;
+                    for (a, &v) in acc.iter_mut().zip(&stored[o * cols + c0..o * cols + c0 + t]) {
+                        *a = v as f64;
                     }
                 }
-            });
-            let target_f32: Vec<f32> = target.iter().map(|&v| v as f32).collect();
-            for (o, block) in target_f32.chunks_exact(t).enumerate() {
-                let got = rms(block);
-                if got.is_nan() || got > limits[o] {
-                    return Ok(Err(format!(
-                        "the target of stored row {o}, block {b} has RMS {got:.4e}, above {} times its row's",
-                        self.growth_limit
-                    )));
+                for j in 0..c0 {
+                    let u_row = &u[j * n + c0..j * n + c0 + t];
+                    for (i, acc) in accs.chunks_exact_mut(t).enumerate() {
+                        axpy(acc, residual_ref[(o0 + i) * cols + j], u_row);
+                    }
                 }
             }
-            let step = RowsOf {
-                weights: &target_f32,
-                codes: &mut step_codes,
-                reconstruction: &mut step_rec,
-                scales: &scales,
-                cols: t,
-            };
-            search_and_code(step, None, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| {
-                progress(b * rows + done, blocks * rows)
-            })
-            .with_context(|| format!("LDLQ: input block {b}"))?;
-            for o in 0..rows {
-                let words = o * words_per_row + b * wpb;
-                codes[words..words + wpb].copy_from_slice(&step_codes[o * wpb..(o + 1) * wpb]);
-                let at = o * cols + c0;
-                reconstruction[at..at + t].copy_from_slice(&step_rec[o * t..(o + 1) * t]);
-                targets_all[at..at + t].copy_from_slice(&target_f32[o * t..(o + 1) * t]);
-                for ((res, &w), &q) in residual[at..at + t].iter_mut().zip(&stored[at..at + t]).zip(&step_rec[o * t..])
-                {
-                    *res = w as f64 - q as f64;
-                }
+        });
+        self.step.clear();
+        self.step.extend(self.scratch.iter().map(|&v| v as f32));
+        for (o, block) in self.step.chunks_exact(t).enumerate() {
+            let got = rms(block);
+            if got.is_nan() || got > self.limits[o] {
+                return Ok(Step::Abandoned(format!(
+                    "the target of stored row {o}, block {b} has RMS {got:.4e}, above {} times its row's",
+                    c.growth_limit
+                )));
             }
         }
-        Ok(Ok((codes, scales, reconstruction, targets_all)))
+        debug_assert_eq!(self.scales.len(), rows);
+        Ok(Step::Search(self.scales.clone()))
     }
 
-    /// Axis 0: LDLQ over the stored rows (input features), `group` rows per step. The feedback
-    /// from rows before a span of [`SPAN_ROWS`] is summed once for the whole span, the rest per
-    /// step.
-    fn code_stored_rows(&self, group: usize, progress: &mut dyn FnMut(usize, usize)) -> Result<Attempt> {
-        let (rows, cols, t, n, u) = (self.rows, self.cols, self.cfg.t as usize, self.n, self.u);
-        let blocks_per_row = cols / t;
-        let geometry = TrellisGeometry::row_major(rows, cols, self.cfg.k, self.cfg.t, self.cfg.l, self.cfg.axis)?;
-        let words_per_row = geometry.code_words() / rows;
-        let lut = lut1mad(self.cfg.l)?;
-        let lut_rms = rms(&lut);
-        let limits = self.limits();
-        let size = || format!("the LDLQ buffers of [{rows}, {cols}]");
-        let mut codes = try_filled(geometry.code_words(), 0u32, size)?;
-        let mut reconstruction = try_filled(rows * cols, 0f32, size)?;
-        let mut targets_all = try_filled(rows * cols, 0f32, size)?;
-        let mut scales = vec![f16::ONE; rows];
-        // S − Ŝ of the rows already coded ([rows, cols], f64).
-        let mut residual = try_filled(rows * cols, 0f64, size)?;
-        let span_rows = group * (SPAN_ROWS / group).max(1);
-        let mut span = try_filled(span_rows * cols, 0f64, size)?;
-        let mut s0 = 0;
-        while s0 < rows {
-            let s1 = (s0 + span_rows).min(rows);
-            let span = &mut span[..(s1 - s0) * cols];
-            let (stored, residual_ref) = (self.stored, &residual);
+    /// Axis 0: the targets of the next group of stored rows (starting a span where needed).
+    fn next_row_group(&mut self) -> Result<Step> {
+        let c = &self.coder;
+        let (rows, cols, t, n, u) = (c.rows, c.cols, c.cfg.t as usize, c.n, &c.u[..]);
+        let g0 = self.next;
+        if g0 == rows {
+            return Ok(Step::Done);
+        }
+        if g0 == self.s1 {
+            let (s0, s1) = (g0, (g0 + self.span_rows).min(rows));
+            (self.s0, self.s1) = (s0, s1);
+            let span = &mut self.scratch[..(s1 - s0) * cols];
+            let (stored, residual_ref) = (c.stored, &self.residual);
             // span[i] = S[s0 + i] + Σ_{j < s0} U[j, s0 + i] · residual[j]; each residual row is
             // read once per thread and applied to all of the thread's rows.
-            rows_in_parallel(span, cols, self.threads, |first, run| {
+            rows_in_parallel(span, cols, c.threads, |first, run| {
                 for (i, acc) in run.chunks_exact_mut(cols).enumerate() {
                     let r = s0 + first + i;
                     for (a, &v) in acc.iter_mut().zip(&stored[r * cols..(r + 1) * cols]) {
@@ -444,57 +719,71 @@ impl FeedbackCoder<'_> {
                     }
                 }
             });
-            let mut g0 = s0;
-            while g0 < s1 {
-                let g1 = (g0 + group).min(s1);
-                // The feedback from the span's rows already coded, then the group's targets.
-                let mut targets = Vec::with_capacity((g1 - g0) * cols);
-                for i in g0..g1 {
-                    let acc = &mut span[(i - s0) * cols..(i - s0 + 1) * cols];
-                    for j in s0..g0 {
-                        axpy(acc, u[j * n + i], &residual[j * cols..(j + 1) * cols]);
-                    }
-                    targets.extend(acc.iter().map(|&v| v as f32));
-                }
-                let mut block_scales = Vec::with_capacity((g1 - g0) * blocks_per_row);
-                for (i, row) in targets.chunks_exact(cols).enumerate() {
-                    let r = g0 + i;
-                    let got = rms(row);
-                    if got.is_nan() || got > limits[r] {
-                        return Ok(Err(format!(
-                            "the target of stored row {r} has RMS {got:.4e}, above {} times its original's",
-                            self.growth_limit
-                        )));
-                    }
-                    scales[r] = row_scale(row, lut_rms, r)?;
-                    block_scales.extend(std::iter::repeat_n(scales[r], blocks_per_row));
-                }
-                // The group's rows are contiguous in the codes and the reconstruction; viewed as
-                // rows of one block each, every block of the step is a unit of the search.
-                let step = RowsOf {
-                    weights: &targets,
-                    codes: &mut codes[g0 * words_per_row..g1 * words_per_row],
-                    reconstruction: &mut reconstruction[g0 * cols..g1 * cols],
-                    scales: &block_scales,
-                    cols: t,
-                };
-                let done_before = g0 * blocks_per_row;
-                search_and_code(step, None, self.cfg, &lut, BlockSearch::Viterbi, &mut |done, _| {
-                    progress(done_before + done, rows * blocks_per_row)
-                })
-                .with_context(|| format!("LDLQ: stored rows {g0}..{g1}"))?;
-                targets_all[g0 * cols..g1 * cols].copy_from_slice(&targets);
-                let at = g0 * cols..g1 * cols;
+        }
+        let (s0, g1) = (self.s0, (g0 + self.group).min(self.s1));
+        self.g1 = g1;
+        // The feedback from the span's rows already coded, then the group's targets.
+        self.step.clear();
+        for i in g0..g1 {
+            let acc = &mut self.scratch[(i - s0) * cols..(i - s0 + 1) * cols];
+            for j in s0..g0 {
+                axpy(acc, u[j * n + i], &self.residual[j * cols..(j + 1) * cols]);
+            }
+            self.step.extend(acc.iter().map(|&v| v as f32));
+        }
+        let blocks_per_row = cols / t;
+        let mut block_scales = Vec::with_capacity((g1 - g0) * blocks_per_row);
+        for (i, row) in self.step.chunks_exact(cols).enumerate() {
+            let r = g0 + i;
+            let got = rms(row);
+            if got.is_nan() || got > self.limits[r] {
+                return Ok(Step::Abandoned(format!(
+                    "the target of stored row {r} has RMS {got:.4e}, above {} times its original's",
+                    c.growth_limit
+                )));
+            }
+            self.scales[r] = row_scale(row, self.lut_rms, r)?;
+            block_scales.extend(std::iter::repeat_n(self.scales[r], blocks_per_row));
+        }
+        Ok(Step::Search(block_scales))
+    }
+
+    /// Takes the searched step's codes (row-major, one block per row) and reconstruction, and
+    /// records its error for the feedback of the steps after it.
+    fn absorb(&mut self, step_codes: &[u32], step_rec: &[f32]) {
+        let c = &self.coder;
+        let (rows, cols, t) = (c.rows, c.cols, c.cfg.t as usize);
+        let wpr = self.words_per_row;
+        if c.cfg.axis == 1 {
+            let b = self.next;
+            let (c0, wpb) = (b * t, wpr / (cols / t));
+            for o in 0..rows {
+                let words = o * wpr + b * wpb;
+                self.codes[words..words + wpb].copy_from_slice(&step_codes[o * wpb..(o + 1) * wpb]);
+                let at = o * cols + c0;
+                self.reconstruction[at..at + t].copy_from_slice(&step_rec[o * t..(o + 1) * t]);
+                self.targets[at..at + t].copy_from_slice(&self.step[o * t..(o + 1) * t]);
                 for ((res, &w), &q) in
-                    residual[at.clone()].iter_mut().zip(&self.stored[at.clone()]).zip(&reconstruction[at])
+                    self.residual[at..at + t].iter_mut().zip(&c.stored[at..at + t]).zip(&step_rec[o * t..])
                 {
                     *res = w as f64 - q as f64;
                 }
-                g0 = g1;
             }
-            s0 = s1;
+            self.next = b + 1;
+            self.blocks_done += rows;
+        } else {
+            let (g0, g1) = (self.next, self.g1);
+            // The group's rows are contiguous in the codes and the reconstruction.
+            self.codes[g0 * wpr..g1 * wpr].copy_from_slice(step_codes);
+            let at = g0 * cols..g1 * cols;
+            self.reconstruction[at.clone()].copy_from_slice(step_rec);
+            self.targets[at.clone()].copy_from_slice(&self.step);
+            for ((res, &w), &q) in self.residual[at.clone()].iter_mut().zip(&c.stored[at]).zip(step_rec) {
+                *res = w as f64 - q as f64;
+            }
+            self.next = g1;
+            self.blocks_done += (g1 - g0) * (cols / t);
         }
-        Ok(Ok((codes, scales, reconstruction, targets_all)))
     }
 }
 

@@ -93,7 +93,10 @@ use block::BlockCoder;
 pub use hessian::{proxy_error, rotate_hessian, ProxyError};
 #[doc(hidden)]
 pub use ldlq::encode_linear_ldlq_with_targets;
-pub use ldlq::{encode_linear_ldlq, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded, LdlqOutcome};
+pub use ldlq::{
+    encode_linear_ldlq, encode_linear_ldlq_lockstep, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded,
+    LdlqOutcome, LdlqProblem,
+};
 pub use linear::{choose_axis, code_linear, AxisChoice, CodedLinear, RotationSpec};
 pub use quality::{quality, Quality, RELATIVE_MSE_BOUND};
 
