@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Where a coded MLP layer's GPU time goes, from Nsight Compute's kernel durations.
+
+Input: the CSV that `ncu --metrics gpu__time_duration.sum --print-units base --csv --page raw
+--log-file FILE` writes while a model runs (for example `bench_model --variant dir:MODEL --rounds 1
+--tokens 2 --warmup 1 --rows 1 --chains 1`). A coded MLP layer is the run of kernels from the
+first activation pre-pass after an RMSNorm to the next trellis axis-1 kernel (SmolLM2's layout:
+gate and up on the axis-0 kernel, down on the axis-1 kernel). Prints, per kind of kernel, the
+launches and the median µs per layer, and the total.
+
+    python3 scripts/ncu_mlp_layers.py ncu.csv
+"""
+import collections
+import csv
+import re
+import statistics
+import sys
+
+KINDS = [
+    ("down_mma", "axis-0 kernel (trellis down_mma)"),
+    ("gate_up", "axis-1 kernel (trellis gate_up)"),
+    ("prescale", "activation pre-passes"),
+    ("hadamard", "Hadamard transforms"),
+    ("copy_v", "dtype copies"),
+]
+
+
+def kernels(path):
+    with open(path, newline="") as f:
+        rows = list(csv.reader(line for line in f if line.startswith('"')))
+    if not rows:
+        sys.exit(f"{path}: no CSV rows (was ncu run with --csv --page raw?)")
+    head = rows[0]
+    name_at, time_at = head.index("Kernel Name"), head.index("gpu__time_duration.sum")
+    for r in rows[1:]:
+        try:
+            ns = float(r[time_at].replace(",", ""))
+        except (ValueError, IndexError):
+            continue  # the units row
+        yield re.sub(r"^void |\(.*", "", r[name_at]), ns
+
+
+def layers(seq):
+    i = 0
+    while i < len(seq) - 1:
+        if "rms_norm" in seq[i][0] and "prescale" in seq[i + 1][0]:
+            j = i + 1
+            while j < len(seq) and "gate_up" not in seq[j][0]:
+                j += 1
+            if j < len(seq):
+                yield seq[i + 1 : j + 1]
+            i = j
+        i += 1
+
+
+def kind(name):
+    return next((label for key, label in KINDS if key in name), "other MLX kernels (signs, SiLU, product)")
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    found = list(layers(list(kernels(sys.argv[1]))))
+    if not found:
+        sys.exit("no coded MLP layer found")
+    per_kind = collections.defaultdict(list)
+    launches = collections.Counter()
+    totals = []
+    for layer in found:
+        sums = collections.defaultdict(float)
+        for name, ns in layer:
+            sums[kind(name)] += ns / 1000
+        for k, us in sums.items():
+            per_kind[k].append(us)
+        totals.append(sum(ns for _, ns in layer) / 1000)
+    for name, _ in found[0]:
+        launches[kind(name)] += 1
+    print(f"{len(found)} coded MLP layers, {len(found[0])} kernels in the first")
+    print("| kernels | launches | µs per layer (median) |")
+    print("|---|---|---|")
+    for k, v in per_kind.items():
+        print(f"| {k} | {launches[k]} | {statistics.median(v):.1f} |")
+    print(f"| total | {len(found[0])} | {statistics.median(totals):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
