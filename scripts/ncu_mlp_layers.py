@@ -5,8 +5,9 @@ Input: the CSV that `ncu --metrics gpu__time_duration.sum --print-units base --c
 --log-file FILE` writes while a model runs (for example `bench_model --variant dir:MODEL --rounds 1
 --tokens 2 --warmup 1 --rows 1 --chains 1`). A coded MLP layer is the run of kernels from the
 first activation pre-pass after an RMSNorm to the next trellis axis-1 kernel (SmolLM2's layout:
-gate and up on the axis-0 kernel, down on the axis-1 kernel). Prints, per kind of kernel, the
-launches and the median µs per layer, and the total.
+gate and up on the axis-0 kernel, down on the axis-1 kernel). Layers are grouped by their exact
+kernels (a prompt's layers of several rows run other configurations than one-row decoding); per
+group it prints, per kind of kernel, the launches and the median µs per layer, and the total.
 
     python3 scripts/ncu_mlp_layers.py ncu.csv
 """
@@ -57,12 +58,7 @@ def kind(name):
     return next((label for key, label in KINDS if key in name), "other MLX kernels (signs, SiLU, product)")
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    found = list(layers(list(kernels(sys.argv[1]))))
-    if not found:
-        sys.exit("no coded MLP layer found")
+def table(found):
     per_kind = collections.defaultdict(list)
     launches = collections.Counter()
     totals = []
@@ -75,12 +71,25 @@ def main():
         totals.append(sum(ns for _, ns in layer) / 1000)
     for name, _ in found[0]:
         launches[kind(name)] += 1
-    print(f"{len(found)} coded MLP layers, {len(found[0])} kernels in the first")
     print("| kernels | launches | µs per layer (median) |")
     print("|---|---|---|")
     for k, v in per_kind.items():
         print(f"| {k} | {launches[k]} | {statistics.median(v):.1f} |")
     print(f"| total | {len(found[0])} | {statistics.median(totals):.1f} |")
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    groups = collections.defaultdict(list)
+    for layer in layers(list(kernels(sys.argv[1]))):
+        groups[tuple(name for name, _ in layer)].append(layer)
+    if not groups:
+        sys.exit("no coded MLP layer found")
+    for names, found in groups.items():
+        trellis = next((n for n in names if "down_mma" in n or "gate_up" in n), names[0])
+        print(f"\n{len(found)} coded MLP layers of {len(names)} kernels (first trellis kernel: {trellis[-70:]})")
+        table(found)
 
 
 if __name__ == "__main__":
