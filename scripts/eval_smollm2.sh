@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Quantizes SmolLM2-135M-Instruct in every variant of the evaluation and evaluates them all in
-# one eval_model run (KL against the model as shipped, perplexity, bits per weight, tokens/s).
+# one eval_model run (KL against the model as shipped, perplexity, bits per weight; speed is bench_model's).
 #
 # Usage: scripts/eval_smollm2.sh BIN_DIR OUT_DIR [--backend auto|cpu|cuda] [--max-tokens N]
 #                                [--layers N] [--only NAMES] [--reuse]
