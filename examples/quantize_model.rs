@@ -42,7 +42,7 @@ use mlx_trellis::llama::calibrate::{
 };
 use mlx_trellis::llama::fetch_smollm2;
 use mlx_trellis::llama::quantize::{
-    quantize_model_allocations, Allocation, ModuleReport, QuantizeReport, QuantizeSpec, BUDGET_BITS,
+    quantize_model_allocations, Allocation, ModuleReport, QuantizeProgress, QuantizeReport, QuantizeSpec, BUDGET_BITS,
 };
 use mlx_trellis::trellis::encoder::{EncoderBackend, LdlqConfig, LdlqOutcome, ProxyError};
 use serde_json::{json, Value};
@@ -468,7 +468,20 @@ fn run(args: Args) -> Result<()> {
         spec.l
     );
     let calibrated = calibration(&args, &model, &spec)?;
-    let mut on_module = |r: &ModuleReport| {
+    // A coding run's blocks: a line at every tenth of the run (a window's projections at one k
+    // are coded together, so per-projection lines only come at its end).
+    let mut last_tenth = None;
+    let mut on_blocks = |k: u32, projections: usize, done: usize, total: usize| {
+        let tenth = (done * 10).checked_div(total).unwrap_or(10);
+        if last_tenth != Some((k, tenth)) && (tenth > 0 || done == 0) {
+            last_tenth = Some((k, tenth));
+            eprintln!(
+                "[quantize_model] k {k}: {done}/{total} blocks of {projections} projections coded (LDLQ steps in lockstep), {:.0} s",
+                start.elapsed().as_secs_f64()
+            );
+        }
+    };
+    let on_module = |r: &ModuleReport| {
         let rotation = r.rotation_block.map_or("plain".to_string(), |b| format!("rotated (block {b})"));
         let padding = if r.coded_len.0 == r.coded_len.1 {
             String::new()
@@ -498,7 +511,10 @@ fn run(args: Args) -> Result<()> {
     };
     let hessians = calibrated.as_ref().map(|(h, _)| h);
     let allocations: Vec<(Allocation, PathBuf)> = outputs.iter().map(|o| (o.allocation, o.dir.clone())).collect();
-    let reports = quantize_model_allocations(&model, &spec, hessians, &allocations, &mut on_module)?;
+    let reports = quantize_model_allocations(&model, &spec, hessians, &allocations, &mut |p| match p {
+        QuantizeProgress::Blocks { k, projections, done, total } => on_blocks(k, projections, done, total),
+        QuantizeProgress::Coded(r) => on_module(r),
+    })?;
     let info = calibrated.as_ref().map(|(_, i)| i);
     let mut rows = Vec::with_capacity(outputs.len());
     for (out, report) in outputs.iter().zip(&reports) {

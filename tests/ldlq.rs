@@ -707,7 +707,7 @@ fn projections_coded_together_are_each_coded_as_alone() {
             },
         })
         .collect();
-    let together = code_projections(&jobs).unwrap();
+    let together = code_projections(&jobs, &mut |_, _| {}).unwrap();
     assert_eq!(together.len(), jobs.len());
     for (j, got) in jobs.iter().zip(&together) {
         let alone = code_projection(j.module, j.w, j.out_features, j.in_features, j.hessian, &j.coding).unwrap();

@@ -12,7 +12,7 @@ use anyhow::{ensure, Result};
 use common::mlp_artifact::temp_dir;
 use mlx_trellis::llama::calibrate::{calibrate_gguf, CalibrationSpec, DEFAULT_CALIBRATION_TEXTS};
 use mlx_trellis::llama::quantize::{
-    quantize_model, quantize_model_allocations, Allocation, QuantizeReport, QuantizeSpec, BASE_GGUF,
+    quantize_model, quantize_model_allocations, Allocation, QuantizeProgress, QuantizeReport, QuantizeSpec, BASE_GGUF,
 };
 use mlx_trellis::llama::{fetch_smollm2, generate, LlamaModel, LlamaTokenizer, Sampler, Sampling};
 use mlx_trellis::trellis::encoder::LdlqConfig;
@@ -27,7 +27,11 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     std::fs::write(dir.join("model.safetensors.index.json"), "{\"weight_map\": {}}")?;
     let spec = QuantizeSpec { bits: 4, layers: Some(2), attention: true, ..QuantizeSpec::default() };
     let mut seen = Vec::new();
-    let report = quantize_model(&gguf_path, &spec, None, &dir, &mut |r| seen.push(r.module.clone()))?;
+    let report = quantize_model(&gguf_path, &spec, None, &dir, &mut |p| {
+        if let QuantizeProgress::Coded(r) = p {
+            seen.push(r.module.clone());
+        }
+    })?;
     ensure!(report.modules.len() == 14 && seen.len() == 14, "{} modules coded", report.modules.len());
     ensure!(!dir.join("model.safetensors.index.json").exists(), "the stale index is still there");
     ensure!(std::fs::metadata(dir.join(BASE_GGUF))?.len() == std::fs::metadata(&gguf_path)?.len());
@@ -90,11 +94,23 @@ fn one_coding_run_writes_each_allocation_as_its_own_run_would() -> Result<()> {
     let spec = QuantizeSpec { layers: Some(1), l: 8, ldlq: Some(LdlqConfig::default()), ..QuantizeSpec::default() };
     let root = temp_dir("allocations");
     let outputs = vec![(Allocation::Budget(3.0), root.join("budget-3.0")), (Allocation::Uniform(3), root.join("k3"))];
-    let mut coded = Vec::new();
-    let together =
-        quantize_model_allocations(&path, &spec, Some(&h), &outputs, &mut |r| coded.push((r.bits, r.candidate)))?;
+    let (mut coded, mut runs) = (Vec::new(), Vec::<(u32, usize, usize, usize)>::new());
+    let together = quantize_model_allocations(&path, &spec, Some(&h), &outputs, &mut |p| match p {
+        QuantizeProgress::Coded(r) => coded.push((r.bits, r.candidate)),
+        // A run's blocks: a new run starts where the count does not go on from the last.
+        QuantizeProgress::Blocks { k, projections, done, total } => match runs.last_mut() {
+            Some(last) if (last.0, last.1, last.3) == (k, projections, total) && done >= last.2 => last.2 = done,
+            _ => runs.push((k, projections, done, total)),
+        },
+    })?;
     // Each projection coded once at each k, every code a candidate of the choices that follow.
     ensure!(coded.len() == 9 && coded.iter().all(|&(_, c)| c), "{coded:?}");
+    // One lockstep run of the block's three projections per k, counted to its end.
+    ensure!(
+        runs.iter().map(|r| r.0).collect::<Vec<_>>() == [2, 3, 4]
+            && runs.iter().all(|&(_, projections, done, total)| projections == 3 && total > 0 && done == total),
+        "{runs:?}"
+    );
     ensure!(together.len() == 2 && together.iter().zip(&outputs).all(|(r, (_, d))| r.out_dir == *d));
     ensure!(together[1].modules.iter().all(|m| m.bits == 3 && m.candidates.is_empty()));
 

@@ -75,7 +75,7 @@ pub fn code_projection(
     coding: &ProjectionCoding,
 ) -> Result<ProjectionCode> {
     let job = ProjectionJob { module, w, out_features, in_features, hessian, coding: *coding };
-    let mut codes = code_projections(&[job])?;
+    let mut codes = code_projections(&[job], &mut |_, _| {})?;
     codes.pop().ok_or_else(|| Error::invalid(format!("code_projection: {module}: nothing was coded")))
 }
 
@@ -99,8 +99,13 @@ pub struct ProjectionJob<'a> {
 /// Codes every job as [`code_projection`] codes it alone, with the same results, but with the
 /// Hessian-weighted ones in lockstep ([`encode_linear_ldlq_lockstep`]): the jobs that LDLQ codes
 /// and whose searches and LDLQ parameters agree (`k`, `L`, `T`, back-end, threads) share one
-/// search call per feedback step. Returns one code per job, in order; errors name the module.
-pub fn code_projections(jobs: &[ProjectionJob<'_>]) -> Result<Vec<ProjectionCode>> {
+/// search call per feedback step. `progress(done, total)` follows the lockstep runs' blocks
+/// (each run counts from 0 to its own total). Returns one code per job, in order; errors name
+/// the module.
+pub fn code_projections(
+    jobs: &[ProjectionJob<'_>],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<ProjectionCode>> {
     let prepared = jobs
         .iter()
         .map(|j| prepare(j).with_context(|| format!("code_projection: {}", j.module)))
@@ -134,7 +139,7 @@ pub fn code_projections(jobs: &[ProjectionJob<'_>]) -> Result<Vec<ProjectionCode
                 }
             })
             .collect();
-        let coded = encode_linear_ldlq_lockstep(&problems, &ldlq, &mut |_, _| {}).with_context(|| {
+        let coded = encode_linear_ldlq_lockstep(&problems, &ldlq, progress).with_context(|| {
             let names: Vec<&str> = members.iter().map(|&i| jobs[i].module).collect();
             format!("code_projections: LDLQ of {}", names.join(", "))
         })?;
@@ -142,11 +147,30 @@ pub fn code_projections(jobs: &[ProjectionJob<'_>]) -> Result<Vec<ProjectionCode
             weighted[i] = Some(c);
         }
     }
+    // The unweighted codes (and baselines) are one more run for the progress: its blocks over
+    // all the jobs that need one.
+    let unweighted_blocks = |p: &Prepared, wt: &Option<LdlqEncoded>, j: &ProjectionJob<'_>| {
+        let t = p.encoder.t as usize;
+        if wt.is_none() || j.coding.baseline {
+            p.rows * p.n.div_ceil(t)
+        } else {
+            0
+        }
+    };
+    let total: usize = prepared.iter().zip(&weighted).zip(jobs).map(|((p, wt), j)| unweighted_blocks(p, wt, j)).sum();
+    let mut done = 0;
     prepared
         .into_iter()
         .zip(weighted)
         .zip(jobs)
-        .map(|((p, wt), j)| finish(j, p, wt).with_context(|| format!("code_projection: {}", j.module)))
+        .map(|((p, wt), j)| {
+            let blocks = unweighted_blocks(&p, &wt, j);
+            let per_row = p.n.div_ceil(p.encoder.t as usize);
+            // The coder reports finished rows.
+            let code = finish(j, p, wt, &mut |rows, _| progress(done + (rows * per_row).min(blocks), total));
+            done += blocks;
+            code.with_context(|| format!("code_projection: {}", j.module))
+        })
         .collect()
 }
 
@@ -232,7 +256,12 @@ fn prepare(job: &ProjectionJob<'_>) -> Result<Prepared> {
 }
 
 /// The rest of [`code_projection`] once the weighted code (where LDLQ codes it) is known.
-fn finish(job: &ProjectionJob<'_>, p: Prepared, weighted: Option<LdlqEncoded>) -> Result<ProjectionCode> {
+fn finish(
+    job: &ProjectionJob<'_>,
+    p: Prepared,
+    weighted: Option<LdlqEncoded>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<ProjectionCode> {
     let ProjectionJob { module, out_features, in_features, coding, .. } = *job;
     let Prepared { choice, encoder, mut warnings, stored, rows, n, original, rotation, rotated_linear, h, ldlq } = p;
     if ldlq.is_some() != weighted.is_some() {
@@ -254,7 +283,7 @@ fn finish(job: &ProjectionJob<'_>, p: Prepared, weighted: Option<LdlqEncoded>) -
     };
     let unweighted_needed = weighted.is_none() || coding.baseline;
     let unweighted = if unweighted_needed {
-        let e = encode_padded(&stored, rows, n, &encoder, &mut |_, _| {})?;
+        let e = encode_padded(&stored, rows, n, &encoder, progress)?;
         let cols = e.layer.geometry.cols;
         let logical: Vec<f32> = e.reconstruction.chunks_exact(cols).flat_map(|r| r[..n].iter().copied()).collect();
         let proxy = proxy_of(&logical)?;

@@ -222,6 +222,25 @@ fn stored_bits(coded: &CodedLinear, shape: [usize; 2]) -> (u64, u64) {
     (bits, (shape[0] * shape[1]) as u64)
 }
 
+/// What [`quantize_model`] and [`quantize_model_allocations`] report while they work.
+#[derive(Debug, Clone, Copy)]
+pub enum QuantizeProgress<'a> {
+    /// Blocks coded so far by the run that codes `projections` projections at `k` together
+    /// (their Hessian-weighted feedback steps in lockstep): `done` of `total`.
+    Blocks {
+        /// The bit width being coded.
+        k: u32,
+        /// Projections in the run.
+        projections: usize,
+        /// Blocks coded so far.
+        done: usize,
+        /// Blocks the run codes.
+        total: usize,
+    },
+    /// A projection coded at one k.
+    Coded(&'a ModuleReport),
+}
+
 /// How one output of [`quantize_model_allocations`] picks each coded projection's bits per weight.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Allocation {
@@ -238,15 +257,16 @@ pub enum Allocation {
 /// Codes the projections of the GGUF model `gguf_path` by `spec` into `out_dir` (see the module
 /// documentation), weighting and measuring codes by `hessians` (the calibration of the model's
 /// layer inputs, [`collect_hessians`](super::calibrate::collect_hessians)) where given, calling
-/// `progress` for each projection (each budget candidate) once it is coded (after the run that
-/// codes its window at that k, in the order of the projections). The output directory is
+/// `progress` with each coding run's blocks as they are coded and with each projection (each
+/// budget candidate) once it is coded (after the run that codes its window at that k, in the
+/// order of the projections; see [`QuantizeProgress`]). The output directory is
 /// created if needed; files other than the ones written (and a stale shard index) are left alone.
 pub fn quantize_model(
     gguf_path: impl AsRef<Path>,
     spec: &QuantizeSpec,
     hessians: Option<&Hessians>,
     out_dir: impl AsRef<Path>,
-    progress: &mut dyn FnMut(&ModuleReport),
+    progress: &mut dyn FnMut(QuantizeProgress<'_>),
 ) -> Result<QuantizeReport> {
     // spec.bits is checked even where a budget makes it unused, as it always was.
     check_bits("bits", spec.bits)?;
@@ -266,15 +286,16 @@ pub fn quantize_model(
 /// `spec.bits` is not read (the outputs say the bits) and `spec.budget` must be `None`;
 /// `spec.bits_overrides` apply to uniform outputs and are refused beside a budget. Every budget
 /// is checked against the least the projections store before anything is coded; the output
-/// directories must be distinct. `progress` is called after each projection is coded at each k
-/// (marked [`candidate`](ModuleReport::candidate) where it is coded at several). Returns one
+/// directories must be distinct. `progress` follows each coding run's blocks and sees each
+/// projection once it is coded at each k (marked [`candidate`](ModuleReport::candidate) where
+/// it is coded at several). Returns one
 /// report per output, in the order of `outputs`.
 pub fn quantize_model_allocations(
     gguf_path: impl AsRef<Path>,
     spec: &QuantizeSpec,
     hessians: Option<&Hessians>,
     outputs: &[(Allocation, PathBuf)],
-    progress: &mut dyn FnMut(&ModuleReport),
+    progress: &mut dyn FnMut(QuantizeProgress<'_>),
 ) -> Result<Vec<QuantizeReport>> {
     if let Some(b) = spec.budget {
         invalid!("quantize_model_allocations: the spec's budget {b} is not read here; give it as an output's Allocation::Budget");
@@ -344,7 +365,7 @@ fn quantize_outputs(
     spec: &QuantizeSpec,
     hessians: Option<&Hessians>,
     outputs: &[(Allocation, &Path)],
-    progress: &mut dyn FnMut(&ModuleReport),
+    progress: &mut dyn FnMut(QuantizeProgress<'_>),
 ) -> Result<Vec<QuantizeReport>> {
     if outputs.is_empty() {
         invalid!("quantize_model: no output asked for");
@@ -525,7 +546,10 @@ fn quantize_outputs(
                 .collect::<Result<Vec<_>>>()
                 .with_context(|| format!("coding {} at k {k}", gguf_path.display()))?;
             let start = Instant::now();
-            let codes = code_projections(&jobs).with_context(|| format!("coding {} at k {k}", gguf_path.display()))?;
+            let projections = members.len();
+            let mut blocks = |done, total| progress(QuantizeProgress::Blocks { k, projections, done, total });
+            let codes = code_projections(&jobs, &mut blocks)
+                .with_context(|| format!("coding {} at k {k}", gguf_path.display()))?;
             // One run coded them all: each is given an even share of its time.
             let seconds = start.elapsed().as_secs_f64() / members.len() as f64;
             for (&i, c) in members.iter().zip(codes) {
@@ -554,7 +578,7 @@ fn quantize_outputs(
                     candidate: several,
                     seconds,
                 };
-                progress(&r);
+                progress(QuantizeProgress::Coded(&r));
                 if !budgets.is_empty() && BUDGET_BITS.contains(&k) {
                     let Some(proxy) = r.proxy else {
                         return Err(Error::invalid(format!(
