@@ -182,6 +182,11 @@ fn run(args: Args) -> Result<bool> {
     let start = Instant::now();
     for round in 0..args.rounds {
         for v in &mut variants {
+            if round == 0 {
+                // The first round compiles every kernel a variant runs (on CUDA, NVRTC: seconds
+                // a kernel), so say what it is doing.
+                eprintln!("{}: first round (compiles its kernels)", v.label);
+            }
             if args.tokens > 0 {
                 let tps = decode_round(&v.model, &feed, prompt, args.warmup, args.tokens)
                     .with_context(|| format!("{}: decoding", v.label))?;
@@ -189,7 +194,14 @@ fn run(args: Args) -> Result<bool> {
             }
             for (i, x) in inputs.iter().enumerate() {
                 if round == 0 {
+                    let t = Instant::now();
                     mlp_round(&v.model, x, 1)?; // compiles the kernels of this row count
+                    eprintln!(
+                        "{}: MLP chain at {} rows warmed up in {:.1} s",
+                        v.label,
+                        args.rows[i],
+                        t.elapsed().as_secs_f64()
+                    );
                 }
                 let us = mlp_round(&v.model, x, args.chains)
                     .with_context(|| format!("{}: MLP chain at {} rows", v.label, args.rows[i]))?;
