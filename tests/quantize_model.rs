@@ -6,15 +6,17 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 use common::mlp_artifact::temp_dir;
 use mlx_trellis::llama::calibrate::{calibrate_gguf, CalibrationSpec, DEFAULT_CALIBRATION_TEXTS};
+use mlx_trellis::llama::eval::module_sensitivity;
 use mlx_trellis::llama::quantize::{
     quantize_model, quantize_model_allocations, Allocation, QuantizeProgress, QuantizeReport, QuantizeSpec, BASE_GGUF,
 };
-use mlx_trellis::llama::{fetch_smollm2, generate, LlamaModel, LlamaTokenizer, Sampler, Sampling};
+use mlx_trellis::llama::{fetch_smollm2, generate, LayerPlan, LlamaModel, LlamaTokenizer, Sampler, Sampling};
 use mlx_trellis::trellis::encoder::LdlqConfig;
 use mlx_trellis::trellis::Artifact;
 use mlx_trellis::{Dtype, Gguf};
@@ -64,6 +66,16 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     let out = generate(&model, &prompt, 2, &mut Sampler::new(Sampling::Greedy)?, &[], &mut |_| Ok(()))?;
     let text = tokenizer.decode(&out.tokens)?;
     ensure!(text.starts_with(" Paris"), "greedy continuation {text:?}");
+
+    // One module coded alone: the base model with only that module swapped in, and what it costs.
+    let base = LlamaModel::from_gguf(&gguf_path, &LayerPlan::shipped())?;
+    let down = "model.layers.1.mlp.down_proj".to_string();
+    let one = base.with_coded(&art, &BTreeSet::from([down.clone()]))?;
+    ensure!(one.replaced_modules().iter().collect::<Vec<_>>() == [&down], "{:?}", one.replaced_modules());
+    let modules = [down, "model.layers.0.self_attn.q_proj".to_string()];
+    let kl = module_sensitivity(&base, &art, &modules, &[&prompt], &mut |_, _| {})?;
+    // Each swap changes the logits a little: a KL above 0, far below the whole model's.
+    ensure!(kl.len() == 2 && kl.iter().all(|&k| k > 0.0 && k < 0.1), "{kl:?}");
 
     // Running again over the same directory replaces the files (the base model is kept).
     let again = QuantizeSpec { bits: 2, layers: Some(1), ..QuantizeSpec::default() };

@@ -1,12 +1,15 @@
 //! Scoring a model on a text: log-probabilities of a window, and per-window negative
 //! log-likelihood and KL divergence against a reference model.
 
+use std::collections::BTreeSet;
+
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::nn::select::{exp, log_softmax, take_along_axis};
 use crate::ops::eval_all;
 
 use super::model::LlamaModel;
+use crate::trellis::Artifact;
 
 /// The log-probabilities (`[L, vocab]`, float32) `model` gives the token after each of `tokens`,
 /// from an empty cache.
@@ -55,4 +58,39 @@ pub fn score_window(ref_logp: &MlxArray, logp: &MlxArray, tokens: &[u32]) -> Res
     let kl = exp(&r)?.multiply(&r.subtract(&p)?)?.sum_all(false)?;
     eval_all(&[&nll, &kl])?;
     Ok(WindowScore { nll: nll.item_f64()?, kl: kl.item_f64()?, positions: l - 1 })
+}
+
+/// What coding each module alone costs: for every name in `modules`, the mean KL(`reference` ‖
+/// `reference` with only that module replaced by `artifact`'s) per token over `windows` (each
+/// scored from an empty cache, as [`score_window`] does). `progress(done, total)` after each
+/// module. The reference's log-probabilities are computed once per window.
+pub fn module_sensitivity(
+    reference: &LlamaModel,
+    artifact: &Artifact,
+    modules: &[String],
+    windows: &[&[u32]],
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<f64>> {
+    if windows.is_empty() || windows.iter().any(|w| w.len() < 2) {
+        invalid!("module sensitivity needs at least one window, each of at least 2 tokens");
+    }
+    let references = windows
+        .iter()
+        .map(|w| {
+            let logp = log_probs(reference, w)?;
+            eval_all(&[&logp])?;
+            Ok(logp)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut out = Vec::with_capacity(modules.len());
+    for (i, module) in modules.iter().enumerate() {
+        let model = reference.with_coded(artifact, &BTreeSet::from([module.clone()]))?;
+        let mut score = WindowScore::default();
+        for (w, r) in windows.iter().zip(&references) {
+            score += score_window(r, &log_probs(&model, w)?, w)?;
+        }
+        out.push(score.kl / score.positions as f64);
+        progress(i + 1, modules.len());
+    }
+    Ok(out)
 }

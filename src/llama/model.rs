@@ -245,6 +245,15 @@ impl LlamaModel {
         .with_context(|| format!("loading the quantized model {}", dir.display()))
     }
 
+    /// A copy of this model with the coded modules `modules` of `artifact` in place of its layers
+    /// and every other layer as it is: what coding only those modules does to the model (a
+    /// sensitivity measurement loads the base once and swaps one module at a time).
+    pub fn with_coded(&self, artifact: &Artifact, modules: &BTreeSet<String>) -> Result<LlamaModel> {
+        let mut model = self.clone();
+        model.replace_coded(artifact, modules)?;
+        Ok(model)
+    }
+
     fn replace_coded(&mut self, artifact: &Artifact, coded: &BTreeSet<String>) -> Result<()> {
         let known: BTreeSet<String> = (0..self.config.layers).flat_map(|i| LINEARS.map(|l| hf_module(i, l))).collect();
         if let Some(unknown) = coded.difference(&known).next() {

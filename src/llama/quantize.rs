@@ -678,8 +678,11 @@ fn check_bits(what: &str, k: u32) -> Result<()> {
     Ok(())
 }
 
-/// Writes the artifact and the base model into `out_dir` (see the module documentation).
-fn write_model_dir(
+/// Writes a quantized model directory (see the module documentation): the coded modules `coded`
+/// as `model.safetensors`, `config.json` naming the base model and its sizes (`hidden`,
+/// `inter`), and the base GGUF `gguf_path` as `base.gguf` (linked where it can be). A stale shard
+/// index in `out_dir` is removed.
+pub fn write_model_dir(
     gguf_path: &Path,
     out_dir: &Path,
     coded: &[(String, TrellisLinear)],
