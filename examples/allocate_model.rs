@@ -85,9 +85,18 @@ fn read_candidates(report: &Path) -> Result<Vec<Candidates>> {
         let weights = o.checked_mul(i).context("weights overflow")?;
         let mut at = Vec::new();
         for c in m["candidates"].as_array().with_context(|| format!("{module}: no candidates (a budget report?)"))? {
-            let k = c["k"].as_u64().context("k")? as u32;
-            let bpw = c["bits_per_weight"].as_f64().context("bits_per_weight")?;
-            let error = c["proxy"]["error"].as_f64().context("proxy error")?;
+            let k =
+                c["k"].as_u64().filter(|k| (2..=4).contains(k)).with_context(|| format!("{module}: k {}", c["k"]))?
+                    as u32;
+            let bpw = c["bits_per_weight"].as_f64().filter(|b| b.is_finite() && *b > 0.0);
+            let error = c["proxy"]["error"].as_f64().filter(|e| e.is_finite() && *e >= 0.0);
+            let (Some(bpw), Some(error)) = (bpw, error) else {
+                bail!(
+                    "{module} k {k}: bits per weight {} and proxy error {} must be finite and positive",
+                    c["bits_per_weight"],
+                    c["proxy"]["error"]
+                );
+            };
             at.push((k, (bpw * weights as f64).round() as u64, error));
         }
         ensure!(at.iter().any(|c| c.0 == 2), "{module}: no candidate at k 2");
@@ -112,7 +121,15 @@ fn run(args: Args) -> Result<bool> {
             let map: BTreeMap<String, f64> = serde_json::from_str(&std::fs::read_to_string(path)?)?;
             modules
                 .iter()
-                .map(|m| map.get(m).copied().with_context(|| format!("{m} not in {}", path.display())))
+                .map(|m| {
+                    let kl = map.get(m).copied().with_context(|| format!("{m} not in {}", path.display()))?;
+                    ensure!(
+                        kl.is_finite() && kl >= 0.0,
+                        "{m}: KL {kl} in {} is not finite and non-negative",
+                        path.display()
+                    );
+                    Ok(kl)
+                })
                 .collect::<Result<_>>()?
         }
         None => {
