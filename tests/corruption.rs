@@ -637,22 +637,7 @@ fn every_corrupted_artifact_loads_checked_or_is_refused_with_a_typed_error() {
 
     // The watchdog: a case that stops the sweep's progress for longer than HANG fails it. It ends
     // with the sweep (the other test of this binary may still run).
-    let (wd_progress, wd_current) = (progress.clone(), current.clone());
-    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let wd_finished = finished.clone();
-    std::thread::spawn(move || {
-        let (mut last, mut since) = (0, Instant::now());
-        while !wd_finished.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(500));
-            let now = wd_progress.load(Ordering::Relaxed);
-            if now != last {
-                (last, since) = (now, Instant::now());
-            } else if since.elapsed() > HANG {
-                eprintln!("corruption sweep: no progress for {HANG:?}; running: {:?}", wd_current.lock().unwrap());
-                std::process::exit(101);
-            }
-        }
-    });
+    let finished = watchdog("corruption sweep", progress.clone(), current.clone());
 
     let start = Instant::now();
     let handles: Vec<_> = (0..threads)
@@ -842,26 +827,37 @@ fn special_file_case(rng: &mut SplitMix64, dir: &Path) -> Result<String, String>
     }
 }
 
-#[test]
-fn extreme_values_and_misleading_files_are_served_or_refused() {
-    let base = common::mlp_artifact::temp_dir("edge-sweep");
-    let (progress, current) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(String::new())));
-    let (wd_progress, wd_current) = (progress.clone(), current.clone());
+/// The watchdog of a sweep: when `progress` stops moving for longer than [`HANG`], it prints
+/// what `current` says is running and ends the process (a hang fails the test). It stops once
+/// the returned flag is set.
+fn watchdog<T: std::fmt::Debug + Send + 'static>(
+    who: &'static str,
+    progress: Arc<AtomicU64>,
+    current: Arc<Mutex<T>>,
+) -> Arc<std::sync::atomic::AtomicBool> {
     let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let wd_finished = finished.clone();
+    let done = finished.clone();
     std::thread::spawn(move || {
         let (mut last, mut since) = (0, Instant::now());
-        while !wd_finished.load(Ordering::Relaxed) {
+        while !done.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(500));
-            let now = wd_progress.load(Ordering::Relaxed);
+            let now = progress.load(Ordering::Relaxed);
             if now != last {
                 (last, since) = (now, Instant::now());
             } else if since.elapsed() > HANG {
-                eprintln!("edge sweep: no progress for {HANG:?}; running: {:?}", wd_current.lock().unwrap());
+                eprintln!("{who}: no progress for {HANG:?}; running: {:?}", current.lock().unwrap());
                 std::process::exit(101);
             }
         }
     });
+    finished
+}
+
+#[test]
+fn extreme_values_and_misleading_files_are_served_or_refused() {
+    let base = common::mlp_artifact::temp_dir("edge-sweep");
+    let (progress, current) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(String::new())));
+    let finished = watchdog("edge sweep", progress.clone(), current.clone());
     let start = Instant::now();
     let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
     let mut failures = Vec::new();
