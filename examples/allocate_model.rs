@@ -88,7 +88,7 @@ fn read_candidates(report: &Path) -> Result<Vec<Candidates>> {
             let k =
                 c["k"].as_u64().filter(|k| (2..=4).contains(k)).with_context(|| format!("{module}: k {}", c["k"]))?
                     as u32;
-            let bpw = c["bits_per_weight"].as_f64().filter(|b| b.is_finite() && *b > 0.0);
+            let bpw = c["bits_per_weight"].as_f64().filter(|b| b.is_finite() && *b > 0.0 && *b <= 64.0);
             let error = c["proxy"]["error"].as_f64().filter(|e| e.is_finite() && *e >= 0.0);
             let (Some(bpw), Some(error)) = (bpw, error) else {
                 bail!(

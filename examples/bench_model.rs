@@ -157,9 +157,16 @@ fn run(args: Args) -> Result<bool> {
         } else {
             model.bits_per_weight(|n| replaced.contains(n))
         };
-        let needed = feed.len() + args.warmup + args.tokens;
-        if needed > model.config().context {
-            bail!("{needed} positions per round exceed the model's context of {}", model.config().context);
+        let needed = feed.len().checked_add(args.warmup).and_then(|n| n.checked_add(args.tokens));
+        match needed {
+            Some(n) if n <= model.config().context => {}
+            _ => bail!(
+                "the prompt's {} tokens, --warmup {} and --tokens {} exceed the model's context of {} positions",
+                feed.len(),
+                args.warmup,
+                args.tokens,
+                model.config().context
+            ),
         }
         eprintln!("{label}: loaded in {:.2} s", t.elapsed().as_secs_f64());
         variants.push(Variant {

@@ -89,7 +89,11 @@ pub fn module_sensitivity(
         for (w, r) in windows.iter().zip(&references) {
             score += score_window(r, &log_probs(&model, w)?, w)?;
         }
-        out.push(score.kl / score.positions as f64);
+        let kl = score.kl / score.positions as f64;
+        if !kl.is_finite() {
+            invalid!("module sensitivity: coding {module} alone gives a KL of {kl} per token");
+        }
+        out.push(kl);
         progress(i + 1, modules.len());
     }
     Ok(out)
