@@ -2,17 +2,18 @@
 //!
 //! `quantize_model --budget` picks each projection's k to minimize the summed proxy error
 //! `tr(E H Eᵀ)`, whose scale differs between layers. This program measures instead what coding
-//! each projection alone does to the model: the KL(as shipped ‖ one projection at k 2) per token on
-//! a calibration text, and weights that projection's proxy errors at every k by it
-//! (`error(k) = KL₂ · proxy(k) / proxy(2)`), then allocates each budget on those errors and writes
-//! the model directories from the codes a `quantize_model --budget … --also-uniform` run already
-//! made (no coding here).
+//! each projection alone does to the model: KL(as shipped ‖ one projection at k) per token on a
+//! calibration text, for each k of `--measure`. A projection's error at a measured k is that KL;
+//! at any other k it is its proxy error scaled by the KL over the proxy error at the nearest
+//! measured k (`error(k) = KL_j · proxy(k) / proxy(j)`). Each budget is allocated on those errors
+//! and its model directory is written from the codes a `quantize_model --budget … --also-uniform`
+//! run already made (no coding here).
 //!
 //! ```text
 //! cargo run --release --example quantize_model -- --budget 2.5,3.0 --ldlq --also-uniform \
 //!     --out set --report set.json
 //! cargo run --release --example allocate_model -- --set set --report set.budget-3.0.json \
-//!     --budget 2.5,3.0 --out sens
+//!     --budget 2.5,3.0 --measure 2,3,4 --out sens
 //! ```
 
 use std::collections::BTreeMap;
@@ -35,7 +36,7 @@ mod exit;
 #[derive(Parser, Debug)]
 #[command(
     after_help = "Example:\n  cargo run --release --example allocate_model -- --set set --report set.budget-3.0.json \
---budget 2.5,3.0 --out sens"
+--budget 2.5,3.0 --measure 2,3,4 --out sens"
 )]
 struct Args {
     /// The output parent of a `quantize_model --budget … --also-uniform` run: its k2, k3 and k4
@@ -54,6 +55,10 @@ struct Args {
     /// Tokens of the text, in windows of 512.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     tokens: usize,
+    /// The widths at which each projection's KL is measured, comma-separated (one model
+    /// evaluation per projection and width); errors at other widths are scaled from the nearest.
+    #[arg(long, value_name = "K,...", value_delimiter = ',', default_value = "2", value_parser = clap::value_parser!(u32).range(2..=4))]
+    measure: Vec<u32>,
     /// Where to write `budget-B` for each budget.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -105,6 +110,62 @@ fn read_candidates(report: &Path) -> Result<Vec<Candidates>> {
     Ok(out)
 }
 
+/// A projection's error at width `k`: its measured KL there, else its proxy error scaled by KL over
+/// proxy error at the nearest measured width (the lower one on a tie). A KL that rounds to 0 is
+/// floored so that the projection stays ordered by its proxy errors.
+fn kl_weighted_error(k: u32, proxy: f64, kl: &BTreeMap<u32, f64>, at: &[(u32, u64, f64)]) -> Option<f64> {
+    if let Some(&v) = kl.get(&k) {
+        return Some(v);
+    }
+    let (&j, &kl_j) = kl.iter().min_by_key(|(&j, _)| (j.abs_diff(k), j))?;
+    let proxy_j = at.iter().find(|a| a.0 == j).map(|a| a.2)?;
+    Some(kl_j.max(1e-12) * proxy / proxy_j.max(f64::MIN_POSITIVE))
+}
+
+/// The KLs stored by an earlier run at the widths of `measure`: `{module: {k: KL}}`, or
+/// `{module: KL}` (a KL at k 2, the format before `--measure`); every module and width must be
+/// present, and widths outside `measure` are left out.
+fn read_sensitivity(path: &Path, modules: &[String], measure: &[u32]) -> Result<Vec<BTreeMap<u32, f64>>> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path)?).with_context(|| format!("parsing {}", path.display()))?;
+    modules
+        .iter()
+        .map(|m| {
+            let entry = json.get(m).with_context(|| format!("{m} not in {}", path.display()))?;
+            let mut at = BTreeMap::new();
+            match entry {
+                serde_json::Value::Number(n) => {
+                    at.insert(2, n.as_f64().context("KL")?);
+                }
+                serde_json::Value::Object(o) => {
+                    for (k, v) in o {
+                        let k: u32 = k
+                            .parse()
+                            .ok()
+                            .filter(|k| (2..=4).contains(k))
+                            .with_context(|| format!("{m}: width {k:?} in {}", path.display()))?;
+                        at.insert(k, v.as_f64().with_context(|| format!("{m} k {k}: KL {v}"))?);
+                    }
+                }
+                other => bail!("{m}: {other} in {} is not a KL", path.display()),
+            }
+            for (&k, &kl) in &at {
+                ensure!(
+                    kl.is_finite() && kl >= 0.0,
+                    "{m} k {k}: KL {kl} in {} is not finite and non-negative",
+                    path.display()
+                );
+            }
+            if let Some(k) = measure.iter().find(|k| !at.contains_key(k)) {
+                bail!("{m}: no KL at k {k} in {} (measure it: leave out --reuse)", path.display());
+            }
+            // Only the widths asked for: the others are scaled, as if never measured.
+            at.retain(|k, _| measure.contains(k));
+            Ok(at)
+        })
+        .collect()
+}
+
 fn run(args: Args) -> Result<bool> {
     let start = Instant::now();
     let candidates = read_candidates(&args.report)?;
@@ -115,23 +176,12 @@ fn run(args: Args) -> Result<bool> {
     let (hidden, inter) = (size("hidden_size")? as usize, size("intermediate_size")? as usize);
 
     let modules: Vec<String> = candidates.iter().map(|c| c.module.clone()).collect();
+    let mut measure = args.measure.clone();
+    measure.sort_unstable();
+    measure.dedup();
     let stored = args.sensitivity.as_ref().filter(|p| args.reuse && p.exists());
-    let kl: Vec<f64> = match stored {
-        Some(path) => {
-            let map: BTreeMap<String, f64> = serde_json::from_str(&std::fs::read_to_string(path)?)?;
-            modules
-                .iter()
-                .map(|m| {
-                    let kl = map.get(m).copied().with_context(|| format!("{m} not in {}", path.display()))?;
-                    ensure!(
-                        kl.is_finite() && kl >= 0.0,
-                        "{m}: KL {kl} in {} is not finite and non-negative",
-                        path.display()
-                    );
-                    Ok(kl)
-                })
-                .collect::<Result<_>>()?
-        }
+    let kl: Vec<BTreeMap<u32, f64>> = match stored {
+        Some(path) => read_sensitivity(path, &modules, &measure)?,
         None => {
             let tokenizer = LlamaTokenizer::from_gguf(&Gguf::open(&base)?)?;
             let text =
@@ -144,18 +194,26 @@ fn run(args: Args) -> Result<bool> {
             let dense = LinearPlan::Dense;
             let reference =
                 LlamaModel::from_gguf(&base, &LayerPlan { mlp: dense, attention: dense, ..LayerPlan::shipped() })?;
-            let artifact = Artifact::open(&k2)?;
-            eprintln!(
-                "[allocate_model] measuring {} modules at k 2 on {} tokens of {}",
-                modules.len(),
-                tokens.len(),
-                args.text.display()
-            );
-            let kl = module_sensitivity(&reference, &artifact, &modules, &windows, &mut |done, total| {
-                eprintln!("[allocate_model] {done}/{total} ({:.0} s)", start.elapsed().as_secs_f64());
-            })?;
+            let mut kl = vec![BTreeMap::new(); modules.len()];
+            for &k in &measure {
+                let artifact = Artifact::open(args.set.join(format!("k{k}")))?;
+                eprintln!(
+                    "[allocate_model] measuring {} modules at k {k} on {} tokens of {}",
+                    modules.len(),
+                    tokens.len(),
+                    args.text.display()
+                );
+                let at_k = module_sensitivity(&reference, &artifact, &modules, &windows, &mut |done, total| {
+                    if done % 10 == 0 || done == total {
+                        eprintln!("[allocate_model] k {k}: {done}/{total} ({:.0} s)", start.elapsed().as_secs_f64());
+                    }
+                })?;
+                for (m, v) in kl.iter_mut().zip(at_k) {
+                    m.insert(k, v);
+                }
+            }
             if let Some(path) = &args.sensitivity {
-                let map: BTreeMap<&String, f64> = modules.iter().zip(kl.iter().copied()).collect();
+                let map: BTreeMap<&String, &BTreeMap<u32, f64>> = modules.iter().zip(&kl).collect();
                 std::fs::write(path, serde_json::to_string_pretty(&map)?)?;
             }
             kl
@@ -165,21 +223,18 @@ fn run(args: Args) -> Result<bool> {
     let tensors: Vec<TensorOptions> = candidates
         .iter()
         .zip(&kl)
-        .map(|(c, &kl)| {
-            let proxy2 = c.at.iter().find(|a| a.0 == 2).map(|a| a.2).unwrap_or(1.0);
-            // KL per unit of proxy error at k 2 (a floor keeps a tensor whose KL rounds to 0 ordered).
-            let weight = kl.max(1e-12) / proxy2.max(f64::MIN_POSITIVE);
-            TensorOptions {
-                name: c.module.clone(),
-                weights: c.weights,
-                candidates: c
-                    .at
-                    .iter()
-                    .map(|&(k, bits, e)| BitCandidate { k, stored_bits: bits, error: weight * e })
-                    .collect(),
-            }
+        .map(|(c, kl)| {
+            let candidates =
+                c.at.iter()
+                    .map(|&(k, bits, proxy)| {
+                        let error = kl_weighted_error(k, proxy, kl, &c.at)
+                            .with_context(|| format!("{}: no measured KL at any k", c.module))?;
+                        Ok(BitCandidate { k, stored_bits: bits, error })
+                    })
+                    .collect::<Result<_>>()?;
+            Ok(TensorOptions { name: c.module.clone(), weights: c.weights, candidates })
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let artifacts: BTreeMap<u32, Artifact> = [2, 3, 4]
         .into_iter()
         .map(|k| Ok((k, Artifact::open(args.set.join(format!("k{k}")))?)))

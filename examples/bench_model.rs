@@ -86,6 +86,8 @@ struct Variant {
     decode: Vec<f64>,
     /// Per row count: µs per MLP layer of each round.
     mlp: Vec<Vec<f64>>,
+    /// Per row count: of those, µs per layer spent building the graph before evaluation.
+    graph: Vec<Vec<f64>>,
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -115,9 +117,12 @@ fn decode_round(model: &LlamaModel, feed: &[u32], prompt: usize, warmup: usize, 
     Ok(tokens as f64 / t.elapsed().as_secs_f64())
 }
 
-/// µs per MLP layer of `chains` passes over the model's MLPs on `x`, graph building included.
-fn mlp_round(model: &LlamaModel, x: &MlxArray, chains: usize) -> Result<f64> {
+/// µs per MLP layer of `chains` passes over the model's MLPs on `x`, graph building included, and
+/// of those the µs per layer the host spent building the graph before the evaluation began (the
+/// host work that the GPU cannot overlap with an earlier layer's kernels in a decoding step).
+fn mlp_round(model: &LlamaModel, x: &MlxArray, chains: usize) -> Result<(f64, f64)> {
     let blocks = model.config().layers;
+    let layers = chains.checked_mul(blocks).context("--chains times the model's layers overflows")? as f64;
     let t = Instant::now();
     let mut y = x.clone();
     for _ in 0..chains {
@@ -125,8 +130,9 @@ fn mlp_round(model: &LlamaModel, x: &MlxArray, chains: usize) -> Result<f64> {
             y = model.mlp_residual(b, &y)?;
         }
     }
+    let built = t.elapsed().as_secs_f64();
     eval_all(&[&y])?;
-    Ok(t.elapsed().as_secs_f64() * 1e6 / (chains * blocks) as f64)
+    Ok((t.elapsed().as_secs_f64() * 1e6 / layers, built * 1e6 / layers))
 }
 
 fn run(args: Args) -> Result<bool> {
@@ -175,6 +181,7 @@ fn run(args: Args) -> Result<bool> {
             bits_per_weight,
             decode: Vec::new(),
             mlp: vec![Vec::new(); args.rows.len()],
+            graph: vec![Vec::new(); args.rows.len()],
         });
     }
     let hidden = variants[0].model.config().hidden;
@@ -210,9 +217,10 @@ fn run(args: Args) -> Result<bool> {
                         t.elapsed().as_secs_f64()
                     );
                 }
-                let us = mlp_round(&v.model, x, args.chains)
+                let (us, graph) = mlp_round(&v.model, x, args.chains)
                     .with_context(|| format!("{}: MLP chain at {} rows", v.label, args.rows[i]))?;
                 v.mlp[i].push(us);
+                v.graph[i].push(graph);
             }
         }
         let line: Vec<String> = variants
@@ -270,7 +278,10 @@ fn run(args: Args) -> Result<bool> {
         for (i, m) in args.rows.iter().enumerate() {
             let us = median(&v.mlp[i]);
             line += &format!(" {} | {} |", us.map_or("–".into(), |u| format!("{u:.1}")), ratio(ref_mlp[i], us, false));
-            mlp.push(serde_json::json!({ "rows": m, "us_per_layer": us, "rounds": v.mlp[i] }));
+            mlp.push(serde_json::json!({
+                "rows": m, "us_per_layer": us, "rounds": v.mlp[i],
+                "graph_us_per_layer": median(&v.graph[i]), "graph_rounds": v.graph[i],
+            }));
         }
         table.push(line);
         rows.push(serde_json::json!({
@@ -278,6 +289,17 @@ fn run(args: Args) -> Result<bool> {
             "decode_rounds": v.decode, "mlp": mlp, "dtype": dtype.to_string(), "tokens": args.tokens,
             "warmup": args.warmup, "chains": args.chains, "reference": variants[reference].label,
         }));
+    }
+    table.push(String::new());
+    table.push(format!(
+        "Host time to build the MLP chain's graph before its evaluation, µs per layer (part of the figures above):\n\n| variant |{}\n|---|{}",
+        args.rows.iter().map(|m| format!(" M={m} |")).collect::<String>(),
+        "---|".repeat(args.rows.len())
+    ));
+    for v in &variants {
+        let cells: String =
+            v.graph.iter().map(|g| format!(" {} |", median(g).map_or("–".into(), |u| format!("{u:.1}")))).collect();
+        table.push(format!("| {} |{cells}", v.label));
     }
     for line in &table {
         println!("{line}");

@@ -56,6 +56,10 @@ struct Args {
     dtype: ActDtype,
     #[command(flatten)]
     out: ReportFiles,
+    /// Evaluate nothing: plot the rows of this JSON (an earlier `--json`, or rows of several runs
+    /// put together) to the --plot file.
+    #[arg(long, value_name = "JSON", requires = "plot")]
+    replot: Option<PathBuf>,
 }
 
 struct Variant {
@@ -69,6 +73,13 @@ struct Variant {
 }
 
 fn run(args: Args) -> Result<()> {
+    if let (Some(json), Some(svg)) = (&args.replot, &args.out.plot) {
+        let rows: Vec<serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?,
+        )
+        .with_context(|| format!("{}: not a JSON list of rows", json.display()))?;
+        return plot_rows(&rows, svg);
+    }
     let dtype = args.dtype.dtype();
     if args.window < 2 {
         bail!("--window must be at least 2");
@@ -178,20 +189,25 @@ fn run(args: Args) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &args.out.plot {
-        plot::lines(
-            &variants_points(&rows),
-            path,
-            &plot::Chart {
-                caption: "KL(as shipped ‖ variant) per token against bits per weight",
-                x_desc: "bits per weight (scales included)",
-                y_desc: "KL (nats/token)",
-                x_log: false,
-                y_log: true,
-            },
-        )
-        .with_context(|| format!("plotting {}", path.display()))?;
+        plot_rows(&rows, path)?;
     }
     Ok(())
+}
+
+/// KL against bits per weight, a line per family of variants.
+fn plot_rows(rows: &[serde_json::Value], path: &std::path::Path) -> Result<()> {
+    plot::lines(
+        &variants_points(rows),
+        path,
+        &plot::Chart {
+            caption: "KL(as shipped ‖ variant) per token against bits per weight",
+            x_desc: "bits per weight (scales included)",
+            y_desc: "KL (nats/token)",
+            x_log: false,
+            y_log: true,
+        },
+    )
+    .with_context(|| format!("plotting {}", path.display()))
 }
 
 /// (family, [(bits/weight, KL)]) of every variant that replaced layers and has a positive KL.
