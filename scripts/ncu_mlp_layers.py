@@ -23,6 +23,7 @@ KINDS = [
     ("prescale", "activation pre-passes"),
     ("hadamard", "Hadamard transforms"),
     ("copy_v", "dtype copies"),
+    ("rotate", "rotation kernel (trellis rotate)"),
 ]
 
 

@@ -32,6 +32,8 @@ kernel_files! {
     CUDA_GATE_UP = "cuda/gate_up.cu";
     /// The decode of a stored matrix to dense weights.
     CUDA_EXPAND = "cuda/expand.cu";
+    /// The coded axis's rotation (signs and block Hadamard) with its padding or slice.
+    CUDA_ROTATE = "cuda/rotate.cu";
     /// The encoder's block search.
     CUDA_VITERBI = "cuda/viterbi.cu";
     /// The 1MAD code on Metal: `TRELLIS_RCP` and `trellis_y_f32(state)`.

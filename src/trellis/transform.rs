@@ -4,14 +4,18 @@
 //!
 //! Rotations run in f32 whatever the activation dtype (MLX's `hadamard_transform` on a blocked
 //! view `[m, n / b, b]` with scale `1/√b`, and one elementwise multiply by the signs), then the
-//! result is cast back to the activation dtype.
+//! result is cast back to the activation dtype. On MLX's CUDA back-end a layer's rotation, with
+//! its padding or slice, is one launch of the rotation kernel instead ([`cuda::rotate`]: the same
+//! arithmetic in the same order, so the same bits).
 
 use crate::array::MlxArray;
+use crate::device::{backend, Backend};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 use crate::nn::hadamard_transform;
 use crate::ops::concatenate;
 
+use super::cuda::rotate::{self as cuda_rotate, Direction};
 use super::format::TrellisGeometry;
 use super::rotation::{CodedAxis, Rotation};
 
@@ -75,6 +79,8 @@ pub(crate) struct AxisTransform {
     rotation: Option<DeviceRotation>,
     axis: u32,
     stored: usize,
+    /// The loaded MLX runs CUDA kernels: rotations go to the rotation kernel.
+    cuda: bool,
 }
 
 impl AxisTransform {
@@ -85,7 +91,12 @@ impl AxisTransform {
             return Ok(None);
         }
         let rotation = axis.rotation.as_ref().map(DeviceRotation::new).transpose()?;
-        Ok(Some(AxisTransform { host: axis, rotation, axis: g.axis, stored: g.cols }))
+        Ok(Some(AxisTransform { host: axis, rotation, axis: g.axis, stored: g.cols, cuda: backend() == Backend::Cuda }))
+    }
+
+    /// Whether `r` runs as the CUDA rotation kernel for activations of `dtype`.
+    fn on_cuda(&self, r: &DeviceRotation, dtype: Dtype) -> bool {
+        self.cuda && cuda_rotate::serves(dtype, r.block)
     }
 
     /// The host description.
@@ -101,6 +112,10 @@ impl AxisTransform {
         }
         let dtype = x2.dtype();
         let x = match &self.rotation {
+            Some(r) if self.on_cuda(r, dtype) => {
+                let direction = Direction::Forward { stored: self.stored };
+                return cuda_rotate::rotate_with_signs(x2, &r.signs, self.host.logical, r.block, direction);
+            }
             Some(r) => r.rotate(&x2.astype(Dtype::Float32)?)?.astype(dtype)?,
             None => x2.clone(),
         };
@@ -119,6 +134,10 @@ impl AxisTransform {
             return Ok(y2.clone());
         }
         let dtype = y2.dtype();
+        if let Some(r) = self.rotation.as_ref().filter(|r| self.on_cuda(r, dtype)) {
+            let direction = Direction::Inverse { stored: self.stored };
+            return cuda_rotate::rotate_with_signs(y2, &r.signs, self.host.logical, r.block, direction);
+        }
         let m = y2.shape()[0];
         let y = if self.host.logical == self.stored {
             y2.clone()

@@ -2,9 +2,9 @@
 //! file: the down projection's launch, configuration and plan ([`down`]: `mod.rs`, `config.rs`,
 //! `plan.rs`), the axis-1 projections and the fused gate·up·SwiGLU with their plan ([`gate_up`]:
 //! `mod.rs`, `plan.rs`), the expand kernel and the decode-once dense path ([`expand`]), the
-//! activations pre-pass both kernel families use (`prescale.rs`) and the encoder's block search
-//! ([`viterbi`]). The kernel texts come from the crate's one table of `kernels/` files
-//! (`src/kernel/sources.rs`).
+//! activations pre-pass both kernel families use (`prescale.rs`), the coded axis's rotation in
+//! one launch ([`rotate`]) and the encoder's block search ([`viterbi`]). The kernel texts come
+//! from the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
 //!
 //! With the `tuning` feature the families' configuration and plan modules are public (declared
 //! with `crate::tuning_mods!`, as Metal's families are), and `tuning` gathers their knobs with the
@@ -14,6 +14,7 @@ pub mod down;
 pub mod expand;
 pub mod gate_up;
 pub(crate) mod prescale;
+pub mod rotate;
 pub mod viterbi;
 
 #[cfg(feature = "tuning")]
