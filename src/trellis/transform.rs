@@ -9,7 +9,7 @@
 //! arithmetic in the same order, so the same bits).
 
 use crate::array::MlxArray;
-use crate::device::{backend, Backend};
+use crate::device::{backend, Backend, DeviceType, Stream};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 use crate::nn::hadamard_transform;
@@ -94,9 +94,12 @@ impl AxisTransform {
         Ok(Some(AxisTransform { host: axis, rotation, axis: g.axis, stored: g.cols, cuda: backend() == Backend::Cuda }))
     }
 
-    /// Whether `r` runs as the CUDA rotation kernel for activations of `dtype`.
+    /// Whether `r` runs as the CUDA rotation kernel for activations of `dtype`: on a CUDA build,
+    /// when this thread's operations go to the GPU (a CPU stream keeps MLX's operations).
     fn on_cuda(&self, r: &DeviceRotation, dtype: Dtype) -> bool {
-        self.cuda && cuda_rotate::serves(dtype, r.block)
+        self.cuda
+            && cuda_rotate::serves(dtype, r.block)
+            && Stream::current().is_ok_and(|s| s.device_type() == DeviceType::Gpu)
     }
 
     /// The host description.
