@@ -25,7 +25,7 @@ use clap::Parser;
 use mlx_trellis::llama::eval::module_sensitivity;
 use mlx_trellis::llama::quantize::write_model_dir;
 use mlx_trellis::llama::{LayerPlan, LinearPlan, LlamaModel, LlamaTokenizer};
-use mlx_trellis::trellis::encoder::allocate::{allocate_bits, BitCandidate, TensorOptions};
+use mlx_trellis::trellis::encoder::allocate::{allocate_bits, kl_weighted_candidates, TensorOptions};
 use mlx_trellis::trellis::{Artifact, TrellisLinear};
 use mlx_trellis::Gguf;
 
@@ -108,18 +108,6 @@ fn read_candidates(report: &Path) -> Result<Vec<Candidates>> {
         out.push(Candidates { module, weights, at });
     }
     Ok(out)
-}
-
-/// A projection's error at width `k`: its measured KL there, else its proxy error scaled by KL over
-/// proxy error at the nearest measured width (the lower one on a tie). A KL that rounds to 0 is
-/// floored so that the projection stays ordered by its proxy errors.
-fn kl_weighted_error(k: u32, proxy: f64, kl: &BTreeMap<u32, f64>, at: &[(u32, u64, f64)]) -> Option<f64> {
-    if let Some(&v) = kl.get(&k) {
-        return Some(v);
-    }
-    let (&j, &kl_j) = kl.iter().min_by_key(|(&j, _)| (j.abs_diff(k), j))?;
-    let proxy_j = at.iter().find(|a| a.0 == j).map(|a| a.2)?;
-    Some(kl_j.max(1e-12) * proxy / proxy_j.max(f64::MIN_POSITIVE))
 }
 
 /// The KLs stored by an earlier run at the widths of `measure`: `{module: {k: KL}}`, or
@@ -224,14 +212,7 @@ fn run(args: Args) -> Result<bool> {
         .iter()
         .zip(&kl)
         .map(|(c, kl)| {
-            let candidates =
-                c.at.iter()
-                    .map(|&(k, bits, proxy)| {
-                        let error = kl_weighted_error(k, proxy, kl, &c.at)
-                            .with_context(|| format!("{}: no measured KL at any k", c.module))?;
-                        Ok(BitCandidate { k, stored_bits: bits, error })
-                    })
-                    .collect::<Result<_>>()?;
+            let candidates = kl_weighted_candidates(&c.at, kl).with_context(|| c.module.clone())?;
             Ok(TensorOptions { name: c.module.clone(), weights: c.weights, candidates })
         })
         .collect::<Result<_>>()?;

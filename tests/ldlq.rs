@@ -7,7 +7,9 @@
 //! refused by name; problems (and whole projections) coded in lockstep get, bit for bit, what
 //! each gets coded alone.
 
-use mlx_trellis::trellis::encoder::allocate::{allocate_bits, stored_bits, BitCandidate, TensorOptions};
+use mlx_trellis::trellis::encoder::allocate::{
+    allocate_bits, kl_weighted_candidates, stored_bits, BitCandidate, TensorOptions,
+};
 use mlx_trellis::trellis::encoder::{
     block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_lockstep, encode_linear_ldlq_with_targets,
     lut_rms, proxy_error, BlockSearch, EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome,
@@ -474,6 +476,38 @@ fn the_allocator_keeps_the_budget_and_takes_the_best_ratio_first() {
     let all = allocate_bits(&tensors, 4.5).unwrap();
     assert!(all.choices.iter().all(|c| c.k == 4), "{all:?}");
     assert!(all.bits_per_weight <= 4.5);
+}
+
+/// Candidates weighted by measured cost: measured widths take the cost itself, the others the
+/// proxy error scaled at the nearest measured width (the lower on a tie), checked in f64 by hand.
+#[test]
+fn kl_weighted_candidates_take_measured_costs_and_scale_the_rest() {
+    use std::collections::BTreeMap;
+    let at = [(2u32, 200u64, 8.0f64), (3, 300, 2.0), (4, 400, 0.5)];
+    let errors = |kl: &[(u32, f64)]| -> Vec<f64> {
+        let kl: BTreeMap<u32, f64> = kl.iter().copied().collect();
+        let c = kl_weighted_candidates(&at, &kl).unwrap();
+        assert_eq!(c.iter().map(|c| (c.k, c.stored_bits)).collect::<Vec<_>>(), [(2, 200), (3, 300), (4, 400)]);
+        c.iter().map(|c| c.error).collect()
+    };
+    // Every width measured: the costs themselves.
+    assert_eq!(errors(&[(2, 0.04), (3, 0.01), (4, 0.003)]), [0.04, 0.01, 0.003]);
+    // k 2 only: 0.04 per 8 of proxy error.
+    assert_eq!(errors(&[(2, 0.04)]), [0.04, 0.04 * 2.0 / 8.0, 0.04 * 0.5 / 8.0]);
+    // k 4 only, then k 2 and 4 (k 3 is as near to both: the lower, k 2, scales it).
+    assert_eq!(errors(&[(4, 0.001)]), [0.001 * 8.0 / 0.5, 0.001 * 2.0 / 0.5, 0.001]);
+    assert_eq!(errors(&[(2, 0.04), (4, 0.001)]), [0.04, 0.04 * 2.0 / 8.0, 0.001]);
+    // A cost of 0 still orders the widths by their proxy errors.
+    let zero = errors(&[(2, 0.0)]);
+    assert!(zero[0] == 0.0 && zero[1] > zero[2] && zero[2] > 0.0, "{zero:?}");
+    // Refused: nothing measured, a width that is not a candidate, a bad cost or proxy error.
+    let refused =
+        |at: &[(u32, u64, f64)], kl: &[(u32, f64)]| kl_weighted_candidates(at, &kl.iter().copied().collect()).is_err();
+    assert!(refused(&at, &[]));
+    assert!(refused(&at[..2], &[(4, 0.01)]));
+    assert!(refused(&at, &[(2, f64::NAN)]));
+    assert!(refused(&at, &[(2, -1e-3)]));
+    assert!(refused(&[(2, 200, 8.0), (3, 300, f64::INFINITY)], &[(2, 0.04)]));
 }
 
 #[test]

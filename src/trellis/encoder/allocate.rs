@@ -11,6 +11,8 @@
 //! to the tensor whose name sorts first, then to the smaller upgrade, so the result depends
 //! neither on the order the tensors are given in nor on anything but the inputs.
 
+use std::collections::BTreeMap;
+
 use crate::error::{invalid, Result};
 
 /// One candidate coding of a tensor.
@@ -163,6 +165,46 @@ pub fn allocate_bits(tensors: &[TensorOptions], budget_bits_per_weight: f64) -> 
     // Summed in name order, so the total does not depend on the input order either.
     let error = by_name.iter().map(|&t| choices[t].error).sum();
     Ok(Allocation { choices, stored_bits: used, weights, bits_per_weight: used as f64 / weights as f64, error })
+}
+
+/// A tensor's candidate errors weighted by what coding it costs the model, for [`allocate_bits`].
+///
+/// `at` is the tensor's candidates as `(k, stored bits, proxy error)`; `kl` holds, for some of
+/// those `k`, the measured cost of coding this tensor alone at `k` (for example KL(model ‖ model
+/// with only this tensor coded) per token). A candidate's error is its measured cost where there is
+/// one, else its proxy error scaled by measured cost over proxy error at the nearest measured `k`
+/// (the lower one on a tie): `kl(j) · proxy(k) / proxy(j)`. A measured cost of 0 is floored at
+/// 1e-12 for the scale, so that the tensor stays ordered by its proxy errors. Errors when no `k`
+/// is measured, when a measured `k` is not a candidate, and on a negative or non-finite cost or
+/// proxy error.
+pub fn kl_weighted_candidates(at: &[(u32, u64, f64)], kl: &BTreeMap<u32, f64>) -> Result<Vec<BitCandidate>> {
+    if kl.is_empty() {
+        invalid!("kl_weighted_candidates: no measured cost at any k");
+    }
+    for (&k, &v) in kl {
+        if !(v.is_finite() && v >= 0.0) {
+            invalid!("kl_weighted_candidates: the measured cost {v} at k = {k} must be finite and at least 0");
+        }
+        if !at.iter().any(|a| a.0 == k) {
+            invalid!("kl_weighted_candidates: a cost is measured at k = {k}, which is not a candidate");
+        }
+    }
+    if let Some(&(k, _, p)) = at.iter().find(|a| !(a.2.is_finite() && a.2 >= 0.0)) {
+        invalid!("kl_weighted_candidates: the proxy error {p} at k = {k} must be finite and at least 0");
+    }
+    at.iter()
+        .map(|&(k, stored_bits, proxy)| {
+            let error = match kl.get(&k) {
+                Some(&v) => v,
+                None => {
+                    let (&j, &kl_j) = kl.iter().min_by_key(|(&j, _)| (j.abs_diff(k), j)).expect("not empty");
+                    let proxy_j = at.iter().find(|a| a.0 == j).expect("checked above").2;
+                    kl_j.max(1e-12) * proxy / proxy_j.max(f64::MIN_POSITIVE)
+                }
+            };
+            Ok(BitCandidate { k, stored_bits, error })
+        })
+        .collect()
 }
 
 /// Checks one tensor's counts and candidates.
