@@ -214,6 +214,35 @@ f32_only=" tensor_parallel shard "
 f32_again=" foundation trellis_core "
 # Binaries that start processes of their own: one test at a time.
 serial=" tensor_parallel "
+# Binaries whose tests are compile-bound (NVRTC, a kernel per planned shape): one process per
+# test, all at once, each with its own PTX cache (no two processes write one cache file). Run 8
+# threads to one process, tests/cuda_mlp.rs did not finish in 400 s on an H200; split, it
+# finished in 260 s (docs/gpu.md).
+split=" cuda_mlp "
+
+# split_tests NAME EXE: every test of EXE (ignored ones too) in its own process, at once, each
+# under TEST_TIMEOUT with its output in $out/NAME/TEST.txt; one summary line per test.
+split_tests() {
+  local name=$1 exe=$2 t pids=() tests=() i rc
+  mkdir -p "$out/$name"
+  mapfile -t tests < <("$exe" --list 2>/dev/null | sed -n 's/: test$//p'; "$exe" --list --ignored 2>/dev/null | sed -n 's/: test$//p')
+  mapfile -t tests < <(printf '%s\n' "${tests[@]}" | sort -u)
+  echo "== $name: ${#tests[@]} tests, one process each (limit ${TEST_TIMEOUT:-1200} s)"
+  for t in "${tests[@]}"; do
+    mkdir -p "$MLX_PTX_CACHE_DIR/$name/$t"
+    MLX_PTX_CACHE_DIR="$MLX_PTX_CACHE_DIR/$name/$t" timeout --kill-after=10 "${TEST_TIMEOUT:-1200}" \
+      "$exe" --include-ignored --exact "$t" --nocapture --test-threads 1 > "$out/$name/$t.txt" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!tests[@]}"; do
+    wait "${pids[$i]}" && rc=0 || rc=$?
+    case "$rc" in
+      0) summary+=("ok      $name::${tests[$i]}") ;;
+      124 | 137) summary+=("TIMEOUT $name::${tests[$i]} (over ${TEST_TIMEOUT:-1200} s)"); failed=1 ;;
+      *) summary+=("FAILED  $name::${tests[$i]} (exit $rc; $out/$name/${tests[$i]}.txt)"); failed=1 ;;
+    esac
+  done
+}
 
 run_tests() {
   local names=("$@") t exe threads
@@ -223,6 +252,10 @@ run_tests() {
   for t in "${names[@]}"; do
     exe="$bundle/test_$t"
     [ -x "$exe" ] || { note "FAILED  test_$t: no $exe"; failed=1; continue; }
+    if [[ "$split" == *" $t "* ]]; then
+      split_tests "test_$t" "$exe"
+      continue
+    fi
     threads="${TEST_THREADS:-8}"
     [[ "$serial" == *" $t "* ]] && threads=1
     # The encoder's quality table is a measurement (minutes on the CPU), not a check.
