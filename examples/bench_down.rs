@@ -1,6 +1,7 @@
-//! Benchmark of the Qwen down projection (17408 -> 5120) on a GPU back-end: the trellis kernels
-//! against MLX's dense bf16 matmul of the same decoded layer and MLX's affine
-//! `quantized_matmul` of it at 4 and 3 bits (group 64), all in one run.
+//! Benchmark of the Qwen down projection (17408 -> 5120; `--shape IN,OUT` for another axis-0
+//! layer) on a GPU back-end: the trellis kernels against MLX's dense bf16 matmul of the same
+//! decoded layer and MLX's affine `quantized_matmul` of it at 4 and 3 bits (group 64), all in one
+//! run.
 //!
 //! Every figure is per call: `--calls` calls (default 20) are queued and evaluated together, and
 //! the median and best of `--evals` evaluations (default 30) are reported. Activations are bf16.
@@ -33,8 +34,8 @@ mod exit;
 
 use check::to_f64;
 
-const IN: usize = 17408;
-const OUT: usize = 5120;
+/// The Qwen3-14B down projection: 17408 inputs, 5120 outputs.
+const QWEN_DOWN: (usize, usize) = (17408, 5120);
 /// The relErr gate of every trellis result.
 const GATE: f64 = 1e-2;
 
@@ -71,6 +72,7 @@ impl Report {
   target/release/examples/bench_down --sweep --rows 16      # time kernel configurations instead
   target/release/examples/bench_down --sweep --configs \"nc8 mt1 ks1 w4 s52 fold pack; nc2 mt3 ks4 w8 s13\"
   target/release/examples/bench_down --paths                # the fused kernel against the dense path
+  target/release/examples/bench_down --shape 576,1536 --sweep --rows 1  # a small layer (SmolLM2's gate and up)
   target/release/examples/bench_down --probe --rows 1       # where one queued call's time goes
   target/release/examples/bench_down --folds --splits 13,32 # MLX's fold of partials in candidate layouts")]
 struct Args {
@@ -111,6 +113,27 @@ struct Args {
     /// Activation dtype: bf16, f16 or f32
     #[arg(long, value_name = "DTYPE", value_parser = cli::float_dtype, default_value = "bf16")]
     dtype: Dtype,
+    /// The synthetic layer's inputs and outputs, `IN,OUT` (an axis-0 layer: the inputs a multiple
+    /// of 16, the outputs of 256), for example 576,1536 for SmolLM2-135M's gate and up
+    /// [default: 17408,5120, the Qwen3-14B down projection]
+    #[arg(long, value_name = "IN,OUT", value_parser = shape)]
+    shape: Option<(usize, usize)>,
+}
+
+impl Args {
+    /// The layer's (inputs, outputs).
+    fn shape(&self) -> (usize, usize) {
+        self.shape.unwrap_or(QWEN_DOWN)
+    }
+}
+
+/// `--shape IN,OUT`.
+fn shape(s: &str) -> Result<(usize, usize), String> {
+    let parts: Vec<usize> = s.split(',').map(|p| cli::positive(p.trim())).collect::<Result<_, _>>()?;
+    match parts[..] {
+        [inp, out] => Ok((inp, out)),
+        _ => Err(format!("{s:?}: expected IN,OUT (two positive counts)")),
+    }
 }
 
 /// `--bits K`: the synthetic layer of width K and its layout.
@@ -148,12 +171,12 @@ struct Layer {
     q3: (MlxArray, MlxArray, MlxArray),
 }
 
-fn build(k: u32, layout: CodeLayout) -> Result<Layer> {
+fn build(k: u32, layout: CodeLayout, (inp, out): (usize, usize)) -> Result<Layer> {
     let t = Instant::now();
-    let host = synthetic_layer(IN, OUT, k, 12, 0, layout, 0.015, 7 + k as u64)?;
+    let host = synthetic_layer(inp, out, k, 12, 0, layout, 0.015, 7 + k as u64)?;
     let lin = TrellisLinear::from_host("down", &host)?;
     let w = expand(&host.codes, &host.scales, &host.geometry)?; // [in, out] f32
-    let dense = MlxArray::from_slice(&w, &[IN, OUT])?.t()?.astype(Dtype::Bfloat16)?.contiguous()?;
+    let dense = MlxArray::from_slice(&w, &[inp, out])?.t()?.astype(Dtype::Bfloat16)?.contiguous()?;
     dense.eval()?;
     let q4 = quantize(&dense, 64, 4)?;
     let q3 = quantize(&dense, 64, 3)?;
@@ -181,19 +204,20 @@ fn bench() -> Result<bool> {
     }
     let mut report = Report::default();
     let mut json = String::from("[\n");
+    let (inp, out) = args.shape();
     for &(k, layout) in &args.layouts {
-        let layer = build(k, layout)?;
+        let layer = build(k, layout, (inp, out))?;
         let g = *layer.lin.geometry();
-        let n = max_m.checked_mul(IN).context("--rows: the activations' size overflows")?;
-        let x_all = MlxArray::from_slice(&gaussian(n, 99)?, &[max_m, IN])?.astype(args.dtype)?;
+        let n = max_m.checked_mul(inp).context("--rows: the activations' size overflows")?;
+        let x_all = MlxArray::from_slice(&gaussian(n, 99)?, &[max_m, inp])?.astype(args.dtype)?;
         x_all.eval()?;
         let t = Instant::now();
         let want = forward_f64(&to_f64(&x_all)?, max_m, &layer.host.codes, &layer.host.scales, &g)?;
         eprintln!("[bench] f64 reference ({max_m} rows) in {:.1} s", t.elapsed().as_secs_f64());
         for &m in &args.rows.rows {
-            let x = x_all.slice(&[0, 0], &[m as i32, IN as i32], &[1, 1])?.contiguous()?;
+            let x = x_all.slice(&[0, 0], &[m as i32, inp as i32], &[1, 1])?.contiguous()?;
             x.eval()?;
-            let want = &want[..m * OUT];
+            let want = &want[..m * out];
             if args.sweep {
                 sweep(&layer, &x, m, want, &args, &mut report)?;
                 continue;
@@ -218,7 +242,7 @@ fn bench() -> Result<bool> {
             let q3 = time(args.calls, args.evals, &|| {
                 quantized_matmul(&x, &layer.q3.0, &layer.q3.1, &layer.q3.2, true, 64, 3)
             })?;
-            let rate = (IN * OUT) as f64 / (ours.0 * 1e-6) / 1e12;
+            let rate = (inp * out) as f64 / (ours.0 * 1e-6) / 1e12;
             let path = if uses_dense(m, x.dtype()) {
                 "dense + MLX matmul".to_string()
             } else {
@@ -261,7 +285,7 @@ fn bench() -> Result<bool> {
         println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
-            "Qwen down projection {IN} -> {OUT}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
+            "Axis-0 projection {inp} -> {out}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
             args.calls, args.evals
         );
         println!("| layout | M | trellis µs | MLX bf16 µs | vs bf16 | affine 4-bit µs | affine 3-bit µs | vs affine 3 | Tweights/s | relErr | path |");
@@ -475,6 +499,7 @@ fn paths(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, repor
 fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     use mlx_trellis::{CudaKernel, KernelSource, LaunchConfig};
     let g = *layer.lin.geometry();
+    let (inp, out) = args.shape();
     let cfg = plan(&g, m);
     let full = time(args.calls, args.evals, &|| layer.lin.forward_with(x, ForwardPath::Cuda))?;
     let kernel =
@@ -491,11 +516,11 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     })?;
     // The same kernel on 1/17 of the input rows: if its time per call hardly drops, calls are
     // bound by launch and host costs, not by the GPU.
-    let small_rows = 1024;
-    let small = synthetic_layer(small_rows, OUT, g.k, g.l, 0, g.layout(), 0.015, 3)?;
+    let small_rows = (inp / 17 / 16).max(1) * 16;
+    let small = synthetic_layer(small_rows, out, g.k, g.l, 0, g.layout(), 0.015, 3)?;
     let small_lin = TrellisLinear::from_host("small", &small)?;
     let xs = x.slice(&[0, 0], &[m as i32, small_rows as i32], &[1, 1])?.contiguous()?;
-    let small_cfg = CudaDownConfig { splits: cfg.splits.min(small_rows as u32 / (16 * cfg.ks)), ..cfg };
+    let small_cfg = CudaDownConfig { splits: cfg.splits.min((small_rows as u32 / (16 * cfg.ks)).max(1)), ..cfg };
     let small_kernel = time(args.calls, args.evals, &|| {
         down_cuda_partials(&xs, small_lin.codes(), small_lin.scales(), small_lin.geometry(), small_cfg)
     })?;
@@ -513,14 +538,14 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
             shared,
         )?;
         let launch = LaunchConfig::new([128, 20, cfg.splits as usize], [128, 1, 1])
-            .output(&[m, cfg.splits as usize, OUT], Dtype::Float32);
+            .output(&[m, cfg.splits as usize, out], Dtype::Float32);
         time(args.calls, args.evals, &|| {
             Ok(noop.apply(&[x, layer.lin.codes(), layer.lin.scales()], &launch)?.remove(0))
         })
     };
     let (shaped, shaped_40k, shaped_100k) = (shaped_noop(0)?, shaped_noop(40960)?, shaped_noop(102400)?);
     println!(
-        "probe {} M={m}: no-op kernels shaped like the plan (3 inputs, [{m}, {}, {OUT}] f32 partials, 20 x {} blocks): {:.1} us, with 40 KB dynamic shared memory {:.1}, with 100 KB {:.1}",
+        "probe {} M={m}: no-op kernels shaped like the plan (3 inputs, [{m}, {}, {out}] f32 partials, 20 x {} blocks): {:.1} us, with 40 KB dynamic shared memory {:.1}, with 100 KB {:.1}",
         layer.name, cfg.splits, cfg.splits, shaped.0, shaped_40k.0, shaped_100k.0
     );
     let build = {
@@ -553,16 +578,17 @@ fn folds(args: &Args) -> Result<()> {
         "| M | splits | layout | reduced axes | call median us | call best us | row |\n|---|---|---|---|---|---|---|"
     );
     let mut row = 0;
+    let out = args.shape().1;
     for &m in &args.rows.rows {
         for &s in &args.fold_splits {
             let mut candidates: Vec<(String, Vec<usize>, Vec<i32>)> = vec![
-                ("[M, S, C]".into(), vec![m, s, OUT], vec![1]),
-                ("[S, M, C]".into(), vec![s, m, OUT], vec![0]),
-                ("[M, C, S]".into(), vec![m, OUT, s], vec![2]),
+                ("[M, S, C]".into(), vec![m, s, out], vec![1]),
+                ("[S, M, C]".into(), vec![s, m, out], vec![0]),
+                ("[M, C, S]".into(), vec![m, out, s], vec![2]),
             ];
             for s1 in [2, 4] {
                 if s % s1 == 0 {
-                    candidates.push((format!("[{s1}, M, S/{s1}, C]"), vec![s1, m, s / s1, OUT], vec![0, 2]));
+                    candidates.push((format!("[{s1}, M, S/{s1}, C]"), vec![s1, m, s / s1, out], vec![0, 2]));
                 }
             }
             for (layout, shape, axes) in candidates {
