@@ -242,7 +242,7 @@ fn bench() -> Result<bool> {
             let q3 = time(args.calls, args.evals, &|| {
                 quantized_matmul(&x, &layer.q3.0, &layer.q3.1, &layer.q3.2, true, 64, 3)
             })?;
-            let rate = (inp * out) as f64 / (ours.0 * 1e-6) / 1e12;
+            let rate = inp as f64 * out as f64 / (ours.0 * 1e-6) / 1e12;
             let path = if uses_dense(m, x.dtype()) {
                 "dense + MLX matmul".to_string()
             } else {
