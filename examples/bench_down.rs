@@ -19,7 +19,9 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::down::uses_dense;
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
-use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, plan_for, CudaDownConfig};
+use mlx_trellis::trellis::cuda::tuning::{
+    axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, AxisOneConfig, CudaDownConfig,
+};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear};
@@ -73,6 +75,7 @@ impl Report {
   target/release/examples/bench_down --sweep --configs \"nc8 mt1 ks1 w4 s52 fold pack; nc2 mt3 ks4 w8 s13\"
   target/release/examples/bench_down --paths                # the fused kernel against the dense path
   target/release/examples/bench_down --shape 576,1536 --sweep --rows 1  # a small layer (SmolLM2's gate and up)
+  target/release/examples/bench_down --shape 1536,576 --sweep --axis-one --rows 1  # SmolLM2's down (axis 1)
   target/release/examples/bench_down --probe --rows 1       # where one queued call's time goes
   target/release/examples/bench_down --folds --splits 13,32 # MLX's fold of partials in candidate layouts")]
 struct Args {
@@ -118,6 +121,10 @@ struct Args {
     /// [default: 17408,5120, the Qwen3-14B down projection]
     #[arg(long, value_name = "IN,OUT", value_parser = shape)]
     shape: Option<(usize, usize)>,
+    /// With --sweep: an axis-1 layer (stored `[out, in]`, row-major codes, as gate and up of the
+    /// Qwen layout and SmolLM2's down) of --shape, and the axis-1 kernel's shapes (`gate_up.cu`)
+    #[arg(long = "axis-one", requires = "sweep")]
+    axis_one: bool,
 }
 
 impl Args {
@@ -171,17 +178,26 @@ struct Layer {
     q3: (MlxArray, MlxArray, MlxArray),
 }
 
-fn build(k: u32, layout: CodeLayout, (inp, out): (usize, usize)) -> Result<Layer> {
+fn build(k: u32, layout: CodeLayout, (inp, out): (usize, usize), axis_one: bool) -> Result<Layer> {
     let t = Instant::now();
-    let host = synthetic_layer(inp, out, k, 12, 0, layout, 0.015, 7 + k as u64)?;
+    let host = if axis_one {
+        // The axis-1 kernel reads row-major codes only.
+        synthetic_layer(out, inp, k, 12, 1, CodeLayout::RowMajor, 0.015, 7 + k as u64)?
+    } else {
+        synthetic_layer(inp, out, k, 12, 0, layout, 0.015, 7 + k as u64)?
+    };
     let lin = TrellisLinear::from_host("down", &host)?;
     let w = expand(&host.codes, &host.scales, &host.geometry)?; // [in, out] f32
-    let dense = MlxArray::from_slice(&w, &[inp, out])?.t()?.astype(Dtype::Bfloat16)?.contiguous()?;
+                                                                // The stored matrix is `[in, out]` for axis 0 and `[out, in]` for axis 1.
+    let stored =
+        if axis_one { MlxArray::from_slice(&w, &[out, inp])? } else { MlxArray::from_slice(&w, &[inp, out])?.t()? };
+    let dense = stored.astype(Dtype::Bfloat16)?.contiguous()?;
     dense.eval()?;
     let q4 = quantize(&dense, 64, 4)?;
     let q3 = quantize(&dense, 64, 3)?;
     eval_all(&[&q4.0, &q4.1, &q4.2, &q3.0, &q3.1, &q3.2])?;
     let name = match layout {
+        _ if axis_one => format!("k{k} axis 1"),
         CodeLayout::K3Interleaved => format!("k{k} interleaved"),
         CodeLayout::RowMajor => format!("k{k} row-major"),
     };
@@ -206,7 +222,7 @@ fn bench() -> Result<bool> {
     let mut json = String::from("[\n");
     let (inp, out) = args.shape();
     for &(k, layout) in &args.layouts {
-        let layer = build(k, layout, (inp, out))?;
+        let layer = build(k, layout, (inp, out), args.axis_one)?;
         let g = *layer.lin.geometry();
         let n = max_m.checked_mul(inp).context("--rows: the activations' size overflows")?;
         let x_all = MlxArray::from_slice(&gaussian(n, 99)?, &[max_m, inp])?.astype(args.dtype)?;
@@ -218,6 +234,10 @@ fn bench() -> Result<bool> {
             let x = x_all.slice(&[0, 0], &[m as i32, inp as i32], &[1, 1])?.contiguous()?;
             x.eval()?;
             let want = &want[..m * out];
+            if args.sweep && args.axis_one {
+                sweep_axis_one(&layer, &x, m, want, &args, &mut report)?;
+                continue;
+            }
             if args.sweep {
                 sweep(&layer, &x, m, want, &args, &mut report)?;
                 continue;
@@ -281,6 +301,8 @@ fn bench() -> Result<bool> {
     }
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
+    } else if args.sweep && args.axis_one {
+        println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|");
     } else if args.sweep {
         println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
@@ -311,6 +333,45 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, repor
         fragment_configs(&g, x.dtype(), m)
     };
     time_configs(layer, x, m, want, args, report, configs)
+}
+
+/// The axis-1 kernel's plan and its shapes around it at `m` rows (every row tile count and warp
+/// count of the plan's pass), timed and checked against the reference `want`.
+fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, report: &mut Report) -> Result<()> {
+    let g = *layer.lin.geometry();
+    let planned = axis_one_plan(m, x.dtype(), false);
+    let mut configs = vec![planned];
+    for rt in 1..=4 {
+        for warps in [1, 2, 3, 4, 6, 8] {
+            let cfg = AxisOneConfig { rt, warps, ..planned };
+            if cfg != planned && cfg.check(x.dtype(), false).is_ok() {
+                configs.push(cfg);
+            }
+        }
+    }
+    for cfg in configs {
+        let f = || axis_one_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
+        let y = match f().and_then(|y| {
+            y.eval()?;
+            Ok(y)
+        }) {
+            Ok(y) => y,
+            Err(e) => {
+                eprintln!("[sweep] {} M={m} {cfg:?}: failed: {e:#}", layer.name);
+                continue;
+            }
+        };
+        let err = rel_err(&to_f64(&y)?, want)?;
+        report.check(&y, err, || format!("{} M={m} {cfg:?}", layer.name))?;
+        let (med, best) = time(args.calls, args.evals.min(15), &f)?;
+        let _ = writeln!(
+            report.table,
+            "| {} | {m} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {err:.1e} |",
+            layer.name, cfg.mt, cfg.rt, cfg.warps, cfg.bias_fold, cfg.pack_fma
+        );
+        eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
+    }
+    Ok(())
 }
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
@@ -558,6 +619,50 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     println!(
         "probe {} M={m} {cfg:?}: full {:.1} us, kernel only {:.1}, kernel on {small_rows} rows {:.1}, fold {:.1}, no-op kernel {:.1}, graph build (host) {build:.1} us/call",
         layer.name, full.0, kernel.0, small_kernel.0, fold.0, tiny.0
+    );
+    // The host's graph building per call of each kind (no evaluation), and the evaluation of
+    // queued calls of no-op kernels whose source is short or long (MLX builds a custom
+    // kernel's whole source at every call and hashes it at every evaluation).
+    let per_call = |f: &dyn Fn() -> mlx_trellis::Result<MlxArray>| -> Result<f64> {
+        let _ = f()?;
+        let t = Instant::now();
+        for _ in 0..200 {
+            let _ = f()?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e6 / 200.0)
+    };
+    let long_header: String =
+        (0..600).map(|i| format!("__device__ inline int bench_pad_{i}(int v) {{ return v * {i} + 7; }}\n")).collect();
+    let long_noop = CudaKernel::new(
+        KernelSource::new("bench_noop_long", &["inp"], &["out"], "if (threadIdx.x == 0) out[0] = inp[0];")
+            .with_header(&long_header),
+        0,
+    )?;
+    let one = LaunchConfig::new([32, 1, 1], [32, 1, 1]).output(&[1], Dtype::Bfloat16);
+    let prepared_short = noop.prepare(&one)?;
+    let prepared_long = long_noop.prepare(&one)?;
+    let short_apply = || Ok(noop.apply_prepared(&[x], &prepared_short)?.remove(0));
+    let long_apply = || Ok(long_noop.apply_prepared(&[x], &prepared_long)?.remove(0));
+    let build = [
+        ("MLX add", per_call(&|| x.add(x))?),
+        ("no-op kernel, short source", per_call(&short_apply)?),
+        ("no-op kernel, long source", per_call(&long_apply)?),
+        (
+            "pre-pass + down kernel (partials)",
+            per_call(&|| down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg))?,
+        ),
+        ("the layer's forward (Cuda path)", per_call(&|| layer.lin.forward_with(x, ForwardPath::Cuda))?),
+    ];
+    for (what, us) in build {
+        println!("probe graph build: {what}: {us:.2} us/call");
+    }
+    let (short_eval, long_eval) =
+        (time(args.calls, args.evals, &short_apply)?, time(args.calls, args.evals, &long_apply)?);
+    println!(
+        "probe queued no-op calls: short source {:.2} us/call, long source {:.2} us/call ({} bytes of header)",
+        short_eval.0,
+        long_eval.0,
+        long_header.len()
     );
     Ok(())
 }

@@ -23,6 +23,8 @@ KINDS = [
     ("prescale", "activation pre-passes"),
     ("hadamard", "Hadamard transforms"),
     ("copy_v", "dtype copies"),
+    # Before "rotate", which its name also holds.
+    ("swiglu_rotate", "SwiGLU with rotations (trellis swiglu_rotate)"),
     ("rotate", "rotation kernel (trellis rotate)"),
 ]
 
