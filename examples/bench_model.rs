@@ -6,6 +6,11 @@
 //!   one-token steps. Every variant is fed the same fixed tokens (the prompt's, cycled), so its
 //!   own predictions never change what it computes; each step waits for its logits' argmax on
 //!   the host, as a sampler does. Reported: median tokens/s over the rounds.
+//! - **Pipelined decode**: the same, but each greedy step is built from the previous step's
+//!   logits on the device and started before the host reads the previous step's token, as MLX's
+//!   own generators run (`mlx_lm.generate`): the host's graph building then overlaps the GPU's
+//!   work instead of adding to it. The tokens are the variant's own greedy choices; each step
+//!   computes one token after the same number of cached positions.
 //! - **MLP chain**: `x <- x + mlp_b(rms_norm(x))` over the model's blocks `b` in order (each
 //!   block's weights distinct, as the model runs them), `--chains` passes queued per evaluation,
 //!   for each row count M of `--rows`. Timed from building the graph to its result, so the host's
@@ -25,9 +30,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlx_trellis::llama::{fetch_smollm2, LayerPlan, LlamaModel, LlamaTokenizer};
+use mlx_trellis::llama::{fetch_smollm2, DeviceToken, LayerPlan, LlamaModel, LlamaTokenizer};
 use mlx_trellis::nn::select::argmax;
-use mlx_trellis::{eval_all, Gguf, MlxArray};
+use mlx_trellis::{async_eval_all, eval_all, Gguf, MlxArray};
 
 #[path = "common/cli.rs"]
 mod cli;
@@ -84,6 +89,8 @@ struct Variant {
     bits_per_weight: Option<f64>,
     /// Tokens/s of each round.
     decode: Vec<f64>,
+    /// Pipelined tokens/s of each round.
+    pipelined: Vec<f64>,
     /// Per row count: µs per MLP layer of each round.
     mlp: Vec<Vec<f64>>,
     /// Per row count: of those, µs per layer spent building the graph before evaluation.
@@ -115,6 +122,39 @@ fn decode_round(model: &LlamaModel, feed: &[u32], prompt: usize, warmup: usize, 
         step(&[*next.next().context("no tokens")?], &mut cache)?;
     }
     Ok(tokens as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Tokens/s of `tokens` timed greedy steps after the prompt and `warmup` untimed steps, each step
+/// built from the token the previous step chose on the device and started before the host reads
+/// that token (see the module documentation).
+fn decode_pipelined_round(
+    model: &LlamaModel,
+    feed: &[u32],
+    prompt: usize,
+    warmup: usize,
+    tokens: usize,
+) -> Result<f64> {
+    let mut cache = model.new_cache();
+    let mut token = model.greedy_token(&model.forward(&feed[..prompt], &mut cache)?)?;
+    async_eval_all(&[token.array()])?;
+    let mut step = |token: &DeviceToken| -> Result<DeviceToken> {
+        let next = model.greedy_token(&model.forward_token(token, &mut cache)?)?;
+        async_eval_all(&[next.array()])?;
+        // The host reads the previous step's token while this one runs.
+        token.read()?;
+        Ok(next)
+    };
+    for _ in 0..warmup {
+        token = step(&token)?;
+    }
+    let t = Instant::now();
+    for _ in 0..tokens {
+        token = step(&token)?;
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    // The step still in flight finishes before the next measurement starts.
+    token.read()?;
+    Ok(tokens as f64 / seconds)
 }
 
 /// µs per MLP layer of `chains` passes over the model's MLPs on `x`, graph building included, and
@@ -180,6 +220,7 @@ fn run(args: Args) -> Result<bool> {
             model,
             bits_per_weight,
             decode: Vec::new(),
+            pipelined: Vec::new(),
             mlp: vec![Vec::new(); args.rows.len()],
             graph: vec![Vec::new(); args.rows.len()],
         });
@@ -205,6 +246,9 @@ fn run(args: Args) -> Result<bool> {
                 let tps = decode_round(&v.model, &feed, prompt, args.warmup, args.tokens)
                     .with_context(|| format!("{}: decoding", v.label))?;
                 v.decode.push(tps);
+                let tps = decode_pipelined_round(&v.model, &feed, prompt, args.warmup, args.tokens)
+                    .with_context(|| format!("{}: pipelined decoding", v.label))?;
+                v.pipelined.push(tps);
             }
             for (i, x) in inputs.iter().enumerate() {
                 if round == 0 {
@@ -227,6 +271,7 @@ fn run(args: Args) -> Result<bool> {
             .iter()
             .map(|v| {
                 let d = v.decode.last().map_or(String::new(), |t| format!(" {t:.1} tok/s"));
+                let d = d + &v.pipelined.last().map_or(String::new(), |t| format!(" ({t:.1} pipelined)"));
                 let m = v.mlp.first().and_then(|r| r.last()).map_or(String::new(), |u| format!(", {u:.1} µs"));
                 format!("{}{d}{m}", v.label)
             })
@@ -236,6 +281,7 @@ fn run(args: Args) -> Result<bool> {
 
     let reference = specs.iter().position(|s| s.split('|').next() == Some("dense")).unwrap_or(0);
     let ref_decode = median(&variants[reference].decode);
+    let ref_pipelined = median(&variants[reference].pipelined);
     let ref_mlp: Vec<Option<f64>> = variants[reference].mlp.iter().map(|r| median(r)).collect();
     let ratio = |r: Option<f64>, x: Option<f64>, faster_is_larger: bool| -> String {
         match (r, x) {
@@ -245,8 +291,9 @@ fn run(args: Args) -> Result<bool> {
             _ => "–".into(),
         }
     };
-    let mut header = "| variant | MLP bits/weight | decode tokens/s | vs ref |".to_string();
-    let mut rule = "|---|---|---|---|".to_string();
+    let mut header =
+        "| variant | MLP bits/weight | decode tokens/s | vs ref | pipelined tokens/s | vs ref |".to_string();
+    let mut rule = "|---|---|---|---|---|---|".to_string();
     for m in &args.rows {
         header += &format!(" MLP µs/layer M={m} | vs ref |");
         rule += "---|---|";
@@ -267,12 +314,15 @@ fn run(args: Args) -> Result<bool> {
     let mut rows = Vec::new();
     for v in &variants {
         let d = median(&v.decode);
+        let p = median(&v.pipelined);
         let mut line = format!(
-            "| {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             v.label,
             v.bits_per_weight.map_or("–".into(), |b| format!("{b:.3}")),
             d.map_or("–".into(), |d| format!("{d:.1}")),
-            ratio(ref_decode, d, true)
+            ratio(ref_decode, d, true),
+            p.map_or("–".into(), |p| format!("{p:.1}")),
+            ratio(ref_pipelined, p, true)
         );
         let mut mlp = Vec::new();
         for (i, m) in args.rows.iter().enumerate() {
@@ -286,7 +336,7 @@ fn run(args: Args) -> Result<bool> {
         table.push(line);
         rows.push(serde_json::json!({
             "label": v.label, "bits_per_weight": v.bits_per_weight, "decode_tokens_per_second": d,
-            "decode_rounds": v.decode, "mlp": mlp, "dtype": dtype.to_string(), "tokens": args.tokens,
+            "decode_rounds": v.decode, "pipelined_tokens_per_second": p, "pipelined_rounds": v.pipelined, "mlp": mlp, "dtype": dtype.to_string(), "tokens": args.tokens,
             "warmup": args.warmup, "chains": args.chains, "reference": variants[reference].label,
         }));
     }

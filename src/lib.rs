@@ -81,7 +81,7 @@ pub use io::gguf::{GgmlType, Gguf, GgufTensor, GGUF_GROUP_SIZE};
 pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use memory::available_memory;
-pub use ops::{concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
+pub use ops::{async_eval_all, concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
 pub use process::exit_process;
 #[cfg(feature = "metal-sim")]
 pub use sim::MetalSimScope;

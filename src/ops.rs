@@ -228,6 +228,16 @@ pub fn eval_all(arrays: &[&MlxArray]) -> Result<()> {
     Ok(())
 }
 
+/// Starts evaluating `arrays` and returns without waiting (MLX's `async_eval`): a runner builds
+/// the next decoding step's graph while the device computes this one, and then reads this
+/// step's result (which waits for it).
+pub fn async_eval_all(arrays: &[&MlxArray]) -> Result<()> {
+    let vec = VectorArray::from_arrays(arrays)?;
+    // SAFETY: `vec` is a live vector handle for the duration of the call.
+    call(|| unsafe { sys::mlx_async_eval(vec.raw) })?;
+    Ok(())
+}
+
 /// An owned `mlx_vector_array` (used to pass lists of arrays to mlx-c and to receive them).
 pub(crate) struct VectorArray {
     pub(crate) raw: sys::mlx_vector_array,

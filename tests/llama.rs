@@ -12,14 +12,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use mlx_trellis::llama::names::gguf_tensor_name;
 use mlx_trellis::llama::{
     fetch_smollm2, generate, ChatMessage, ChatTemplate, LayerPlan, LlamaConfig, LlamaModel, LlamaTokenizer, Sampler,
     Sampling,
 };
 use mlx_trellis::trellis::reference::rel_err;
-use mlx_trellis::{Gguf, MlxArray};
+use mlx_trellis::{async_eval_all, Gguf, MlxArray};
 
 const PROMPT: &str = "The capital of France is";
 const PROMPT_IDS: [u32; 5] = [504, 3575, 282, 4649, 314];
@@ -227,6 +227,34 @@ fn cached_decoding_matches_a_full_forward() -> Result<()> {
     let e = rel_err(&a, &b)?;
     let gate = common::f32_matmul_gate();
     ensure!(e < gate, "cached and full logits differ by relErr {e:.2e} (gate {gate:.0e})");
+    Ok(())
+}
+
+/// Pipelined greedy decoding (each step built from the token the previous step chose on the
+/// device, and started before the host reads that token) gives the tokens of the host's greedy
+/// loop, and logits of the wrong shape are refused.
+#[test]
+fn pipelined_greedy_steps_give_the_host_loops_tokens() -> Result<()> {
+    let model = LlamaModel::from_gguf(smollm2()?, &LayerPlan::shipped())?;
+    let mut sampler = Sampler::new(Sampling::Greedy)?;
+    let want = generate(&model, &PROMPT_IDS, 6, &mut sampler, &[], &mut |_| Ok(()))?.tokens;
+    let mut cache = model.new_cache();
+    let mut token = model.greedy_token(&model.forward(&PROMPT_IDS, &mut cache)?)?;
+    async_eval_all(&[token.array()])?;
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let next = model.greedy_token(&model.forward_token(&token, &mut cache)?)?;
+        async_eval_all(&[next.array()])?;
+        // The host reads this step's token while the next step runs.
+        got.push(token.read()?);
+        token = next;
+    }
+    got.push(token.read()?);
+    ensure!(got == want, "pipelined {got:?}, host loop {want:?}");
+    ensure!(cache.len() == PROMPT_IDS.len() + 5, "cache of {} positions", cache.len());
+    let bad = MlxArray::zeros(&[1, 7], mlx_trellis::Dtype::Float32)?;
+    let e = model.greedy_token(&bad).err().context("wrong logits accepted")?.to_string();
+    ensure!(e.contains("expected [L >= 1, 49152]"), "{e}");
     Ok(())
 }
 

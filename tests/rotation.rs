@@ -292,6 +292,61 @@ fn mlps_of_any_axes_and_bit_widths_run_on_cuda() {
     ]);
 }
 
+/// On CUDA, gate and up that do not fuse are joined by one launch (the rotations turned back, the
+/// SwiGLU, the down projection's input rotation and padding): every case of that join against
+/// the f64 reference, in every dtype, at row counts around the kernels' tiles and dense paths.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mlps_joined_on_cuda_match_the_reference_in_every_dtype() {
+    require_cuda();
+    // (what, hidden, inter, ks, rotation seeds): gate and up coded along their outputs (axis 0),
+    // down along its inputs (axis 1), as SmolLM2's rule puts them.
+    let cases = [
+        ("SmolLM2's layout", 192, 512, [3, 3, 3], [Some(1), Some(2), Some(3)]),
+        ("padded, blocks of 64, mixed k", 192, 320, [2, 4, 3], [Some(4), Some(5), Some(6)]),
+        ("gate rotated, up and down plain", 192, 512, [4, 2, 2], [Some(7), None, None]),
+        ("768 wide, mixed k", 256, 768, [3, 2, 4], [Some(8), Some(9), Some(10)]),
+        ("nothing rotated, padded", 192, 320, [3, 3, 2], [None, None, None]),
+    ];
+    let mut checked = 0;
+    for (what, hidden, inter, ks, seeds) in cases {
+        let layers = [
+            coded(inter, hidden, 0, ks[0], seeds[0], 1),
+            coded(inter, hidden, 0, ks[1], seeds[1], 2),
+            coded(hidden, inter, 1, ks[2], seeds[2], 3),
+        ];
+        assert_eq!(layers.each_ref().map(|c| c.layer.geometry.axis), [0, 0, 1], "{what}");
+        let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
+        let mlp = TrellisMlp::new(g, u, d).unwrap();
+        // One row of each down plan's row bucket (1, 2-8, 17+ prescaled), and the dense paths of
+        // 16-bit activations (axis 1 from 65 rows, axis 0 from 129). The compiles of each row
+        // bucket's kernels bound this test's time.
+        for m in [1usize, 7, 17, 65, 130] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                assert!(mlp.joins_on_cuda(dtype), "{what}");
+                let (x, xr) = activations(m, hidden, 60 + m as u64, dtype);
+                let want = dense_mlp(&xr, m, &layers);
+                // Auto takes the same join (checked at one row).
+                let paths: &[ForwardPath] =
+                    if m == 1 { &[ForwardPath::Cuda, ForwardPath::Auto] } else { &[ForwardPath::Cuda] };
+                for &path in paths {
+                    let y = mlp.forward_with(&x, path).unwrap();
+                    assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], dtype));
+                    let err = rel_err(&to_f64(&y), &want).unwrap();
+                    // Two products in a row, each within its gate (f32 never takes MLX's TF32
+                    // matmul; from 65 rows of 16-bit activations the down projection runs as
+                    // MLX's matmul of its decoded weights, within the same gates).
+                    let bound = 2.0 * gate(dtype);
+                    assert!(err < bound, "{what} {path} {dtype} M {m}: relErr {err:.2e} (gate {bound:.0e})");
+                    println!("{what} {path} {dtype} M {m}: relErr {err:.2e}");
+                    checked += 1;
+                }
+            }
+        }
+    }
+    println!("{checked} joined MLP cases checked");
+}
+
 fn check_mlps(paths: &[(ForwardPath, f64)]) {
     // SmolLM2's rule at a small width: gate and up [512, 192] go on axis 0 (along their 512
     // outputs), down [192, 512] on axis 1 (along its 512 inputs); then gate k 3 / up k 2 on axis

@@ -34,6 +34,8 @@ kernel_files! {
     CUDA_EXPAND = "cuda/expand.cu";
     /// The coded axis's rotation (signs and block Hadamard) with its padding or slice.
     CUDA_ROTATE = "cuda/rotate.cu";
+    /// The SwiGLU between an MLP's projections with the coded axes' rotations around it.
+    CUDA_SWIGLU_ROTATE = "cuda/swiglu_rotate.cu";
     /// The encoder's block search.
     CUDA_VITERBI = "cuda/viterbi.cu";
     /// The 1MAD code on Metal: `TRELLIS_RCP` and `trellis_y_f32(state)`.

@@ -40,9 +40,13 @@ impl Mlp {
         }
     }
 
-    /// The whole MLP.
+    /// The whole MLP (a [`TrellisMlp`] by [`TrellisMlp::forward`], which may join gate and up
+    /// to the down projection without forming `swiglu(x)` itself).
     pub fn forward(&self, x: &MlxArray) -> Result<MlxArray> {
-        self.down(&self.swiglu(x)?)
+        match self {
+            Mlp::Linears { .. } => self.down(&self.swiglu(x)?),
+            Mlp::Trellis(m) => m.forward(x),
+        }
     }
 
     /// The three layers' stored bits and logical weights, in the order gate, up, down.

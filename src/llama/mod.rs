@@ -47,6 +47,6 @@ pub use fetch::{fetch_smollm2, sha256_file, smollm2_cache_dir, SMOLLM2_FILE, SMO
 pub use generate::{generate, Generation};
 pub use linear::Linear;
 pub use mlp::Mlp;
-pub use model::{KvCache, LayerPlan, LinearPlan, LlamaModel, Observer};
+pub use model::{DeviceToken, KvCache, LayerPlan, LinearPlan, LlamaModel, Observer};
 pub use sample::{Sampler, Sampling};
 pub use tokenizer::LlamaTokenizer;

@@ -10,6 +10,7 @@ use crate::dtype::Dtype;
 use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::io::gguf::Gguf;
 use crate::nn::rms_norm;
+use crate::nn::select::argmax;
 use crate::ops::{dequantize, eval_all};
 use crate::trellis::{Artifact, TrellisMlp};
 
@@ -390,7 +391,42 @@ impl LlamaModel {
         self.run(tokens, cache, Some(observe))
     }
 
-    fn run(&self, tokens: &[u32], cache: &mut KvCache, mut observe: Option<&mut Observer<'_>>) -> Result<MlxArray> {
+    /// The greedy choice after `logits` (a step's `[L, vocab]` logits, as
+    /// [`forward`](Self::forward) returns them): the argmax of their last row, chosen on the
+    /// device. A runner starts the step's logits and this token together
+    /// ([`async_eval_all`](crate::async_eval_all) of [`DeviceToken::array`]), builds the next
+    /// step from the token ([`forward_token`](Self::forward_token)) and only then reads it, as
+    /// MLX's own generators do: the host's graph building overlaps the device's work.
+    pub fn greedy_token(&self, logits: &MlxArray) -> Result<DeviceToken> {
+        let vocab = self.config.vocab;
+        let rows = match logits.shape()[..] {
+            [rows, v] if rows > 0 && v == vocab => rows,
+            ref s => invalid!("greedy_token: logits {s:?}, expected [L >= 1, {vocab}]"),
+        };
+        let last = logits.slice(&[rows as i32 - 1, 0], &[rows as i32, vocab as i32], &[1, 1])?;
+        Ok(DeviceToken(argmax(&last, -1, false)?.astype(Dtype::Uint32)?.reshape(&[1])?))
+    }
+
+    /// The logits (`[1, vocab]`, float32) of one token chosen on the device, following what
+    /// `cache` holds; its key and value are appended to `cache`.
+    pub fn forward_token(&self, token: &DeviceToken, cache: &mut KvCache) -> Result<MlxArray> {
+        self.check_cache(cache, 1)?;
+        self.run_ids(&token.0, 1, cache, None)
+    }
+
+    /// Refuses a cache of another model or without room for `new` positions.
+    fn check_cache(&self, cache: &KvCache, new: usize) -> Result<()> {
+        let c = &self.config;
+        if cache.layers.len() != c.layers {
+            invalid!("the cache has {} layers, the model {}", cache.layers.len(), c.layers);
+        }
+        if cache.len() + new > c.context {
+            invalid!("{} cached and {new} new positions exceed the context of {}", cache.len(), c.context);
+        }
+        Ok(())
+    }
+
+    fn run(&self, tokens: &[u32], cache: &mut KvCache, observe: Option<&mut Observer<'_>>) -> Result<MlxArray> {
         let c = &self.config;
         if tokens.is_empty() {
             invalid!("forward needs at least one token");
@@ -398,15 +434,25 @@ impl LlamaModel {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
             invalid!("token id {bad} is outside the vocabulary of {}", c.vocab);
         }
-        if cache.layers.len() != c.layers {
-            invalid!("the cache has {} layers, the model {}", cache.layers.len(), c.layers);
-        }
-        if cache.len() + tokens.len() > c.context {
-            invalid!("{} cached and {} new positions exceed the context of {}", cache.len(), tokens.len(), c.context);
-        }
+        self.check_cache(cache, tokens.len())?;
         let l = tokens.len();
         let ids = MlxArray::from_slice(tokens, &[l])?;
-        let mut x = self.embedding.lookup(&ids, self.dtype)?.reshape(&[1, l, c.hidden])?;
+        self.run_ids(&ids, l, cache, observe)
+    }
+
+    /// The forward pass of `l` token ids in vocabulary range (checked by the callers) after a
+    /// checked cache.
+    fn run_ids(
+        &self,
+        ids: &MlxArray,
+        l: usize,
+        cache: &mut KvCache,
+        mut observe: Option<&mut Observer<'_>>,
+    ) -> Result<MlxArray> {
+        let c = &self.config;
+        let mut x = self.embedding.lookup(ids, self.dtype)?.reshape(&[1, l, c.hidden])?;
+        // An observer sees the down projection's input, so the MLP is then run in two parts.
+        let observing = observe.is_some();
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
             let mut report = |name: &str, a: &MlxArray| -> Result<()> {
                 match observe.as_mut() {
@@ -417,14 +463,35 @@ impl LlamaModel {
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
             x = x.add(&block.attn.forward(&h, layer_cache, &mut report)?)?;
             let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
-            report("mlp.gate_proj", &h)?;
-            report("mlp.up_proj", &h)?;
-            let s = block.mlp.swiglu(&h)?;
-            report("mlp.down_proj", &s)?;
-            x = x.add(&block.mlp.down(&s)?)?;
+            if observing {
+                report("mlp.gate_proj", &h)?;
+                report("mlp.up_proj", &h)?;
+                let s = block.mlp.swiglu(&h)?;
+                report("mlp.down_proj", &s)?;
+                x = x.add(&block.mlp.down(&s)?)?;
+            } else {
+                x = x.add(&block.mlp.forward(&h)?)?;
+            }
         }
         let h = rms_norm(&x, &self.norm, c.rms_eps)?;
         self.output.forward(&h)?.reshape(&[l, c.vocab])?.astype(Dtype::Float32)
+    }
+}
+
+/// A token id chosen on the device ([`LlamaModel::greedy_token`]): a lazy uint32 `[1]` array,
+/// inside the vocabulary by construction, so a step can be built from it before the host reads it.
+#[derive(Clone)]
+pub struct DeviceToken(MlxArray);
+
+impl DeviceToken {
+    /// The id as a (lazy) uint32 `[1]` array, to evaluate beside the step that made it.
+    pub fn array(&self) -> &MlxArray {
+        &self.0
+    }
+
+    /// The id, read on the host (waits for the step that chooses it).
+    pub fn read(&self) -> Result<u32> {
+        Ok(self.0.to_vec::<u32>()?[0])
     }
 }
 

@@ -19,6 +19,7 @@ use crate::dtype::Dtype;
 use crate::error::{invalid, unserved, Error, ErrorContext, ErrorKind, Result};
 
 use super::checks::{activation_rows, check_codes, check_scales};
+use super::cuda::swiglu_rotate::Side;
 use super::format::{CodeLayout, HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
 use super::operands::LayerOperands;
@@ -299,9 +300,45 @@ impl TrellisLinear {
         if m == 0 {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
-        check_fits(working_set(m, g, x.dtype()), || format!("{} ({g}) on {m} activation rows", self.name))?;
+        self.check_fits(m, x.dtype())?;
         let (path, y) = resolve_auto(path, || self.best_path(), |path| self.forward_2d(&x2, m, path));
         y.and_then(|y| y.reshape(&out_shape)).with_context(|| format!("{} ({g}) by the {path} path", self.name))
+    }
+
+    /// Refuses a product of `m` rows of `dtype` activations whose working set exceeds the memory
+    /// MLX can get.
+    pub(crate) fn check_fits(&self, m: usize, dtype: Dtype) -> Result<()> {
+        let g = &self.geometry;
+        check_fits(working_set(m, g, dtype), || format!("{} ({g}) on {m} activation rows", self.name))
+    }
+
+    /// The stored outputs of logical `x2 [m, in]` by `path` (not `Auto`, not `Reference`): the
+    /// input transform applied, the output transform not (`[m, stored out]` on axis 0), for a
+    /// kernel that turns several layers' outputs back at once.
+    pub(crate) fn stored_output(&self, x2: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        let y = self.stored_forward(&self.stored_input(x2)?, path);
+        y.with_context(|| format!("{} ({}) by the {path} path", self.name, self.geometry))
+    }
+
+    /// The logical outputs from the stored activations `xs [m, stored in]` (already transformed)
+    /// by `path` (not `Auto`, not `Reference`): the stored matrix, then the output transform.
+    pub(crate) fn forward_stored_input(&self, xs: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        let y = self.stored_forward(xs, path).and_then(|y| match &self.transform {
+            Some(t) => t.logical_output(&y),
+            None => Ok(y),
+        });
+        y.with_context(|| format!("{} ({}) by the {path} path", self.name, self.geometry))
+    }
+
+    /// The stored side of the outputs (axis 0) or of the inputs (axis 1, `input` true) as the
+    /// CUDA SwiGLU with rotations takes it for activations of `dtype`; the logical features where
+    /// that side has no transform, `None` where the kernel does not serve its rotation.
+    pub(crate) fn cuda_side(&self, input: bool, dtype: Dtype) -> Option<Side<'_>> {
+        let axis = if input { 1 } else { 0 };
+        match &self.transform {
+            Some(t) if self.geometry.axis == axis => t.cuda_side(dtype),
+            _ => Some(Side { stored: if input { self.in_features() } else { self.out_features() }, rotation: None }),
+        }
     }
 
     /// `x2 [m, in] · W` by `path` (not `Auto`), in `x2`'s dtype, logical features in and out.

@@ -19,9 +19,12 @@
 use std::fmt;
 
 use crate::array::MlxArray;
-use crate::error::{invalid, ErrorContext, Result};
+use crate::device::{DeviceType, Stream};
+use crate::dtype::Dtype;
+use crate::error::{invalid, ErrorContext, ErrorKind, Result};
 
 use super::checks::{activation_rows, same_but_bits};
+use super::cuda::swiglu_rotate::Side;
 use super::linear::{from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
 use super::model::Artifact;
 use super::reference_coded::{mlp_coded_f64, swiglu_coded_f64};
@@ -127,6 +130,28 @@ impl TrellisMlp {
         g.axis == 1 && same_but_bits(g, u) && self.gate.coded_axis() == self.up.coded_axis()
     }
 
+    /// Whether [`TrellisMlp::forward`] on this thread joins gate and up through one launch on MLX's
+    /// CUDA back-end for activations of `dtype`: the rotations turned back, the SwiGLU, the down
+    /// projection's input rotation and padding (see the module documentation). It does where
+    /// gate and up do not fuse, every projection's kernels serve its geometry, the rotations'
+    /// blocks are served and this thread's operations go to the GPU.
+    pub fn joins_on_cuda(&self, dtype: Dtype) -> bool {
+        self.cuda_join_sides(dtype).is_some()
+    }
+
+    /// The three sides of the CUDA join where it applies ([`TrellisMlp::joins_on_cuda`]).
+    fn cuda_join_sides(&self, dtype: Dtype) -> Option<(Side<'_>, Side<'_>, Side<'_>)> {
+        let layers = [&self.gate, &self.up, &self.down];
+        if self.fuses_gate_up()
+            || !cuda::swiglu_rotate::serves(dtype, 1)
+            || layers.iter().any(|l| l.best_path() != ForwardPath::Cuda)
+            || !Stream::current().is_ok_and(|s| s.device_type() == DeviceType::Gpu)
+        {
+            return None;
+        }
+        Some((self.gate.cuda_side(false, dtype)?, self.up.cuda_side(false, dtype)?, self.down.cuda_side(true, dtype)?))
+    }
+
     /// The path [`ForwardPath::Auto`] tries first on this machine for the fused gate·up·SwiGLU
     /// part: the gate's (the fused kernels dispatch on the gate's geometry).
     pub fn best_path(&self) -> ForwardPath {
@@ -150,8 +175,52 @@ impl TrellisMlp {
             let y = mlp_coded_f64(&host_f64(&x2)?, m, [(&g, &ga), (&u, &ua), (&d, &da)])?;
             return from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype());
         }
+        if let Some(y) = self.joined_on_cuda(x, path)? {
+            return Ok(y);
+        }
         let h = self.swiglu_with(x, path)?;
         self.down.forward_with(&h, path)
+    }
+
+    /// [`TrellisMlp::forward_with`] on MLX's CUDA back-end where gate and up do not fuse: gate and
+    /// up by their kernels to their stored outputs, then one launch for the SwiGLU with the
+    /// rotations on either side of it (`cuda::swiglu_rotate`), then the down projection's kernel.
+    /// `None` where that does not apply: another path or back-end, gate and up fused, a rotation
+    /// its kernel does not serve, no rows, or (with `Auto`) a projection its kernel does not serve
+    /// at this row count, which the projection-by-projection path then takes.
+    fn joined_on_cuda(&self, x: &MlxArray, path: ForwardPath) -> Result<Option<MlxArray>> {
+        if !matches!(path, ForwardPath::Auto | ForwardPath::Cuda) {
+            return Ok(None);
+        }
+        let Some((gate, up, down)) = self.cuda_join_sides(x.dtype()) else {
+            return Ok(None);
+        };
+        let (x2, lead) = self.rows(x)?;
+        let (m, dtype) = (x2.shape()[0], x2.dtype());
+        if m == 0 {
+            return Ok(None);
+        }
+        let run = || -> Result<MlxArray> {
+            for l in [&self.gate, &self.up, &self.down] {
+                l.check_fits(m, dtype)?;
+            }
+            let g = self.gate.stored_output(&x2, ForwardPath::Cuda)?;
+            let u = self.up.stored_output(&x2, ForwardPath::Cuda)?;
+            let h = cuda::swiglu_rotate::swiglu_rotated(&g, &u, self.intermediate(), gate, up, down)?;
+            self.down.forward_stored_input(&h, ForwardPath::Cuda)?.reshape(&widths(&lead, self.hidden()))
+        };
+        match run() {
+            Ok(y) => Ok(Some(y)),
+            Err(e) if path == ForwardPath::Auto && e.kind() == ErrorKind::Unserved => Ok(None),
+            Err(e) => Err(e).with_context(|| {
+                format!(
+                    "MLP of {:?}, {:?} and {:?} by the cuda path",
+                    self.gate.name(),
+                    self.up.name(),
+                    self.down.name()
+                )
+            }),
+        }
     }
 
     /// `silu(gate(x)) ⊙ up(x)` (`[..., intermediate]` in `x`'s dtype), the input of the down

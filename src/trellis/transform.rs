@@ -16,6 +16,7 @@ use crate::nn::hadamard_transform;
 use crate::ops::concatenate;
 
 use super::cuda::rotate::{self as cuda_rotate, Direction};
+use super::cuda::swiglu_rotate::{self, Side};
 use super::format::TrellisGeometry;
 use super::rotation::{CodedAxis, Rotation};
 
@@ -100,6 +101,18 @@ impl AxisTransform {
         self.cuda
             && cuda_rotate::serves(dtype, r.block)
             && Stream::current().is_ok_and(|s| s.device_type() == DeviceType::Gpu)
+    }
+
+    /// This transform as one side of the CUDA SwiGLU with rotations (`cuda::swiglu_rotate`), for
+    /// activations of `dtype`: the stored columns and the rotation, or `None` where its kernel
+    /// does not serve the rotation or this thread's operations do not go to the GPU.
+    pub(crate) fn cuda_side(&self, dtype: Dtype) -> Option<Side<'_>> {
+        let rotation = match &self.rotation {
+            Some(r) if !(self.on_cuda(r, dtype) && swiglu_rotate::serves(dtype, r.block)) => return None,
+            Some(r) => Some((&r.signs, r.block)),
+            None => None,
+        };
+        Some(Side { stored: self.stored, rotation })
     }
 
     /// The host description.

@@ -3,7 +3,8 @@
 //! `plan.rs`), the axis-1 projections and the fused gate·up·SwiGLU with their plan ([`gate_up`]:
 //! `mod.rs`, `plan.rs`), the expand kernel and the decode-once dense path ([`expand`]), the
 //! activations pre-pass both kernel families use (`prescale.rs`), the coded axis's rotation in
-//! one launch ([`rotate`]) and the encoder's block search ([`viterbi`]). The kernel texts come
+//! one launch ([`rotate`]), the SwiGLU between the projections with the rotations on either side
+//! of it in one launch (`swiglu_rotate.rs`) and the encoder's block search ([`viterbi`]). The kernel texts come
 //! from the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
 //!
 //! With the `tuning` feature the families' configuration and plan modules are public (declared
@@ -15,6 +16,7 @@ pub mod expand;
 pub mod gate_up;
 pub(crate) mod prescale;
 pub mod rotate;
+pub(crate) mod swiglu_rotate;
 pub mod viterbi;
 
 #[cfg(feature = "tuning")]
