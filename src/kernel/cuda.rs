@@ -11,12 +11,14 @@ use crate::ffi::call_value;
 
 use super::apply::{apply_kernel, cstring, CudaConfig, Names};
 use super::compact::compact_cuda_source;
-use super::source::{KernelSource, LaunchConfig};
+use super::source::{KernelSource, LaunchConfig, TemplateArg};
+use crate::dtype::Dtype;
 
 /// A custom CUDA kernel (MLX's `mx.fast.cuda_kernel`), compiled by NVRTC at first use.
 pub struct CudaKernel {
     raw: sys::mlx_fast_cuda_kernel,
     source: KernelSource,
+    shared_memory: usize,
 }
 
 impl CudaKernel {
@@ -50,7 +52,7 @@ impl CudaKernel {
             )
         })
         .with_context(|| format!("creating CUDA kernel {:?}", source.name))?;
-        Ok(CudaKernel { raw, source })
+        Ok(CudaKernel { raw, source, shared_memory })
     }
 
     /// The description the kernel was built from.
@@ -65,15 +67,30 @@ impl CudaKernel {
     }
 
     /// Checks `cfg` against this kernel and converts it for MLX once, for a configuration
-    /// applied many times ([`CudaKernel::apply_prepared`]): converting many template arguments
-    /// at every call costs host time (see docs/cuda-down.md, "Registration and launch").
+    /// applied many times ([`CudaKernel::apply_prepared`]). The template arguments are written
+    /// into the source of a kernel object of the launch's own (`constexpr` constants and type
+    /// aliases after the header, as MLX writes them inside the kernel), which the launch holds:
+    /// MLX formats every template argument twice at every call of a kernel that takes them, the
+    /// largest part of a call's host time (see docs/cuda-down.md, "Registration and launch").
     pub fn prepare(&self, cfg: &LaunchConfig) -> Result<CudaLaunch> {
         // No inputs yet: `apply_prepared` checks their count at each call.
         cfg.validate(&self.source, self.source.input_names.len(), "CUDA")?;
+        let baked = if cfg.template_args.is_empty() {
+            None
+        } else {
+            let constants = constants(&cfg.template_args);
+            let mut source = self.source.clone();
+            // The name carries the constants: MLX keys its compiled kernels by name.
+            source.name = format!("{}_{:016x}", source.name, fnv1a(&constants));
+            source.header = format!("{}\n{constants}", source.header);
+            Some(CudaKernel::new(source, self.shared_memory)?)
+        };
+        let plain = LaunchConfig { template_args: Vec::new(), ..cfg.clone() };
         Ok(CudaLaunch {
-            config: CudaConfig::build(cfg)?,
+            config: CudaConfig::build(&plain)?,
             input_names: self.source.input_names.clone(),
             output_names: self.source.output_names.clone(),
+            baked,
         })
     }
 
@@ -91,7 +108,7 @@ impl CudaKernel {
             );
         }
         self.source.check_input_count(inputs.len(), "CUDA")?;
-        self.apply_config(inputs, &launch.config)
+        launch.baked.as_ref().unwrap_or(self).apply_config(inputs, &launch.config)
     }
 
     fn apply_config(&self, inputs: &[&MlxArray], config: &CudaConfig) -> Result<Vec<MlxArray>> {
@@ -108,6 +125,45 @@ pub struct CudaLaunch {
     config: CudaConfig,
     input_names: Vec<String>,
     output_names: Vec<String>,
+    /// The kernel with the launch's template arguments in its source (none without any).
+    baked: Option<CudaKernel>,
+}
+
+/// Template arguments as CUDA source at namespace scope, as MLX writes them inside a kernel:
+/// `constexpr int N = 1;`, `constexpr bool B = true;`, `using T = __nv_bfloat16;`.
+fn constants(args: &[(String, TemplateArg)]) -> String {
+    args.iter()
+        .map(|(name, arg)| match arg {
+            TemplateArg::Int(i) => format!("constexpr int {name} = {i};\n"),
+            TemplateArg::Bool(b) => format!("constexpr bool {name} = {b};\n"),
+            TemplateArg::Dtype(d) => format!("using {name} = {};\n", cuda_type(*d)),
+        })
+        .collect()
+}
+
+/// The CUDA type of a dtype, as MLX's `dtype_to_cuda_type` names it.
+fn cuda_type(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Bool => "bool",
+        Dtype::Uint8 => "uint8_t",
+        Dtype::Uint16 => "uint16_t",
+        Dtype::Uint32 => "uint32_t",
+        Dtype::Uint64 => "uint64_t",
+        Dtype::Int8 => "int8_t",
+        Dtype::Int16 => "int16_t",
+        Dtype::Int32 => "int32_t",
+        Dtype::Int64 => "int64_t",
+        Dtype::Float16 => "__half",
+        Dtype::Bfloat16 => "__nv_bfloat16",
+        Dtype::Float32 => "float",
+        Dtype::Float64 => "double",
+        Dtype::Complex64 => "mlx::core::cu::complex64_t",
+    }
+}
+
+/// FNV-1a of a text (stable across Rust releases, unlike `DefaultHasher`).
+fn fnv1a(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl std::fmt::Debug for CudaLaunch {
@@ -137,3 +193,26 @@ impl Drop for CudaKernel {
 unsafe impl Send for CudaKernel {}
 // SAFETY: as above.
 unsafe impl Sync for CudaKernel {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The constants are written as MLX writes template arguments inside a kernel, in order.
+    #[test]
+    fn template_arguments_become_the_source_mlx_would_write() {
+        let args = vec![
+            ("T".to_string(), TemplateArg::Dtype(Dtype::Bfloat16)),
+            ("R".to_string(), TemplateArg::Int(-576)),
+            ("FOLD".to_string(), TemplateArg::Bool(true)),
+            ("Y".to_string(), TemplateArg::Dtype(Dtype::Float32)),
+        ];
+        assert_eq!(
+            constants(&args),
+            "using T = __nv_bfloat16;\nconstexpr int R = -576;\nconstexpr bool FOLD = true;\nusing Y = float;\n"
+        );
+        assert_eq!((cuda_type(Dtype::Float16), cuda_type(Dtype::Uint32)), ("__half", "uint32_t"));
+        // Different constants, different kernel names.
+        assert_ne!(fnv1a(&constants(&args[..1])), fnv1a(&constants(&args[..2])));
+    }
+}
