@@ -351,18 +351,9 @@ fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Ar
     }
     for cfg in configs {
         let f = || axis_one_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
-        let y = match f().and_then(|y| {
-            y.eval()?;
-            Ok(y)
-        }) {
-            Ok(y) => y,
-            Err(e) => {
-                eprintln!("[sweep] {} M={m} {cfg:?}: failed: {e:#}", layer.name);
-                continue;
-            }
+        let Some(err) = checked_run(layer, m, &cfg, want, report, &f)? else {
+            continue;
         };
-        let err = rel_err(&to_f64(&y)?, want)?;
-        report.check(&y, err, || format!("{} M={m} {cfg:?}", layer.name))?;
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
         let _ = writeln!(
             report.table,
@@ -372,6 +363,31 @@ fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Ar
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
     }
     Ok(())
+}
+
+/// One configuration's call `f` at `m` rows, checked against the reference `want` into `report`:
+/// its relErr, or `None` where it failed to run (a launch the GPU refuses), reported and skipped.
+fn checked_run(
+    layer: &Layer,
+    m: usize,
+    cfg: &dyn std::fmt::Debug,
+    want: &[f64],
+    report: &mut Report,
+    f: &dyn Fn() -> mlx_trellis::Result<MlxArray>,
+) -> Result<Option<f64>> {
+    let y = match f().and_then(|y| {
+        y.eval()?;
+        Ok(y)
+    }) {
+        Ok(y) => y,
+        Err(e) => {
+            eprintln!("[sweep] {} M={m} {cfg:?}: failed: {e:#}", layer.name);
+            return Ok(None);
+        }
+    };
+    let err = rel_err(&to_f64(&y)?, want)?;
+    report.check(&y, err, || format!("{} M={m} {cfg:?}", layer.name))?;
+    Ok(Some(err))
 }
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
@@ -494,19 +510,9 @@ fn time_configs(
     let g = *layer.lin.geometry();
     for cfg in configs {
         let f = || down_cuda_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
-        // A configuration that fails (a launch the GPU refuses) is reported and skipped.
-        let y = match f().and_then(|y| {
-            y.eval()?;
-            Ok(y)
-        }) {
-            Ok(y) => y,
-            Err(e) => {
-                eprintln!("[sweep] {} M={m} {cfg:?}: failed: {e:#}", layer.name);
-                continue;
-            }
+        let Some(err) = checked_run(layer, m, &cfg, want, report, &f)? else {
+            continue;
         };
-        let err = rel_err(&to_f64(&y)?, want)?;
-        report.check(&y, err, || format!("{} M={m} {cfg:?}", layer.name))?;
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
         let kernel = time(args.calls, args.evals.min(15), &|| {
             down_cuda_partials(x, layer.lin.codes(), layer.lin.scales(), &g, cfg)
