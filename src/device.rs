@@ -184,6 +184,11 @@ impl Stream {
         }
     }
 
+    /// Whether the next operation on this thread runs on the GPU (custom kernels run only there).
+    pub(crate) fn current_is_gpu() -> bool {
+        Stream::current().is_ok_and(|s| s.device_type() == DeviceType::Gpu)
+    }
+
     /// Waits for all work queued on this stream.
     pub fn synchronize(&self) -> Result<()> {
         // SAFETY: `self.raw` is a live stream handle.

@@ -11,7 +11,7 @@ use crate::ffi::call_value;
 
 use super::apply::{apply_kernel, cstring, CudaConfig, Names};
 use super::compact::compact_cuda_source;
-use super::source::{KernelSource, LaunchConfig, TemplateArg};
+use super::source::{fnv1a, KernelSource, LaunchConfig, TemplateArg};
 use crate::dtype::Dtype;
 
 /// A custom CUDA kernel (MLX's `mx.fast.cuda_kernel`), compiled by NVRTC at first use.
@@ -81,7 +81,7 @@ impl CudaKernel {
             let constants = constants(&cfg.template_args);
             let mut source = self.source.clone();
             // The name carries the constants: MLX keys its compiled kernels by name.
-            source.name = format!("{}_{:016x}", source.name, fnv1a(&constants));
+            source.name = format!("{}_{:016x}", source.name, fnv1a(&[&constants]));
             source.header = format!("{}\n{constants}", source.header);
             Some(CudaKernel::new(source, self.shared_memory)?)
         };
@@ -161,11 +161,6 @@ fn cuda_type(d: Dtype) -> &'static str {
     }
 }
 
-/// FNV-1a of a text (stable across Rust releases, unlike `DefaultHasher`).
-fn fnv1a(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
-}
-
 impl std::fmt::Debug for CudaLaunch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaLaunch")
@@ -213,6 +208,6 @@ mod tests {
         );
         assert_eq!((cuda_type(Dtype::Float16), cuda_type(Dtype::Uint32)), ("__half", "uint32_t"));
         // Different constants, different kernel names.
-        assert_ne!(fnv1a(&constants(&args[..1])), fnv1a(&constants(&args[..2])));
+        assert_ne!(fnv1a(&[&constants(&args[..1])]), fnv1a(&[&constants(&args[..2])]));
     }
 }

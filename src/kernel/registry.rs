@@ -16,19 +16,7 @@ use crate::error::Result;
 
 use super::cuda::CudaKernel;
 use super::metal::MetalKernel;
-use super::source::KernelSource;
-
-/// FNV-1a over several strings (stable across Rust releases, unlike `DefaultHasher`).
-fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325_u64;
-    for p in parts {
-        for b in p.bytes().chain([0xff]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
+use super::source::{fnv1a, KernelSource};
 
 /// What identifies one registered kernel. The caller guarantees that the same key always
 /// describes the same text: the family names a kernel file (or section), the variant the source

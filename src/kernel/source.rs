@@ -82,6 +82,19 @@ impl KernelSource {
     }
 }
 
+/// FNV-1a over several strings, each ended by a 0xff byte (stable across Rust releases, unlike
+/// `DefaultHasher`): the hash that kernel names carry of the text they name.
+pub(crate) fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for p in parts {
+        for b in p.bytes().chain([0xff]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
 fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())

@@ -19,7 +19,7 @@
 use std::fmt;
 
 use crate::array::MlxArray;
-use crate::device::{DeviceType, Stream};
+use crate::device::Stream;
 use crate::dtype::Dtype;
 use crate::error::{invalid, ErrorContext, ErrorKind, Result};
 
@@ -143,9 +143,9 @@ impl TrellisMlp {
     fn cuda_join_sides(&self, dtype: Dtype) -> Option<(Side<'_>, Side<'_>, Side<'_>)> {
         let layers = [&self.gate, &self.up, &self.down];
         if self.fuses_gate_up()
-            || !cuda::swiglu_rotate::serves(dtype, 1)
+            || !cuda::rotate::serves(dtype, 1)
             || layers.iter().any(|l| l.best_path() != ForwardPath::Cuda)
-            || !Stream::current().is_ok_and(|s| s.device_type() == DeviceType::Gpu)
+            || !Stream::current_is_gpu()
         {
             return None;
         }

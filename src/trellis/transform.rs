@@ -9,14 +9,14 @@
 //! arithmetic in the same order, so the same bits).
 
 use crate::array::MlxArray;
-use crate::device::{backend, Backend, DeviceType, Stream};
+use crate::device::{backend, Backend, Stream};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 use crate::nn::hadamard_transform;
 use crate::ops::concatenate;
 
 use super::cuda::rotate::{self as cuda_rotate, Direction};
-use super::cuda::swiglu_rotate::{self, Side};
+use super::cuda::swiglu_rotate::Side;
 use super::format::TrellisGeometry;
 use super::rotation::{CodedAxis, Rotation};
 
@@ -98,9 +98,7 @@ impl AxisTransform {
     /// Whether `r` runs as the CUDA rotation kernel for activations of `dtype`: on a CUDA build,
     /// when this thread's operations go to the GPU (a CPU stream keeps MLX's operations).
     fn on_cuda(&self, r: &DeviceRotation, dtype: Dtype) -> bool {
-        self.cuda
-            && cuda_rotate::serves(dtype, r.block)
-            && Stream::current().is_ok_and(|s| s.device_type() == DeviceType::Gpu)
+        self.cuda && cuda_rotate::serves(dtype, r.block) && Stream::current_is_gpu()
     }
 
     /// This transform as one side of the CUDA SwiGLU with rotations (`cuda::swiglu_rotate`), for
@@ -108,7 +106,7 @@ impl AxisTransform {
     /// does not serve the rotation or this thread's operations do not go to the GPU.
     pub(crate) fn cuda_side(&self, dtype: Dtype) -> Option<Side<'_>> {
         let rotation = match &self.rotation {
-            Some(r) if !(self.on_cuda(r, dtype) && swiglu_rotate::serves(dtype, r.block)) => return None,
+            Some(r) if !self.on_cuda(r, dtype) => return None,
             Some(r) => Some((&r.signs, r.block)),
             None => None,
         };
