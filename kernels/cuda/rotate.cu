@@ -7,7 +7,7 @@
 // - inverse (INVERSE true): x [M, IN_COLS] (an axis-0 layer's stored outputs), of which the first
 //   N columns are read; y [M, OUT_COLS = N] = x[:, :N] · Qᵀ.
 // The transform of a block is the radix-2 butterfly network with strides 1, 2, …, B/2 in that
-// order, a + b and a - b in f32, then the product with the scale 1/√B (its f32 bits are
+// order (hadamard.cuh), a + b and a - b in f32, then the product with the scale 1/√B (its f32 bits are
 // SCALE_BITS, as the host computes it): the additions, their order and the one product are those
 // of MLX's hadamard_transform on f32, so the result is the same bits as the four-kernel chain.
 // Template ints: N (rotated columns, a multiple of B), B (a power of two, at most 256), IN_COLS,
@@ -34,12 +34,7 @@
     __syncthreads();
 #pragma unroll
     for (int h = 1; h < B; h <<= 1) {
-      for (int p = tid; p < B / 2; p += THREADS) {
-        const int j = (p / h) * 2 * h + (p % h);
-        const float a = buf[j], b = buf[j + h];
-        buf[j] = a + b;
-        buf[j + h] = a - b;
-      }
+      trellis_cuda::butterfly_stage<B, THREADS>(buf, h, tid);
       __syncthreads();
     }
     for (int i = tid; i < B; i += THREADS) {

@@ -34,23 +34,11 @@
       bu[i] = static_cast<float>(u[(size_t)m * SU + col0 + i]);
     }
     __syncthreads();
-    // The butterflies of blocks of B inside the chunk: strides 1, 2, …, B / 2, each pair
-    // (j, j + h) of a block once per stride.
+    // The butterflies of blocks of B inside the chunk (hadamard.cuh): strides 1, 2, …, B / 2.
 #pragma unroll
     for (int h = 1; h < C; h <<= 1) {
-      for (int p = tid; p < C / 2; p += THREADS) {
-        const int j = (p / h) * 2 * h + (p % h);
-        if (h < BG) {
-          const float a = bg[j], b = bg[j + h];
-          bg[j] = a + b;
-          bg[j + h] = a - b;
-        }
-        if (h < BU) {
-          const float a = bu[j], b = bu[j + h];
-          bu[j] = a + b;
-          bu[j + h] = a - b;
-        }
-      }
+      if (h < BG) trellis_cuda::butterfly_stage<C, THREADS>(bg, h, tid);
+      if (h < BU) trellis_cuda::butterfly_stage<C, THREADS>(bu, h, tid);
       __syncthreads();
     }
     for (int i = tid; i < C; i += THREADS) {
@@ -63,12 +51,7 @@
     __syncthreads();
 #pragma unroll
     for (int h = 1; h < BD; h <<= 1) {
-      for (int p = tid; p < C / 2; p += THREADS) {
-        const int j = (p / h) * 2 * h + (p % h);
-        const float a = bg[j], b = bg[j + h];
-        bg[j] = a + b;
-        bg[j + h] = a - b;
-      }
+      trellis_cuda::butterfly_stage<C, THREADS>(bg, h, tid);
       __syncthreads();
     }
     for (int i = tid; i < C; i += THREADS) {

@@ -32,6 +32,8 @@ kernel_files! {
     CUDA_GATE_UP = "cuda/gate_up.cu";
     /// The decode of a stored matrix to dense weights.
     CUDA_EXPAND = "cuda/expand.cu";
+    /// The block Hadamard transform's butterflies, shared by the two rotating kernels.
+    CUDA_HADAMARD = "cuda/hadamard.cuh";
     /// The coded axis's rotation (signs and block Hadamard) with its padding or slice.
     CUDA_ROTATE = "cuda/rotate.cu";
     /// The SwiGLU between an MLP's projections with the coded axes' rotations around it.

@@ -21,7 +21,7 @@ fn kernel() -> Result<&'static CudaKernel> {
             inputs: &["x", "signs"],
             outputs: &["y"],
             body: sources::CUDA_ROTATE.into(),
-            header: String::new(),
+            header: sources::CUDA_HADAMARD.into(),
         })
     })
 }

@@ -14,6 +14,9 @@ use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::int;
 use crate::trellis::rotation::MAX_ROTATION_BLOCK;
 
+// The join serves the activations and rotation blocks the rotation kernel serves.
+use super::rotate::serves;
+
 /// One side of the SwiGLU: a row width and the rotation applied there.
 #[derive(Clone, Copy)]
 pub(crate) struct Side<'a> {
@@ -31,13 +34,6 @@ impl Side<'_> {
     }
 }
 
-/// Whether the kernel serves activations of `dtype` and a rotation block of `block`.
-pub(crate) fn serves(dtype: Dtype, block: usize) -> bool {
-    matches!(dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16)
-        && block.is_power_of_two()
-        && block <= MAX_ROTATION_BLOCK
-}
-
 /// The kernel, registered once.
 fn kernel() -> Result<&'static CudaKernel> {
     registry::cuda(KernelKey::of("swiglu_rotate"), || {
@@ -45,7 +41,7 @@ fn kernel() -> Result<&'static CudaKernel> {
             inputs: &["g", "u", "signs_g", "signs_u", "signs_d"],
             outputs: &["y"],
             body: sources::CUDA_SWIGLU_ROTATE.into(),
-            header: String::new(),
+            header: sources::CUDA_HADAMARD.into(),
         })
     })
 }
@@ -140,6 +136,19 @@ fn prepare(m: usize, dtype: Dtype, n: usize, blocks: [usize; 3], stored: [usize;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rotating_kernels_are_registered_compacted() {
+        // Text outside the compactor's plain subset would go as written.
+        for (text, file) in [
+            (sources::CUDA_HADAMARD, "hadamard.cuh"),
+            (sources::CUDA_ROTATE, "rotate.cu"),
+            (sources::CUDA_SWIGLU_ROTATE, "swiglu_rotate.cu"),
+        ] {
+            let compact = crate::kernel::compact::compact_plain_cpp(text).unwrap_or_else(|| panic!("{file}"));
+            assert!(compact.len() < text.len(), "{file}");
+        }
+    }
 
     #[test]
     fn the_chunk_divides_the_columns_and_holds_every_block() {
