@@ -114,8 +114,8 @@ fn read_candidates(report: &Path) -> Result<Vec<Candidates>> {
 /// `{module: KL}` (a KL at k 2, the format before `--measure`); every module and width must be
 /// present, and widths outside `measure` are left out.
 fn read_sensitivity(path: &Path, modules: &[String], measure: &[u32]) -> Result<Vec<BTreeMap<u32, f64>>> {
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path)?).with_context(|| format!("parsing {}", path.display()))?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     modules
         .iter()
         .map(|m| {

@@ -6,8 +6,8 @@
 //!   one-token steps. Every variant is fed the same fixed tokens (the prompt's, cycled), so its
 //!   own predictions never change what it computes; each step waits for its logits' argmax on
 //!   the host, as a sampler does. Reported: median tokens/s over the rounds.
-//! - **Pipelined decode**: the same, but each greedy step is built from the previous step's
-//!   logits on the device and started before the host reads the previous step's token, as MLX's
+//! - **Pipelined decode**: the same, but each greedy step is built from the token the previous
+//!   step chose on the device and started before the host reads that token, as MLX's
 //!   own generators run (`mlx_lm.generate`): the host's graph building then overlaps the GPU's
 //!   work instead of adding to it. The tokens are the variant's own greedy choices; each step
 //!   computes one token after the same number of cached positions.
