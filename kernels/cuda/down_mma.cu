@@ -74,7 +74,20 @@
 // BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
 // by per-slot mbarriers instead of a block barrier per step). Template types: T (activation
 // dtype; f16 with PRESCALED), Y (the output's).
-  const int M = PRESCALED && SPLIT_X ? x_shape[0] / 2 : x_shape[0];
+//
+// The pair variant (its sections under TRELLIS_PAIR, registered as a text of its own) runs two
+// matrices of one geometry and configuration on the same activations in one launch: an MLP's
+// gate and up stored along their outputs, which otherwise take a launch and a pre-pass each for
+// a grid that at one row leaves the GPU mostly idle. It takes two more inputs, codes_b and
+// scales_b, and writes the second's output to a second output, y_b; grid y holds both
+// matrices' column tiles (the second's after the first's), the counters one per tile of both,
+// and x_exp, the prescaled rows and the partials the first matrix's then the second's.
+#if TRELLIS_PAIR
+  constexpr int MATS = 2;  // matrices of the launch: the pair variant's prescaled x holds both's rows
+#else
+  constexpr int MATS = 1;
+#endif
+  const int M = PRESCALED ? x_shape[0] / ((SPLIT_X ? 2 : 1) * MATS) : x_shape[0];
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
   constexpr int WPB = 8 * K;                      // words per coded block
@@ -125,7 +138,27 @@
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;
   const int split = blockIdx.z % SPLITS, pass = blockIdx.z / SPLITS;
-  const int first_block = blockIdx.y / PARTS * CB;
+  // This block's matrix and its operands: in the pair variant grid y's second half runs the
+  // second matrix (see the top).
+#if TRELLIS_PAIR
+  const bool second = blockIdx.y >= gridDim.y / 2;
+  const int tile_y = second ? blockIdx.y - gridDim.y / 2 : blockIdx.y;
+  const uint32_t* const mat_codes = second ? codes_b : codes;
+  const __half* const mat_scales = second ? scales_b : scales;
+  const auto* const mat_x = PRESCALED && second ? x + (size_t)(SPLIT_X ? 2 : 1) * M * R_PAD : x;
+  const __half* const mat_x_exp = second ? x_exp + M : x_exp;
+  float* const mat_partial = second ? partial + (size_t)M * SPLITS * C : partial;
+  auto* const mat_y = second ? y_b : y;
+#else
+  const int tile_y = blockIdx.y;
+  const uint32_t* const mat_codes = codes;
+  const __half* const mat_scales = scales;
+  const auto* const mat_x = x;
+  const __half* const mat_x_exp = x_exp;
+  float* const mat_partial = partial;
+  auto* const mat_y = y;
+#endif
+  const int first_block = tile_y / PARTS * CB;
   const int m_base = pass * B_ROWS;
   // Split s walks steps [s * STEPS / SPLITS, (s + 1) * STEPS / SPLITS): no split is empty, and
   // the longest is one step longer than the shortest.
@@ -133,7 +166,7 @@
   const int steps = (int)((long long)(split + 1) * STEPS / SPLITS) - step_begin;
 
   // This lane's tile: coded block `cb` of the block's CB, positions [p0, p0 + NPOS).
-  const int tile_pos = blockIdx.y % PARTS * TILE + warp * 16 * NC;
+  const int tile_pos = tile_y % PARTS * TILE + warp * 16 * NC;
   const int cb = tile_pos / 256;
   const int p0 = tile_pos % 256 + g * NPOS;
   const LaneRun lane_run(cb, p0);
@@ -156,7 +189,7 @@
     const int b = rest / (WPB / 4), j = rest % (WPB / 4), blk = first_block + b;
     copy_row[u] = c < CHUNKS ? r_begin + row : R;  // R: never read
     copy_dst[u] = row * A_PITCH + b * WPB + 4 * j;
-    copy_src[u] = codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + row) * 48 + (blk & 1) * 24
+    copy_src[u] = mat_codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + row) * 48 + (blk & 1) * 24
                                       : ((size_t)(r_begin + row) * (C / 256) + blk) * WPB) + 4 * j;
   }
   // With PRESCALED, copy u of a step's B tile is 8 prescaled activations: row m_base + row of
@@ -186,14 +219,14 @@
 #pragma unroll
     for (int u = 0; u < B_COPIES; ++u) {
       if (b_copy_src[u] >= 0)
-        trellis_cuda::cp_async16_zfill(&b_tile[slot][0][0][0] + b_copy_dst[u], x + b_copy_src[u] + STEP_ROWS * i, true);
+        trellis_cuda::cp_async16_zfill(&b_tile[slot][0][0][0] + b_copy_dst[u], mat_x + b_copy_src[u] + STEP_ROWS * i, true);
     }
   };
   // The power of two of each row of the pass (1 past M), from the pre-pass's exponents;
   // row_unlift undoes it on the sums.
   __shared__ float row_lift[B_ROWS], row_unlift[B_ROWS];
   for (int t = tid; t < B_ROWS; t += THREADS) {
-    const int e = m_base + t < M ? (int)__half2float(x_exp[m_base + t]) : 0;
+    const int e = m_base + t < M ? (int)__half2float(mat_x_exp[m_base + t]) : 0;
     row_lift[t] = trellis_cuda::pow2(e), row_unlift[t] = trellis_cuda::pow2(-e);
   }
   __syncthreads();  // the rows' powers, before store_b and the partials' writes read them
@@ -216,7 +249,7 @@
     b_live[u] = e < B_LOADS && m < M;
     b_any = b_any || b_live[u];
     b_row[u] = b_live[u] ? r_begin + b_kk : R;  // R: never read
-    b_x[u] = x + (size_t)(m < M ? m : 0) * R + r_begin + b_kk;
+    b_x[u] = mat_x + (size_t)(m < M ? m : 0) * R + r_begin + b_kk;
   }
   // Each load's row's power of two, read once for 16-bit activations (in the loop it cost the
   // one-row k 2 plan 13 more instructions a step); f32 ones read it from shared memory in
@@ -227,7 +260,7 @@
   for (int u = 0; u < B_PER_THREAD; ++u)
     b_lift[u] = SPLIT_X ? 1.0f : row_lift[min((b_lane + u * THREADS) / (STEP_ROWS / VW), B_ROWS - 1)];
   // 16-byte loads need 16-byte aligned rows: MLX's buffers are, a view into one may not be.
-  const bool vector_loads = VW == 8 && ((reinterpret_cast<size_t>(x) | reinterpret_cast<size_t>(scales)) & 15) == 0;
+  const bool vector_loads = VW == 8 && ((reinterpret_cast<size_t>(mat_x) | reinterpret_cast<size_t>(mat_scales)) & 15) == 0;
   // Step `i`'s activations and scales as loaded (this thread's share of the B tile), held in the
   // 16-byte words a vector load returns (activations and f16 scales packed as in memory);
   // store_b unpacks, multiplies and converts them. Nothing in load_b reads a loaded register:
@@ -249,7 +282,7 @@
     const uint4 zero = make_uint4(0, 0, 0, 0);
     if (vector_loads) {
       // R % 8 == 0 here, so 8 rows starting at a multiple of 8 are all in or all out.
-      v.s = r < R ? *reinterpret_cast<const uint4*>(scales + r) : zero;
+      v.s = r < R ? *reinterpret_cast<const uint4*>(mat_scales + r) : zero;
 #pragma unroll
       for (int u = 0; u < B_PER_THREAD; ++u) {
         const uint4* src = reinterpret_cast<const uint4*>(b_x[u] + STEP_ROWS * i);
@@ -259,7 +292,7 @@
     } else {
       __half* s = reinterpret_cast<__half*>(&v.s);
 #pragma unroll
-      for (int j = 0; j < VW; ++j) s[j] = r + j < R ? scales[r + j] : __half(0.0f);
+      for (int j = 0; j < VW; ++j) s[j] = r + j < R ? mat_scales[r + j] : __half(0.0f);
 #pragma unroll
       for (int u = 0; u < B_PER_THREAD; ++u) {
         T* xs = reinterpret_cast<T*>(v.x[u]);
@@ -472,7 +505,7 @@
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           d[e] = (acc[s][t][e] - (BIAS_FOLD ? 1534.0f * bias_acc[t][e] : 0.0f)) * TRELLIS_RCP * unlift[e & 1];
-        float* out = partial + ((size_t)m * SPLITS + split) * C + col0 + 2 * s;
+        float* out = mat_partial + ((size_t)m * SPLITS + split) * C + col0 + 2 * s;
         if (m < M) *reinterpret_cast<float2*>(out) = make_float2(d[0], d[2]);
         if (m + 1 < M) *reinterpret_cast<float2*>(out + (size_t)SPLITS * C) = make_float2(d[1], d[3]);
       }
@@ -493,18 +526,18 @@
   __syncthreads();
   if (last_block) {
     __threadfence();
-    const size_t tile0 = (size_t)first_block * 256 + blockIdx.y % PARTS * TILE;
+    const size_t tile0 = (size_t)first_block * 256 + tile_y % PARTS * TILE;
     const int rows = min(B_ROWS, M - m_base);
     for (int e = tid; e < rows * (TILE / 4); e += THREADS) {
       const int m = m_base + e / (TILE / 4);
       const size_t col = tile0 + 4 * (e % (TILE / 4));
-      const float* p = partial + (size_t)m * SPLITS * C + col;
+      const float* p = mat_partial + (size_t)m * SPLITS * C + col;
       float4 s = __ldcg(reinterpret_cast<const float4*>(p));
       for (int sp = 1; sp < SPLITS; ++sp) {
         const float4 v = __ldcg(reinterpret_cast<const float4*>(p + (size_t)sp * C));
         s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
       }
-      Y* out = y + (size_t)m * C + col;
+      Y* out = mat_y + (size_t)m * C + col;
       out[0] = Y(s.x), out[1] = Y(s.y), out[2] = Y(s.z), out[3] = Y(s.w);
     }
   }

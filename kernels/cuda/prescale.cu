@@ -26,16 +26,33 @@
 // false: `scales` is not read), WRITE_X. Template type: T (activation dtype).
 // Grid [blockDim.x, min(M, 65535), ceil(M / 65535)] threads (row m = blockIdx.y + gridDim.y
 // blockIdx.z: grid y holds at most 65535), any whole number of warps a block (at most 32).
+// The pair variant (sections under TRELLIS_PAIR; the down kernel's pair of matrices) takes a
+// second scale vector, scales_b, and runs 2 M grid rows: rows M..2M - 1 are the activations
+// again times scales_b, whose exponents and converted rows follow the first set's (x_exp [2 M],
+// x_scaled [2 sets M, R_PAD]).
   const int M = x_shape[0];
-  const int m = blockIdx.y + gridDim.y * blockIdx.z;
+  const int grid_row = blockIdx.y + gridDim.y * blockIdx.z;
+#if TRELLIS_PAIR
+  if (grid_row >= 2 * M) return;
+  const bool second = grid_row >= M;
+  const int m = second ? grid_row - M : grid_row;
+  const __half* const mat_scales = second ? scales_b : scales;
+  __half* const mat_x_scaled = second ? x_scaled + (size_t)(SPLIT_X ? 2 : 1) * M * R_PAD : x_scaled;
+  __half* const mat_x_exp = second ? x_exp + M : x_exp;
+#else
+  const int m = grid_row;
   if (m >= M) return;
+  const __half* const mat_scales = scales;
+  __half* const mat_x_scaled = x_scaled;
+  __half* const mat_x_exp = x_exp;
+#endif
   const int tid = threadIdx.x, threads = blockDim.x;
-  if (m == 0) {
+  if (grid_row == 0) {
     for (int i = tid; i < COUNTERS; i += threads) counters[i] = 0u;
   }
   constexpr int X_WORDS = 8 * (int)sizeof(T) / 16;  // 16-byte words of 8 activations
   const bool vector_loads =
-      R % 8 == 0 && ((reinterpret_cast<size_t>(x) | (ROW_SCALES ? reinterpret_cast<size_t>(scales) : 0)) & 15) == 0;
+      R % 8 == 0 && ((reinterpret_cast<size_t>(x) | (ROW_SCALES ? reinterpret_cast<size_t>(mat_scales) : 0)) & 15) == 0;
   // The products of activations [r0, r0 + 8) of row m with their scales (0 past R).
   auto load = [&](int r0, float (&v)[8]) {
     alignas(16) T xs[8];
@@ -45,12 +62,12 @@
 #pragma unroll
       for (int w = 0; w < X_WORDS; ++w)
         reinterpret_cast<uint4*>(xs)[w] = in ? reinterpret_cast<const uint4*>(x + (size_t)m * R + r0)[w] : make_uint4(0, 0, 0, 0);
-      if (ROW_SCALES) *reinterpret_cast<uint4*>(s) = in ? *reinterpret_cast<const uint4*>(scales + r0) : make_uint4(0, 0, 0, 0);
+      if (ROW_SCALES) *reinterpret_cast<uint4*>(s) = in ? *reinterpret_cast<const uint4*>(mat_scales + r0) : make_uint4(0, 0, 0, 0);
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         xs[j] = r0 + j < R ? x[(size_t)m * R + r0 + j] : T(0.0f);
-        if (ROW_SCALES) s[j] = r0 + j < R ? scales[r0 + j] : __half(0.0f);
+        if (ROW_SCALES) s[j] = r0 + j < R ? mat_scales[r0 + j] : __half(0.0f);
       }
     }
 #pragma unroll
@@ -72,7 +89,7 @@
   for (int w = 0; w < (threads + 31) / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
   const int e = trellis_cuda::row_exponent(amax);
   const float lift = trellis_cuda::pow2(e);
-  if (tid == 0) x_exp[m] = __float2half((float)e);
+  if (tid == 0) mat_x_exp[m] = __float2half((float)e);
   for (int r0 = 8 * tid; WRITE_X && r0 < R_PAD; r0 += 8 * threads) {
     float v[8];
     load(r0, v);
@@ -83,6 +100,6 @@
       hi[j] = __float2half_rn(p);
       lo[j] = __float2half_rn(p - __half2float(hi[j]));
     }
-    *reinterpret_cast<uint4*>(x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
-    if (SPLIT_X) *reinterpret_cast<uint4*>(x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);
+    *reinterpret_cast<uint4*>(mat_x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
+    if (SPLIT_X) *reinterpret_cast<uint4*>(mat_x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);
   }

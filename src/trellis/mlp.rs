@@ -183,7 +183,8 @@ impl TrellisMlp {
     }
 
     /// [`TrellisMlp::forward_with`] on MLX's CUDA back-end where gate and up do not fuse: gate and
-    /// up by their kernels to their stored outputs, then one launch for the SwiGLU with the
+    /// up by their kernels to their stored outputs (one launch for both where they share a
+    /// geometry on axis 0), then one launch for the SwiGLU with the
     /// rotations on either side of it (`cuda::swiglu_rotate`), then the down projection's kernel.
     /// `None` where that does not apply: another path or back-end, gate and up fused, a rotation
     /// its kernel does not serve, no rows, or (with `Auto`) a projection its kernel does not serve
@@ -204,8 +205,7 @@ impl TrellisMlp {
             for l in [&self.gate, &self.up, &self.down] {
                 l.check_fits(m, dtype)?;
             }
-            let g = self.gate.stored_output(&x2, ForwardPath::Cuda)?;
-            let u = self.up.stored_output(&x2, ForwardPath::Cuda)?;
+            let [g, u] = self.gate_up_stored_on_cuda(&x2)?;
             let h = cuda::swiglu_rotate::swiglu_rotated(&g, &u, self.intermediate(), gate, up, down)?;
             self.down.forward_stored_input(&h, ForwardPath::Cuda)?.reshape(&widths(&lead, self.hidden()))
         };
@@ -221,6 +221,20 @@ impl TrellisMlp {
                 )
             }),
         }
+    }
+
+    /// Gate's and up's stored outputs on MLX's CUDA back-end: one launch of the down kernel's pair
+    /// variant where both are stored along their outputs (axis 0) with one geometry (their input
+    /// then needs no transform), a call each otherwise.
+    fn gate_up_stored_on_cuda(&self, x2: &MlxArray) -> Result<[MlxArray; 2]> {
+        let (g, u) = (&self.gate, &self.up);
+        if g.geometry().axis == 0 && g.geometry() == u.geometry() {
+            let pair = cuda::down::down_pair_cuda(x2, [g.codes(), u.codes()], [g.scales(), u.scales()], g.geometry());
+            return pair.with_context(|| {
+                format!("{:?} and {:?} ({}) by one launch of the cuda path", g.name(), u.name(), g.geometry())
+            });
+        }
+        Ok([g.stored_output(x2, ForwardPath::Cuda)?, u.stored_output(x2, ForwardPath::Cuda)?])
     }
 
     /// `silu(gate(x)) ⊙ up(x)` (`[..., intermediate]` in `x`'s dtype), the input of the down

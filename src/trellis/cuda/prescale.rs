@@ -6,26 +6,33 @@
 //! One thread block a row.
 
 use crate::dtype::Dtype;
-use crate::error::{invalid, Result};
+use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText};
 use crate::kernel::sources;
+use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::int;
 
 /// Threads of a row's block: 17408 inputs are 2176 groups of 8, about four a thread.
 const THREADS: usize = 512;
 
-/// The pre-pass kernel, registered once.
-pub(crate) fn kernel() -> Result<&'static CudaKernel> {
-    registry::cuda(KernelKey::of("prescale"), || {
+/// The pre-pass kernel, registered once per variant: one scale vector, or (`pair`) two, for the
+/// down kernel's pair of matrices (see `prescale.cu`).
+pub(crate) fn kernel(pair: bool) -> Result<&'static CudaKernel> {
+    let key = KernelKey { family: "prescale", variant: if pair { "pair" } else { "" }, shared_memory: 0 };
+    registry::cuda(key, || {
         Ok(KernelText {
-            inputs: &["x", "scales"],
+            inputs: if pair { &["x", "scales", "scales_b"] } else { &["x", "scales"] },
             outputs: &["x_scaled", "counters", "x_exp"],
-            body: sources::CUDA_PRESCALE.into(),
+            body: source_variant(sources::CUDA_PRESCALE, PAIR_FLAG, pair)
+                .context("CUDA pre-pass source prescale.cu")?,
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
         })
     })
 }
+
+/// The section flag of the pair variants of `prescale.cu` and `down_mma.cu`.
+pub(crate) const PAIR_FLAG: &str = "TRELLIS_PAIR";
 
 /// What the pre-pass writes besides the rows' exponents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +46,10 @@ pub(crate) enum PrePassOutput {
 /// The pre-pass's launch for `m` rows of `width` activations in `dtype`: outputs `x_scaled`
 /// f16 `[sets · m, row_pad]` (`sets` 2 for f32, whose residues follow as `m` more rows),
 /// `counters` u32 `[max(counters, 1)]` zeroed, and `x_exp` f16 `[m]` (the rows' exponents).
-/// `row_scales`: multiply by the per-input scales first (the down projection's).
+/// `row_scales`: multiply by the per-input scales first (the down projection's). With `pair`
+/// (the pair variant, two scale vectors) `x_scaled` and `x_exp` hold the second vector's rows
+/// after the first's: `[2 · sets · m, row_pad]` and `[2 · m]`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare(
     m: usize,
     width: usize,
@@ -48,20 +58,23 @@ pub(crate) fn prepare(
     counters: usize,
     row_scales: bool,
     output: PrePassOutput,
+    pair: bool,
 ) -> Result<CudaLaunch> {
     let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
     let what = "CUDA prescale kernel";
+    let mats = if pair { 2 } else { 1 };
     let write_x = output == PrePassOutput::Activations;
-    let x_shape = if write_x { [sets * m, row_pad] } else { [1, 8] };
+    let grid_rows = mats * m;
+    let x_shape = if write_x { [mats * sets * m, row_pad] } else { [1, 8] };
     // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
-    let (grid_y, grid_z) = (m.min(65535), m.div_ceil(65535));
+    let (grid_y, grid_z) = (grid_rows.min(65535), grid_rows.div_ceil(65535));
     if grid_z > 65535 {
-        invalid!("{what}: {m} activation rows are too many for one launch grid (at most 65535 x 65535)");
+        invalid!("{what}: {grid_rows} activation rows are too many for one launch grid (at most 65535 x 65535)");
     }
     let launch = LaunchConfig::new([THREADS, grid_y, grid_z], [THREADS, 1, 1])
         .output(&x_shape, Dtype::Float16)
         .output(&[counters.max(1)], Dtype::Uint32)
-        .output(&[m], Dtype::Float16)
+        .output(&[grid_rows], Dtype::Float16)
         .template_dtype("T", dtype)
         .template_int("R", int(what, width)?)
         .template_int("R_PAD", int(what, row_pad)?)
@@ -69,5 +82,5 @@ pub(crate) fn prepare(
         .template_bool("SPLIT_X", dtype == Dtype::Float32)
         .template_bool("ROW_SCALES", row_scales)
         .template_bool("WRITE_X", write_x);
-    kernel()?.prepare(&launch)
+    kernel(pair)?.prepare(&launch)
 }

@@ -26,7 +26,7 @@ pub fn down_cuda_with(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, codes, scales, g, cfg)?.0)
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg)?.0.remove(0))
 }
 
 /// The kernel's f32 partial sums `[M, SPLITS, C]` of [`down_cuda_with`]'s call, which it also
@@ -38,7 +38,21 @@ pub fn down_cuda_partials(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, codes, scales, g, cfg)?.1)
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg)?.1)
+}
+
+/// [`down_pair_cuda`](super::down::down_pair_cuda) with an explicit configuration and never the
+/// dense path: one launch of the pair variant for two matrices of one geometry.
+pub fn down_pair_cuda_with(
+    x2: &MlxArray,
+    codes: [&MlxArray; 2],
+    scales: [&MlxArray; 2],
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<[MlxArray; 2]> {
+    let (mut ys, _) = super::down::run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg)?;
+    let b = ys.pop().expect("two outputs");
+    Ok([ys.pop().expect("two outputs"), b])
 }
 
 /// [`linear`](super::gate_up::linear) with an explicit shape and never the dense path.

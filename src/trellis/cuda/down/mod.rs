@@ -30,12 +30,13 @@ use crate::dtype::Dtype;
 use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
+use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 use super::expand::down_cuda_dense;
-use super::prescale::{self, PrePassOutput};
+use super::prescale::{self, PrePassOutput, PAIR_FLAG};
 use config::CudaDownConfig;
 use plan::{plan_for, require_supported};
 pub use plan::{supports, uses_dense, DENSE_MIN_ROWS};
@@ -46,16 +47,21 @@ const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
 const PRESCALED_ROW_MULTIPLE: usize = 64;
 
-/// The kernel registered with `shared_memory` bytes of dynamic shared memory, one per size (MLX
-/// takes the size when a kernel is registered; it is a function of the template arguments, so
-/// each compiled instantiation always launches with the same size).
-fn kernel(shared_memory: usize) -> Result<&'static CudaKernel> {
-    let key = KernelKey { family: "down_mma", variant: "", shared_memory };
+/// The kernel registered with `shared_memory` bytes of dynamic shared memory, one per size and
+/// variant (MLX takes the size when a kernel is registered; it is a function of the template
+/// arguments, so each compiled instantiation always launches with the same size). `pair`: the
+/// pair variant, two matrices on the same activations (see the kernel file).
+fn kernel(shared_memory: usize, pair: bool) -> Result<&'static CudaKernel> {
+    let key = KernelKey { family: "down_mma", variant: if pair { "pair" } else { "" }, shared_memory };
     registry::cuda(key, || {
         Ok(KernelText {
-            inputs: &["x", "codes", "scales", "counters", "x_exp"],
-            outputs: &["y", "partial"],
-            body: SOURCE.to_string(),
+            inputs: if pair {
+                &["x", "codes", "scales", "counters", "x_exp", "codes_b", "scales_b"]
+            } else {
+                &["x", "codes", "scales", "counters", "x_exp"]
+            },
+            outputs: if pair { &["y", "y_b", "partial"] } else { &["y", "partial"] },
+            body: source_variant(SOURCE, PAIR_FLAG, pair).context("CUDA down kernel source down_mma.cu")?,
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n"),
         })
     })
@@ -75,35 +81,70 @@ pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trellis
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);
     }
-    Ok(run(x2, codes, scales, g, plan_for(g, m, x2.dtype()))?.0)
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()))?.0.remove(0))
 }
 
-/// One call: the pre-pass where the configuration has one, then the kernel. Returns the output
-/// and the partials it was folded from (the `tuning` feature's calls with a configuration).
+/// `x2 [M, in]` times two matrices of one geometry, `[x2 · A, x2 · B]` (an MLP's gate and up
+/// stored along their outputs), in `x2`'s dtype: one launch of the pair variant and one
+/// pre-pass for both where [`down_cuda`] would run its kernel, two calls of [`down_cuda_dense`]
+/// from [`DENSE_MIN_ROWS`] rows of 16-bit activations. Each output has the bits [`down_cuda`]
+/// gives for its matrix alone. `codes` and `scales` are the two matrices' (`A`'s first); the
+/// rules for their alignment are [`down_cuda`]'s.
+pub fn down_pair_cuda(
+    x2: &MlxArray,
+    codes: [&MlxArray; 2],
+    scales: [&MlxArray; 2],
+    g: &TrellisGeometry,
+) -> Result<[MlxArray; 2]> {
+    require_supported(g)?;
+    let m = x2.shape().first().copied().unwrap_or(0);
+    if uses_dense(m, x2.dtype()) {
+        return Ok([down_cuda_dense(x2, codes[0], scales[0], g)?, down_cuda_dense(x2, codes[1], scales[1], g)?]);
+    }
+    let (mut ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, plan_for(g, m, x2.dtype()))?;
+    let b = ys.pop().expect("two outputs");
+    Ok([ys.pop().expect("two outputs"), b])
+}
+
+/// One call of one matrix or (two `mats`) of the pair variant: the pre-pass, then the kernel.
+/// Returns an output per matrix and the partial sums they were folded from (the `tuning`
+/// feature's calls with a configuration).
 pub(crate) fn run(
     x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
+    mats: &[(&MlxArray, &MlxArray)],
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
-) -> Result<(MlxArray, MlxArray)> {
+) -> Result<(Vec<MlxArray>, MlxArray)> {
     require_supported(g)?;
-    let m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
-    let prepared = prepared_launch(g, cfg, m, x2.dtype())?;
+    let pair = match mats.len() {
+        1 => false,
+        2 => true,
+        n => invalid!("CUDA down kernel: one launch runs one matrix or a pair, not {n}"),
+    };
+    let mut m = 0;
+    for (codes, scales) in mats {
+        m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
+    }
+    let prepared = prepared_launch(g, cfg, m, x2.dtype(), pair)?;
     // The pre-pass gives the rows' exponents and the fold counters, a fresh zeroed array per
     // call (two calls in flight never count into the same one), and in prescaled
     // configurations the converted activations the kernel reads in place of x2.
-    let mut outs = prescale::kernel()?
-        .apply_prepared(&[x2, scales], &prepared.pre_pass)
+    let mut pre_inputs = vec![x2];
+    pre_inputs.extend(mats.iter().map(|(_, scales)| *scales));
+    let mut outs = prescale::kernel(pair)?
+        .apply_prepared(&pre_inputs, &prepared.pre_pass)
         .context("CUDA down kernel: the activations' pre-pass")?;
     let x_exp = outs.pop().expect("three outputs");
     let counters = outs.pop().expect("three outputs");
     let x_scaled = outs.pop().expect("three outputs");
     let b = if cfg.prescaled { &x_scaled } else { x2 };
-    let inputs = [b, codes, scales, &counters, &x_exp];
-    let mut outs = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
-    let partials = outs.pop().expect("two outputs");
-    Ok((outs.pop().expect("two outputs"), partials))
+    let mut inputs = vec![b, mats[0].0, mats[0].1, &counters, &x_exp];
+    if let Some((codes, scales)) = mats.get(1) {
+        inputs.extend([*codes, *scales]);
+    }
+    let mut ys = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
+    let partials = ys.pop().expect("an output and the partials");
+    Ok((ys, partials))
 }
 
 /// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and the
@@ -118,36 +159,48 @@ struct PreparedDown {
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
 /// per geometry, configuration, row count and dtype: a model makes the same few calls many
 /// times, and building the template arguments at every call costs host time.
-fn prepared_launch(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> Result<Arc<PreparedDown>> {
-    static LAUNCHES: LaunchCache<(TrellisGeometry, CudaDownConfig, usize, Dtype), PreparedDown> =
-        LaunchCache::new(1024);
-    LAUNCHES.get_or_build((*g, cfg, m, dtype), || prepare(g, cfg, m, dtype))
+fn prepared_launch(
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+    m: usize,
+    dtype: Dtype,
+    pair: bool,
+) -> Result<Arc<PreparedDown>> {
+    type Key = (TrellisGeometry, CudaDownConfig, usize, Dtype, bool);
+    static LAUNCHES: LaunchCache<Key, PreparedDown> = LaunchCache::new(1024);
+    LAUNCHES.get_or_build((*g, cfg, m, dtype, pair), || prepare(g, cfg, m, dtype, pair))
 }
 
 /// [`prepared_launch`]'s work on a miss.
-fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> Result<PreparedDown> {
+fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, pair: bool) -> Result<PreparedDown> {
     cfg.check(g, dtype)?;
-    // Prescaled activations: [sets * m, row_pad] f16 (the f32 residues are the second set).
+    let mats = if pair { 2 } else { 1 };
+    // Prescaled activations: [mats * sets * m, row_pad] f16 (the f32 residues are the second
+    // set; the pair's second matrix's rows follow the first's).
     let row_pad = g.rows.next_multiple_of(PRESCALED_ROW_MULTIPLE);
     let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
     // The kernel indexes them with 32-bit offsets, and the pre-pass runs one grid row per
-    // activation row (CUDA's grid y is at most 65535).
-    if cfg.prescaled && (sets * m * row_pad > i32::MAX as usize || m > 65535) {
-        invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {sets} x {m} x {row_pad} here)");
+    // activation row of each matrix (CUDA's grid y is at most 65535).
+    if cfg.prescaled && (mats * sets * m * row_pad > i32::MAX as usize || mats * m > 65535) {
+        invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {mats} x {sets} x {m} x {row_pad} here)");
     }
     let passes = m.div_ceil(8 * cfg.mt as usize);
-    let ctas = cfg.column_blocks(g);
-    // Grid y holds the column tiles, z the splits of every pass (CUDA's y and z are at most 65535).
+    let ctas = cfg.column_blocks(g) * mats;
+    // Grid y holds the column tiles (of both matrices of a pair), z the splits of every pass
+    // (CUDA's y and z are at most 65535).
     let grid_z = cfg.splits as usize * passes;
     if ctas > 65535 || grid_z > 65535 {
         invalid!("CUDA down kernel: {m} rows of {g} are too many for one launch grid ({ctas} column tiles by {} splits x {passes} passes; at most 65535 each)", cfg.splits);
     }
-    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32))?;
+    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32), pair)?;
     let threads = 32 * cfg.warps as usize;
     let counters = ctas * passes;
-    let launch = LaunchConfig::new([threads, ctas, grid_z], [threads, 1, 1])
-        .output(&[m, g.cols], dtype)
-        .output(&[m, cfg.splits as usize, g.cols], Dtype::Float32)
+    let mut launch = LaunchConfig::new([threads, ctas, grid_z], [threads, 1, 1]).output(&[m, g.cols], dtype);
+    if pair {
+        launch = launch.output(&[m, g.cols], dtype);
+    }
+    let launch = launch
+        .output(&[mats * m, cfg.splits as usize, g.cols], Dtype::Float32)
         .template_dtype("Y", dtype)
         // Prescaled activations are f16 whatever the call's dtype.
         .template_dtype("T", if cfg.prescaled { Dtype::Float16 } else { dtype })
@@ -169,7 +222,7 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype) -> 
         .template_bool("MBARRIERS", cfg.mbarriers);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
-    let pre_pass = prescale::prepare(m, g.rows, row_pad, dtype, counters, true, output)?;
+    let pre_pass = prescale::prepare(m, g.rows, row_pad, dtype, counters, true, output, pair)?;
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 
@@ -194,7 +247,7 @@ mod tests {
         let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
         let cfg = CudaDownConfig { nc: 2, mt: 8, ks: 1, warps: 8, splits: 1, prescaled: true, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
-        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32).err().expect("65536 rows").to_string();
+        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32, false).err().expect("65536 rows").to_string();
         assert!(err.contains("too many for prescaled B tiles") && err.contains("65536 rows"), "{err}");
     }
 
@@ -204,7 +257,7 @@ mod tests {
         let cfg = CudaDownConfig { nc: 2, mt: 1, ks: 1, warps: 8, splits: 1, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
         // 8 rows a pass, one split: 65536 passes are one more than grid z holds.
-        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32).err().expect("65536 passes").to_string();
+        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32, false).err().expect("65536 passes").to_string();
         assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }
 }

@@ -201,7 +201,7 @@ impl Prepared {
     fn kernel_input(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<(MlxArray, MlxArray)> {
         match &self.hand_over {
             Some(launch) => {
-                let mut outs = prescale::kernel()?
+                let mut outs = prescale::kernel(false)?
                     .apply_prepared(&[x2, placeholder], launch)
                     .context("CUDA axis-1 kernel: the activations handed over as f16")?;
                 let x_exp = outs.pop().expect("three outputs");
@@ -260,7 +260,7 @@ fn prepared_launch(
         let kernel = kernel(fused)?;
         let inputs = g.in_features();
         let hand_over =
-            if read != dtype { Some(prescale::prepare(m, inputs, inputs, dtype, 0, false, PrePassOutput::Activations)?) } else { None };
+            if read != dtype { Some(prescale::prepare(m, inputs, inputs, dtype, 0, false, PrePassOutput::Activations, false)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
     })
 }
