@@ -2,13 +2,13 @@
 //! without MLX's CUDA back-end (`scripts/gpu.sh test` runs them on a CUDA machine); the host-side
 //! checks of their configurations run on every back-end.
 
-use mlx_trellis::trellis::cuda::down::{uses_dense, DENSE_MIN_ROWS};
+use mlx_trellis::trellis::cuda::down::{down_cuda, down_pair_cuda, uses_dense, DENSE_MIN_ROWS};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
-use mlx_trellis::trellis::cuda::tuning::{down_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::cuda::tuning::{down_cuda_with, down_pair_cuda_with, plan, CudaDownConfig};
 mod common;
 
 use common::{f32_matmul_gate, gate, require_cuda, to_f64, Case};
-use mlx_trellis::trellis::reference::{expand, rel_err};
+use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
 
@@ -178,14 +178,14 @@ fn every_configuration_matches_the_reference() {
 }
 
 /// The small layers the prescaled configurations' test cycles through: k 2, 3 interleaved and row-major
-/// (100 rows: not a multiple of 8, activations one at a time), 4 (word-aligned runs), 8 with L 16.
+/// (100 rows: not a multiple of 8, activations one at a time), 4 (word-aligned runs), 4 with L 16.
 fn small_layers() -> [Case; 5] {
     [
         Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
         Case::new(200, 1024, 2, CodeLayout::RowMajor),
         Case::new(88, 512, 4, CodeLayout::RowMajor),
         Case::new(100, 512, 3, CodeLayout::RowMajor),
-        Case::with_state_bits(72, 512, 8, 16, CodeLayout::RowMajor),
+        Case::with_state_bits(72, 512, 4, 16, CodeLayout::RowMajor),
     ]
 }
 
@@ -498,5 +498,116 @@ fn activations_at_the_edges_of_the_f16_range() {
                 c.lin.forward_with(x, ForwardPath::Cuda)
             });
         }
+    }
+}
+
+/// A second layer of `c`'s geometry with codes and scales of its own: the pair variant's second
+/// matrix.
+fn partner(c: &Case) -> Case {
+    let g = c.g();
+    let host = synthetic_layer(g.rows, g.cols, g.k, g.l, 0, g.layout(), 0.05, 7919 + g.rows as u64).unwrap();
+    assert_ne!(host.codes, c.host.codes);
+    let lin = TrellisLinear::from_host("up", &host).unwrap();
+    Case { host, lin }
+}
+
+/// Checks one pair call on `x` (values `xr`): each output has the bits of its matrix's call alone
+/// (`single`) and is within the dtype's gate of the f64 reference.
+fn check_pair(a: &Case, b: &Case, x: &MlxArray, xr: &[f64], what: &str, pair: Forward2, single: Forward2) {
+    let (m, dtype, g) = (x.shape()[0], x.dtype(), *a.g());
+    let ys = pair(x, [a, b]).unwrap_or_else(|e| panic!("{what} {g} M {m} {dtype}: {e:#}"));
+    for (i, (c, y)) in [a, b].into_iter().zip(ys).enumerate() {
+        assert_eq!((y.shape(), y.dtype()), (vec![m, g.cols], dtype), "{what} {g} M {m} matrix {i}");
+        let got = to_f64(&y);
+        let alone = single(x, [c, c]).unwrap_or_else(|e| panic!("{what} {g} M {m} {dtype} alone: {e:#}"));
+        assert!(got == to_f64(&alone[0]), "{what} {g} M {m} {dtype}: matrix {i} differs from its call alone");
+        let err = rel_err(&got, &forward_f64(xr, m, &c.host.codes, &c.host.scales, &g).unwrap()).unwrap();
+        println!("{what} {g} M {m} {dtype} matrix {i}: relErr {err:.2e}");
+        assert!(err < gate(dtype), "{what} {g} M {m} {dtype} matrix {i}: relErr {err:.3e}");
+    }
+}
+
+/// Two layers' call on `x`: the pair call, or (both layers the same) the single call twice.
+type Forward2<'a> = &'a dyn Fn(&MlxArray, [&Case; 2]) -> mlx_trellis::Result<Vec<MlxArray>>;
+
+/// The pair variant (two matrices of one geometry on the same activations in one launch, an MLP's
+/// gate and up stored along their outputs) by the plan at a row count of each of its bands and at
+/// the dense path's first, on SmolLM2's gate shape and the small layers, in f32, f16 and bf16.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn pairs_of_matrices_give_their_single_calls_bits() {
+    require_cuda();
+    let pair: Forward2 = &|x, [a, b]| {
+        Ok(down_pair_cuda(x, [a.lin.codes(), b.lin.codes()], [a.lin.scales(), b.lin.scales()], a.g())?.to_vec())
+    };
+    let single: Forward2 = &|x, [a, _]| Ok(vec![down_cuda(x, a.lin.codes(), a.lin.scales(), a.g())?]);
+    let mut layers = vec![Case::new(576, 1536, 3, CodeLayout::K3Interleaved)];
+    layers.extend(small_layers());
+    for a in &layers {
+        let b = partner(a);
+        for m in [1, 7, 9, 17, 65, 128, DENSE_MIN_ROWS] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (x, xr) = a.x(m, dtype);
+                check_pair(a, &b, &x, &xr, "planned pair", pair, single);
+            }
+        }
+    }
+}
+
+/// The pair variant in every prescaled configuration of the single kernel's test (its pre-pass
+/// then converts the activations for both matrices), and with activations converted in the
+/// thread blocks (the one-row plans' shape), at one row, one short of a pass and past one.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn pairs_of_matrices_in_every_configuration() {
+    require_cuda();
+    let layers = small_layers();
+    for (layer, dtype, cfg) in pair_configurations(&layers) {
+        let a = &layers[layer];
+        let b = partner(a);
+        let pair: Forward2 = &|x, [a, b]| {
+            Ok(down_pair_cuda_with(x, [a.lin.codes(), b.lin.codes()], [a.lin.scales(), b.lin.scales()], a.g(), cfg)?
+                .to_vec())
+        };
+        let single: Forward2 = &|x, [a, _]| Ok(vec![down_cuda_with(x, a.lin.codes(), a.lin.scales(), a.g(), cfg)?]);
+        for m in [1, 8 * cfg.mt as usize - 1, 8 * cfg.mt as usize + 3] {
+            let (x, xr) = a.x(m, dtype);
+            check_pair(a, &b, &x, &xr, &format!("{cfg:?}"), pair, single);
+        }
+    }
+}
+
+/// The pair test's configurations: the prescaled ones, and one that converts activations in the
+/// thread blocks, on every layer it fits in f32 and bf16.
+fn pair_configurations(layers: &[Case]) -> Vec<(usize, Dtype, CudaDownConfig)> {
+    let converted = CudaDownConfig { nc: 4, mt: 1, ks: 1, warps: 4, splits: 3, ..Default::default() };
+    let mut cases = prescaled_configurations(layers);
+    for (layer, c) in layers.iter().enumerate() {
+        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+            if converted.check(c.g(), dtype).is_ok() {
+                cases.push((layer, dtype, converted));
+            }
+        }
+    }
+    cases
+}
+
+#[test]
+fn pair_configurations_fit() {
+    // The converted configuration fits all five layers in both dtypes.
+    assert_eq!(pair_configurations(&small_layers()).len(), 17 + 10);
+}
+
+#[test]
+fn a_pair_of_matrices_of_different_geometries_is_refused() {
+    // Runs on every back-end: the operands are checked before anything is launched.
+    let a = Case::new(64, 512, 2, CodeLayout::RowMajor);
+    for b in [Case::new(64, 512, 3, CodeLayout::RowMajor), Case::new(64, 768, 2, CodeLayout::RowMajor)] {
+        let x = MlxArray::zeros(&[1, 64], Dtype::Bfloat16).unwrap();
+        let err = down_pair_cuda(&x, [a.lin.codes(), b.lin.codes()], [a.lin.scales(), b.lin.scales()], a.g())
+            .map(|_| ())
+            .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("codes") && text.contains("CUDA down kernel"), "{text}");
     }
 }

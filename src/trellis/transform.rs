@@ -5,7 +5,7 @@
 //! Rotations run in f32 whatever the activation dtype (MLX's `hadamard_transform` on a blocked
 //! view `[m, n / b, b]` with scale `1/√b`, and one elementwise multiply by the signs), then the
 //! result is cast back to the activation dtype. On MLX's CUDA back-end a layer's rotation, with
-//! its padding or slice, is one launch of the rotation kernel instead ([`cuda::rotate`]: the same
+//! its padding or slice, is one launch of the rotation kernel instead (`cuda::rotate`: the same
 //! arithmetic in the same order, so the same bits).
 
 use crate::array::MlxArray;

@@ -15,6 +15,11 @@
 //! once to dense weights and runs MLX's matmul (`down_cuda_dense`): the decode costs one write
 //! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
 //! while the fused kernel's decode-and-multiply grows with the rows.
+//!
+//! [`down_pair_cuda`] runs two matrices of one geometry on the same activations (an MLP's gate
+//! and up stored along their outputs) as one launch of the kernel's pair variant after one
+//! pre-pass: at one row a layer's call is bound by fixed launch and host costs, not by its
+//! decode, so two calls cost about twice one and the pair about one (docs/cuda-down.md).
 
 // The configuration and the plan (public with the `tuning` feature, for the sweeps and tests that
 // call the kernel with a configuration of their own; crate-private otherwise), as Metal's families.
