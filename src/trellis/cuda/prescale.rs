@@ -43,44 +43,57 @@ pub(crate) enum PrePassOutput {
     ExponentsOnly,
 }
 
-/// The pre-pass's launch for `m` rows of `width` activations in `dtype`: outputs `x_scaled`
+/// One pre-pass launch: `m` rows of `width` activations in `dtype`. Its outputs are `x_scaled`
 /// f16 `[sets · m, row_pad]` (`sets` 2 for f32, whose residues follow as `m` more rows),
-/// `counters` u32 `[max(counters, 1)]` zeroed, and `x_exp` f16 `[m]` (the rows' exponents).
-/// `row_scales`: multiply by the per-input scales first (the down projection's). With `pair`
-/// (the pair variant, two scale vectors) `x_scaled` and `x_exp` hold the second vector's rows
-/// after the first's: `[2 · sets · m, row_pad]` and `[2 · m]`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn prepare(
-    m: usize,
-    width: usize,
-    row_pad: usize,
-    dtype: Dtype,
-    counters: usize,
-    row_scales: bool,
-    output: PrePassOutput,
-    pair: bool,
-) -> Result<CudaLaunch> {
-    let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
-    let what = "CUDA prescale kernel";
-    let mats = if pair { 2 } else { 1 };
-    let write_x = output == PrePassOutput::Activations;
-    let grid_rows = mats * m;
-    let x_shape = if write_x { [mats * sets * m, row_pad] } else { [1, 8] };
-    // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
-    let (grid_y, grid_z) = (grid_rows.min(65535), grid_rows.div_ceil(65535));
-    if grid_z > 65535 {
-        invalid!("{what}: {grid_rows} activation rows are too many for one launch grid (at most 65535 x 65535)");
+/// `counters` u32 `[max(counters, 1)]` zeroed, and `x_exp` f16 `[m]` (the rows' exponents); with
+/// `pair` (two scale vectors) `x_scaled` and `x_exp` hold the second vector's rows after the
+/// first's, `[2 · sets · m, row_pad]` and `[2 · m]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrePass {
+    /// Activation rows of the call.
+    pub m: usize,
+    /// Activations per row.
+    pub width: usize,
+    /// Length of a converted row: `width` padded with zeros.
+    pub row_pad: usize,
+    /// The activations' dtype.
+    pub dtype: Dtype,
+    /// Fold counters to zero for the kernel that follows (0: none).
+    pub counters: usize,
+    /// Multiply by the per-input scales first (the down projection's).
+    pub row_scales: bool,
+    /// What it writes besides the exponents.
+    pub output: PrePassOutput,
+    /// Two scale vectors: the down kernel's pair variant.
+    pub pair: bool,
+}
+
+impl PrePass {
+    /// The launch, checked and prepared for the kernel of its variant.
+    pub(crate) fn prepare(&self) -> Result<CudaLaunch> {
+        let PrePass { m, width, row_pad, dtype, counters, row_scales, output, pair } = *self;
+        let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
+        let what = "CUDA prescale kernel";
+        let mats = if pair { 2 } else { 1 };
+        let write_x = output == PrePassOutput::Activations;
+        let grid_rows = mats * m;
+        let x_shape = if write_x { [mats * sets * m, row_pad] } else { [1, 8] };
+        // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
+        let (grid_y, grid_z) = (grid_rows.min(65535), grid_rows.div_ceil(65535));
+        if grid_z > 65535 {
+            invalid!("{what}: {grid_rows} activation rows are too many for one launch grid (at most 65535 x 65535)");
+        }
+        let launch = LaunchConfig::new([THREADS, grid_y, grid_z], [THREADS, 1, 1])
+            .output(&x_shape, Dtype::Float16)
+            .output(&[counters.max(1)], Dtype::Uint32)
+            .output(&[grid_rows], Dtype::Float16)
+            .template_dtype("T", dtype)
+            .template_int("R", int(what, width)?)
+            .template_int("R_PAD", int(what, row_pad)?)
+            .template_int("COUNTERS", int(what, counters)?)
+            .template_bool("SPLIT_X", dtype == Dtype::Float32)
+            .template_bool("ROW_SCALES", row_scales)
+            .template_bool("WRITE_X", write_x);
+        kernel(pair)?.prepare(&launch)
     }
-    let launch = LaunchConfig::new([THREADS, grid_y, grid_z], [THREADS, 1, 1])
-        .output(&x_shape, Dtype::Float16)
-        .output(&[counters.max(1)], Dtype::Uint32)
-        .output(&[grid_rows], Dtype::Float16)
-        .template_dtype("T", dtype)
-        .template_int("R", int(what, width)?)
-        .template_int("R_PAD", int(what, row_pad)?)
-        .template_int("COUNTERS", int(what, counters)?)
-        .template_bool("SPLIT_X", dtype == Dtype::Float32)
-        .template_bool("ROW_SCALES", row_scales)
-        .template_bool("WRITE_X", write_x);
-    kernel(pair)?.prepare(&launch)
 }

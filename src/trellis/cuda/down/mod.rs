@@ -41,7 +41,7 @@ use crate::trellis::checks::{check_operands, int};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 use super::expand::down_cuda_dense;
-use super::prescale::{self, PrePassOutput, PAIR_FLAG};
+use super::prescale::{self, PrePass, PrePassOutput, PAIR_FLAG};
 use config::CudaDownConfig;
 use plan::{plan_for, require_supported};
 pub use plan::{supports, uses_dense, DENSE_MIN_ROWS};
@@ -227,7 +227,7 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, pai
         .template_bool("MBARRIERS", cfg.mbarriers);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
-    let pre_pass = prescale::prepare(m, g.rows, row_pad, dtype, counters, true, output, pair)?;
+    let pre_pass = PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair }.prepare()?;
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 

@@ -31,7 +31,7 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
 use super::expand::expand_cuda;
-use super::prescale::{self, PrePassOutput};
+use super::prescale::{self, PrePass, PrePassOutput};
 use plan::{plan, AxisOneConfig};
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
@@ -259,8 +259,13 @@ fn prepared_launch(
         }
         let kernel = kernel(fused)?;
         let inputs = g.in_features();
-        let hand_over =
-            if read != dtype { Some(prescale::prepare(m, inputs, inputs, dtype, 0, false, PrePassOutput::Activations, false)?) } else { None };
+        let hand_over = if read != dtype {
+            let output = PrePassOutput::Activations;
+            let pre_pass = PrePass { m, width: inputs, row_pad: inputs, dtype, counters: 0, row_scales: false, output, pair: false };
+            Some(pre_pass.prepare()?)
+        } else {
+            None
+        };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
     })
 }
