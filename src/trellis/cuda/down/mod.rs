@@ -186,7 +186,8 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, pai
     let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
     // The kernel indexes them with 32-bit offsets, and the pre-pass runs one grid row per
     // activation row of each matrix (CUDA's grid y is at most 65535).
-    if cfg.prescaled && (mats * sets * m * row_pad > i32::MAX as usize || mats * m > 65535) {
+    let prescaled_values = [mats, sets, m, row_pad].into_iter().try_fold(1usize, usize::checked_mul);
+    if cfg.prescaled && (prescaled_values.is_none_or(|n| n > i32::MAX as usize) || mats * m > 65535) {
         invalid!("CUDA down kernel: {m} rows of {dtype} activations of {g} are too many for prescaled B tiles (at most 65535 rows and 2^31 - 1 f16 values; {mats} x {sets} x {m} x {row_pad} here)");
     }
     let passes = m.div_ceil(8 * cfg.mt as usize);
