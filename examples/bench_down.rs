@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlx_trellis::trellis::cuda::down::uses_dense;
+use mlx_trellis::trellis::cuda::down::{down_pair_cuda, uses_dense};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, AxisOneConfig, CudaDownConfig,
@@ -97,7 +97,8 @@ struct Args {
     /// default: ncN mtN ksN wN (warps) sN (splits) stN (stages), flags fold, pack, prescaled, mbar)
     #[arg(long, value_name = "LIST", value_parser = parse_configs, requires = "sweep")]
     configs: Option<::std::vec::Vec<CudaDownConfig>>,
-    /// Where one queued call's time goes (the kernels alone, the fold, launch costs)
+    /// Where one queued call's time goes (the kernels alone, the fold, launch costs), and two
+    /// calls of the layer against one call of the pair variant (an MLP's gate and up)
     #[arg(long)]
     probe: bool,
     /// The fused kernel against the dense path (decode, then MLX's matmul)
@@ -155,8 +156,13 @@ fn parse() -> Result<Args> {
 
 /// Median and best per-call microseconds of `f`, `calls` calls queued per evaluation.
 fn time(calls: usize, evals: usize, f: &dyn Fn() -> mlx_trellis::Result<MlxArray>) -> Result<(f64, f64)> {
+    time_each(calls, evals, &|| Ok(vec![f()?]))
+}
+
+/// [`time`] of a call that gives several arrays, all evaluated.
+fn time_each(calls: usize, evals: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>) -> Result<(f64, f64)> {
     let run = || -> Result<f64> {
-        let outs = (0..calls).map(|_| f()).collect::<mlx_trellis::Result<Vec<_>>>()?;
+        let outs = (0..calls).map(|_| f()).collect::<mlx_trellis::Result<Vec<_>>>()?.concat();
         let refs: Vec<&MlxArray> = outs.iter().collect();
         let t = Instant::now();
         eval_all(&refs)?;
@@ -662,6 +668,23 @@ fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
     for (what, us) in build {
         println!("probe graph build: {what}: {us:.2} us/call");
     }
+    // An MLP's gate and up stored along their outputs: two calls of the layer's shape, or one
+    // call of the pair variant (a second matrix of the same geometry, other codes).
+    let partner = TrellisLinear::from_host("up", &synthetic_layer(inp, out, g.k, g.l, 0, g.layout(), 0.015, 11)?)?;
+    let two = || -> mlx_trellis::Result<Vec<MlxArray>> {
+        Ok(vec![layer.lin.forward_with(x, ForwardPath::Cuda)?, partner.forward_with(x, ForwardPath::Cuda)?])
+    };
+    let pair = || -> mlx_trellis::Result<Vec<MlxArray>> {
+        let (a, b) = (&layer.lin, &partner);
+        Ok(down_pair_cuda(x, [a.codes(), b.codes()], [a.scales(), b.scales()], &g)?.to_vec())
+    };
+    let (two_queued, pair_queued) =
+        (time_each(args.calls, args.evals, &two)?, time_each(args.calls, args.evals, &pair)?);
+    let (two_build, pair_build) = (per_call(&|| Ok(two()?.remove(0)))?, per_call(&|| Ok(pair()?.remove(0)))?);
+    println!(
+        "probe pair {} M={m}: two calls {:.1} us, one pair call {:.1} us (queued); graph build {two_build:.2} / {pair_build:.2} us",
+        layer.name, two_queued.0, pair_queued.0
+    );
     let (short_eval, long_eval) =
         (time(args.calls, args.evals, &short_apply)?, time(args.calls, args.evals, &long_apply)?);
     println!(

@@ -18,6 +18,8 @@ import statistics
 import sys
 
 KINDS = [
+    # Before "down_mma", which its name also holds.
+    ("down_mma_pair", "axis-0 kernel, gate and up in one launch (trellis down_mma pair)"),
     ("down_mma", "axis-0 kernel (trellis down_mma)"),
     ("gate_up", "axis-1 kernel (trellis gate_up)"),
     ("prescale", "activation pre-passes"),
