@@ -248,6 +248,19 @@ mod tests {
     }
 
     #[test]
+    fn each_variant_registers_only_its_own_sections() {
+        // Registered compacted: comments (which name both variants) are gone.
+        let compact = |text, pair| {
+            crate::kernel::compact::compact_plain_cpp(&source_variant(text, PAIR_FLAG, pair).unwrap()).unwrap()
+        };
+        for (text, second_input) in [(SOURCE, "codes_b"), (sources::CUDA_PRESCALE, "scales_b")] {
+            let (single, pair) = (compact(text, false), compact(text, true));
+            assert!(pair.contains(second_input) && !single.contains(second_input), "{second_input}");
+            assert!(!single.contains(PAIR_FLAG) && !pair.contains(PAIR_FLAG), "{second_input}");
+        }
+    }
+
+    #[test]
     fn too_many_rows_for_prescaled_b_tiles_is_an_error_that_says_so() {
         // Caught while the launch is prepared, before anything runs (so on every back-end).
         let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
