@@ -50,9 +50,7 @@ pub fn down_pair_cuda_with(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<[MlxArray; 2]> {
-    let (mut ys, _) = super::down::run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg)?;
-    let b = ys.pop().expect("two outputs");
-    Ok([ys.pop().expect("two outputs"), b])
+    super::down::run_pair(x2, codes, scales, g, cfg)
 }
 
 /// [`linear`](super::gate_up::linear) with an explicit shape and never the dense path.

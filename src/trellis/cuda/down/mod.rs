@@ -106,9 +106,19 @@ pub fn down_pair_cuda(
     if uses_dense(m, x2.dtype()) {
         return Ok([down_cuda_dense(x2, codes[0], scales[0], g)?, down_cuda_dense(x2, codes[1], scales[1], g)?]);
     }
-    let (mut ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, plan_for(g, m, x2.dtype()))?;
-    let b = ys.pop().expect("two outputs");
-    Ok([ys.pop().expect("two outputs"), b])
+    run_pair(x2, codes, scales, g, plan_for(g, m, x2.dtype()))
+}
+
+/// One launch of the pair variant with `cfg` (after its pre-pass): the two outputs.
+pub(crate) fn run_pair(
+    x2: &MlxArray,
+    codes: [&MlxArray; 2],
+    scales: [&MlxArray; 2],
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+) -> Result<[MlxArray; 2]> {
+    let (ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg)?;
+    Ok(ys.try_into().expect("the pair variant has two outputs"))
 }
 
 /// One call of one matrix or (two `mats`) of the pair variant: the pre-pass, then the kernel.
