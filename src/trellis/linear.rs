@@ -332,7 +332,8 @@ impl TrellisLinear {
 
     /// The stored side of the outputs (axis 0) or of the inputs (axis 1, `input` true) as the
     /// CUDA SwiGLU with rotations takes it for activations of `dtype`; the logical features where
-    /// that side has no transform, `None` where the kernel does not serve its rotation.
+    /// that side has no transform, `None` where the kernel does not serve its rotation. For a
+    /// caller that has checked that this thread's operations go to the GPU.
     pub(crate) fn cuda_side(&self, input: bool, dtype: Dtype) -> Option<Side<'_>> {
         let axis = if input { 1 } else { 0 };
         match &self.transform {

@@ -139,7 +139,8 @@ impl TrellisMlp {
         self.cuda_join_sides(dtype).is_some()
     }
 
-    /// The three sides of the CUDA join where it applies ([`TrellisMlp::joins_on_cuda`]).
+    /// The three sides of the CUDA join where it applies ([`TrellisMlp::joins_on_cuda`]). The
+    /// stream is checked here once, for the three sides (it runs at every forward).
     fn cuda_join_sides(&self, dtype: Dtype) -> Option<(Side<'_>, Side<'_>, Side<'_>)> {
         let layers = [&self.gate, &self.up, &self.down];
         if self.fuses_gate_up()

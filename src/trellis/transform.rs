@@ -98,15 +98,21 @@ impl AxisTransform {
     /// Whether `r` runs as the CUDA rotation kernel for activations of `dtype`: on a CUDA build,
     /// when this thread's operations go to the GPU (a CPU stream keeps MLX's operations).
     fn on_cuda(&self, r: &DeviceRotation, dtype: Dtype) -> bool {
-        self.cuda && cuda_rotate::serves(dtype, r.block) && Stream::current_is_gpu()
+        self.cuda_serves(r, dtype) && Stream::current_is_gpu()
+    }
+
+    /// Whether the CUDA kernels serve `r` for activations of `dtype` on this build.
+    fn cuda_serves(&self, r: &DeviceRotation, dtype: Dtype) -> bool {
+        self.cuda && cuda_rotate::serves(dtype, r.block)
     }
 
     /// This transform as one side of the CUDA SwiGLU with rotations (`cuda::swiglu_rotate`), for
     /// activations of `dtype`: the stored columns and the rotation, or `None` where its kernel
-    /// does not serve the rotation or this thread's operations do not go to the GPU.
+    /// does not serve the rotation. The caller has checked that this thread's operations go to
+    /// the GPU (once for all three sides).
     pub(crate) fn cuda_side(&self, dtype: Dtype) -> Option<Side<'_>> {
         let rotation = match &self.rotation {
-            Some(r) if !self.on_cuda(r, dtype) => return None,
+            Some(r) if !self.cuda_serves(r, dtype) => return None,
             Some(r) => Some((&r.signs, r.block)),
             None => None,
         };
