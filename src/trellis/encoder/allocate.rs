@@ -192,7 +192,8 @@ pub fn kl_weighted_candidates(at: &[(u32, u64, f64)], kl: &BTreeMap<u32, f64>) -
     if let Some(&(k, _, p)) = at.iter().find(|a| !(a.2.is_finite() && a.2 >= 0.0)) {
         invalid!("kl_weighted_candidates: the proxy error {p} at k = {k} must be finite and at least 0");
     }
-    at.iter()
+    Ok(at
+        .iter()
         .map(|&(k, stored_bits, proxy)| {
             let error = match kl.get(&k) {
                 Some(&v) => v,
@@ -202,9 +203,9 @@ pub fn kl_weighted_candidates(at: &[(u32, u64, f64)], kl: &BTreeMap<u32, f64>) -
                     kl_j.max(1e-12) * proxy / proxy_j.max(f64::MIN_POSITIVE)
                 }
             };
-            Ok(BitCandidate { k, stored_bits, error })
+            BitCandidate { k, stored_bits, error }
         })
-        .collect()
+        .collect())
 }
 
 /// Checks one tensor's counts and candidates.
