@@ -1,4 +1,5 @@
-//! CUDA sources without comments or indentation: MLX's CUDA back-end hashes a kernel's whole
+//! CUDA sources without comments or indentation, for text handed to MLX inline (where no
+//! include file can be written, see `include.rs`): MLX's CUDA back-end hashes a kernel's whole
 //! generated source at every evaluation (its module cache key) and copies it at every
 //! application, so the text registered is the text paid for on each call.
 

@@ -10,7 +10,7 @@ use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::ffi::call_value;
 
 use super::apply::{apply_kernel, cstring, CudaConfig, Names};
-use super::compact::compact_cuda_source;
+use super::include::{mlx_body, mlx_header};
 use super::source::{fnv1a, KernelSource, LaunchConfig, TemplateArg};
 use crate::dtype::Dtype;
 
@@ -19,25 +19,32 @@ pub struct CudaKernel {
     raw: sys::mlx_fast_cuda_kernel,
     source: KernelSource,
     shared_memory: usize,
+    /// The header and body as MLX got them (`#include` lines or the compacted text; see
+    /// `include.rs`).
+    mlx_header: String,
+    mlx_body: String,
 }
 
 impl CudaKernel {
     /// Registers a kernel body with `shared_memory` bytes of dynamic shared memory per block.
     /// Fails on an MLX build without CUDA.
     pub fn new(source: KernelSource, shared_memory: usize) -> Result<CudaKernel> {
+        let (header, body) = (mlx_header(&source.header), mlx_body(&source.source, &source.input_names));
+        CudaKernel::with_mlx_text(source, header, body, shared_memory)
+    }
+
+    /// Registers `source` with MLX given `header` and `body` for its text: MLX copies a kernel's
+    /// whole text at every application and hashes it at every evaluation, so it gets an
+    /// `#include` line of a file where one can be written, the compacted text otherwise
+    /// (`include.rs`).
+    fn with_mlx_text(source: KernelSource, header: String, body: String, shared_memory: usize) -> Result<CudaKernel> {
         source.validate("CUDA kernel")?;
         let shared = c_int::try_from(shared_memory).map_err(|_| {
             Error::invalid(format!("CUDA kernel {:?}: {shared_memory} bytes of shared memory", source.name))
         })?;
         let (inputs, outputs) = (Names::new(&source.input_names)?, Names::new(&source.output_names)?);
         let name = cstring(&source.name, "kernel name")?;
-        // MLX's CUDA back-end hashes the whole generated source on every evaluation of the
-        // kernel (its module cache key) and copies it on every application, so comments and
-        // indentation cost host time on each call (measured in docs/cuda-down.md).
-        // `MLX_TRELLIS_KEEP_CUDA_SOURCE=1` keeps them (compile errors then name the
-        // kernel files' own lines).
-        let body = cstring(&compact_cuda_source(&source.source), "kernel source")?;
-        let header = cstring(&compact_cuda_source(&source.header), "kernel header")?;
+        let (c_body, c_header) = (cstring(&body, "kernel source")?, cstring(&header, "kernel header")?);
         // SAFETY: all strings are NUL-terminated and both name vectors live for the call; mlx-c
         // copies everything into the kernel object, which is freed in `Drop`.
         let raw = call_value(|| unsafe {
@@ -45,14 +52,14 @@ impl CudaKernel {
                 name.as_ptr(),
                 inputs.raw,
                 outputs.raw,
-                body.as_ptr(),
-                header.as_ptr(),
+                c_body.as_ptr(),
+                c_header.as_ptr(),
                 source.ensure_row_contiguous,
                 shared,
             )
         })
         .with_context(|| format!("creating CUDA kernel {:?}", source.name))?;
-        Ok(CudaKernel { raw, source, shared_memory })
+        Ok(CudaKernel { raw, source, shared_memory, mlx_header: header, mlx_body: body })
     }
 
     /// The description the kernel was built from.
@@ -83,7 +90,9 @@ impl CudaKernel {
             // The name carries the constants: MLX keys its compiled kernels by name.
             source.name = format!("{}_{:016x}", source.name, fnv1a(&[&constants]));
             source.header = format!("{}\n{constants}", source.header);
-            Some(CudaKernel::new(source, self.shared_memory)?)
+            // The same header and body files as this kernel's, the constants after them.
+            let header = format!("{}\n{constants}", self.mlx_header);
+            Some(CudaKernel::with_mlx_text(source, header, self.mlx_body.clone(), self.shared_memory)?)
         };
         let plain = LaunchConfig { template_args: Vec::new(), ..cfg.clone() };
         Ok(CudaLaunch {

@@ -14,13 +14,14 @@
 //!
 //! One file per concern: [`KernelSource`] and [`LaunchConfig`] (`source`), the Metal and CUDA
 //! wrappers (`metal`, `cuda`), what both hand to mlx-c (`apply`), the compaction of CUDA text
-//! (`compact`), the sections and variants of kernel files (`variant`), the one registry every
+//! (`compact`) and its files for MLX to `#include` (`include`), the sections and variants of kernel files (`variant`), the one registry every
 //! kernel family registers its kernels through (`registry`) and the one table of the kernel files
 //! under `kernels/` (`sources`).
 
 mod apply;
 pub(crate) mod compact;
 mod cuda;
+mod include;
 mod metal;
 pub(crate) mod registry;
 mod source;
