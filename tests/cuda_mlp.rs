@@ -5,6 +5,7 @@
 mod common;
 
 use common::{gate, require_cuda, to_f64};
+use mlx_trellis::trellis::cuda::gate_up::linear_residual;
 use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, axis_one_with, swiglu_with, AxisOneConfig};
 use mlx_trellis::trellis::reference::{forward_f64, mlp_forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -96,6 +97,29 @@ fn axis_one_k2_l8_matches_the_reference() {
 #[ignore = "needs MLX's CUDA back-end"]
 fn axis_one_k3_l16_matches_the_reference() {
     axis_one_projection_matches_the_reference(40, 1024, 3, 16);
+}
+
+/// One projection plus a residual in one launch (`linear_residual`, a model's down projection
+/// and its residual add) against the f64 `residual + x W`, at every kind of row count and dtype
+/// (from 65 rows of 16-bit activations, the dense path's matmul and add).
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn axis_one_with_a_residual_matches_the_reference() {
+    require_cuda();
+    for (out, inp, k, l) in [(72, 768, 3, 12), (40, 256, 2, 8), (88, 512, 4, 16)] {
+        let (host, lin) = up_layer(out, inp, k, l);
+        let g = *lin.geometry();
+        for &m in &ROWS {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (r, rr) = x(m, out, dtype, 0.5);
+                let (x, xr) = x(m, inp, dtype, 1.0);
+                let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+                let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+                let y = linear_residual(&x, lin.codes(), lin.scales(), &g, &r).unwrap();
+                check(&format!("axis 1 {g} plus a residual"), &y, &want, m, out, dtype, gate(dtype));
+            }
+        }
+    }
 }
 
 /// Every kernel shape (rows per pass, row tiles, warps, the bias fold and IMAD pack) on one
@@ -355,4 +379,12 @@ fn bad_mlp_inputs_give_typed_errors() {
     let err =
         mlx_trellis::trellis::cuda::gate_up::linear(&x, down.codes(), down.scales(), down.geometry()).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unserved, "{err}");
+    // A residual of another shape or dtype than the output's.
+    let (_, up) = up_layer(64, 512, 3, 12);
+    for (shape, dtype) in [([2, 63], Dtype::Bfloat16), ([3, 64], Dtype::Bfloat16), ([2, 64], Dtype::Float32)] {
+        let r = MlxArray::zeros(&shape, dtype).unwrap();
+        let err = linear_residual(&x, up.codes(), up.scales(), up.geometry(), &r).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert!(err.to_string().contains("must be bfloat16 [2, 64]"), "{err}");
+    }
 }

@@ -347,6 +347,44 @@ fn mlps_joined_on_cuda_match_the_reference_in_every_dtype() {
     println!("{checked} joined MLP cases checked");
 }
 
+/// The join with the residual stream added in the down projection's launch
+/// ([`TrellisMlp::forward_residual`]): against the f64 `residual + mlp(x)` in every dtype, at one
+/// row of each kernel's row bucket and the dense paths.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mlps_joined_on_cuda_add_the_residual_in_every_dtype() {
+    require_cuda();
+    let cases = [
+        ("SmolLM2's layout", 192, 512, [3, 3, 3], [Some(1), Some(2), Some(3)]),
+        ("padded, blocks of 64, mixed k", 192, 320, [2, 4, 3], [Some(4), Some(5), Some(6)]),
+    ];
+    for (what, hidden, inter, ks, seeds) in cases {
+        let layers = [
+            coded(inter, hidden, 0, ks[0], seeds[0], 1),
+            coded(inter, hidden, 0, ks[1], seeds[1], 2),
+            coded(hidden, inter, 1, ks[2], seeds[2], 3),
+        ];
+        let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
+        let mlp = TrellisMlp::new(g, u, d).unwrap();
+        for m in [1usize, 7, 17, 65, 130] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                assert!(mlp.joins_on_cuda(dtype), "{what}");
+                let (x, xr) = activations(m, hidden, 60 + m as u64, dtype);
+                let (r, rr) = activations(m, hidden, 160 + m as u64, dtype);
+                let want: Vec<f64> = dense_mlp(&xr, m, &layers).iter().zip(&rr).map(|(a, b)| a + b).collect();
+                for path in [ForwardPath::Cuda, ForwardPath::Auto] {
+                    let y = mlp.forward_residual_with(&x, &r, path).unwrap();
+                    assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], dtype));
+                    let err = rel_err(&to_f64(&y), &want).unwrap();
+                    let bound = 2.0 * gate(dtype);
+                    assert!(err < bound, "{what} {path} {dtype} M {m}: relErr {err:.2e} (gate {bound:.0e})");
+                    println!("{what} plus a residual {path} {dtype} M {m}: relErr {err:.2e}");
+                }
+            }
+        }
+    }
+}
+
 fn check_mlps(paths: &[(ForwardPath, f64)]) {
     // SmolLM2's rule at a small width: gate and up [512, 192] go on axis 0 (along their 512
     // outputs), down [192, 512] on axis 1 (along its 512 inputs); then gate k 3 / up k 2 on axis
@@ -366,13 +404,24 @@ fn check_mlps(paths: &[(ForwardPath, f64)]) {
         for m in [1usize, 3, 17] {
             let (x, xr) = activations(m, hidden, 40 + m as u64, Dtype::Float32);
             let want = dense_mlp(&xr, m, &layers);
+            let (r, rr) = activations(m, hidden, 90 + m as u64, Dtype::Float32);
+            let want_plus: Vec<f64> = want.iter().zip(&rr).map(|(a, b)| a + b).collect();
             for &(path, f32_gate) in paths {
                 let y = mlp.forward_with(&x, path).unwrap();
                 assert_eq!(y.shape(), vec![m, hidden]);
                 let err = rel_err(&to_f64(&y), &want).unwrap();
                 // Two products in a row, each within its gate.
                 assert!(err < 2.0 * f32_gate, "{what} {path} M {m}: relErr {err:.2e}");
+                // The residual stream after the MLP (on CUDA's join, added in the down launch).
+                let y = mlp.forward_residual_with(&x, &r, path).unwrap();
+                assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], Dtype::Float32));
+                let err = rel_err(&to_f64(&y), &want_plus).unwrap();
+                assert!(err < 2.0 * f32_gate, "{what} {path} M {m} plus a residual: relErr {err:.2e}");
             }
+            // A residual of another shape is refused, naming both shapes.
+            let err = mlp.forward_residual(&x, &r.reshape(&[m * hidden]).unwrap()).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+            assert!(err.to_string().contains(&format!("[{m}, {hidden}]")), "{err}");
         }
     }
 }

@@ -56,6 +56,9 @@
 // as the pre-pass's f16), Y (the output dtype). Inputs: x [M, IN], x_exp [M] (f16, read with
 // HANDED only), codes [OUT, IN K / 32], scales [OUT] (f16), and in the fused variant up_codes
 // [OUT, IN KU / 32] and up_scales [OUT]. Output: y [M, OUT] in Y.
+// With the TRELLIS_RESIDUAL sections (the single projection's residual variant) the kernel
+// takes residual [M, OUT] in Y and writes y = residual + x W, added in f32 and rounded once: a
+// model's residual stream after its down projection, without a launch of its own for the add.
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
@@ -323,6 +326,10 @@
 #else
         const float out = v[0];
 #endif
+#if TRELLIS_RESIDUAL
+        y[(size_t)m * OUT + o] = Y(out + float(residual[(size_t)m * OUT + o]));
+#else
         y[(size_t)m * OUT + o] = Y(out);
+#endif
       }
     }

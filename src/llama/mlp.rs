@@ -49,6 +49,15 @@ impl Mlp {
         }
     }
 
+    /// `residual + forward(x)`, the residual stream after the MLP (a [`TrellisMlp`] by
+    /// [`TrellisMlp::forward_residual`], which may run the add in the down projection's launch).
+    pub fn forward_residual(&self, x: &MlxArray, residual: &MlxArray) -> Result<MlxArray> {
+        match self {
+            Mlp::Linears { .. } => residual.add(&self.forward(x)?),
+            Mlp::Trellis(m) => m.forward_residual(x, residual),
+        }
+    }
+
     /// The three layers' stored bits and logical weights, in the order gate, up, down.
     pub fn stored_bits(&self) -> [(u64, u64); 3] {
         match self {

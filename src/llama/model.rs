@@ -370,7 +370,7 @@ impl LlamaModel {
         let Some(b) = self.blocks.get(block) else {
             invalid!("block {block} of a model of {} blocks", self.blocks.len());
         };
-        x.add(&b.mlp.forward(&rms_norm(x, &b.ffn_norm, self.config.rms_eps)?)?)
+        b.mlp.forward_residual(&rms_norm(x, &b.ffn_norm, self.config.rms_eps)?, x)
     }
 
     /// The logits (`[L, vocab]`, float32) of `tokens` following what `cache` holds; the tokens'
@@ -470,7 +470,7 @@ impl LlamaModel {
                 report("mlp.down_proj", &s)?;
                 x = x.add(&block.mlp.down(&s)?)?;
             } else {
-                x = x.add(&block.mlp.forward(&h)?)?;
+                x = block.mlp.forward_residual(&h, &x)?;
             }
         }
         let h = rms_norm(&x, &self.norm, c.rms_eps)?;

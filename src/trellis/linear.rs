@@ -330,6 +330,23 @@ impl TrellisLinear {
         y.with_context(|| format!("{} ({}) by the {path} path", self.name, self.geometry))
     }
 
+    /// `residual +` [`TrellisLinear::forward_stored_input`] (`residual` `[m, out]`): on CUDA for a
+    /// layer stored along its inputs (whose outputs need no transform back), the add in the
+    /// axis-1 kernel's launch, rounded once; otherwise MLX's add after the output.
+    pub(crate) fn forward_stored_input_plus(
+        &self,
+        xs: &MlxArray,
+        residual: &MlxArray,
+        path: ForwardPath,
+    ) -> Result<MlxArray> {
+        let g = &self.geometry;
+        if path == ForwardPath::Cuda && g.axis == 1 && residual.dtype() == xs.dtype() {
+            let y = cuda::gate_up::linear_residual(xs, &self.codes, &self.scales, g, residual);
+            return y.with_context(|| format!("{} ({g}) plus a residual by the {path} path", self.name));
+        }
+        residual.add(&self.forward_stored_input(xs, path)?)
+    }
+
     /// The stored side of the outputs (axis 0) or of the inputs (axis 1, `input` true) as the
     /// CUDA SwiGLU with rotations takes it for activations of `dtype`; the logical features where
     /// that side has no transform, `None` where the kernel does not serve its rotation. For a

@@ -176,11 +176,31 @@ impl TrellisMlp {
             let y = mlp_coded_f64(&host_f64(&x2)?, m, [(&g, &ga), (&u, &ua), (&d, &da)])?;
             return from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype());
         }
-        if let Some(y) = self.joined_on_cuda(x, path)? {
+        if let Some(y) = self.joined_on_cuda(x, path, None)? {
             return Ok(y);
         }
         let h = self.swiglu_with(x, path)?;
         self.down.forward_with(&h, path)
+    }
+
+    /// `residual + forward(x)` (`residual` of `x`'s shape): a model's residual stream after the
+    /// MLP, by the best path for this back-end. Where the CUDA join applies
+    /// ([`TrellisMlp::joins_on_cuda`]) and the down projection is stored along its inputs, the add
+    /// runs in the down kernel's launch, in f32 before the one rounding of the output (one
+    /// launch fewer); elsewhere it is MLX's add after [`TrellisMlp::forward`].
+    pub fn forward_residual(&self, x: &MlxArray, residual: &MlxArray) -> Result<MlxArray> {
+        self.forward_residual_with(x, residual, ForwardPath::Auto)
+    }
+
+    /// [`TrellisMlp::forward_residual`] by a chosen path.
+    pub fn forward_residual_with(&self, x: &MlxArray, residual: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        if residual.shape() != x.shape() {
+            invalid!("MLP residual {:?} must have the activations' shape {:?}", residual.shape(), x.shape());
+        }
+        if let Some(y) = self.joined_on_cuda(x, path, Some(residual))? {
+            return Ok(y);
+        }
+        residual.add(&self.forward_with(x, path)?)
     }
 
     /// [`TrellisMlp::forward_with`] on MLX's CUDA back-end where gate and up do not fuse: gate and
@@ -190,7 +210,8 @@ impl TrellisMlp {
     /// `None` where that does not apply: another path or back-end, gate and up fused, a rotation
     /// its kernel does not serve, no rows, or (with `Auto`) a projection its kernel does not serve
     /// at this row count, which the projection-by-projection path then takes.
-    fn joined_on_cuda(&self, x: &MlxArray, path: ForwardPath) -> Result<Option<MlxArray>> {
+    /// With `residual` (`x`'s shape) the result is `residual + forward(x)`.
+    fn joined_on_cuda(&self, x: &MlxArray, path: ForwardPath, residual: Option<&MlxArray>) -> Result<Option<MlxArray>> {
         if !matches!(path, ForwardPath::Auto | ForwardPath::Cuda) {
             return Ok(None);
         }
@@ -208,7 +229,14 @@ impl TrellisMlp {
             }
             let [g, u] = self.gate_up_stored_on_cuda(&x2)?;
             let h = cuda::swiglu_rotate::swiglu_rotated(&g, &u, self.intermediate(), gate, up, down)?;
-            self.down.forward_stored_input(&h, ForwardPath::Cuda)?.reshape(&widths(&lead, self.hidden()))
+            let y = match residual {
+                Some(r) => {
+                    let r2 = r.reshape(&widths(&[m], self.hidden()))?;
+                    self.down.forward_stored_input_plus(&h, &r2, ForwardPath::Cuda)?
+                }
+                None => self.down.forward_stored_input(&h, ForwardPath::Cuda)?,
+            };
+            y.reshape(&widths(&lead, self.hidden()))
         };
         match run() {
             Ok(y) => Ok(Some(y)),

@@ -4,6 +4,9 @@
 //! output in the activation dtype: the reduction runs inside each output row, so no partial
 //! sums and no fold.
 //!
+//! [`linear_residual`] adds a residual stream to one projection's output in the same launch
+//! (`residual + x · W`, rounded once): a model's down projection and its residual add.
+//!
 //! The plan (`plan.rs`) picks the kernel's shape for a row count; the kernel file says
 //! how the work is split.
 //! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16, each row
@@ -64,7 +67,34 @@ pub fn linear(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeo
     if uses_dense(m, x2.dtype()) {
         return x2.matmul(&expand_cuda(codes, scales, g, x2.dtype())?.t()?);
     }
-    run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false))
+    run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false), None)
+}
+
+/// `residual + x2 [M, in] · W -> [M, out]` in `x2`'s dtype for an axis-1 layer: [`linear`] with
+/// the add in the same launch, in f32 before the output is rounded (one rounding where
+/// [`linear`] and an add round twice). `residual` is `[M, out]` in `x2`'s dtype. From
+/// [`DENSE_MIN_ROWS`] rows of 16-bit activations, MLX's matmul and add.
+pub fn linear_residual(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    residual: &MlxArray,
+) -> Result<MlxArray> {
+    let what = "CUDA axis-1 kernel with a residual";
+    let m = check(what, x2, codes, scales, g)?;
+    let (shape, dtype) = (residual.shape(), residual.dtype());
+    if shape != [m, g.out_features()] || dtype != x2.dtype() {
+        invalid!(
+            "{what}: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
+            x2.dtype(),
+            g.out_features()
+        );
+    }
+    if uses_dense(m, x2.dtype()) {
+        return residual.add(&x2.matmul(&expand_cuda(codes, scales, g, x2.dtype())?.t()?)?);
+    }
+    run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false), Some(residual))
 }
 
 /// [`linear`] with an explicit shape (the `tuning` feature's `axis_one_with`).
@@ -77,10 +107,11 @@ pub(crate) fn linear_with(
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
     let m = check("CUDA axis-1 kernel", x2, codes, scales, g)?;
-    run_linear(x2, codes, scales, g, m, cfg)
+    run_linear(x2, codes, scales, g, m, cfg, None)
 }
 
-/// The single projection's launch on checked operands of `m` rows.
+/// The single projection's launch on checked operands of `m` rows, with the residual variant
+/// where `residual` is given (checked by the caller).
 fn run_linear(
     x2: &MlxArray,
     codes: &MlxArray,
@@ -88,11 +119,15 @@ fn run_linear(
     g: &TrellisGeometry,
     m: usize,
     cfg: AxisOneConfig,
+    residual: Option<&MlxArray>,
 ) -> Result<MlxArray> {
     let read = read_dtype(x2, m);
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), None)?;
+    let variant = if residual.is_some() { Variant::Residual } else { Variant::Single };
+    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), variant)?;
     let (x, x_exp) = prepared.kernel_input(x2, scales)?;
-    Ok(prepared.kernel.apply_prepared(&[&x, &x_exp, codes, scales], &prepared.launch)?.remove(0))
+    let mut inputs = vec![&x, &x_exp, codes, scales];
+    inputs.extend(residual);
+    Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
 
 /// Whether the fused kernel serves gate `gate` with up `up`: both served ([`supports`]) and of
@@ -136,7 +171,7 @@ pub(crate) fn swiglu_with(
     let m = check(what, x2, gate.codes, gate.scales, g)?;
     check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
     let read = read_dtype(x2, m);
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Some(ug.k))?;
+    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Variant::Fused { up_bits: ug.k })?;
     let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
     let inputs = [&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales];
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
@@ -163,23 +198,51 @@ fn read_dtype(x2: &MlxArray, m: usize) -> Dtype {
     }
 }
 
-/// The source of one variant (`fused` or the single projection).
-fn variant_source(fused: bool) -> Result<String> {
-    source_variant(SOURCE, "TRELLIS_FUSED", fused).context("CUDA axis-1 kernel source gate_up.cu")
+/// The variant of the kernel file a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Variant {
+    /// One projection.
+    Single,
+    /// One projection plus a residual (the `TRELLIS_RESIDUAL` sections).
+    Residual,
+    /// Gate and up with the SwiGLU (the `TRELLIS_FUSED` sections); the up projection's k.
+    Fused { up_bits: u32 },
 }
 
-fn kernel(fused: bool) -> Result<&'static CudaKernel> {
-    let key = KernelKey { family: "gate_up", variant: if fused { "fused" } else { "single" }, shared_memory: 0 };
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Single => "single",
+            Variant::Residual => "residual",
+            Variant::Fused { .. } => "fused",
+        }
+    }
+
+    /// The kernel's inputs, in `apply` order.
+    fn inputs(self) -> &'static [&'static str] {
+        match self {
+            Variant::Single => &["x", "x_exp", "codes", "scales"],
+            Variant::Residual => &["x", "x_exp", "codes", "scales", "residual"],
+            Variant::Fused { .. } => &["x", "x_exp", "codes", "scales", "up_codes", "up_scales"],
+        }
+    }
+
+    /// The variant's text: the kernel file with its own sections only.
+    fn source(self) -> Result<String> {
+        let fused = source_variant(SOURCE, "TRELLIS_FUSED", matches!(self, Variant::Fused { .. }));
+        fused
+            .and_then(|text| source_variant(&text, "TRELLIS_RESIDUAL", self == Variant::Residual))
+            .context("CUDA axis-1 kernel source gate_up.cu")
+    }
+}
+
+fn kernel(variant: Variant) -> Result<&'static CudaKernel> {
+    let key = KernelKey { family: "gate_up", variant: variant.name(), shared_memory: 0 };
     registry::cuda(key, || {
-        let (inputs, outputs): (&'static [&'static str], &'static [&'static str]) = if fused {
-            (&["x", "x_exp", "codes", "scales", "up_codes", "up_scales"], &["y"])
-        } else {
-            (&["x", "x_exp", "codes", "scales"], &["y"])
-        };
         Ok(KernelText {
-            inputs,
-            outputs,
-            body: variant_source(fused)?,
+            inputs: variant.inputs(),
+            outputs: &["y"],
+            body: variant.source()?,
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
         })
     })
@@ -213,21 +276,20 @@ impl Prepared {
     }
 }
 
-/// `read` is the dtype the kernel reads the activations in, `dtype` the output's; `up_bits` is
-/// the fused variant's up projection's k (`None`: the single projection). `g` is the gate's (or
-/// the only) geometry.
+/// `read` is the dtype the kernel reads the activations in, `dtype` the output's. `g` is the
+/// gate's (or the only) geometry.
 fn prepared_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
     m: usize,
     read: Dtype,
     dtype: Dtype,
-    up_bits: Option<u32>,
+    variant: Variant,
 ) -> Result<Arc<Prepared>> {
-    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, Option<u32>);
+    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, Variant);
     static LAUNCHES: LaunchCache<Key, Prepared> = LaunchCache::new(1024);
-    let fused = up_bits.is_some();
-    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, up_bits), || {
+    let fused = matches!(variant, Variant::Fused { .. });
+    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, variant), || {
         cfg.check(dtype, fused)?;
         let outputs = g.out_features();
         let row_tiles = outputs.div_ceil(16 * cfg.rt as usize);
@@ -254,10 +316,10 @@ fn prepared_launch(
             // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
             .template_bool("LIFT", read != Dtype::Float16)
             .template_bool("HANDED", read != dtype);
-        if let Some(k) = up_bits {
-            launch = launch.template_int("KU", k as i32);
+        if let Variant::Fused { up_bits } = variant {
+            launch = launch.template_int("KU", up_bits as i32);
         }
-        let kernel = kernel(fused)?;
+        let kernel = kernel(variant)?;
         let inputs = g.in_features();
         let hand_over = if read != dtype {
             let output = PrePassOutput::Activations;
@@ -277,10 +339,18 @@ mod tests {
     #[test]
     fn each_variant_registers_only_its_own_sections() {
         // Registered compacted: comments (which name both variants) are gone.
-        let compact = |fused| crate::kernel::compact::compact_plain_cpp(&variant_source(fused).unwrap()).unwrap();
-        let (single, fused) = (compact(false), compact(true));
-        assert!(fused.contains("up_codes") && !single.contains("up_codes"));
-        assert!(fused.contains("__expf") && !single.contains("__expf"));
+        let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source().unwrap()).unwrap();
+        let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3 }));
+        let residual = compact(Variant::Residual);
+        assert!(fused.contains("up_codes") && !single.contains("up_codes") && !residual.contains("up_codes"));
+        assert!(fused.contains("__expf") && !single.contains("__expf") && !residual.contains("__expf"));
+        assert!(residual.contains("residual[") && !single.contains("residual[") && !fused.contains("residual["));
+        for text in [&single, &fused, &residual] {
+            assert!(
+                !text.contains("TRELLIS_FUSED") && !text.contains("TRELLIS_RESIDUAL"),
+                "the flags' directives are cut"
+            );
+        }
     }
 
     #[test]
@@ -322,8 +392,9 @@ mod tests {
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
         let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false };
         // 8 rows a pass: 65536 passes are one more than grid z holds.
-        let err =
-            prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, None).err().expect("65536 passes");
+        let err = prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, Variant::Single)
+            .err()
+            .expect("65536 passes");
         let err = err.to_string();
         assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }
