@@ -531,8 +531,12 @@ fn check_pair(a: &Case, b: &Case, x: &MlxArray, xr: &[f64], what: &str, pair: Fo
 type Forward2<'a> = &'a dyn Fn(&MlxArray, [&Case; 2]) -> mlx_trellis::Result<Vec<MlxArray>>;
 
 /// The pair variant (two matrices of one geometry on the same activations in one launch, an MLP's
-/// gate and up stored along their outputs) by the plan at a row count of each of its bands and at
-/// the dense path's first, on SmolLM2's gate shape and the small layers, in f32, f16 and bf16.
+/// gate and up stored along their outputs) by the plan: on SmolLM2's gate shape at a row count of
+/// each of the plan's bands and at the dense path's first, in f32, f16 and bf16; on the small
+/// layers at one row count of each kind of launch (in-block B tiles, prescaled, several passes),
+/// one dtype each in turn. Every geometry and configuration compiles kernels of its own (the
+/// template arguments are baked in), which bounds this test's time, so the small layers' other
+/// configurations are `pairs_of_matrices_in_every_configuration`'s.
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn pairs_of_matrices_give_their_single_calls_bits() {
@@ -541,15 +545,21 @@ fn pairs_of_matrices_give_their_single_calls_bits() {
         Ok(down_pair_cuda(x, [a.lin.codes(), b.lin.codes()], [a.lin.scales(), b.lin.scales()], a.g())?.to_vec())
     };
     let single: Forward2 = &|x, [a, _]| Ok(vec![down_cuda(x, a.lin.codes(), a.lin.scales(), a.g())?]);
-    let mut layers = vec![Case::new(576, 1536, 3, CodeLayout::K3Interleaved)];
-    layers.extend(small_layers());
-    for a in &layers {
+    let dtypes = [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16];
+    let smol = Case::new(576, 1536, 3, CodeLayout::K3Interleaved);
+    let b = partner(&smol);
+    for m in [1, 7, 9, 17, 65, 128, DENSE_MIN_ROWS] {
+        for dtype in dtypes {
+            let (x, xr) = smol.x(m, dtype);
+            check_pair(&smol, &b, &x, &xr, "planned pair", pair, single);
+        }
+    }
+    for (i, a) in small_layers().iter().enumerate() {
         let b = partner(a);
-        for m in [1, 7, 9, 17, 65, 128, DENSE_MIN_ROWS] {
-            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                let (x, xr) = a.x(m, dtype);
-                check_pair(a, &b, &x, &xr, "planned pair", pair, single);
-            }
+        for (j, m) in [1, 9, 17, 65].into_iter().enumerate() {
+            let dtype = dtypes[(i + j) % dtypes.len()];
+            let (x, xr) = a.x(m, dtype);
+            check_pair(a, &b, &x, &xr, "planned pair", pair, single);
         }
     }
 }

@@ -293,23 +293,39 @@ fn mlps_of_any_axes_and_bit_widths_run_on_cuda() {
 }
 
 /// On CUDA, gate and up that do not fuse are joined by one launch (the rotations turned back, the
-/// SwiGLU, the down projection's input rotation and padding): every case of that join against
-/// the f64 reference, in every dtype, at row counts around the kernels' tiles and dense paths.
+/// SwiGLU, the down projection's input rotation and padding): that join against the f64
+/// reference in every dtype, at row counts around the kernels' tiles and dense paths, on
+/// SmolLM2's layout, padded mixed k and a partly rotated MLP (the next test has the others).
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn mlps_joined_on_cuda_match_the_reference_in_every_dtype() {
-    require_cuda();
     // (what, hidden, inter, ks, rotation seeds): gate and up coded along their outputs (axis 0),
     // down along its inputs (axis 1), as SmolLM2's rule puts them.
-    let cases = [
+    check_joined(&[
         ("SmolLM2's layout", 192, 512, [3, 3, 3], [Some(1), Some(2), Some(3)]),
         ("padded, blocks of 64, mixed k", 192, 320, [2, 4, 3], [Some(4), Some(5), Some(6)]),
         ("gate rotated, up and down plain", 192, 512, [4, 2, 2], [Some(7), None, None]),
+    ]);
+}
+
+/// [`mlps_joined_on_cuda_match_the_reference_in_every_dtype`]'s other layouts (a test of their
+/// own, so that each test's kernel compiles fit one run).
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn wide_and_unrotated_mlps_joined_on_cuda_match_the_reference_in_every_dtype() {
+    check_joined(&[
         ("768 wide, mixed k", 256, 768, [3, 2, 4], [Some(8), Some(9), Some(10)]),
         ("nothing rotated, padded", 192, 320, [3, 3, 2], [None, None, None]),
-    ];
+    ]);
+}
+
+/// A joined MLP's case: what, hidden, intermediate, the three k and rotation seeds.
+type JoinedCase = (&'static str, usize, usize, [u32; 3], [Option<u64>; 3]);
+
+fn check_joined(cases: &[JoinedCase]) {
+    require_cuda();
     let mut checked = 0;
-    for (what, hidden, inter, ks, seeds) in cases {
+    for &(what, hidden, inter, ks, seeds) in cases {
         let layers = [
             coded(inter, hidden, 0, ks[0], seeds[0], 1),
             coded(inter, hidden, 0, ks[1], seeds[1], 2),
