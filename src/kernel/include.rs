@@ -69,7 +69,8 @@ fn source_dir() -> Option<&'static Path> {
             return None;
         }
         let dir = match std::env::var_os(DIR_VAR) {
-            Some(d) if !d.is_empty() => PathBuf::from(d),
+            // NVRTC resolves a relative include against its own search paths, not ours.
+            Some(d) if !d.is_empty() => std::path::absolute(d).ok()?,
             _ => std::env::temp_dir().join(format!("mlx-trellis-{}-cuda", user_id()?)),
         };
         private_dir(&dir).then_some(dir)
