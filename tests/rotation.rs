@@ -292,48 +292,65 @@ fn mlps_of_any_axes_and_bit_widths_run_on_cuda() {
     ]);
 }
 
+/// A joined MLP's case: what, hidden, intermediate, the three k and rotation seeds. Gate and up
+/// are coded along their outputs (axis 0), down along its inputs (axis 1), as SmolLM2's rule puts
+/// them.
+type JoinedCase = (&'static str, usize, usize, [u32; 3], [Option<u64>; 3]);
+
+const JOINED_CASES: [JoinedCase; 5] = [
+    ("SmolLM2's layout", 192, 512, [3, 3, 3], [Some(1), Some(2), Some(3)]),
+    ("padded, blocks of 64, mixed k", 192, 320, [2, 4, 3], [Some(4), Some(5), Some(6)]),
+    ("gate rotated, up and down plain", 192, 512, [4, 2, 2], [Some(7), None, None]),
+    ("768 wide, mixed k", 256, 768, [3, 2, 4], [Some(8), Some(9), Some(10)]),
+    ("nothing rotated, padded", 192, 320, [3, 3, 2], [None, None, None]),
+];
+
 /// On CUDA, gate and up that do not fuse are joined by one launch (the rotations turned back, the
 /// SwiGLU, the down projection's input rotation and padding): that join against the f64
 /// reference in every dtype, at row counts around the kernels' tiles and dense paths, on
-/// SmolLM2's layout, padded mixed k and a partly rotated MLP (the next test has the others).
+/// SmolLM2's layout, padded mixed k and a partly rotated MLP (the next test has the others: the
+/// cases are split so that each test's kernel compiles fit one run).
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn mlps_joined_on_cuda_match_the_reference_in_every_dtype() {
-    // (what, hidden, inter, ks, rotation seeds): gate and up coded along their outputs (axis 0),
-    // down along its inputs (axis 1), as SmolLM2's rule puts them.
-    check_joined(&[
-        ("SmolLM2's layout", 192, 512, [3, 3, 3], [Some(1), Some(2), Some(3)]),
-        ("padded, blocks of 64, mixed k", 192, 320, [2, 4, 3], [Some(4), Some(5), Some(6)]),
-        ("gate rotated, up and down plain", 192, 512, [4, 2, 2], [Some(7), None, None]),
-    ]);
+    check_joined(&JOINED_CASES[..3], false);
 }
 
-/// [`mlps_joined_on_cuda_match_the_reference_in_every_dtype`]'s other layouts (a test of their
-/// own, so that each test's kernel compiles fit one run).
+/// [`mlps_joined_on_cuda_match_the_reference_in_every_dtype`]'s other layouts.
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn wide_and_unrotated_mlps_joined_on_cuda_match_the_reference_in_every_dtype() {
-    check_joined(&[
-        ("768 wide, mixed k", 256, 768, [3, 2, 4], [Some(8), Some(9), Some(10)]),
-        ("nothing rotated, padded", 192, 320, [3, 3, 2], [None, None, None]),
-    ]);
+    check_joined(&JOINED_CASES[3..], false);
 }
 
-/// A joined MLP's case: what, hidden, intermediate, the three k and rotation seeds.
-type JoinedCase = (&'static str, usize, usize, [u32; 3], [Option<u64>; 3]);
+/// The join with the residual stream added in the down projection's launch
+/// ([`TrellisMlp::forward_residual`]) against the f64 `residual + mlp(x)`.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mlps_joined_on_cuda_add_the_residual_in_every_dtype() {
+    check_joined(&JOINED_CASES[..2], true);
+}
 
-fn check_joined(cases: &[JoinedCase]) {
+/// The case's coded layers and its MLP.
+fn joined_mlp(&(what, hidden, inter, ks, seeds): &JoinedCase) -> ([CodedLinear; 3], TrellisMlp) {
+    let layers = [
+        coded(inter, hidden, 0, ks[0], seeds[0], 1),
+        coded(inter, hidden, 0, ks[1], seeds[1], 2),
+        coded(hidden, inter, 1, ks[2], seeds[2], 3),
+    ];
+    assert_eq!(layers.each_ref().map(|c| c.layer.geometry.axis), [0, 0, 1], "{what}");
+    let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
+    (layers, TrellisMlp::new(g, u, d).unwrap())
+}
+
+/// Each case's MLP on CUDA (and `Auto`, at one row) against the f64 reference; with `residual`,
+/// `forward_residual` against the f64 `residual + mlp(x)`.
+fn check_joined(cases: &[JoinedCase], residual: bool) {
     require_cuda();
     let mut checked = 0;
-    for &(what, hidden, inter, ks, seeds) in cases {
-        let layers = [
-            coded(inter, hidden, 0, ks[0], seeds[0], 1),
-            coded(inter, hidden, 0, ks[1], seeds[1], 2),
-            coded(hidden, inter, 1, ks[2], seeds[2], 3),
-        ];
-        assert_eq!(layers.each_ref().map(|c| c.layer.geometry.axis), [0, 0, 1], "{what}");
-        let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
-        let mlp = TrellisMlp::new(g, u, d).unwrap();
+    for case in cases {
+        let (what, hidden) = (case.0, case.1);
+        let (layers, mlp) = joined_mlp(case);
         // One row of each down plan's row bucket (1, 2-8, 17+ prescaled), and the dense paths of
         // 16-bit activations (axis 1 from 65 rows, axis 0 from 129). The compiles of each row
         // bucket's kernels bound this test's time.
@@ -341,64 +358,34 @@ fn check_joined(cases: &[JoinedCase]) {
             for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 assert!(mlp.joins_on_cuda(dtype), "{what}");
                 let (x, xr) = activations(m, hidden, 60 + m as u64, dtype);
-                let want = dense_mlp(&xr, m, &layers);
+                let mut want = dense_mlp(&xr, m, &layers);
+                let r = residual.then(|| activations(m, hidden, 160 + m as u64, dtype));
+                if let Some((_, rr)) = &r {
+                    want.iter_mut().zip(rr).for_each(|(w, r)| *w += r);
+                }
                 // Auto takes the same join (checked at one row).
                 let paths: &[ForwardPath] =
                     if m == 1 { &[ForwardPath::Cuda, ForwardPath::Auto] } else { &[ForwardPath::Cuda] };
                 for &path in paths {
-                    let y = mlp.forward_with(&x, path).unwrap();
+                    let y = match &r {
+                        Some((r, _)) => mlp.forward_residual_with(&x, r, path).unwrap(),
+                        None => mlp.forward_with(&x, path).unwrap(),
+                    };
                     assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], dtype));
                     let err = rel_err(&to_f64(&y), &want).unwrap();
                     // Two products in a row, each within its gate (f32 never takes MLX's TF32
                     // matmul; from 65 rows of 16-bit activations the down projection runs as
                     // MLX's matmul of its decoded weights, within the same gates).
                     let bound = 2.0 * gate(dtype);
-                    assert!(err < bound, "{what} {path} {dtype} M {m}: relErr {err:.2e} (gate {bound:.0e})");
-                    println!("{what} {path} {dtype} M {m}: relErr {err:.2e}");
+                    let plus = if residual { " plus a residual" } else { "" };
+                    assert!(err < bound, "{what}{plus} {path} {dtype} M {m}: relErr {err:.2e} (gate {bound:.0e})");
+                    println!("{what}{plus} {path} {dtype} M {m}: relErr {err:.2e}");
                     checked += 1;
                 }
             }
         }
     }
     println!("{checked} joined MLP cases checked");
-}
-
-/// The join with the residual stream added in the down projection's launch
-/// ([`TrellisMlp::forward_residual`]): against the f64 `residual + mlp(x)` in every dtype, at one
-/// row of each kernel's row bucket and the dense paths.
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn mlps_joined_on_cuda_add_the_residual_in_every_dtype() {
-    require_cuda();
-    let cases = [
-        ("SmolLM2's layout", 192, 512, [3, 3, 3], [Some(1), Some(2), Some(3)]),
-        ("padded, blocks of 64, mixed k", 192, 320, [2, 4, 3], [Some(4), Some(5), Some(6)]),
-    ];
-    for (what, hidden, inter, ks, seeds) in cases {
-        let layers = [
-            coded(inter, hidden, 0, ks[0], seeds[0], 1),
-            coded(inter, hidden, 0, ks[1], seeds[1], 2),
-            coded(hidden, inter, 1, ks[2], seeds[2], 3),
-        ];
-        let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
-        let mlp = TrellisMlp::new(g, u, d).unwrap();
-        for m in [1usize, 7, 17, 65, 130] {
-            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                assert!(mlp.joins_on_cuda(dtype), "{what}");
-                let (x, xr) = activations(m, hidden, 60 + m as u64, dtype);
-                let (r, rr) = activations(m, hidden, 160 + m as u64, dtype);
-                let want: Vec<f64> = dense_mlp(&xr, m, &layers).iter().zip(&rr).map(|(a, b)| a + b).collect();
-                for path in [ForwardPath::Cuda, ForwardPath::Auto] {
-                    let y = mlp.forward_residual_with(&x, &r, path).unwrap();
-                    assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], dtype));
-                    let err = rel_err(&to_f64(&y), &want).unwrap();
-                    let bound = 2.0 * gate(dtype);
-                    assert!(err < bound, "{what} {path} {dtype} M {m}: relErr {err:.2e} (gate {bound:.0e})");
-                    println!("{what} plus a residual {path} {dtype} M {m}: relErr {err:.2e}");
-                }
-            }
-        }
-    }
 }
 
 fn check_mlps(paths: &[(ForwardPath, f64)]) {
