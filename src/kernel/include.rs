@@ -1,9 +1,9 @@
 //! CUDA kernel text handed to MLX as `#include` lines of files, not as text.
 //!
 //! MLX's CUDA back-end copies a custom kernel's whole source into a new string at every
-//! application and hashes all of it at every evaluation (its module cache key), about 0.28 µs per
-//! KB a call (docs/cuda-down.md, "Registration and launch"): the down kernel's 20 KB were about
-//! 6 µs of host time on every call. NVRTC reads `#include "/absolute/path"` from the file system,
+//! application and hashes all of it at every evaluation (its module cache key), so every KB of
+//! text cost host time on every call (docs/cuda-down.md, "Registration and launch", has the
+//! measurements). NVRTC reads `#include "/absolute/path"` from the file system,
 //! and an include line may stand anywhere, the kernel body included, so a kernel's header and
 //! body are written once to content-addressed files and MLX gets one line for each. The
 //! compiled kernel is the same (the preprocessor hands NVRTC the same tokens), and compile errors
