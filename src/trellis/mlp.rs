@@ -168,19 +168,7 @@ impl TrellisMlp {
     /// [`TrellisMlp::forward`] by a chosen path. [`ForwardPath::Reference`] computes the whole MLP
     /// in f64 on the host with no intermediate rounding.
     pub fn forward_with(&self, x: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
-        if path == ForwardPath::Reference {
-            let (x2, lead) = self.rows(x)?;
-            let m = x2.shape()[0];
-            let (g, u, d) = (self.gate.to_host()?, self.up.to_host()?, self.down.to_host()?);
-            let (ga, ua, da) = (self.gate.coded_axis(), self.up.coded_axis(), self.down.coded_axis());
-            let y = mlp_coded_f64(&host_f64(&x2)?, m, [(&g, &ga), (&u, &ua), (&d, &da)])?;
-            return from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype());
-        }
-        if let Some(y) = self.joined_on_cuda(x, path, None)? {
-            return Ok(y);
-        }
-        let h = self.swiglu_with(x, path)?;
-        self.down.forward_with(&h, path)
+        self.forward_plus(x, None, path)
     }
 
     /// `residual + forward(x)` (`residual` of `x`'s shape): a model's residual stream after the
@@ -197,10 +185,28 @@ impl TrellisMlp {
         if residual.shape() != x.shape() {
             invalid!("MLP residual {:?} must have the activations' shape {:?}", residual.shape(), x.shape());
         }
-        if let Some(y) = self.joined_on_cuda(x, path, Some(residual))? {
+        self.forward_plus(x, Some(residual), path)
+    }
+
+    /// The MLP of `x` by `path`, plus `residual` where given: the CUDA join where it applies (the
+    /// add then in its down launch), else gate·up·SwiGLU and down by the path, then MLX's add.
+    fn forward_plus(&self, x: &MlxArray, residual: Option<&MlxArray>, path: ForwardPath) -> Result<MlxArray> {
+        let y = if path == ForwardPath::Reference {
+            let (x2, lead) = self.rows(x)?;
+            let m = x2.shape()[0];
+            let (g, u, d) = (self.gate.to_host()?, self.up.to_host()?, self.down.to_host()?);
+            let (ga, ua, da) = (self.gate.coded_axis(), self.up.coded_axis(), self.down.coded_axis());
+            let y = mlp_coded_f64(&host_f64(&x2)?, m, [(&g, &ga), (&u, &ua), (&d, &da)])?;
+            from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype())?
+        } else if let Some(y) = self.joined_on_cuda(x, path, residual)? {
             return Ok(y);
+        } else {
+            self.down.forward_with(&self.swiglu_with(x, path)?, path)?
+        };
+        match residual {
+            Some(r) => r.add(&y),
+            None => Ok(y),
         }
-        residual.add(&self.forward_with(x, path)?)
     }
 
     /// [`TrellisMlp::forward_with`] on MLX's CUDA back-end where gate and up do not fuse: gate and
