@@ -92,7 +92,7 @@ pub fn linear_residual(
         );
     }
     if uses_dense(m, x2.dtype()) {
-        return residual.add(&x2.matmul(&expand_cuda(codes, scales, g, x2.dtype())?.t()?)?);
+        return residual.add(&linear(x2, codes, scales, g)?);
     }
     run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false), Some(residual))
 }
