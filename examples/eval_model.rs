@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use mlx_trellis::llama::eval::{log_probs, score_window, WindowScore};
+use mlx_trellis::llama::eval::{log_probs, log_probs_decoded, score_window, WindowScore};
 use mlx_trellis::llama::{fetch_smollm2, LayerPlan, LlamaModel, LlamaTokenizer};
 
 #[path = "common/plot.rs"]
@@ -54,6 +54,11 @@ struct Args {
     /// Activation dtype.
     #[arg(long, value_enum, default_value_t = ActDtype::F32)]
     dtype: ActDtype,
+    /// Score every model (the shipped one too) the way it generates: one token at a time
+    /// through the cache, every projection at one row, as `bench_model` times it (slower: use
+    /// with --max-tokens). Without it each window runs as one prefill.
+    #[arg(long)]
+    decode: bool,
     #[command(flatten)]
     out: ReportFiles,
     /// Evaluate nothing: plot the rows of this JSON (an earlier `--json`, or rows of several runs
@@ -116,6 +121,7 @@ fn run(args: Args) -> Result<()> {
     }
 
     let start = Instant::now();
+    let log_probs = if args.decode { log_probs_decoded } else { log_probs };
     for (i, w) in windows.iter().enumerate() {
         let ref_logp = log_probs(&reference, w)?;
         eval_all(&[&ref_logp])?;
@@ -142,11 +148,13 @@ fn run(args: Args) -> Result<()> {
     let evaluated: usize = windows.iter().map(|w| w.len()).sum();
     let mut table = vec![
         format!(
-            "{} tokens of {} in {} windows of {}; KL(as shipped ‖ variant) in nats per token; bits/weight over the replaced layers (scales and biases included; as shipped: the MLP's)\n",
+            "{} tokens of {} in {} windows of {}, {} activations, {}; KL(as shipped ‖ variant) in nats per token; bits/weight over the replaced layers (scales and biases included; as shipped: the MLP's)\n",
             evaluated,
             args.text.display(),
             windows.len(),
-            args.window
+            args.window,
+            dtype,
+            if args.decode { "decoded a token at a time" } else { "each window one prefill" }
         ),
         "| variant | family | layers replaced | bits/weight | KL | perplexity | load (s) |".to_string(),
         "|---|---|---|---|---|---|---|".to_string(),
@@ -175,6 +183,7 @@ fn run(args: Args) -> Result<()> {
             "kl": kl, "perplexity": ppl, "load_seconds": v.load_seconds,
             "positions": v.score.positions, "tokens": evaluated, "window": args.window,
             "text": args.text.display().to_string(), "dtype": dtype.to_string(),
+            "mode": if args.decode { "decode" } else { "prefill" },
         }));
     }
     for line in &table {

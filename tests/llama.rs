@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use anyhow::{ensure, Context, Result};
+use mlx_trellis::llama::eval::{log_probs, log_probs_decoded};
 use mlx_trellis::llama::names::gguf_tensor_name;
 use mlx_trellis::llama::{
     fetch_smollm2, generate, ChatMessage, ChatTemplate, LayerPlan, LlamaConfig, LlamaModel, LlamaTokenizer, Sampler,
@@ -227,6 +228,21 @@ fn cached_decoding_matches_a_full_forward() -> Result<()> {
     let e = rel_err(&a, &b)?;
     let gate = common::f32_matmul_gate();
     ensure!(e < gate, "cached and full logits differ by relErr {e:.2e} (gate {gate:.0e})");
+    Ok(())
+}
+
+/// Scoring a window a token at a time (every projection at one row) gives the log-probabilities
+/// of one prefill of the window, row by row.
+#[test]
+fn decoded_log_probs_match_the_windows_prefill() -> Result<()> {
+    let model = LlamaModel::from_gguf(smollm2()?, &LayerPlan::shipped())?;
+    let decoded = log_probs_decoded(&model, &PROMPT_IDS)?;
+    let prefill = log_probs(&model, &PROMPT_IDS)?;
+    ensure!(decoded.shape() == prefill.shape(), "{:?} against {:?}", decoded.shape(), prefill.shape());
+    let f64s = |a: &MlxArray| -> Result<Vec<f64>> { Ok(a.to_vec::<f32>()?.iter().map(|&v| f64::from(v)).collect()) };
+    let e = rel_err(&f64s(&decoded)?, &f64s(&prefill)?)?;
+    let gate = common::f32_matmul_gate();
+    ensure!(e < gate, "decoded and prefill log-probabilities differ by relErr {e:.2e} (gate {gate:.0e})");
     Ok(())
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::nn::select::{exp, log_softmax, take_along_axis};
-use crate::ops::eval_all;
+use crate::ops::{concatenate, eval_all};
 
 use super::model::LlamaModel;
 use crate::trellis::Artifact;
@@ -16,6 +16,21 @@ use crate::trellis::Artifact;
 pub fn log_probs(model: &LlamaModel, tokens: &[u32]) -> Result<MlxArray> {
     let mut cache = model.new_cache();
     log_softmax(&model.forward(tokens, &mut cache)?, -1)
+}
+
+/// [`log_probs`] the way a model generates: one token at a time through the cache, so every
+/// projection runs at one row (the kernels a decode step runs, which differ from a whole
+/// window's: other kernel plans, other paths). `[L, vocab]`, float32. Each step is evaluated
+/// before the next is built.
+pub fn log_probs_decoded(model: &LlamaModel, tokens: &[u32]) -> Result<MlxArray> {
+    let mut cache = model.new_cache();
+    let mut rows = Vec::with_capacity(tokens.len());
+    for &token in tokens {
+        let row = log_softmax(&model.forward(&[token], &mut cache)?, -1)?;
+        eval_all(&[&row])?;
+        rows.push(row);
+    }
+    concatenate(&rows.iter().collect::<Vec<_>>(), 0)
 }
 
 /// Sums over one window's scored positions (all but the last: each predicts the next token).
