@@ -21,6 +21,7 @@ use mlx_trellis::trellis::cuda::down::{down_pair_cuda, uses_dense};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, AxisOneConfig, CudaDownConfig,
+    INT8_MAX_ROWS,
 };
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -308,7 +309,7 @@ fn bench() -> Result<bool> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep && args.axis_one {
-        println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | int8 | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|");
     } else if args.sweep {
         println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
@@ -346,12 +347,20 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, repor
 fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, report: &mut Report) -> Result<()> {
     let g = *layer.lin.geometry();
     let planned = axis_one_plan(m, x.dtype(), false);
+    // The plan's shapes, and the int8 kernel's where it serves these rows.
+    let mut bases = vec![planned];
+    let int8 = AxisOneConfig { mt: 1, bias_fold: false, pack_fma: false, int8: true, ..planned };
+    if m <= INT8_MAX_ROWS && int8.check(x.dtype(), false).is_ok() {
+        bases.push(int8);
+    }
     let mut configs = vec![planned];
-    for rt in 1..=4 {
-        for warps in [1, 2, 3, 4, 6, 8] {
-            let cfg = AxisOneConfig { rt, warps, ..planned };
-            if cfg != planned && cfg.check(x.dtype(), false).is_ok() {
-                configs.push(cfg);
+    for base in bases {
+        for rt in 1..=4 {
+            for warps in [1, 2, 3, 4, 6, 8] {
+                let cfg = AxisOneConfig { rt, warps, ..base };
+                if !configs.contains(&cfg) && cfg.check(x.dtype(), false).is_ok() {
+                    configs.push(cfg);
+                }
             }
         }
     }
@@ -363,8 +372,8 @@ fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Ar
         let (med, best) = time(args.calls, args.evals.min(15), &f)?;
         let _ = writeln!(
             report.table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {err:.1e} |",
-            layer.name, cfg.mt, cfg.rt, cfg.warps, cfg.bias_fold, cfg.pack_fma
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {err:.1e} |",
+            layer.name, cfg.mt, cfg.rt, cfg.warps, cfg.bias_fold, cfg.pack_fma, cfg.int8
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
     }

@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::expand::expand_cuda;
-use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with};
+use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConfig, INT8_MAX_ROWS};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
@@ -285,7 +285,14 @@ fn bench(cli: &Cli) -> Result<()> {
                 h.eval()?;
                 let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &|l| l.down().forward(&h)))?;
                 rows.push(Row { m, name: format!("trellis k{k} down alone"), median: med, best });
-                // Where the planned path switches, both sides of the switch.
+                // The int8 kernel (not planned) beside the planned fused kernel where it serves the
+                // rows; where the planned path switches, both sides of the switch.
+                let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+                if m <= INT8_MAX_ROWS {
+                    let fused = |l: &TrellisMlp| swiglu_with(&x, l.gate(), l.up(), int8);
+                    let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &fused))?;
+                    rows.push(Row { m, name: format!("trellis k{k} gate·up int8 kernel alone"), median: med, best });
+                }
                 if m >= 17 {
                     let fused =
                         |l: &TrellisMlp| swiglu_with(&x, l.gate(), l.up(), axis_one_plan(m, Dtype::Bfloat16, true));

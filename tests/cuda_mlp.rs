@@ -6,7 +6,9 @@ mod common;
 
 use common::{gate, require_cuda, to_f64};
 use mlx_trellis::trellis::cuda::gate_up::linear_residual;
-use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, axis_one_with, swiglu_with, AxisOneConfig};
+use mlx_trellis::trellis::cuda::tuning::{
+    axis_one_plan, axis_one_residual_with, axis_one_with, swiglu_with, AxisOneConfig,
+};
 use mlx_trellis::trellis::reference::{forward_f64, mlp_forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
@@ -141,7 +143,7 @@ fn every_axis_one_shape_matches_the_reference() {
         (4, 2, 2, false, false),
     ];
     for (mt, rt, warps, bias_fold, pack_fma) in shapes {
-        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma };
+        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, int8: false };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
                 assert!(dtype == Dtype::Float32 && bias_fold, "{cfg:?} {dtype}");
@@ -153,6 +155,113 @@ fn every_axis_one_shape_matches_the_reference() {
                 let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, cfg).unwrap();
                 check(&format!("{cfg:?}"), &y, &want, m, 88, dtype, gate(dtype));
             }
+        }
+    }
+}
+
+/// The int8 kernel (`gate_up_int8.cu`: 16-bit activations as two int8 terms per 256-input block,
+/// multiplied on u8 x s8 MMAs; not planned, taken by an explicit shape) against the f64 reference under
+/// each dtype's gate: row counts from 1 to its 8, k 2/3/4 and L 8/12/16, several row tiles and
+/// warp counts, activation magnitudes 1e-8 to 1e8, rows whose every 64 inputs hold an outlier of
+/// 30 times the rest, zero rows, and non-finite activations.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn int8_activations_match_the_reference() {
+    require_cuda();
+    let int8 = |rt, warps| AxisOneConfig { mt: 1, rt, warps, bias_fold: false, pack_fma: false, int8: true };
+    let layers = [(200, 768, 3, 12), (64, 256, 2, 12), (136, 1280, 4, 16), (48, 512, 2, 8), (40, 1024, 3, 16)];
+    for (i, &(out, inp, k, l)) in layers.iter().enumerate() {
+        let (host, lin) = up_layer(out, inp, k, l);
+        let g = *lin.geometry();
+        let run = |x: &MlxArray, cfg| axis_one_with(x, lin.codes(), lin.scales(), &g, cfg).unwrap();
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            for m in [1, 2, 3, 8] {
+                let scales: &[f32] = if m == 1 && dtype == Dtype::Bfloat16 { &[1e-8, 1.0, 1e8] } else { &[1.0] };
+                for &scale in scales {
+                    let (x, xr) = x(m, inp, dtype, scale);
+                    let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+                    check(&format!("int8 {g} x{scale:e}"), &run(&x, int8(2, 4)), &want, m, out, dtype, gate(dtype));
+                }
+            }
+        }
+        // Other shapes on one layer: one warp, warps that do not divide the blocks, more warps
+        // than blocks, one and four row tiles.
+        if i == 2 {
+            for (rt, warps) in [(1, 1), (1, 3), (4, 8)] {
+                for m in [1, 5] {
+                    let (x, xr) = x(m, inp, Dtype::Bfloat16, 1.0);
+                    let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+                    let y = run(&x, int8(rt, warps));
+                    check(
+                        &format!("int8 {g} rt {rt} warps {warps}"),
+                        &y,
+                        &want,
+                        m,
+                        out,
+                        Dtype::Bfloat16,
+                        gate(Dtype::Bfloat16),
+                    );
+                }
+            }
+        }
+        // Every 64 inputs with an outlier of 30 times the rest.
+        for m in [1, 2] {
+            let (x, _) = x(m, inp, Dtype::Float32, 1.0);
+            let spikes: Vec<f32> = (0..m * inp).map(|j| if j % 64 == (j / 64) % 64 { 30.0 } else { 1.0 }).collect();
+            let x = x
+                .multiply(&MlxArray::from_slice(&spikes, &[m, inp]).unwrap())
+                .unwrap()
+                .astype(Dtype::Bfloat16)
+                .unwrap();
+            let xr = to_f64(&x);
+            let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+            let y = run(&x, int8(2, 4));
+            check(&format!("int8 {g} with outliers"), &y, &want, m, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
+        }
+    }
+    let (_, lin) = up_layer(64, 512, 3, 12);
+    let g = *lin.geometry();
+    let run = |x: &MlxArray| to_f64(&axis_one_with(x, lin.codes(), lin.scales(), &g, int8(2, 4)).unwrap());
+    // Zero rows give zeros; a NaN or an infinity reaches every output of its row.
+    let zeros = MlxArray::zeros(&[2, 512], Dtype::Bfloat16).unwrap();
+    assert!(run(&zeros).iter().all(|&v| v == 0.0), "zero rows");
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut v = vec![0.5f32; 2 * 512];
+        v[512 + 300] = bad;
+        let y = run(&MlxArray::from_slice(&v, &[2, 512]).unwrap().astype(Dtype::Bfloat16).unwrap());
+        assert!(y[..64].iter().all(|v| v.is_finite()) && y[64..].iter().all(|v| !v.is_finite()), "{bad}: {y:?}");
+    }
+}
+
+/// The fused int8 kernel (gate and up of the same or different k) and its residual variant at row
+/// counts it takes, against the reference.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn fused_and_residual_int8_match_the_reference() {
+    require_cuda();
+    for (kg, ku) in [(3, 3), (2, 4), (4, 2)] {
+        let (h, mlp) = mixed_mlp(kg, ku);
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            for m in [1, 2, 4, 7] {
+                let (x, xr) = x(m, 768, dtype, 1.0);
+                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+                let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+                let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
+                check(&format!("int8 SwiGLU gate k{kg} up k{ku}"), &s, &want, m, 200, dtype, gate(dtype));
+            }
+        }
+    }
+    let (host, lin) = up_layer(72, 768, 3, 12);
+    let g = *lin.geometry();
+    let cfg = AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for m in [1, 3] {
+            let (r, rr) = x(m, 72, dtype, 0.5);
+            let (x, xr) = x(m, 768, dtype, 1.0);
+            let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+            let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+            let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, cfg).unwrap();
+            check(&format!("int8 {g} plus a residual"), &y, &want, m, 72, dtype, gate(dtype));
         }
     }
 }
@@ -180,7 +289,7 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
     }
     // Other fused shapes at a few rows.
     for cfg in [
-        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false },
+        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false, int8: false },
         axis_one_plan(40, Dtype::Bfloat16, true),
     ] {
         for m in [1, 13, 40] {

@@ -30,6 +30,10 @@ kernel_files! {
     CUDA_PRESCALE = "cuda/prescale.cu";
     /// The axis-1 projections and the fused gate·up·SwiGLU.
     CUDA_GATE_UP = "cuda/gate_up.cu";
+    /// The same with up to 8 rows of activations as two int8 terms, on u8 x s8 MMAs.
+    CUDA_GATE_UP_INT8 = "cuda/gate_up_int8.cu";
+    /// The int8 kernel's helpers.
+    CUDA_GATE_UP_INT8_HEADER = "cuda/gate_up_int8.cuh";
     /// The decode of a stored matrix to dense weights.
     CUDA_EXPAND = "cuda/expand.cu";
     /// The block Hadamard transform's butterflies, shared by the two rotating kernels.

@@ -8,7 +8,10 @@
 //! (`residual + x · W`, rounded once): a model's down projection and its residual add.
 //!
 //! The plan (`plan.rs`) picks the kernel's shape for a row count; the kernel file says
-//! how the work is split.
+//! how the work is split. With the tuning feature, a shape may take `gate_up_int8.cu` instead
+//! (`AxisOneConfig::int8`), which quantizes up to 8 rows of 16-bit activations to two int8
+//! terms and multiplies on u8 x s8 MMAs (the same variants, the same launch grid); the plan does
+//! not, as it measured no faster.
 //! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16, each row
 //! multiplied by a power of two into f16's range (one pre-pass launch per call, `prescale.cu`,
 //! instead of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit
@@ -35,7 +38,7 @@ use crate::trellis::operands::LayerOperands;
 
 use super::expand::expand_cuda;
 use super::prescale::{self, PrePass, PrePassOutput};
-use plan::{plan, AxisOneConfig};
+use plan::{plan, AxisOneConfig, INT8_MAX_ROWS};
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
 /// the pre-pass (each row brought into f16's range by a power of two): every row tile of the
@@ -54,6 +57,7 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 }
 
 const SOURCE: &str = sources::CUDA_GATE_UP;
+const INT8_SOURCE: &str = sources::CUDA_GATE_UP_INT8;
 
 /// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=4 (the
 /// widths it is tested at against the reference; wider codes are refused as unserved).
@@ -83,18 +87,27 @@ pub fn linear_residual(
 ) -> Result<MlxArray> {
     let what = "CUDA axis-1 kernel with a residual";
     let m = check(what, x2, codes, scales, g)?;
-    let (shape, dtype) = (residual.shape(), residual.dtype());
-    if shape != [m, g.out_features()] || dtype != x2.dtype() {
-        invalid!(
-            "{what}: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
-            x2.dtype(),
-            g.out_features()
-        );
-    }
+    check_residual(what, x2, residual, m, g)?;
     if uses_dense(m, x2.dtype()) {
         return residual.add(&linear(x2, codes, scales, g)?);
     }
     run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false), Some(residual))
+}
+
+/// [`linear_residual`] with an explicit shape (the `tuning` feature's `axis_one_residual_with`).
+#[cfg(feature = "tuning")]
+pub(crate) fn linear_residual_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    residual: &MlxArray,
+    cfg: AxisOneConfig,
+) -> Result<MlxArray> {
+    let what = "CUDA axis-1 kernel with a residual";
+    let m = check(what, x2, codes, scales, g)?;
+    check_residual(what, x2, residual, m, g)?;
+    run_linear(x2, codes, scales, g, m, cfg, Some(residual))
 }
 
 /// [`linear`] with an explicit shape (the `tuning` feature's `axis_one_with`).
@@ -125,9 +138,22 @@ fn run_linear(
     let variant = if residual.is_some() { Variant::Residual } else { Variant::Single };
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), variant)?;
     let (x, x_exp) = prepared.kernel_input(x2, scales)?;
-    let mut inputs = vec![&x, &x_exp, codes, scales];
+    let mut inputs = if cfg.int8 { vec![&x, codes, scales] } else { vec![&x, &x_exp, codes, scales] };
     inputs.extend(residual);
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
+}
+
+/// Refuses a residual that is not `[m, out]` in `x2`'s dtype.
+fn check_residual(what: &str, x2: &MlxArray, residual: &MlxArray, m: usize, g: &TrellisGeometry) -> Result<()> {
+    let (shape, dtype) = (residual.shape(), residual.dtype());
+    if shape != [m, g.out_features()] || dtype != x2.dtype() {
+        invalid!(
+            "{what}: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
+            x2.dtype(),
+            g.out_features()
+        );
+    }
+    Ok(())
 }
 
 /// Whether the fused kernel serves gate `gate` with up `up`: both served ([`supports`]) and of
@@ -173,8 +199,12 @@ pub(crate) fn swiglu_with(
     let read = read_dtype(x2, m);
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Variant::Fused { up_bits: ug.k })?;
     let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
-    let inputs = [&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales];
-    Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
+    let inputs: &[&MlxArray] = if cfg.int8 {
+        &[&x, gate.codes, gate.scales, up.codes, up.scales]
+    } else {
+        &[&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales]
+    };
+    Ok(prepared.kernel.apply_prepared(inputs, &prepared.launch)?.remove(0))
 }
 
 /// Checks the call: a served geometry, then the operands (`x2 [M >= 1, in]` in f32/f16/bf16,
@@ -218,32 +248,50 @@ impl Variant {
         }
     }
 
-    /// The kernel's inputs, in `apply` order.
-    fn inputs(self) -> &'static [&'static str] {
-        match self {
+    /// The kernel's inputs, in `apply` order (the int8 kernel reads no row exponents).
+    fn inputs(self, int8: bool) -> &'static [&'static str] {
+        let all: &'static [&'static str] = match self {
             Variant::Single => &["x", "x_exp", "codes", "scales"],
             Variant::Residual => &["x", "x_exp", "codes", "scales", "residual"],
             Variant::Fused { .. } => &["x", "x_exp", "codes", "scales", "up_codes", "up_scales"],
+        };
+        if !int8 {
+            return all;
+        }
+        match self {
+            Variant::Single => &["x", "codes", "scales"],
+            Variant::Residual => &["x", "codes", "scales", "residual"],
+            Variant::Fused { .. } => &["x", "codes", "scales", "up_codes", "up_scales"],
         }
     }
 
-    /// The variant's text: the kernel file with its own sections only.
-    fn source(self) -> Result<String> {
-        let fused = source_variant(SOURCE, "TRELLIS_FUSED", matches!(self, Variant::Fused { .. }));
+    /// The variant's text: the kernel file (`gate_up.cu`, or `gate_up_int8.cu` with `int8`)
+    /// with its own sections only.
+    fn source(self, int8: bool) -> Result<String> {
+        let (text, file) = if int8 { (INT8_SOURCE, "gate_up_int8.cu") } else { (SOURCE, "gate_up.cu") };
+        let fused = source_variant(text, "TRELLIS_FUSED", matches!(self, Variant::Fused { .. }));
         fused
             .and_then(|text| source_variant(&text, "TRELLIS_RESIDUAL", self == Variant::Residual))
-            .context("CUDA axis-1 kernel source gate_up.cu")
+            .with_context(|| format!("CUDA axis-1 kernel source {file}"))
     }
 }
 
-fn kernel(variant: Variant) -> Result<&'static CudaKernel> {
-    let key = KernelKey { family: "gate_up", variant: variant.name(), shared_memory: 0 };
+/// The fragment kernel of `variant`, or (`int8_shared` bytes of dynamic shared memory) the int8
+/// kernel.
+fn kernel(variant: Variant, int8_shared: Option<usize>) -> Result<&'static CudaKernel> {
+    let int8 = int8_shared.is_some();
+    let family = if int8 { "gate_up_int8" } else { "gate_up" };
+    let key = KernelKey { family, variant: variant.name(), shared_memory: int8_shared.unwrap_or(0) };
     registry::cuda(key, || {
+        let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT];
+        if int8 {
+            header.push(sources::CUDA_GATE_UP_INT8_HEADER);
+        }
         Ok(KernelText {
-            inputs: variant.inputs(),
+            inputs: variant.inputs(int8),
             outputs: &["y"],
-            body: variant.source()?,
-            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
+            body: variant.source(int8)?,
+            header: header.join("\n"),
         })
     })
 }
@@ -299,6 +347,9 @@ fn prepared_launch(
             invalid!("CUDA axis-1 kernel: {m} rows of {g} are too many for one launch grid ({row_tiles} row tiles by {passes} passes; at most 65535 each)");
         }
         let threads = 32 * cfg.warps as usize;
+        if cfg.int8 {
+            return prepared_int8_launch(g, cfg, m, dtype, variant, [threads, row_tiles]);
+        }
         let sixteen_bit = dtype != Dtype::Float32;
         let mut launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
             .output(&[m, outputs], dtype)
@@ -319,7 +370,7 @@ fn prepared_launch(
         if let Variant::Fused { up_bits } = variant {
             launch = launch.template_int("KU", up_bits as i32);
         }
-        let kernel = kernel(variant)?;
+        let kernel = kernel(variant, None)?;
         let inputs = g.in_features();
         let hand_over = if read != dtype {
             let output = PrePassOutput::Activations;
@@ -332,25 +383,85 @@ fn prepared_launch(
     })
 }
 
+/// The int8 kernel's launch (`cfg.int8`): `m` rows (its template int `R`) of `dtype`
+/// activations read as they are, a thread block per row tile (`grid`: threads, row tiles).
+fn prepared_int8_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    dtype: Dtype,
+    variant: Variant,
+    [threads, row_tiles]: [usize; 2],
+) -> Result<Prepared> {
+    if !(1..=INT8_MAX_ROWS).contains(&m) {
+        invalid!("CUDA axis-1 kernel: int8 activations take 1 to {INT8_MAX_ROWS} rows (got {m})");
+    }
+    let fused = matches!(variant, Variant::Fused { .. });
+    let Some(shared) = cfg.int8_shared_bytes(m, g.in_features(), fused) else {
+        invalid!(
+            "CUDA axis-1 kernel: int8 tables of {m} rows of {} inputs exceed the shared memory a thread block may take",
+            g.in_features()
+        );
+    };
+    let mut launch = LaunchConfig::new([threads, row_tiles, 1], [threads, 1, 1])
+        .output(&[m, g.out_features()], dtype)
+        .template_dtype("T", dtype)
+        .template_dtype("Y", dtype)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("RT", cfg.rt as i32)
+        .template_int("WARPS", cfg.warps as i32)
+        .template_int("R", m as i32);
+    if let Variant::Fused { up_bits } = variant {
+        launch = launch.template_int("KU", up_bits as i32);
+    }
+    let kernel = kernel(variant, Some(shared))?;
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: None })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn each_variant_registers_only_its_own_sections() {
-        // Registered compacted: comments (which name both variants) are gone.
-        let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source().unwrap()).unwrap();
-        let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3 }));
-        let residual = compact(Variant::Residual);
-        assert!(fused.contains("up_codes") && !single.contains("up_codes") && !residual.contains("up_codes"));
-        assert!(fused.contains("__expf") && !single.contains("__expf") && !residual.contains("__expf"));
-        assert!(residual.contains("residual[") && !single.contains("residual[") && !fused.contains("residual["));
-        for text in [&single, &fused, &residual] {
-            assert!(
-                !text.contains("TRELLIS_FUSED") && !text.contains("TRELLIS_RESIDUAL"),
-                "the flags' directives are cut"
-            );
+        for int8 in [false, true] {
+            // Registered compacted: comments (which name both variants) are gone.
+            let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source(int8).unwrap()).unwrap();
+            let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3 }));
+            let residual = compact(Variant::Residual);
+            assert!(fused.contains("up_codes") && !single.contains("up_codes") && !residual.contains("up_codes"));
+            assert!(fused.contains("__expf") && !single.contains("__expf") && !residual.contains("__expf"));
+            assert!(residual.contains("residual[") && !single.contains("residual[") && !fused.contains("residual["));
+            for text in [&single, &fused, &residual] {
+                assert!(
+                    !text.contains("TRELLIS_FUSED") && !text.contains("TRELLIS_RESIDUAL"),
+                    "the flags' directives are cut"
+                );
+                assert_eq!(text.contains("mma_u8s8"), int8, "int8 {int8}");
+                // The int8 kernel reads no row exponents, and its inputs say so.
+                assert_eq!(text.contains("x_exp"), !int8, "int8 {int8}");
+            }
+            for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2 }] {
+                assert_eq!(v.inputs(int8).contains(&"x_exp"), !int8);
+            }
         }
+    }
+
+    #[test]
+    fn int8_calls_outside_its_kernel_are_errors_that_say_so() {
+        let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
+        let cfg = AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+        let err =
+            prepared_launch(&up, cfg, 9, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("9 rows");
+        assert!(err.to_string().contains("int8 activations take 1 to 8 rows (got 9)"), "{err}");
+        // 4 rows of 8192 inputs: 275 KB of tables.
+        let wide = TrellisGeometry::row_major(256, 8192, 3, 256, 12, 1).unwrap();
+        let err =
+            prepared_launch(&wide, cfg, 4, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("wide");
+        assert!(err.to_string().contains("int8 tables of 4 rows of 8192 inputs exceed"), "{err}");
+        // The plan never takes it.
+        assert!(!plan(1, Dtype::Bfloat16, true).int8);
     }
 
     #[test]
@@ -390,7 +501,7 @@ mod tests {
     fn a_grid_past_cudas_limits_is_an_error_that_says_so() {
         // Caught while the launch is prepared, before anything runs (so on every back-end).
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
-        let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false };
+        let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: false };
         // 8 rows a pass: 65536 passes are one more than grid z holds.
         let err = prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, Variant::Single)
             .err()

@@ -1,5 +1,6 @@
-//! [`AxisOneConfig`]: how one call of the CUDA axis-1 kernel (`kernels/cuda/gate_up.cu`) is
-//! shaped, its checks, and the plan that picks it for a row count.
+//! [`AxisOneConfig`]: how one call of the CUDA axis-1 kernels (`kernels/cuda/gate_up.cu`, and
+//! `gate_up_int8.cu` with `int8`) is shaped, its checks, and the plan that picks it for a row
+//! count.
 
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
@@ -8,6 +9,13 @@ use crate::trellis::cuda::down::plan::pass_tiles;
 
 /// The static shared memory a thread block may take (the warps' sums for warp 0 to add).
 const STATIC_SHARED_LIMIT: usize = 48 * 1024;
+
+/// The most activation rows the int8 kernel takes (its template int `R`: the MMA's 8 columns).
+pub const INT8_MAX_ROWS: usize = 8;
+
+/// The dynamic shared memory a thread block may take on the GPUs MLX's CUDA back-end serves
+/// (227 KB on sm_90; MLX raises a kernel's limit above 48 KB).
+const DYNAMIC_SHARED_LIMIT: usize = 227 * 1024;
 
 /// How one call of the axis-1 kernel is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -23,6 +31,12 @@ pub struct AxisOneConfig {
     pub bias_fold: bool,
     /// Pack half of the code pairs with an IMAD instead of a PRMT (needs `bias_fold`).
     pub pack_fma: bool,
+    /// Quantize the activations to two int8 terms and multiply on u8 x s8 MMAs
+    /// (`kernels/cuda/gate_up_int8.cu`): 16-bit activations, one to [`INT8_MAX_ROWS`] rows, `mt`
+    /// 1 and neither `bias_fold` nor `pack_fma` (the fragment kernel's). 4.0 instructions a weight
+    /// against the fragment kernel's 6.2, and the second term keeps the quantization's error below
+    /// a 16-bit output's rounding; not planned, as it measured no faster (docs/cuda-mlp.md).
+    pub int8: bool,
 }
 
 impl AxisOneConfig {
@@ -43,6 +57,14 @@ impl AxisOneConfig {
         if self.bias_fold && dtype == Dtype::Float32 {
             invalid!("CUDA axis-1 kernel: the bias fold is for 16-bit activations");
         }
+        if self.int8 && (self.mt != 1 || self.bias_fold || self.pack_fma) {
+            invalid!("CUDA axis-1 kernel: int8 activations take mt = 1 and neither bias_fold nor pack_fma");
+        }
+        if self.int8 && dtype == Dtype::Float32 {
+            // Its quantization error (2^-15 of a block's largest |x|) is within a 16-bit output's
+            // rounding, not f32's: f32 keeps the exact fragment kernel.
+            invalid!("CUDA axis-1 kernel: int8 activations are for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
+        }
         let shared = self.shared_bytes(fused);
         if shared > STATIC_SHARED_LIMIT {
             invalid!(
@@ -56,20 +78,26 @@ impl AxisOneConfig {
         Ok(())
     }
 
-    /// The kernel's static shared memory: `partial[max(WARPS - 1, 1)][SLOTS][32]` f32, SLOTS
-    /// being a lane's accumulators (one set per matrix) and bias sums, and each pass row's
-    /// exponent and largest |x| (4 bytes each).
+    /// The kernel's static shared memory. The fragment kernel's: `partial[max(WARPS - 1, 1)]
+    /// [SLOTS][32]` f32, SLOTS being a lane's accumulators (one set per matrix) and bias sums,
+    /// and each pass row's exponent and largest |x| (4 bytes each). The int8 kernel's:
+    /// none (its warps' sums are in its dynamic shared memory).
     fn shared_bytes(&self, fused: bool) -> usize {
         let (mt, rt) = (self.mt as usize, self.rt as usize);
         let matrices = if fused { 2 } else { 1 };
+        let other_warps = (self.warps as usize).saturating_sub(1).max(1);
+        if self.int8 {
+            return 0;
+        }
         let slots = matrices * rt * mt * 4 + if self.bias_fold { mt * 4 } else { 0 };
-        (self.warps as usize).saturating_sub(1).max(1) * slots * 32 * 4 + 2 * 8 * mt * 4
+        other_warps * slots * 32 * 4 + 2 * 8 * mt * 4
     }
 }
 
 /// The shape for `m` rows of `dtype` activations (`fused`: the gate·up·SwiGLU kernel, which
 /// holds two accumulator sets and so takes one row tile a block); docs/cuda-mlp.md says how the
-/// work is split and holds the kernel's measurements.
+/// work is split and holds the kernels' measurements. Always the fragment kernel: the int8 one
+/// measured no faster at one row.
 pub fn plan(m: usize, dtype: Dtype, fused: bool) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
@@ -79,6 +107,22 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool) -> AxisOneConfig {
         warps: 4,
         bias_fold: sixteen_bit && mt <= 2,
         pack_fma: sixteen_bit && m == 1,
+        int8: false,
+    }
+}
+
+impl AxisOneConfig {
+    /// The int8 kernel's dynamic shared memory for `rows` activation rows of `inputs` (a multiple
+    /// of 256) in this shape: per row, a table per term of 272 words for each block of 256 inputs
+    /// (each q in all four bytes, and padding) and 16 more words, and each block's scale and two
+    /// biases (12 bytes); then the other warps' sums (4 per matrix and row tile a lane). `None`
+    /// where that overflows or exceeds what a thread block may take.
+    pub fn int8_shared_bytes(&self, rows: usize, inputs: usize, fused: bool) -> Option<usize> {
+        let blocks = inputs / 256;
+        let tables = rows.checked_mul(blocks.checked_mul(2 * 272 * 4 + 12)?.checked_add(2 * 16 * 4)?)?;
+        let matrices = if fused { 2 } else { 1 };
+        let sums = (self.warps as usize).saturating_sub(1) * matrices * self.rt as usize * 4 * 32 * 4;
+        tables.checked_add(sums).filter(|&bytes| bytes <= DYNAMIC_SHARED_LIMIT)
     }
 }
 
@@ -103,12 +147,37 @@ mod tests {
         }
         assert_eq!(plan(72, Dtype::Bfloat16, true).mt, 5);
         assert!(plan(1, Dtype::Bfloat16, false).pack_fma && !plan(1, Dtype::Float32, false).bias_fold);
+        assert!((1..=300).all(|m| !plan(m, Dtype::Bfloat16, true).int8));
+    }
+
+    #[test]
+    fn int8_tables_are_sized_and_bounded() {
+        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+        // Qwen3-14B's hidden width at one row: 43 KB of tables and 3 warps' sums of 2 matrices.
+        assert_eq!(int8.int8_shared_bytes(1, 5120, true), Some(20 * 2188 + 128 + 3 * 2 * 4 * 32 * 4));
+        assert_eq!(int8.int8_shared_bytes(1, 5120, false), Some(20 * 2188 + 128 + 3 * 4 * 32 * 4));
+        // 8 rows of 4096 inputs: 281 KB, more than a block may take; sizes that overflow.
+        assert_eq!(int8.int8_shared_bytes(8, 4096, true), None);
+        assert_eq!(int8.int8_shared_bytes(usize::MAX, 1 << 20, true), None);
+    }
+
+    #[test]
+    fn int8_shapes_outside_its_kernel_are_errors_that_say_so() {
+        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+        int8.check(Dtype::Float16, true).unwrap();
+        int8.check(Dtype::Bfloat16, false).unwrap();
+        let err = int8.check(Dtype::Float32, true).unwrap_err().to_string();
+        assert!(err.contains("int8 activations are for 16-bit activations"), "{err}");
+        for bad in [AxisOneConfig { mt: 2, ..int8 }, AxisOneConfig { bias_fold: true, ..int8 }] {
+            let err = bad.check(Dtype::Bfloat16, false).unwrap_err().to_string();
+            assert!(err.contains("int8 activations take mt = 1"), "{err}");
+        }
     }
 
     #[test]
     fn too_much_static_shared_memory_is_an_error_that_says_so() {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
-        let big = AxisOneConfig { mt: 8, rt: 4, warps: 8, bias_fold: true, pack_fma: false };
+        let big = AxisOneConfig { mt: 8, rt: 4, warps: 8, bias_fold: true, pack_fma: false, int8: false };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
         assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
         // The single projection holds one set (160 sums a lane): 3 warps (two warps' sums) fit,
