@@ -7,7 +7,7 @@
 #   scripts/gpu.sh test [NAME...]             # the bundle's test binaries, ignored GPU tests included
 #   scripts/gpu.sh exits [N]                  # N (50) failing runs must each exit 2, none abort
 #   scripts/gpu.sh bench [mlp|down|encoder|all]
-#   scripts/gpu.sh profile [mlp [M] | down [M] | latency [contenders|sweep] | ab BASE_BENCH_DOWN ROWS...]
+#   scripts/gpu.sh profile [mlp [M] | axis1 [M] | down [M] | latency [contenders|sweep] | ab BASE_BENCH_DOWN ROWS...]
 #   scripts/gpu.sh tp [one | multi N]         # tensor parallelism over NCCL
 #
 # Environment (defaults in brackets):
@@ -416,6 +416,20 @@ profile() {
     else
       note "skipped ncu: not installed (NCU=PATH)"
     fi
+    ;;
+  axis1)
+    # Both axis-1 kernels, fused, at M rows (default 1) on Qwen3-14B's gate and up: the fragment
+    # kernel the plan takes and the int8 one (bench_mlp's alone rows), a full report of one
+    # launch each with the warps' stall reasons, for what bounds them (docs/cuda-mlp.md).
+    m="${1:-1}"
+    [ -n "$ncu" ] || { note "skipped: ncu is not installed (NCU=PATH)"; return; }
+    local kind
+    for kind in fragment:gate_up_fused int8:gate_up_int8_fused; do
+      step "ncu_axis1_${kind%%:*}_m$m" 600 "$ncu" --kernel-name "regex:${kind#*:}" --launch-skip 8 --launch-count 1 \
+        --set full --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+        -o "$out/axis1_${kind%%:*}_m$m" -f "$bundle/bench_mlp" --rows "$m" --bits 3 --evals 1 --rounds 1 &&
+        step "ncu_axis1_${kind%%:*}_m${m}_details" 120 "$ncu" --import "$out/axis1_${kind%%:*}_m$m.ncu-rep" --page details >/dev/null
+    done
     ;;
   down)
     # The planned down kernel at M rows: a full report with per-instruction stalls and SASS.

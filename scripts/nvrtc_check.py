@@ -9,7 +9,7 @@ nvidia-cuda-cccl, CUDA 13, in --site) and MLX's CUDA device headers (mlx/backend
 from MLX's sources of the linked version, in --mlx-src).
 
   scripts/nvrtc_check.py --arch sm_90 --body kernels/cuda/gate_up.cu \\
-      --header kernels/cuda/codebook.cuh --header kernels/cuda/fragment.cuh \\
+      --header kernels/cuda/codebook.cuh --header kernels/cuda/fragment.cuh --header kernels/cuda/axis_one.cuh \\
       --inputs x:bfloat16 codes:uint32 scales:float16 --outputs y:bfloat16 --shape x scales \\
       --define TRELLIS_FUSED=0 --template T=bfloat16 Y=bfloat16 K=3 L=12 MT=1 RT=2 WARPS=4 \\
       SPLIT_X=false BIAS_FOLD=true PACK_FMA=true

@@ -88,53 +88,17 @@
   const int m_base = blockIdx.z * 8 * MT;
   const int b_begin = warp * NB / WARPS, b_end = (warp + 1) * NB / WARPS;
 
-  // This lane's rows (tile r, half h: row g + 8 h), clamped for loads.
+  // This lane's rows of each matrix and its runs of their blocks (axis_one.cuh).
 #if TRELLIS_FUSED
-  const uint32_t* mats[NMAT] = {codes, up_codes};
+  const unsigned* const mats[NMAT] = {codes, up_codes};
   const __half* mat_scales[NMAT] = {scales, up_scales};
 #else
-  const uint32_t* mats[NMAT] = {codes};
+  const unsigned* const mats[NMAT] = {codes};
   const __half* mat_scales[NMAT] = {scales};
 #endif
-  const uint32_t* rows[NMAT][RT][2];
-#pragma unroll
-  for (int a = 0; a < NMAT; ++a)
-#pragma unroll
-    for (int r = 0; r < RT; ++r)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int o = min(row0 + 16 * r + 8 * h + g, OUT - 1);
-        rows[a][r][h] = mats[a] + (size_t)o * (NB * 8 * k_of(a));  // words per row
-      }
-  // The run's words in a block of k-bit codes: 2 k pairs of words from word 2 k (3 - q) (even,
-  // so 8-byte aligned), then the word after them, which wraps to word 0 where q = 0. A matrix
-  // narrower than K_MAX leaves its last entries of a run unused.
-  int word0[NMAT], word_last[NMAT];
-#pragma unroll
-  for (int a = 0; a < NMAT; ++a) {
-    word0[a] = 2 * k_of(a) * (3 - q);
-    word_last[a] = q == 0 ? 0 : word0[a] + 2 * k_of(a);
-  }
+  const trellis_cuda::LaneRuns<NMAT, RT, K, K_UP> lane_runs(mats, row0, OUT, NB, lane);
   using Runs = unsigned[NMAT][RT][2][RUN];
-  auto load_runs = [&](int b, Runs& w) {
-#pragma unroll
-    for (int a = 0; a < NMAT; ++a) {
-      const int ka = k_of(a);
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t* blk = rows[a][r][h] + b * (8 * ka);
-#pragma unroll
-          for (int j = 0; j < K_MAX; ++j) {
-            if (j >= ka) break;
-            const uint2 v = *reinterpret_cast<const uint2*>(blk + word0[a] + 2 * j);
-            w[a][r][h][2 * j] = v.x, w[a][r][h][2 * j + 1] = v.y;
-          }
-          w[a][r][h][2 * ka] = blk[word_last[a]];
-        }
-    }
-  };
+  auto load_runs = [&](int b, Runs& w) { lane_runs.load(b, w); };
 
   // B: lane (g, q) of 8-row tile t holds activation row m_base + 8 t + g at the lane's positions.
   const bool vector_loads = (reinterpret_cast<size_t>(x) & 15) == 0;

@@ -30,6 +30,8 @@ kernel_files! {
     CUDA_PRESCALE = "cuda/prescale.cu";
     /// The axis-1 projections and the fused gate·up·SwiGLU.
     CUDA_GATE_UP = "cuda/gate_up.cu";
+    /// What the two axis-1 kernels share: the code words a lane reads.
+    CUDA_AXIS_ONE = "cuda/axis_one.cuh";
     /// The same with up to 8 rows of activations as two int8 terms, on u8 x s8 MMAs.
     CUDA_GATE_UP_INT8 = "cuda/gate_up_int8.cu";
     /// The int8 kernel's helpers.

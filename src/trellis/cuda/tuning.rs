@@ -15,6 +15,7 @@ use crate::trellis::operands::LayerOperands;
 
 pub use super::down::config::CudaDownConfig;
 pub use super::down::plan::{plan, plan_for};
+pub use super::gate_up::linear_residual_with as axis_one_residual_with;
 pub use super::gate_up::plan::{plan as axis_one_plan, AxisOneConfig, INT8_MAX_ROWS};
 
 /// [`down_cuda`](super::down::down_cuda) with an explicit configuration and never the dense
@@ -62,19 +63,6 @@ pub fn axis_one_with(
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
     super::gate_up::linear_with(x2, codes, scales, g, cfg)
-}
-
-/// [`linear_residual`](super::gate_up::linear_residual) with an explicit shape and never the
-/// dense path.
-pub fn axis_one_residual_with(
-    x2: &MlxArray,
-    codes: &MlxArray,
-    scales: &MlxArray,
-    g: &TrellisGeometry,
-    residual: &MlxArray,
-    cfg: AxisOneConfig,
-) -> Result<MlxArray> {
-    super::gate_up::linear_residual_with(x2, codes, scales, g, residual, cfg)
 }
 
 /// [`swiglu`](super::gate_up::swiglu) with an explicit shape and never the dense path.

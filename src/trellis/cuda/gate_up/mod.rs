@@ -94,9 +94,10 @@ pub fn linear_residual(
     run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false), Some(residual))
 }
 
-/// [`linear_residual`] with an explicit shape (the `tuning` feature's `axis_one_residual_with`).
+/// [`linear_residual`] with an explicit shape and never the dense path (the `tuning` feature's
+/// `axis_one_residual_with`).
 #[cfg(feature = "tuning")]
-pub(crate) fn linear_residual_with(
+pub fn linear_residual_with(
     x2: &MlxArray,
     codes: &MlxArray,
     scales: &MlxArray,
@@ -283,7 +284,7 @@ fn kernel(variant: Variant, int8_shared: Option<usize>) -> Result<&'static CudaK
     let family = if int8 { "gate_up_int8" } else { "gate_up" };
     let key = KernelKey { family, variant: variant.name(), shared_memory: int8_shared.unwrap_or(0) };
     registry::cuda(key, || {
-        let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT];
+        let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
         if int8 {
             header.push(sources::CUDA_GATE_UP_INT8_HEADER);
         }
@@ -346,20 +347,12 @@ fn prepared_launch(
         if row_tiles > 65535 || passes > 65535 {
             invalid!("CUDA axis-1 kernel: {m} rows of {g} are too many for one launch grid ({row_tiles} row tiles by {passes} passes; at most 65535 each)");
         }
-        let threads = 32 * cfg.warps as usize;
         if cfg.int8 {
-            return prepared_int8_launch(g, cfg, m, dtype, variant, [threads, row_tiles]);
+            return prepared_int8_launch(g, cfg, m, dtype, variant, row_tiles);
         }
         let sixteen_bit = dtype != Dtype::Float32;
-        let mut launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
-            .output(&[m, outputs], dtype)
-            .template_dtype("T", read)
-            .template_dtype("Y", dtype)
-            .template_int("K", g.k as i32)
-            .template_int("L", g.l as i32)
+        let launch = common_launch(g, cfg, m, read, dtype, variant, [row_tiles, passes])
             .template_int("MT", cfg.mt as i32)
-            .template_int("RT", cfg.rt as i32)
-            .template_int("WARPS", cfg.warps as i32)
             .template_bool("SPLIT_X", !sixteen_bit)
             .template_bool("BIAS_FOLD", cfg.bias_fold && sixteen_bit)
             .template_bool("PACK_FMA", cfg.pack_fma && cfg.bias_fold && sixteen_bit)
@@ -367,9 +360,6 @@ fn prepared_launch(
             // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
             .template_bool("LIFT", read != Dtype::Float16)
             .template_bool("HANDED", read != dtype);
-        if let Variant::Fused { up_bits } = variant {
-            launch = launch.template_int("KU", up_bits as i32);
-        }
         let kernel = kernel(variant, None)?;
         let inputs = g.in_features();
         let hand_over = if read != dtype {
@@ -383,15 +373,42 @@ fn prepared_launch(
     })
 }
 
+/// What both axis-1 kernels' launches share: a thread block per row tile and pass (`grid`), `m`
+/// rows of output in `dtype`, the activations read in `read`, and the template arguments of the
+/// code (K, L, and KU in the fused variant) and of the shape (RT, WARPS).
+fn common_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    read: Dtype,
+    dtype: Dtype,
+    variant: Variant,
+    [row_tiles, passes]: [usize; 2],
+) -> LaunchConfig {
+    let threads = 32 * cfg.warps as usize;
+    let launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
+        .output(&[m, g.out_features()], dtype)
+        .template_dtype("T", read)
+        .template_dtype("Y", dtype)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("RT", cfg.rt as i32)
+        .template_int("WARPS", cfg.warps as i32);
+    match variant {
+        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
+        _ => launch,
+    }
+}
+
 /// The int8 kernel's launch (`cfg.int8`): `m` rows (its template int `R`) of `dtype`
-/// activations read as they are, a thread block per row tile (`grid`: threads, row tiles).
+/// activations read as they are, a thread block per row tile.
 fn prepared_int8_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
     m: usize,
     dtype: Dtype,
     variant: Variant,
-    [threads, row_tiles]: [usize; 2],
+    row_tiles: usize,
 ) -> Result<Prepared> {
     if !(1..=INT8_MAX_ROWS).contains(&m) {
         invalid!("CUDA axis-1 kernel: int8 activations take 1 to {INT8_MAX_ROWS} rows (got {m})");
@@ -403,18 +420,7 @@ fn prepared_int8_launch(
             g.in_features()
         );
     };
-    let mut launch = LaunchConfig::new([threads, row_tiles, 1], [threads, 1, 1])
-        .output(&[m, g.out_features()], dtype)
-        .template_dtype("T", dtype)
-        .template_dtype("Y", dtype)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("RT", cfg.rt as i32)
-        .template_int("WARPS", cfg.warps as i32)
-        .template_int("R", m as i32);
-    if let Variant::Fused { up_bits } = variant {
-        launch = launch.template_int("KU", up_bits as i32);
-    }
+    let launch = common_launch(g, cfg, m, dtype, dtype, variant, [row_tiles, 1]).template_int("R", m as i32);
     let kernel = kernel(variant, Some(shared))?;
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: None })
 }

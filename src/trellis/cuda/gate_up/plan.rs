@@ -33,7 +33,7 @@ pub struct AxisOneConfig {
     pub pack_fma: bool,
     /// Quantize the activations to two int8 terms and multiply on u8 x s8 MMAs
     /// (`kernels/cuda/gate_up_int8.cu`): 16-bit activations, one to [`INT8_MAX_ROWS`] rows, `mt`
-    /// 1 and neither `bias_fold` nor `pack_fma` (the fragment kernel's). 4.0 instructions a weight
+    /// 1 and neither `bias_fold` nor `pack_fma` (the fragment kernel's). 4.1 instructions a weight
     /// against the fragment kernel's 6.2, and the second term keeps the quantization's error below
     /// a 16-bit output's rounding; not planned, as it measured no faster (docs/cuda-mlp.md).
     pub int8: bool,

@@ -1,0 +1,64 @@
+// What the two axis-1 kernels (gate_up.cu, gate_up_int8.cu) share: the code words a lane reads.
+// Placed after codebook.cuh, before MLX's `namespace mlx::core::cu`.
+#pragma once
+
+namespace trellis_cuda {
+
+// A lane's runs of code words. Lane 4 g + q of a warp decodes positions [64 q, 64 q + 64) of
+// output rows row0 + 16 t + g + 8 h (tile t < RT, half h) of each matrix a < NMAT (K bits a
+// weight for a = 0, KU for a = 1); those rows past the last read the last row. Its run of a block
+// of k-bit codes (8 k words) is 64 k bits plus the L - k bits of its last window: the 2 k words
+// from word 2 k (3 - q) (even, so 8-byte aligned, read in pairs), then the word after them,
+// which wraps to word 0 where q = 0. A matrix narrower than the widest leaves its last entries
+// of a run unused.
+template <int NMAT, int RT, int K, int KU>
+struct LaneRuns {
+  static constexpr int K_MAX = K > KU ? K : KU;
+  static constexpr int RUN = 2 * K_MAX + 1;  // words of a run (the widest matrix's)
+  using Runs = unsigned[NMAT][RT][2][RUN];
+
+  static constexpr __device__ int k_of(int a) { return a == 0 ? K : KU; }
+
+  const unsigned* rows[NMAT][RT][2];
+  int first[NMAT], last[NMAT];
+
+  // `mats`: each matrix's codes [out, nb * 8 k] words.
+  __device__ __forceinline__ LaneRuns(const unsigned* const (&mats)[NMAT], int row0, int out, int nb, int lane) {
+    const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a) {
+#pragma unroll
+      for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int o = min(row0 + 16 * t + 8 * h + g, out - 1);
+          rows[a][t][h] = mats[a] + (size_t)o * (nb * 8 * k_of(a));  // words per row
+        }
+      first[a] = 2 * k_of(a) * (3 - q);
+      last[a] = q == 0 ? 0 : first[a] + 2 * k_of(a);
+    }
+  }
+
+  // The lane's runs of block b of every row into `w`.
+  __device__ __forceinline__ void load(int b, Runs& w) const {
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a) {
+      const int ka = k_of(a);
+#pragma unroll
+      for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const unsigned* blk = rows[a][t][h] + b * (8 * ka);
+#pragma unroll
+          for (int j = 0; j < K_MAX; ++j) {
+            if (j >= ka) break;
+            const uint2 v = *reinterpret_cast<const uint2*>(blk + first[a] + 2 * j);
+            w[a][t][h][2 * j] = v.x, w[a][t][h][2 * j + 1] = v.y;
+          }
+          w[a][t][h][2 * ka] = blk[last[a]];
+        }
+    }
+  }
+};
+
+}  // namespace trellis_cuda
