@@ -20,10 +20,10 @@ use clap::Parser;
 use mlx_trellis::trellis::cuda::down::{down_pair_cuda, uses_dense};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{
-    axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, AxisOneConfig, CudaDownConfig,
-    INT8_MAX_ROWS,
+    axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, swiglu_with, AxisOneConfig,
+    CudaDownConfig, INT8_MAX_ROWS,
 };
-use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
+use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, HostLayer, TrellisGeometry, TrellisLinear};
 use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
@@ -77,6 +77,7 @@ impl Report {
   target/release/examples/bench_down --paths                # the fused kernel against the dense path
   target/release/examples/bench_down --shape 576,1536 --sweep --rows 1  # a small layer (SmolLM2's gate and up)
   target/release/examples/bench_down --shape 1536,576 --sweep --axis-one --rows 1  # SmolLM2's down (axis 1)
+  target/release/examples/bench_down --shape 5120,17408 --sweep --axis-one --fused --rows 1,8  # Qwen3-14B's gate·up, both axis-1 kernels
   target/release/examples/bench_down --probe --rows 1       # where one queued call's time goes
   target/release/examples/bench_down --folds --splits 13,32 # MLX's fold of partials in candidate layouts")]
 struct Args {
@@ -127,6 +128,11 @@ struct Args {
     /// Qwen layout and SmolLM2's down) of --shape, and the axis-1 kernel's shapes (`gate_up.cu`)
     #[arg(long = "axis-one", requires = "sweep")]
     axis_one: bool,
+    /// With --axis-one: the fused gate·up·SwiGLU (--shape's layer as gate and a second seeded
+    /// layer of the same shape as up), both axis-1 kernels' shapes, checked against the f64
+    /// SwiGLU
+    #[arg(long, requires = "axis_one")]
+    fused: bool,
 }
 
 impl Args {
@@ -231,18 +237,28 @@ fn bench() -> Result<bool> {
     for &(k, layout) in &args.layouts {
         let layer = build(k, layout, (inp, out), args.axis_one)?;
         let g = *layer.lin.geometry();
+        // --fused: the up projection, another seeded layer of the same geometry.
+        let up = if args.fused {
+            let host = synthetic_layer(out, inp, k, 12, 1, CodeLayout::RowMajor, 0.015, 17 + k as u64)?;
+            Some((TrellisLinear::from_host("up", &host)?, host))
+        } else {
+            None
+        };
         let n = max_m.checked_mul(inp).context("--rows: the activations' size overflows")?;
         let x_all = MlxArray::from_slice(&gaussian(n, 99)?, &[max_m, inp])?.astype(args.dtype)?;
         x_all.eval()?;
         let t = Instant::now();
-        let want = forward_f64(&to_f64(&x_all)?, max_m, &layer.host.codes, &layer.host.scales, &g)?;
+        let want = match &up {
+            Some((_, up_host)) => swiglu_f64(&to_f64(&x_all)?, max_m, &layer.host, up_host)?,
+            None => forward_f64(&to_f64(&x_all)?, max_m, &layer.host.codes, &layer.host.scales, &g)?,
+        };
         eprintln!("[bench] f64 reference ({max_m} rows) in {:.1} s", t.elapsed().as_secs_f64());
         for &m in &args.rows.rows {
             let x = x_all.slice(&[0, 0], &[m as i32, inp as i32], &[1, 1])?.contiguous()?;
             x.eval()?;
             let want = &want[..m * out];
             if args.sweep && args.axis_one {
-                sweep_axis_one(&layer, &x, m, want, &args, &mut report)?;
+                sweep_axis_one(&layer, up.as_ref().map(|u| &u.0), &x, m, want, &args, &mut report)?;
                 continue;
             }
             if args.sweep {
@@ -343,14 +359,24 @@ fn sweep(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, repor
 }
 
 /// The axis-1 kernel's plan and its shapes around it at `m` rows (every row tile count and warp
-/// count of the plan's pass), timed and checked against the reference `want`.
-fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Args, report: &mut Report) -> Result<()> {
+/// count of the plan's pass, and the int8 kernel's), timed and checked against the reference
+/// `want`: one projection, or with `up` the fused gate·up·SwiGLU (`layer` as gate).
+fn sweep_axis_one(
+    layer: &Layer,
+    up: Option<&TrellisLinear>,
+    x: &MlxArray,
+    m: usize,
+    want: &[f64],
+    args: &Args,
+    report: &mut Report,
+) -> Result<()> {
     let g = *layer.lin.geometry();
-    let planned = axis_one_plan(m, x.dtype(), false);
+    let fused = up.is_some();
+    let planned = axis_one_plan(m, x.dtype(), fused);
     // The plan's shapes, and the int8 kernel's where it serves these rows.
     let mut bases = vec![planned];
     let int8 = AxisOneConfig { mt: 1, bias_fold: false, pack_fma: false, int8: true, ..planned };
-    if m <= INT8_MAX_ROWS && int8.check(x.dtype(), false).is_ok() {
+    if m <= INT8_MAX_ROWS && int8.check(x.dtype(), fused).is_ok() {
         bases.push(int8);
     }
     let mut configs = vec![planned];
@@ -358,14 +384,17 @@ fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Ar
         for rt in 1..=4 {
             for warps in [1, 2, 3, 4, 6, 8] {
                 let cfg = AxisOneConfig { rt, warps, ..base };
-                if !configs.contains(&cfg) && cfg.check(x.dtype(), false).is_ok() {
+                if !configs.contains(&cfg) && cfg.check(x.dtype(), fused).is_ok() {
                     configs.push(cfg);
                 }
             }
         }
     }
     for cfg in configs {
-        let f = || axis_one_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
+        let f = || match up {
+            Some(up) => swiglu_with(x, &layer.lin, up, cfg),
+            None => axis_one_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg),
+        };
         let Some(err) = checked_run(layer, m, &cfg, want, report, &f)? else {
             continue;
         };
@@ -373,7 +402,13 @@ fn sweep_axis_one(layer: &Layer, x: &MlxArray, m: usize, want: &[f64], args: &Ar
         let _ = writeln!(
             report.table,
             "| {} | {m} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {err:.1e} |",
-            layer.name, cfg.mt, cfg.rt, cfg.warps, cfg.bias_fold, cfg.pack_fma, cfg.int8
+            if fused { format!("{} fused", layer.name) } else { layer.name.clone() },
+            cfg.mt,
+            cfg.rt,
+            cfg.warps,
+            cfg.bias_fold,
+            cfg.pack_fma,
+            cfg.int8
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
     }
