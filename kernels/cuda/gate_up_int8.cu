@@ -18,7 +18,8 @@
 // error in a step 254 times finer. One int8 term alone leaves an error of about 0.55 % of the
 // row's size (rms, Gaussian rows): fused gate·up·SwiGLU outputs then miss a 1e-2 relErr gate.
 // Two terms leave 1 / 254 of that, below a bf16 output's own rounding, and cost one more MMA per
-// four weights: the tensor pipe is otherwise idle, so the kernel stays bound by its ALU pipe.
+// four weights on the otherwise idle tensor pipe: by instruction counts the ALU pipe stays the
+// limit (measured, the kernel is not bound by its issue: docs/cuda-mlp.md).
 //
 // Quantization. Before its main loop every thread block quantizes the call's rows into shared
 // memory, a warp per block of a row (8 inputs a lane): each block is first multiplied by the
@@ -38,7 +39,7 @@
 // positions of activation row g. A lane's run is read straight from global memory (2 K + 1
 // words; see gate_up.cu) at the start of each block: reading the next block's words while
 // decoding the current one, as gate_up.cu does, takes 128 registers here (four blocks of 4 warps
-// an SM) against 96 (five) without, and the resident warps cover the loads' latency.
+// an SM) against 96 (five) without, so the resident warps are left to cover the loads' latency.
 //
 // Work split. A thread block of WARPS warps owns 16 RT output rows and splits each row's
 // IN / 256 blocks among its warps; after each block a lane adds s times its integer sums in f32.
