@@ -76,8 +76,10 @@ impl PrePass {
         let what = "CUDA prescale kernel";
         let mats = if pair { 2 } else { 1 };
         let write_x = output == PrePassOutput::Activations;
-        let grid_rows = mats * m;
-        let x_shape = if write_x { [mats * sets * m, row_pad] } else { [1, 8] };
+        let (Some(grid_rows), Some(x_rows)) = (m.checked_mul(mats), m.checked_mul(mats * sets)) else {
+            invalid!("{what}: {m} activation rows overflow the launch's sizes");
+        };
+        let x_shape = if write_x { [x_rows, row_pad] } else { [1, 8] };
         // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
         let (grid_y, grid_z) = (grid_rows.min(65535), grid_rows.div_ceil(65535));
         if grid_z > 65535 {

@@ -85,13 +85,7 @@ pub fn linear_residual(
     g: &TrellisGeometry,
     residual: &MlxArray,
 ) -> Result<MlxArray> {
-    let what = "CUDA axis-1 kernel with a residual";
-    let m = check(what, x2, codes, scales, g)?;
-    check_residual(what, x2, residual, m, g)?;
-    if uses_dense(m, x2.dtype()) {
-        return residual.add(&linear(x2, codes, scales, g)?);
-    }
-    run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false), Some(residual))
+    residual_call(x2, codes, scales, g, residual, None)
 }
 
 /// [`linear_residual`] with an explicit shape and never the dense path (the `tuning` feature's
@@ -105,9 +99,33 @@ pub fn linear_residual_with(
     residual: &MlxArray,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
+    residual_call(x2, codes, scales, g, residual, Some(cfg))
+}
+
+/// [`linear_residual`] by `cfg`, or (`None`) by the plan or the dense path.
+fn residual_call(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    residual: &MlxArray,
+    cfg: Option<AxisOneConfig>,
+) -> Result<MlxArray> {
     let what = "CUDA axis-1 kernel with a residual";
     let m = check(what, x2, codes, scales, g)?;
-    check_residual(what, x2, residual, m, g)?;
+    let (shape, dtype) = (residual.shape(), residual.dtype());
+    if shape != [m, g.out_features()] || dtype != x2.dtype() {
+        invalid!(
+            "{what}: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
+            x2.dtype(),
+            g.out_features()
+        );
+    }
+    let cfg = match cfg {
+        Some(cfg) => cfg,
+        None if uses_dense(m, x2.dtype()) => return residual.add(&linear(x2, codes, scales, g)?),
+        None => plan(m, x2.dtype(), false),
+    };
     run_linear(x2, codes, scales, g, m, cfg, Some(residual))
 }
 
@@ -142,19 +160,6 @@ fn run_linear(
     let mut inputs = if cfg.int8 { vec![&x, codes, scales] } else { vec![&x, &x_exp, codes, scales] };
     inputs.extend(residual);
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
-}
-
-/// Refuses a residual that is not `[m, out]` in `x2`'s dtype.
-fn check_residual(what: &str, x2: &MlxArray, residual: &MlxArray, m: usize, g: &TrellisGeometry) -> Result<()> {
-    let (shape, dtype) = (residual.shape(), residual.dtype());
-    if shape != [m, g.out_features()] || dtype != x2.dtype() {
-        invalid!(
-            "{what}: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
-            x2.dtype(),
-            g.out_features()
-        );
-    }
-    Ok(())
 }
 
 /// Whether the fused kernel serves gate `gate` with up `up`: both served ([`supports`]) and of
