@@ -19,9 +19,10 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::down::{down_pair_cuda, uses_dense};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::gate_up;
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, swiglu_with, AxisOneConfig,
-    CudaDownConfig, INT8_MAX_ROWS,
+    AxisOneKernel, CudaDownConfig, INT8_MAX_ROWS,
 };
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -325,7 +326,7 @@ fn bench() -> Result<bool> {
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep && args.axis_one {
-        println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | int8 | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | kernel | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|");
     } else if args.sweep {
         println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
@@ -372,17 +373,28 @@ fn sweep_axis_one(
 ) -> Result<()> {
     let g = *layer.lin.geometry();
     let fused = up.is_some();
-    let planned = axis_one_plan(m, x.dtype(), fused);
-    // The plan's shapes, and the int8 kernel's where it serves these rows.
+    let planned = axis_one_plan(m, x.dtype(), fused, g.out_features());
+    // The plan's shapes, and each other kernel's where it serves these rows.
     let mut bases = vec![planned];
-    let int8 = AxisOneConfig { mt: 1, bias_fold: false, pack_fma: false, int8: true, ..planned };
-    if m <= INT8_MAX_ROWS && int8.check(x.dtype(), fused).is_ok() {
-        bases.push(int8);
+    let mt = planned.mt;
+    let others = [
+        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 },
+        AxisOneConfig { mt, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm },
+        AxisOneConfig { mt, rt: 1, warps: 4, bias_fold: mt <= 2, pack_fma: false, kernel: AxisOneKernel::Fragment },
+    ];
+    for other in others {
+        let serves = other.kernel != AxisOneKernel::Int8 || m <= INT8_MAX_ROWS;
+        if other.kernel != planned.kernel && serves && other.check(x.dtype(), fused).is_ok() {
+            bases.push(other);
+        }
     }
+    // Around the planned kernel's and the GEMM's shapes: every row tile and warp count; the other
+    // kernels in their base shape.
     let mut configs = vec![planned];
     for base in bases {
-        for rt in 1..=4 {
-            for warps in [1, 2, 3, 4, 6, 8] {
+        let around = base.kernel == AxisOneKernel::Gemm;
+        for rt in if around { 1..=4 } else { base.rt..=base.rt } {
+            for warps in if around { vec![1, 2, 3, 4, 8] } else { vec![base.warps] } {
                 let cfg = AxisOneConfig { rt, warps, ..base };
                 if !configs.contains(&cfg) && cfg.check(x.dtype(), fused).is_ok() {
                     configs.push(cfg);
@@ -408,9 +420,25 @@ fn sweep_axis_one(
             cfg.warps,
             cfg.bias_fold,
             cfg.pack_fma,
-            cfg.int8
+            format!("{:?}", cfg.kernel).to_lowercase()
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
+    }
+    // Where 16-bit rows take the dense path (decode to bf16, MLX's matmul), that path as planned.
+    if gate_up::uses_dense(m, x.dtype()) {
+        let f = || match up {
+            Some(up) => gate_up::swiglu(x, &layer.lin, up),
+            None => gate_up::linear(x, layer.lin.codes(), layer.lin.scales(), &g),
+        };
+        if let Some(err) = checked_run(layer, m, &"dense path", want, report, &f)? {
+            let (med, best) = time(args.calls, args.evals.min(15), &f)?;
+            let name = if fused { format!("{} fused", layer.name) } else { layer.name.clone() };
+            let _ = writeln!(
+                report.table,
+                "| {name} | {m} | - | - | - | - | - | dense path | {med:.1} | {best:.1} | {err:.1e} |"
+            );
+            eprintln!("[sweep] {} M={m} dense path: {med:.1} us", layer.name);
+        }
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::expand::expand_cuda;
-use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConfig, INT8_MAX_ROWS};
+use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
@@ -287,15 +287,23 @@ fn bench(cli: &Cli) -> Result<()> {
                 rows.push(Row { m, name: format!("trellis k{k} down alone"), median: med, best });
                 // The int8 kernel (not planned) beside the planned fused kernel where it serves the
                 // rows; where the planned path switches, both sides of the switch.
-                let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
-                if m <= INT8_MAX_ROWS {
+                let int8 = AxisOneConfig {
+                    mt: 1,
+                    rt: 1,
+                    warps: 4,
+                    bias_fold: false,
+                    pack_fma: false,
+                    kernel: AxisOneKernel::Int8,
+                };
+                if m <= INT8_MAX_ROWS && int8.int8_shared_bytes(m, HIDDEN, true).is_some() {
                     let fused = |l: &TrellisMlp| swiglu_with(&x, l.gate(), l.up(), int8);
                     let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &fused))?;
                     rows.push(Row { m, name: format!("trellis k{k} gate·up int8 kernel alone"), median: med, best });
                 }
                 if m >= 17 {
-                    let fused =
-                        |l: &TrellisMlp| swiglu_with(&x, l.gate(), l.up(), axis_one_plan(m, Dtype::Bfloat16, true));
+                    let fused = |l: &TrellisMlp| {
+                        swiglu_with(&x, l.gate(), l.up(), axis_one_plan(m, Dtype::Bfloat16, true, INTER))
+                    };
                     let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &fused))?;
                     rows.push(Row { m, name: format!("trellis k{k} gate·up fused kernel alone"), median: med, best });
                     let dense = |l: &TrellisMlp| -> mlx_trellis::Result<MlxArray> {

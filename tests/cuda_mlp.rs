@@ -7,7 +7,7 @@ mod common;
 use common::{gate, require_cuda, to_f64};
 use mlx_trellis::trellis::cuda::gate_up::linear_residual;
 use mlx_trellis::trellis::cuda::tuning::{
-    axis_one_plan, axis_one_residual_with, axis_one_with, swiglu_with, AxisOneConfig,
+    axis_one_plan, axis_one_residual_with, axis_one_with, swiglu_with, AxisOneConfig, AxisOneKernel,
 };
 use mlx_trellis::trellis::reference::{forward_f64, mlp_forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -143,7 +143,7 @@ fn every_axis_one_shape_matches_the_reference() {
         (4, 2, 2, false, false),
     ];
     for (mt, rt, warps, bias_fold, pack_fma) in shapes {
-        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, int8: false };
+        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: AxisOneKernel::Fragment };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
                 assert!(dtype == Dtype::Float32 && bias_fold, "{cfg:?} {dtype}");
@@ -168,7 +168,8 @@ fn every_axis_one_shape_matches_the_reference() {
 #[ignore = "needs MLX's CUDA back-end"]
 fn int8_activations_match_the_reference() {
     require_cuda();
-    let int8 = |rt, warps| AxisOneConfig { mt: 1, rt, warps, bias_fold: false, pack_fma: false, int8: true };
+    let int8 =
+        |rt, warps| AxisOneConfig { mt: 1, rt, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
     let layers = [(200, 768, 3, 12), (64, 256, 2, 12), (136, 1280, 4, 16), (48, 512, 2, 8), (40, 1024, 3, 16)];
     for (i, &(out, inp, k, l)) in layers.iter().enumerate() {
         let (host, lin) = up_layer(out, inp, k, l);
@@ -245,7 +246,14 @@ fn fused_and_residual_int8_match_the_reference() {
             for m in [1, 2, 4, 7] {
                 let (x, xr) = x(m, 768, dtype, 1.0);
                 let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+                let cfg = AxisOneConfig {
+                    mt: 1,
+                    rt: 1,
+                    warps: 4,
+                    bias_fold: false,
+                    pack_fma: false,
+                    kernel: AxisOneKernel::Int8,
+                };
                 let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
                 check(&format!("int8 SwiGLU gate k{kg} up k{ku}"), &s, &want, m, 200, dtype, gate(dtype));
             }
@@ -253,7 +261,7 @@ fn fused_and_residual_int8_match_the_reference() {
     }
     let (host, lin) = up_layer(72, 768, 3, 12);
     let g = *lin.geometry();
-    let cfg = AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+    let cfg = AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for m in [1, 3] {
             let (r, rr) = x(m, 72, dtype, 0.5);
@@ -263,6 +271,83 @@ fn fused_and_residual_int8_match_the_reference() {
             let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, cfg).unwrap();
             check(&format!("int8 {g} plus a residual"), &y, &want, m, 72, dtype, gate(dtype));
         }
+    }
+}
+
+/// The decode-once GEMM (`gate_up_gemm.cu`) in shapes the plan does not take, against the f64
+/// reference under each dtype's gate: passes of 1, 3 and 8 tiles of 8 rows at row counts that
+/// fill them, leave them short and spill into another pass; 1, 3 and 8 warps (output tiles a
+/// block) over outputs that are not a multiple of a block's; k 2/3/4, L 8/12/16, one and several
+/// input blocks; the residual variant and the fused SwiGLU of equal and mixed widths; activation
+/// magnitudes 1e-8 and 1e8; zero rows, and a non-finite activation kept to its own row.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_gemm_shape_matches_the_reference() {
+    require_cuda();
+    let gemm =
+        |mt, warps| AxisOneConfig { mt, rt: 1, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm };
+    let shapes = [(1, 3), (3, 1), (8, 8), (8, 4)];
+    for (out, inp, k, l) in [(200, 768, 3, 12), (64, 256, 2, 8), (136, 1280, 4, 16)] {
+        let (host, lin) = up_layer(out, inp, k, l);
+        let g = *lin.geometry();
+        for (mt, warps) in shapes {
+            let rows = 8 * mt as usize;
+            for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+                for m in [1, rows - 1, rows, rows + 3] {
+                    let (x, xr) = x(m, inp, dtype, 1.0);
+                    let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(mt, warps)).unwrap();
+                    check(&format!("GEMM {g} mt {mt} warps {warps}"), &y, &want, m, out, dtype, gate(dtype));
+                }
+            }
+        }
+        for scale in [1e-8, 1e8] {
+            let (x, xr) = x(20, inp, Dtype::Bfloat16, scale);
+            let want = forward_f64(&xr, 20, &host.codes, &host.scales, &g).unwrap();
+            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(3, 4)).unwrap();
+            check(&format!("GEMM {g} x{scale:e}"), &y, &want, 20, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
+        }
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            let m = 19;
+            let (r, rr) = x(m, out, dtype, 0.5);
+            let (x, xr) = x(m, inp, dtype, 1.0);
+            let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+            let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+            let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, gemm(3, 3)).unwrap();
+            check(&format!("GEMM {g} plus a residual"), &y, &want, m, out, dtype, gate(dtype));
+        }
+    }
+    for (kg, ku) in [(3, 3), (2, 4), (4, 3)] {
+        let (h, mlp) = mixed_mlp(kg, ku);
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            for (m, (mt, warps)) in [(1, (1, 4)), (21, (3, 3)), (64, (8, 4)), (70, (8, 2))] {
+                let (x, xr) = x(m, 768, dtype, 1.0);
+                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+                let s = swiglu_with(&x, mlp.gate(), mlp.up(), gemm(mt, warps)).unwrap();
+                check(
+                    &format!("GEMM SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps}"),
+                    &s,
+                    &want,
+                    m,
+                    200,
+                    dtype,
+                    gate(dtype),
+                );
+            }
+        }
+    }
+    let (_, lin) = up_layer(64, 512, 3, 12);
+    let g = *lin.geometry();
+    let run = |x: &MlxArray| to_f64(&axis_one_with(x, lin.codes(), lin.scales(), &g, gemm(3, 4)).unwrap());
+    let zeros = MlxArray::zeros(&[18, 512], Dtype::Bfloat16).unwrap();
+    assert!(run(&zeros).iter().all(|&v| v == 0.0), "zero rows");
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut v = vec![0.5f32; 18 * 512];
+        v[512 + 300] = bad;
+        let y = run(&MlxArray::from_slice(&v, &[18, 512]).unwrap().astype(Dtype::Bfloat16).unwrap());
+        let (row0, row1, rest) = (&y[..64], &y[64..128], &y[128..]);
+        assert!(row0.iter().chain(rest).all(|v| v.is_finite()), "{bad}: other rows");
+        assert!(row1.iter().all(|v| !v.is_finite()), "{bad}: its row {row1:?}");
     }
 }
 
@@ -289,8 +374,8 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
     }
     // Other fused shapes at a few rows.
     for cfg in [
-        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false, int8: false },
-        axis_one_plan(40, Dtype::Bfloat16, true),
+        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false, kernel: AxisOneKernel::Fragment },
+        axis_one_plan(40, Dtype::Bfloat16, true, inter),
     ] {
         for m in [1, 13, 40] {
             let (x, xr) = x(m, hidden, Dtype::Bfloat16, 1.0);
@@ -351,7 +436,7 @@ fn mixed_widths_match_the_reference(kg: u32, ku: u32) {
             let what = format!("SwiGLU gate k{kg} up k{ku}");
             let s = mlp.swiglu_with(&x, ForwardPath::Cuda).unwrap();
             check(&what, &s, &want, m, 200, dtype, gate(dtype));
-            let cfg = axis_one_plan(m, dtype, true);
+            let cfg = axis_one_plan(m, dtype, true, 200);
             let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
             check(&format!("{what} {cfg:?}"), &s, &want, m, 200, dtype, gate(dtype));
             if [1, 17, 65].contains(&m) {
@@ -424,7 +509,7 @@ fn concurrent_mixed_width_calls_equal_sequential_calls() {
                     x(m, 768, dtype, 1.0).0.multiply(&MlxArray::full(&[1], 1.0 + i as f64, dtype).unwrap()).unwrap()
                 })
                 .collect();
-            let cfg = axis_one_plan(m, dtype, true);
+            let cfg = axis_one_plan(m, dtype, true, 200);
             let call = |x: &MlxArray| swiglu_with(x, mlp.gate(), mlp.up(), cfg).unwrap();
             let alone: Vec<Vec<f64>> = xs
                 .iter()

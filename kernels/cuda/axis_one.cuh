@@ -1,5 +1,6 @@
-// What the two axis-1 kernels (gate_up.cu, gate_up_int8.cu) share: the code words a lane reads.
-// Placed after codebook.cuh, before MLX's `namespace mlx::core::cu`.
+// What the axis-1 kernels (gate_up.cu, gate_up_int8.cu, gate_up_gemm.cu) share: the code words a
+// lane reads, and (gate_up.cu, gate_up_gemm.cu) their decode into an MMA's A fragment. Placed
+// after codebook.cuh and fragment.cuh, before MLX's `namespace mlx::core::cu`.
 #pragma once
 
 namespace trellis_cuda {
@@ -60,5 +61,23 @@ struct LaneRuns {
     }
   }
 };
+
+// The A fragment of chunk c (0..15) of a lane's block of one matrix of k-bit codes, from its runs
+// of rows g (`lo`) and g + 8 (`hi`): k-columns 2q, 2q + 1, 2q + 8, 2q + 9 of the chunk are
+// positions 64 q + 4 c + 0..3, whose windows start at run bits (63 - 4 c - j) k. The code values
+// are y (UNBIAS) or y + 1534 (fragment.cuh's code_pair); with PACK_FMA (biased only) the pairs of
+// `hi` are packed by an IMAD instead of a PRMT (code_pair_dp4a_fma, `lift` 65536).
+template <int L, bool UNBIAS, bool PACK_FMA, int RUN>
+__device__ __forceinline__ void chunk_fragment(const unsigned (&lo)[RUN], const unsigned (&hi)[RUN], int k, int c,
+                                               unsigned lift, unsigned (&f)[4]) {
+  static_assert(!(PACK_FMA && UNBIAS), "PACK_FMA packs the biased pairs");
+  const int b0 = (63 - 4 * c) * k, b1 = b0 - k, b2 = b0 - 2 * k, b3 = b0 - 3 * k;
+  f[0] = code_pair_dp4a<UNBIAS>(window<L>(lo, b0), window<L>(lo, b1));
+  f[2] = code_pair_dp4a<UNBIAS>(window<L>(lo, b2), window<L>(lo, b3));
+  f[1] = PACK_FMA ? code_pair_dp4a_fma(window<L>(hi, b0), window<L>(hi, b1), lift)
+                  : code_pair_dp4a<UNBIAS>(window<L>(hi, b0), window<L>(hi, b1));
+  f[3] = PACK_FMA ? code_pair_dp4a_fma(window<L>(hi, b2), window<L>(hi, b3), lift)
+                  : code_pair_dp4a<UNBIAS>(window<L>(hi, b2), window<L>(hi, b3));
+}
 
 }  // namespace trellis_cuda

@@ -46,22 +46,6 @@ struct CodeRun {
   }
 };
 
-// 16-byte asynchronous copy global -> shared (Ampere and later) with a source size of 16 or 0
-// bytes: 0 reads nothing and zero-fills (rows past R); and its group bookkeeping.
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(read ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // Two (x2) or four (x4) 8x8 f16 matrices from shared memory into MMA fragments: lanes 8i..8i+7
 // give the row addresses of matrix i; each lane receives row g, columns 2q, 2q+1 of each.
 __device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* smem) {

@@ -1,5 +1,6 @@
 // Code values decoded straight into tensor-core fragments, shared by the CUDA kernels that
-// multiply trellis weights on the tensor cores (down_mma.cu, gate_up.cu). Placed after
+// multiply trellis weights on the tensor cores (down_mma.cu, gate_up.cu, gate_up_gemm.cu), and
+// the asynchronous copies of those that stage activations in shared memory. Placed after
 // codebook.cuh, before MLX's `namespace mlx::core::cu`.
 #pragma once
 
@@ -92,6 +93,23 @@ __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// 16-byte asynchronous copy global -> shared (Ampere and later) with a source size of 16 or 0
+// bytes: 0 reads nothing and zero-fills (activation rows past the last); and its group
+// bookkeeping.
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(read ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 }  // namespace trellis_cuda

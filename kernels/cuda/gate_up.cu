@@ -200,18 +200,8 @@
     for (int a = 0; a < NMAT; ++a)
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
-        const int ka = k_of(a);
-        const int b0 = (63 - 4 * c) * ka, b1 = b0 - ka, b2 = b0 - 2 * ka, b3 = b0 - 3 * ka;
-        const unsigned(&lo)[RUN] = w[a][r][0];
-        const unsigned(&hi)[RUN] = w[a][r][1];
         unsigned f[4];
-        f[0] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(lo, b0), trellis_cuda::window<L>(lo, b1));
-        f[2] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(lo, b2), trellis_cuda::window<L>(lo, b3));
-        // With PACK_FMA half of the pairs (f[1], f[3]) are packed by an IMAD instead of a PRMT.
-        f[1] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(hi, b0), trellis_cuda::window<L>(hi, b1), lift)
-                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(hi, b0), trellis_cuda::window<L>(hi, b1));
-        f[3] = PACK_FMA ? trellis_cuda::code_pair_dp4a_fma(trellis_cuda::window<L>(hi, b2), trellis_cuda::window<L>(hi, b3), lift)
-                        : trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(hi, b2), trellis_cuda::window<L>(hi, b3));
+        trellis_cuda::chunk_fragment<L, !BIAS_FOLD, PACK_FMA>(w[a][r][0], w[a][r][1], k_of(a), c, lift, f);
 #pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll

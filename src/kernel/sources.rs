@@ -30,12 +30,15 @@ kernel_files! {
     CUDA_PRESCALE = "cuda/prescale.cu";
     /// The axis-1 projections and the fused gate·up·SwiGLU.
     CUDA_GATE_UP = "cuda/gate_up.cu";
-    /// What the two axis-1 kernels share: the code words a lane reads.
+    /// What the axis-1 kernels share: the code words a lane reads and their A fragments.
     CUDA_AXIS_ONE = "cuda/axis_one.cuh";
     /// The same with up to 8 rows of activations as two int8 terms, on u8 x s8 MMAs.
     CUDA_GATE_UP_INT8 = "cuda/gate_up_int8.cu";
     /// The int8 kernel's helpers.
     CUDA_GATE_UP_INT8_HEADER = "cuda/gate_up_int8.cuh";
+    /// The decode-once GEMM of the same projections for many rows (activations staged in shared
+    /// memory).
+    CUDA_GATE_UP_GEMM = "cuda/gate_up_gemm.cu";
     /// The decode of a stored matrix to dense weights.
     CUDA_EXPAND = "cuda/expand.cu";
     /// The block Hadamard transform's butterflies, shared by the two rotating kernels.

@@ -7,15 +7,21 @@
 //! [`linear_residual`] adds a residual stream to one projection's output in the same launch
 //! (`residual + x · W`, rounded once): a model's down projection and its residual add.
 //!
-//! The plan (`plan.rs`) picks the kernel's shape for a row count; the kernel file says
-//! how the work is split. With the tuning feature, a shape may take `gate_up_int8.cu` instead
-//! (`AxisOneConfig::int8`), which quantizes up to 8 rows of 16-bit activations to two int8
-//! terms and multiplies on u8 x s8 MMAs (the same variants, the same launch grid); the plan does
-//! not, as it measured no faster.
-//! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the kernel as f16, each row
-//! multiplied by a power of two into f16's range (one pre-pass launch per call, `prescale.cu`,
-//! instead of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit
-//! activations the layer is decoded once to dense weights for MLX's matmul instead.
+//! Three kernel files serve the same variants ([`AxisOneKernel`](plan::AxisOneKernel)); the
+//! plan (`plan.rs`) picks the kernel and its shape for a row count, and each kernel file says how
+//! its work is split:
+//! - `gate_up.cu`, the fragment kernel: the warps of a thread block split a row's blocks, each
+//!   lane reads its own activations. One row up to the GEMM's threshold, and f32 activations.
+//! - `gate_up_gemm.cu`, the decode-once GEMM: the warps own different output tiles and share
+//!   the activations, staged in shared memory. From `GEMM_MIN_ROWS` rows of 16-bit activations,
+//!   handed over as f16 by the pre-pass (`prescale.cu`).
+//! - `gate_up_int8.cu` (the tuning feature only): up to 8 rows of 16-bit activations as two int8
+//!   terms on u8 x s8 MMAs; not planned, as it measured no faster.
+//!
+//! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the fragment kernel as f16,
+//! each row multiplied by a power of two into f16's range (one pre-pass launch per call instead
+//! of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit activations
+//! the layer is decoded once to dense weights for MLX's matmul instead.
 
 // The shape and its plan (public with the `tuning` feature, for the sweeps and tests that call the
 // kernel with a shape of their own; crate-private otherwise), as Metal's families.
@@ -38,7 +44,7 @@ use crate::trellis::operands::LayerOperands;
 
 use super::expand::expand_cuda;
 use super::prescale::{self, PrePass, PrePassOutput};
-use plan::{plan, AxisOneConfig, INT8_MAX_ROWS};
+use plan::{plan, AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};
 
 /// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
 /// the pre-pass (each row brought into f16's range by a power of two): every row tile of the
@@ -46,18 +52,15 @@ use plan::{plan, AxisOneConfig, INT8_MAX_ROWS};
 pub const CONVERT_MIN_ROWS: usize = 17;
 
 /// Rows of 16-bit activations from which [`linear`] and [`swiglu`] decode the layer to dense
-/// weights ([`expand_cuda`]) and run MLX's matmul: the fused kernel decodes every weight once per
-/// pass of up to 64 rows, the dense path once per call (the crossover measured on an H200 is in
-/// docs/cuda-mlp.md).
+/// weights ([`expand_cuda`]) and run MLX's matmul: the GEMM decodes every weight once per pass of
+/// up to 64 rows, the dense path once per call. On an H200 in Qwen3-14B's MLP chain the GEMM's
+/// two passes at 128 rows lost to the dense path (docs/cuda-mlp.md).
 pub const DENSE_MIN_ROWS: usize = 65;
 
 /// Whether `m` rows of `dtype` activations take the dense path.
 pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
     m >= DENSE_MIN_ROWS && dtype != Dtype::Float32
 }
-
-const SOURCE: &str = sources::CUDA_GATE_UP;
-const INT8_SOURCE: &str = sources::CUDA_GATE_UP_INT8;
 
 /// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=4 (the
 /// widths it is tested at against the reference; wider codes are refused as unserved).
@@ -71,7 +74,7 @@ pub fn linear(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeo
     if uses_dense(m, x2.dtype()) {
         return x2.matmul(&expand_cuda(codes, scales, g, x2.dtype())?.t()?);
     }
-    run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false), None)
+    run_linear(x2, codes, scales, g, m, plan(m, x2.dtype(), false, g.out_features()), None)
 }
 
 /// `residual + x2 [M, in] · W -> [M, out]` in `x2`'s dtype for an axis-1 layer: [`linear`] with
@@ -124,7 +127,7 @@ fn residual_call(
     let cfg = match cfg {
         Some(cfg) => cfg,
         None if uses_dense(m, x2.dtype()) => return residual.add(&linear(x2, codes, scales, g)?),
-        None => plan(m, x2.dtype(), false),
+        None => plan(m, x2.dtype(), false, g.out_features()),
     };
     run_linear(x2, codes, scales, g, m, cfg, Some(residual))
 }
@@ -153,11 +156,12 @@ fn run_linear(
     cfg: AxisOneConfig,
     residual: Option<&MlxArray>,
 ) -> Result<MlxArray> {
-    let read = read_dtype(x2, m);
+    let read = read_dtype(x2, m, cfg.kernel);
     let variant = if residual.is_some() { Variant::Residual } else { Variant::Single };
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), variant)?;
     let (x, x_exp) = prepared.kernel_input(x2, scales)?;
-    let mut inputs = if cfg.int8 { vec![&x, codes, scales] } else { vec![&x, &x_exp, codes, scales] };
+    let mut inputs =
+        if cfg.kernel == AxisOneKernel::Int8 { vec![&x, codes, scales] } else { vec![&x, &x_exp, codes, scales] };
     inputs.extend(residual);
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
@@ -185,7 +189,7 @@ pub fn swiglu<'g, 'u>(
         let u = linear(x2, up.codes, up.scales, up.geometry)?;
         return g.silu()?.multiply(&u);
     }
-    swiglu_with(x2, gate, up, plan(m, x2.dtype(), true))
+    swiglu_with(x2, gate, up, plan(m, x2.dtype(), true, gate.geometry.out_features()))
 }
 
 /// [`swiglu`] with an explicit shape (also the `tuning` feature's `swiglu_with`).
@@ -202,10 +206,10 @@ pub(crate) fn swiglu_with(
     }
     let m = check(what, x2, gate.codes, gate.scales, g)?;
     check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
-    let read = read_dtype(x2, m);
+    let read = read_dtype(x2, m, cfg.kernel);
     let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Variant::Fused { up_bits: ug.k })?;
     let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
-    let inputs: &[&MlxArray] = if cfg.int8 {
+    let inputs: &[&MlxArray] = if cfg.kernel == AxisOneKernel::Int8 {
         &[&x, gate.codes, gate.scales, up.codes, up.scales]
     } else {
         &[&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales]
@@ -224,10 +228,10 @@ fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Tre
     check_operands(what, x2, codes, scales, g)
 }
 
-/// The dtype the kernel reads `m` rows of `x2` in: bf16 as the pre-pass's f16 from
-/// [`CONVERT_MIN_ROWS`] rows, else as given.
-fn read_dtype(x2: &MlxArray, m: usize) -> Dtype {
-    if x2.dtype() == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS {
+/// The dtype `kernel` reads `m` rows of `x2` in: the GEMM always the pre-pass's f16; the others
+/// bf16 as the pre-pass's f16 from [`CONVERT_MIN_ROWS`] rows, else as given.
+fn read_dtype(x2: &MlxArray, m: usize, kernel: AxisOneKernel) -> Dtype {
+    if kernel == AxisOneKernel::Gemm || (x2.dtype() == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS) {
         Dtype::Float16
     } else {
         x2.dtype()
@@ -255,13 +259,13 @@ impl Variant {
     }
 
     /// The kernel's inputs, in `apply` order (the int8 kernel reads no row exponents).
-    fn inputs(self, int8: bool) -> &'static [&'static str] {
+    fn inputs(self, kernel: AxisOneKernel) -> &'static [&'static str] {
         let all: &'static [&'static str] = match self {
             Variant::Single => &["x", "x_exp", "codes", "scales"],
             Variant::Residual => &["x", "x_exp", "codes", "scales", "residual"],
             Variant::Fused { .. } => &["x", "x_exp", "codes", "scales", "up_codes", "up_scales"],
         };
-        if !int8 {
+        if kernel != AxisOneKernel::Int8 {
             return all;
         }
         match self {
@@ -271,10 +275,9 @@ impl Variant {
         }
     }
 
-    /// The variant's text: the kernel file (`gate_up.cu`, or `gate_up_int8.cu` with `int8`)
-    /// with its own sections only.
-    fn source(self, int8: bool) -> Result<String> {
-        let (text, file) = if int8 { (INT8_SOURCE, "gate_up_int8.cu") } else { (SOURCE, "gate_up.cu") };
+    /// The variant's text: `kernel`'s file with the variant's own sections only.
+    fn source(self, kernel: AxisOneKernel) -> Result<String> {
+        let (text, file) = kernel_file(kernel);
         let fused = source_variant(text, "TRELLIS_FUSED", matches!(self, Variant::Fused { .. }));
         fused
             .and_then(|text| source_variant(&text, "TRELLIS_RESIDUAL", self == Variant::Residual))
@@ -282,21 +285,33 @@ impl Variant {
     }
 }
 
-/// The fragment kernel of `variant`, or (`int8_shared` bytes of dynamic shared memory) the int8
-/// kernel.
-fn kernel(variant: Variant, int8_shared: Option<usize>) -> Result<&'static CudaKernel> {
-    let int8 = int8_shared.is_some();
-    let family = if int8 { "gate_up_int8" } else { "gate_up" };
-    let key = KernelKey { family, variant: variant.name(), shared_memory: int8_shared.unwrap_or(0) };
+/// `kernel`'s file: its text and its name.
+fn kernel_file(kernel: AxisOneKernel) -> (&'static str, &'static str) {
+    match kernel {
+        AxisOneKernel::Fragment => (sources::CUDA_GATE_UP, "gate_up.cu"),
+        AxisOneKernel::Int8 => (sources::CUDA_GATE_UP_INT8, "gate_up_int8.cu"),
+        AxisOneKernel::Gemm => (sources::CUDA_GATE_UP_GEMM, "gate_up_gemm.cu"),
+    }
+}
+
+/// `kernel`'s `variant`, registered with `shared` bytes of dynamic shared memory (the int8
+/// kernel's and the GEMM's; none for the fragment kernel).
+fn kernel(variant: Variant, kernel: AxisOneKernel, shared: usize) -> Result<&'static CudaKernel> {
+    let family = match kernel {
+        AxisOneKernel::Fragment => "gate_up",
+        AxisOneKernel::Int8 => "gate_up_int8",
+        AxisOneKernel::Gemm => "gate_up_gemm",
+    };
+    let key = KernelKey { family, variant: variant.name(), shared_memory: shared };
     registry::cuda(key, || {
         let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
-        if int8 {
+        if kernel == AxisOneKernel::Int8 {
             header.push(sources::CUDA_GATE_UP_INT8_HEADER);
         }
         Ok(KernelText {
-            inputs: variant.inputs(int8),
+            inputs: variant.inputs(kernel),
             outputs: &["y"],
-            body: variant.source(int8)?,
+            body: variant.source(kernel)?,
             header: header.join("\n"),
         })
     })
@@ -352,8 +367,10 @@ fn prepared_launch(
         if row_tiles > 65535 || passes > 65535 {
             invalid!("CUDA axis-1 kernel: {m} rows of {g} are too many for one launch grid ({row_tiles} row tiles by {passes} passes; at most 65535 each)");
         }
-        if cfg.int8 {
-            return prepared_int8_launch(g, cfg, m, dtype, variant, row_tiles);
+        match cfg.kernel {
+            AxisOneKernel::Int8 => return prepared_int8_launch(g, cfg, m, dtype, variant, row_tiles),
+            AxisOneKernel::Gemm => return prepared_gemm_launch(g, cfg, m, dtype, variant, passes),
+            AxisOneKernel::Fragment => {}
         }
         let sixteen_bit = dtype != Dtype::Float32;
         let launch = common_launch(g, cfg, m, read, dtype, variant, [row_tiles, passes])
@@ -365,17 +382,45 @@ fn prepared_launch(
             // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
             .template_bool("LIFT", read != Dtype::Float16)
             .template_bool("HANDED", read != dtype);
-        let kernel = kernel(variant, None)?;
-        let inputs = g.in_features();
-        let hand_over = if read != dtype {
-            let output = PrePassOutput::Activations;
-            let pre_pass = PrePass { m, width: inputs, row_pad: inputs, dtype, counters: 0, row_scales: false, output, pair: false };
-            Some(pre_pass.prepare()?)
-        } else {
-            None
-        };
+        let kernel = kernel(variant, AxisOneKernel::Fragment, 0)?;
+        let hand_over = if read != dtype { Some(hand_over(g, m, dtype)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
     })
+}
+
+/// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
+/// multiplied by its power of two (`prescale.cu`, no scales).
+fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Result<CudaLaunch> {
+    let (output, width) = (PrePassOutput::Activations, g.in_features());
+    PrePass { m, width, row_pad: width, dtype, counters: 0, row_scales: false, output, pair: false }.prepare()
+}
+
+/// The GEMM's launch (`gate_up_gemm.cu`): a thread block of `cfg.warps` 16-row output tiles per
+/// pass of `8 cfg.mt` rows, its dynamic shared memory, and the pre-pass that hands the `m` rows
+/// of `dtype` activations over as f16.
+fn prepared_gemm_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    dtype: Dtype,
+    variant: Variant,
+    passes: usize,
+) -> Result<Prepared> {
+    let threads = 32 * cfg.warps as usize;
+    let blocks = g.out_features().div_ceil(16 * cfg.warps as usize);
+    let launch = LaunchConfig::new([threads, blocks, passes], [threads, 1, 1])
+        .output(&[m, g.out_features()], dtype)
+        .template_dtype("Y", dtype)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("MT", cfg.mt as i32)
+        .template_int("WARPS", cfg.warps as i32);
+    let launch = match variant {
+        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
+        _ => launch,
+    };
+    let kernel = kernel(variant, AxisOneKernel::Gemm, cfg.gemm_shared_bytes())?;
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: Some(hand_over(g, m, dtype)?) })
 }
 
 /// What both axis-1 kernels' launches share: a thread block per row tile and pass (`grid`), `m`
@@ -405,7 +450,7 @@ fn common_launch(
     }
 }
 
-/// The int8 kernel's launch (`cfg.int8`): `m` rows (its template int `R`) of `dtype`
+/// The int8 kernel's launch: `m` rows (its template int `R`) of `dtype`
 /// activations read as they are, a thread block per row tile.
 fn prepared_int8_launch(
     g: &TrellisGeometry,
@@ -426,7 +471,7 @@ fn prepared_int8_launch(
         );
     };
     let launch = common_launch(g, cfg, m, dtype, dtype, variant, [row_tiles, 1]).template_int("R", m as i32);
-    let kernel = kernel(variant, Some(shared))?;
+    let kernel = kernel(variant, AxisOneKernel::Int8, shared)?;
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: None })
 }
 
@@ -436,9 +481,10 @@ mod tests {
 
     #[test]
     fn each_variant_registers_only_its_own_sections() {
-        for int8 in [false, true] {
+        for kernel in [AxisOneKernel::Fragment, AxisOneKernel::Int8, AxisOneKernel::Gemm] {
+            let int8 = kernel == AxisOneKernel::Int8;
             // Registered compacted: comments (which name both variants) are gone.
-            let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source(int8).unwrap()).unwrap();
+            let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source(kernel).unwrap()).unwrap();
             let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3 }));
             let residual = compact(Variant::Residual);
             assert!(fused.contains("up_codes") && !single.contains("up_codes") && !residual.contains("up_codes"));
@@ -449,12 +495,13 @@ mod tests {
                     !text.contains("TRELLIS_FUSED") && !text.contains("TRELLIS_RESIDUAL"),
                     "the flags' directives are cut"
                 );
-                assert_eq!(text.contains("mma_u8s8"), int8, "int8 {int8}");
+                assert_eq!(text.contains("mma_u8s8"), int8, "{kernel:?}");
+                assert_eq!(text.contains("cp_async16_zfill"), kernel == AxisOneKernel::Gemm, "{kernel:?}");
                 // The int8 kernel reads no row exponents, and its inputs say so.
-                assert_eq!(text.contains("x_exp"), !int8, "int8 {int8}");
+                assert_eq!(text.contains("x_exp"), !int8, "{kernel:?}");
             }
             for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2 }] {
-                assert_eq!(v.inputs(int8).contains(&"x_exp"), !int8);
+                assert_eq!(v.inputs(kernel).contains(&"x_exp"), !int8);
             }
         }
     }
@@ -462,7 +509,8 @@ mod tests {
     #[test]
     fn int8_calls_outside_its_kernel_are_errors_that_say_so() {
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
-        let cfg = AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+        let cfg =
+            AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
         let err =
             prepared_launch(&up, cfg, 9, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("9 rows");
         assert!(err.to_string().contains("int8 activations take 1 to 8 rows (got 9)"), "{err}");
@@ -472,7 +520,7 @@ mod tests {
             prepared_launch(&wide, cfg, 4, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("wide");
         assert!(err.to_string().contains("int8 tables of 4 rows of 8192 inputs exceed"), "{err}");
         // The plan never takes it.
-        assert!(!plan(1, Dtype::Bfloat16, true).int8);
+        assert_eq!(plan(1, Dtype::Bfloat16, true, 256).kernel, AxisOneKernel::Fragment);
     }
 
     #[test]
@@ -512,7 +560,14 @@ mod tests {
     fn a_grid_past_cudas_limits_is_an_error_that_says_so() {
         // Caught while the launch is prepared, before anything runs (so on every back-end).
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
-        let cfg = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: false };
+        let cfg = AxisOneConfig {
+            mt: 1,
+            rt: 1,
+            warps: 4,
+            bias_fold: false,
+            pack_fma: false,
+            kernel: AxisOneKernel::Fragment,
+        };
         // 8 rows a pass: 65536 passes are one more than grid z holds.
         let err = prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, Variant::Single)
             .err()

@@ -1,6 +1,6 @@
-//! [`AxisOneConfig`]: how one call of the CUDA axis-1 kernels (`kernels/cuda/gate_up.cu`, and
-//! `gate_up_int8.cu` with `int8`) is shaped, its checks, and the plan that picks it for a row
-//! count.
+//! [`AxisOneConfig`]: which CUDA axis-1 kernel one call runs ([`AxisOneKernel`]: `gate_up.cu`,
+//! `gate_up_int8.cu` or `gate_up_gemm.cu` under `kernels/cuda/`) and how it is shaped, its checks,
+//! and the plan that picks them for a row count.
 
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
@@ -17,6 +17,34 @@ pub const INT8_MAX_ROWS: usize = 8;
 /// (227 KB on sm_90; MLX raises a kernel's limit above 48 KB).
 const DYNAMIC_SHARED_LIMIT: usize = 227 * 1024;
 
+/// Rows of 16-bit activations from which the plan takes the decode-once GEMM
+/// ([`AxisOneKernel::Gemm`]) instead of the fragment kernel.
+pub const GEMM_MIN_ROWS: usize = 9;
+
+/// Thread blocks the GEMM's grid should have at least: two on each of an H200's 132 SMs. The
+/// plan gives a block fewer output tiles (warps) until a layer's grid has them.
+const GEMM_FILL_BLOCKS: usize = 2 * 132;
+
+/// Which of the axis-1 kernels a call runs (each has the same variants: one projection, its
+/// residual variant, the fused gate·up·SwiGLU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AxisOneKernel {
+    /// `gate_up.cu`: code values decoded into f16 MMA fragments, the activations read by each
+    /// lane; the warps of a thread block split a row's blocks. Every row count and dtype.
+    Fragment,
+    /// `gate_up_int8.cu`: the activations quantized to two int8 terms and multiplied on u8 x s8
+    /// MMAs: 16-bit activations, one to [`INT8_MAX_ROWS`] rows, `mt` 1 and neither `bias_fold`
+    /// nor `pack_fma`. 4.1 instructions a weight against the fragment kernel's 6.2, and the
+    /// second term keeps the quantization's error below a 16-bit output's rounding; not planned,
+    /// as it measured no faster (docs/cuda-mlp.md).
+    Int8,
+    /// `gate_up_gemm.cu`, the decode-once GEMM: the warps of a thread block own different 16-row
+    /// output tiles and share the activations, staged per block of 256 inputs in shared memory
+    /// (16-bit activations handed over as f16 by the pre-pass); each weight decoded once a pass
+    /// of `8 mt` rows. `rt` 1 and neither `bias_fold` nor `pack_fma`.
+    Gemm,
+}
+
 /// How one call of the axis-1 kernel is shaped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AxisOneConfig {
@@ -25,18 +53,15 @@ pub struct AxisOneConfig {
     /// 16-row tiles of output rows per thread block (1 to 4); every tile of a block reuses its
     /// activation fragments.
     pub rt: u32,
-    /// Warps per thread block (1 to 8); they split each row's blocks and add their sums at the end.
+    /// Warps per thread block (1 to 8). The fragment and int8 kernels' warps split each row's
+    /// blocks and add their sums at the end; the GEMM's own a 16-row output tile each.
     pub warps: u32,
     /// Carry y + 1534 in the fragments and subtract the bias at the end (16-bit activations).
     pub bias_fold: bool,
     /// Pack half of the code pairs with an IMAD instead of a PRMT (needs `bias_fold`).
     pub pack_fma: bool,
-    /// Quantize the activations to two int8 terms and multiply on u8 x s8 MMAs
-    /// (`kernels/cuda/gate_up_int8.cu`): 16-bit activations, one to [`INT8_MAX_ROWS`] rows, `mt`
-    /// 1 and neither `bias_fold` nor `pack_fma` (the fragment kernel's). 4.1 instructions a weight
-    /// against the fragment kernel's 6.2, and the second term keeps the quantization's error below
-    /// a 16-bit output's rounding; not planned, as it measured no faster (docs/cuda-mlp.md).
-    pub int8: bool,
+    /// The kernel.
+    pub kernel: AxisOneKernel,
 }
 
 impl AxisOneConfig {
@@ -57,13 +82,28 @@ impl AxisOneConfig {
         if self.bias_fold && dtype == Dtype::Float32 {
             invalid!("CUDA axis-1 kernel: the bias fold is for 16-bit activations");
         }
-        if self.int8 && (self.mt != 1 || self.bias_fold || self.pack_fma) {
-            invalid!("CUDA axis-1 kernel: int8 activations take mt = 1 and neither bias_fold nor pack_fma");
-        }
-        if self.int8 && dtype == Dtype::Float32 {
-            // Its quantization error (2^-15 of a block's largest |x|) is within a 16-bit output's
-            // rounding, not f32's: f32 keeps the exact fragment kernel.
-            invalid!("CUDA axis-1 kernel: int8 activations are for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
+        match self.kernel {
+            AxisOneKernel::Fragment => {}
+            AxisOneKernel::Int8 => {
+                if self.mt != 1 || self.bias_fold || self.pack_fma {
+                    invalid!("CUDA axis-1 kernel: int8 activations take mt = 1 and neither bias_fold nor pack_fma");
+                }
+                if dtype == Dtype::Float32 {
+                    // Its quantization error (2^-15 of a block's largest |x|) is within a 16-bit
+                    // output's rounding, not f32's: f32 keeps the exact fragment kernel.
+                    invalid!("CUDA axis-1 kernel: int8 activations are for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
+                }
+            }
+            AxisOneKernel::Gemm => {
+                if self.rt != 1 || self.bias_fold || self.pack_fma {
+                    invalid!("CUDA axis-1 GEMM: rt = 1 (a warp a row tile) and neither bias_fold nor pack_fma");
+                }
+                if dtype == Dtype::Float32 {
+                    // It multiplies the f16 hand-over, one f16 term per activation: f32 keeps the
+                    // fragment kernel's exact hi + lo pair.
+                    invalid!("CUDA axis-1 GEMM: for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
+                }
+            }
         }
         let shared = self.shared_bytes(fused);
         if shared > STATIC_SHARED_LIMIT {
@@ -80,13 +120,13 @@ impl AxisOneConfig {
 
     /// The kernel's static shared memory. The fragment kernel's: `partial[max(WARPS - 1, 1)]
     /// [SLOTS][32]` f32, SLOTS being a lane's accumulators (one set per matrix) and bias sums,
-    /// and each pass row's exponent and largest |x| (4 bytes each). The int8 kernel's:
-    /// none (its warps' sums are in its dynamic shared memory).
+    /// and each pass row's exponent and largest |x| (4 bytes each). The int8 kernel's and the
+    /// GEMM's: none (theirs is dynamic).
     fn shared_bytes(&self, fused: bool) -> usize {
         let (mt, rt) = (self.mt as usize, self.rt as usize);
         let matrices = if fused { 2 } else { 1 };
         let other_warps = (self.warps as usize).saturating_sub(1).max(1);
-        if self.int8 {
+        if self.kernel != AxisOneKernel::Fragment {
             return 0;
         }
         let slots = matrices * rt * mt * 4 + if self.bias_fold { mt * 4 } else { 0 };
@@ -94,20 +134,28 @@ impl AxisOneConfig {
     }
 }
 
-/// The shape for `m` rows of `dtype` activations (`fused`: the gate·up·SwiGLU kernel, which
-/// holds two accumulator sets and so takes one row tile a block); docs/cuda-mlp.md says how the
-/// work is split and holds the kernels' measurements. Always the fragment kernel: the int8 one
-/// measured no faster at one row.
-pub fn plan(m: usize, dtype: Dtype, fused: bool) -> AxisOneConfig {
+/// The kernel and shape for `m` rows of `dtype` activations of a layer of `outputs` rows
+/// (`fused`: the gate·up·SwiGLU kernel, which holds two accumulator sets and so takes one row tile
+/// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
+/// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block, fewer where a
+/// layer's grid would not fill the GPU), the fragment kernel otherwise (never the int8 one: it
+/// measured no faster at one row).
+pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
+    if sixteen_bit && m >= GEMM_MIN_ROWS {
+        let passes = m.div_ceil(8 * mt as usize);
+        let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
+        let warps = [4, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
+        return AxisOneConfig { mt, rt: 1, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm };
+    }
     AxisOneConfig {
         mt,
         rt: if fused || mt > 2 { 1 } else { 2 },
         warps: 4,
         bias_fold: sixteen_bit && mt <= 2,
         pack_fma: sixteen_bit && m == 1,
-        int8: false,
+        kernel: AxisOneKernel::Fragment,
     }
 }
 
@@ -124,6 +172,14 @@ impl AxisOneConfig {
         let sums = (self.warps as usize).saturating_sub(1) * matrices * self.rt as usize * 4 * 32 * 4;
         tables.checked_add(sums).filter(|&bytes| bytes <= DYNAMIC_SHARED_LIMIT)
     }
+
+    /// The GEMM's dynamic shared memory: two stages of `8 mt` rows of 288 halves (a block of 256
+    /// inputs, padded so that the B loads hit distinct banks), then each pass row's factor
+    /// (4 bytes). At most 73.9 KB (`mt` 8).
+    pub fn gemm_shared_bytes(&self) -> usize {
+        let rows = 8 * self.mt as usize;
+        2 * rows * 288 * 2 + rows * 4
+    }
 }
 
 #[cfg(test)]
@@ -135,7 +191,7 @@ mod tests {
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             for fused in [false, true] {
                 for m in 1..=300 {
-                    let cfg = plan(m, dtype, fused);
+                    let cfg = plan(m, dtype, fused, 17408);
                     cfg.check(dtype, fused).unwrap_or_else(|e| panic!("M {m} {dtype}: {e}"));
                     let passes = m.div_ceil(8 * cfg.mt as usize);
                     // Passes of up to 64 rows, as few as that allows, whose tiles exceed the
@@ -145,14 +201,53 @@ mod tests {
                 }
             }
         }
-        assert_eq!(plan(72, Dtype::Bfloat16, true).mt, 5);
-        assert!(plan(1, Dtype::Bfloat16, false).pack_fma && !plan(1, Dtype::Float32, false).bias_fold);
-        assert!((1..=300).all(|m| !plan(m, Dtype::Bfloat16, true).int8));
+        assert_eq!(plan(72, Dtype::Bfloat16, true, 17408).mt, 5);
+        assert!(plan(1, Dtype::Bfloat16, false, 17408).pack_fma && !plan(1, Dtype::Float32, false, 17408).bias_fold);
+        assert!((1..=300).all(|m| plan(m, Dtype::Bfloat16, true, 17408).kernel != AxisOneKernel::Int8));
+    }
+
+    #[test]
+    fn the_gemm_takes_sixteen_bit_rows_from_its_threshold() {
+        for fused in [false, true] {
+            for m in 1..=300 {
+                for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+                    let gemm = plan(m, dtype, fused, 17408).kernel == AxisOneKernel::Gemm;
+                    assert_eq!(gemm, m >= GEMM_MIN_ROWS, "M {m} {dtype}");
+                }
+                assert_eq!(plan(m, Dtype::Float32, fused, 17408).kernel, AxisOneKernel::Fragment, "M {m} f32");
+            }
+        }
+        // Qwen3-14B's gate and up: four output tiles a block; SmolLM2's 576-row down projection:
+        // one (36 blocks a pass), and two from 16 passes (288 blocks at 2 warps).
+        assert_eq!(plan(32, Dtype::Bfloat16, true, 17408).warps, 4);
+        assert_eq!(plan(32, Dtype::Bfloat16, false, 576).warps, 1);
+        assert_eq!(plan(512, Dtype::Bfloat16, false, 576).warps, 1);
+        assert_eq!(plan(1024, Dtype::Bfloat16, false, 576).warps, 2);
+        // Two stages of 64 rows of 288 halves, and 64 row factors.
+        let gemm = plan(64, Dtype::Bfloat16, true, 17408);
+        assert_eq!(gemm.gemm_shared_bytes(), 2 * 64 * 576 + 256);
+        assert_eq!(AxisOneConfig { mt: 1, ..gemm }.gemm_shared_bytes(), 2 * 8 * 576 + 32);
+    }
+
+    #[test]
+    fn gemm_shapes_outside_its_kernel_are_errors_that_say_so() {
+        let gemm = plan(64, Dtype::Bfloat16, false, 17408);
+        gemm.check(Dtype::Float16, true).unwrap();
+        let err = gemm.check(Dtype::Float32, false).unwrap_err().to_string();
+        assert!(err.contains("GEMM: for 16-bit activations (got float32)"), "{err}");
+        for bad in [
+            AxisOneConfig { rt: 2, ..gemm },
+            AxisOneConfig { bias_fold: true, ..gemm },
+            AxisOneConfig { bias_fold: true, pack_fma: true, ..gemm },
+        ] {
+            let err = bad.check(Dtype::Bfloat16, false).unwrap_err().to_string();
+            assert!(err.contains("GEMM: rt = 1"), "{bad:?}: {err}");
+        }
     }
 
     #[test]
     fn int8_tables_are_sized_and_bounded() {
-        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
         // Qwen3-14B's hidden width at one row: 43 KB of tables and 3 warps' sums of 2 matrices.
         assert_eq!(int8.int8_shared_bytes(1, 5120, true), Some(20 * 2188 + 128 + 3 * 2 * 4 * 32 * 4));
         assert_eq!(int8.int8_shared_bytes(1, 5120, false), Some(20 * 2188 + 128 + 3 * 4 * 32 * 4));
@@ -163,7 +258,7 @@ mod tests {
 
     #[test]
     fn int8_shapes_outside_its_kernel_are_errors_that_say_so() {
-        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, int8: true };
+        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
         int8.check(Dtype::Float16, true).unwrap();
         int8.check(Dtype::Bfloat16, false).unwrap();
         let err = int8.check(Dtype::Float32, true).unwrap_err().to_string();
@@ -177,7 +272,7 @@ mod tests {
     #[test]
     fn too_much_static_shared_memory_is_an_error_that_says_so() {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
-        let big = AxisOneConfig { mt: 8, rt: 4, warps: 8, bias_fold: true, pack_fma: false, int8: false };
+        let big = AxisOneConfig { mt: 8, rt: 4, warps: 8, bias_fold: true, pack_fma: false, kernel: AxisOneKernel::Fragment };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
         assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
         // The single projection holds one set (160 sums a lane): 3 warps (two warps' sums) fit,

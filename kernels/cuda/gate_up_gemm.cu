@@ -1,0 +1,184 @@
+// The decode-once GEMM of the axis-1 projections for many activation rows: the same products as
+// gate_up.cu, y[m, o] = scale[o] / 147.8 * sum_i x[m, i] * y(state(o, i)) for row-major codes
+// [OUT, IN * K / 32] (T = 256 positions a block, 8 K words, L <= 16), and the same variants: one
+// projection, its residual variant (TRELLIS_RESIDUAL: y = residual + x W, added in f32 and
+// rounded once) and the fused gate·up·SwiGLU (TRELLIS_FUSED: gate and up of the same rows, of
+// widths K and KU, y = silu(gate) * up).
+//
+// Why a second kernel. gate_up.cu's warps split the blocks of the same 16 output rows, and each
+// lane reads and converts its own activations from global memory: every thread block reads all
+// of a pass's activations again (Qwen3-14B's gate·up at 64 rows: 1,088 blocks of 16 rows, 713 MB),
+// and 64 rows of two accumulator sets and their fragments take 208 registers (two blocks an SM).
+// Here the warps of a thread block own different 16-row output tiles and share the activations:
+// the block stages each block of 256 inputs of the pass's rows in shared memory once (cp.async,
+// while the block before it is multiplied), and each warp decodes its weights straight into the
+// MMA's A fragment (axis_one.cuh's chunk_fragment, gate_up.cu's positions) and multiplies each
+// fragment against all the pass's 8 MT rows, their B fragments read from shared memory. Every
+// weight is decoded once a pass, as in gate_up.cu; what changes is who reads the activations.
+//
+// Activations: f16 [M, IN], each row already multiplied by its power of two 2^e into f16's
+// range, e in x_exp [M] (f16, integers): the pre-pass's hand-over (prescale.cu, ROW_SCALES
+// false) of bf16 or f16 rows, so x is a whole buffer of MLX's (16-byte aligned) and every row
+// start is too (IN is a multiple of 256). The outputs are multiplied by 2^-e, exactly.
+//
+// Shared memory (dynamic; the host's gemm_shared_bytes): two stages of 8 MT rows of 288 halves:
+// position 64 q + j of a block at half 72 q + j of its row, so a row's four quarters lie 144
+// bytes apart and rows 576 bytes (64 mod 128) apart, and each 8-lane phase of a warp's 16-byte B
+// loads (lane 4 g + q: row g, quarter q) covers 8 different 16-byte bank groups. Then the pass's
+// rows' factors 2^-e (8 MT floats). No static shared memory.
+//
+// Work split. Thread block (y, z) owns output rows [16 WARPS y, 16 WARPS (y + 1)) (warp w the
+// tile 16 WARPS y + 16 w) and activation rows [8 MT z, 8 MT (z + 1)) (rows past M are zero-filled
+// in shared memory and not written). Every warp runs every block of its rows (no sums leave a
+// warp); output rows past OUT read row OUT - 1 and are not written, and a warp whose whole tile is
+// past OUT only stages.
+//
+// Template ints: K, L, MT (1..8), WARPS, and in the fused variant KU. Template type: Y (the
+// output dtype). Inputs: x [M, IN] f16, x_exp [M] f16, codes [OUT, IN K / 32], scales [OUT]
+// (f16), in the fused variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual
+// variant residual [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16
+// WARPS)), ceil(M / (8 MT))] threads, blocks of 32 WARPS.
+  const int M = x_shape[0];
+  const int IN = x_shape[1];
+  const int OUT = scales_shape[0];
+#if TRELLIS_FUSED
+  constexpr int NMAT = 2;  // gate, up
+  constexpr int K_UP = KU;
+#else
+  constexpr int NMAT = 1;
+  constexpr int K_UP = K;
+#endif
+  // Bits per weight of matrix a (0: gate or the only one, 1: up); constant once a is unrolled.
+  auto k_of = [](int a) { return a == 0 ? K : K_UP; };
+  constexpr int K_MAX = K > K_UP ? K : K_UP;
+  constexpr int RUN = 2 * K_MAX + 1;       // words of a lane's run (the widest matrix's)
+  constexpr int ROWS = 8 * MT;             // activation rows of a pass
+  constexpr int ROW_HALVES = 288;          // a staged row: four quarters of 64 + 8 halves
+  constexpr int STAGE = ROWS * ROW_HALVES; // halves a stage
+  static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
+  static_assert(MT >= 1 && MT <= 8, "1 to 8 tiles of 8 rows a pass");
+  const int NB = IN / 256;  // blocks per row
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int row0 = (blockIdx.y * WARPS + warp) * 16;  // this warp's output tile
+  const int m_base = blockIdx.z * ROWS;
+  const bool busy = row0 < OUT;
+
+  extern __shared__ __align__(16) unsigned char shared_base[];
+  __half* const stages = reinterpret_cast<__half*>(shared_base);     // [2][ROWS][ROW_HALVES]
+  float* const unlift = reinterpret_cast<float*>(stages + 2 * STAGE);  // [ROWS]
+
+#if TRELLIS_FUSED
+  const unsigned* const mats[NMAT] = {codes, up_codes};
+  const __half* mat_scales[NMAT] = {scales, up_scales};
+#else
+  const unsigned* const mats[NMAT] = {codes};
+  const __half* mat_scales[NMAT] = {scales};
+#endif
+  const trellis_cuda::LaneRuns<NMAT, 1, K, K_UP> lane_runs(mats, row0, OUT, NB, lane);
+  using Runs = unsigned[NMAT][1][2][RUN];
+
+  // Block b of the pass's rows into stage s as one cp.async group: 32 pieces of 16 bytes a row,
+  // rows past M zero-filled (nothing read).
+  auto stage = [&](int b, int s) {
+    __half* const dst = stages + s * STAGE;
+    for (int i = threadIdx.x; i < ROWS * 32; i += 32 * WARPS) {
+      const int r = i >> 5, p = 8 * (i & 31);
+      const bool live = m_base + r < M;
+      const __half* src = x + (size_t)(live ? m_base + r : 0) * IN + 256 * b + p;
+      trellis_cuda::cp_async16_zfill(dst + r * ROW_HALVES + 72 * (p >> 6) + (p & 63), src, live);
+    }
+    trellis_cuda::cp_async_commit();
+  };
+
+  // The pass's rows' factors 2^-e (seen by all after the first barrier below).
+  for (int i = threadIdx.x; i < ROWS; i += 32 * WARPS)
+    unlift[i] = m_base + i < M ? trellis_cuda::pow2(-(int)__half2float(x_exp[m_base + i])) : 1.0f;
+
+  float acc[NMAT][MT][4];
+#pragma unroll
+  for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[a][t][e] = 0.0f;
+
+  Runs w;
+  stage(0, 0);
+  if (busy) lane_runs.load(0, w);
+  for (int b = 0; b < NB; ++b) {
+    // The next block's activations (into the stage every warp finished with at the last
+    // barrier) and code words, in flight while this block is multiplied.
+    Runs w_next;
+    if (b + 1 < NB) {
+      stage(b + 1, (b + 1) & 1);
+      if (busy) lane_runs.load(b + 1, w_next);
+    } else {
+      trellis_cuda::cp_async_commit();  // an empty group: the wait below counts one behind
+    }
+    trellis_cuda::cp_async_wait<1>();
+    __syncthreads();
+    if (busy) {
+      // Lane (g, q) reads row 8 t + g, quarter q: chunk c's B fragment is positions 64 q + 4 c
+      // + 0..3 of the row, so one 16-byte load gives chunks c and c + 1.
+      const __half* const xs = stages + (b & 1) * STAGE + g * ROW_HALVES + 72 * q;
+#pragma unroll
+      for (int c = 0; c < 16; c += 2) {
+        unsigned f[NMAT][2][4];
+#pragma unroll
+        for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            trellis_cuda::chunk_fragment<L, true, false>(w[a][0][0], w[a][0][1], k_of(a), c + h, 0u, f[a][h]);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          const uint4 v = *reinterpret_cast<const uint4*>(xs + 8 * t * ROW_HALVES + 4 * c);
+          const unsigned b_lo[2] = {v.x, v.y}, b_hi[2] = {v.z, v.w};
+#pragma unroll
+          for (int a = 0; a < NMAT; ++a) {
+            trellis_cuda::mma_16816(acc[a][t], f[a][0], b_lo);
+            trellis_cuda::mma_16816(acc[a][t], f[a][1], b_hi);
+          }
+        }
+      }
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int j = 0; j < RUN; ++j)
+            if (j <= 2 * k_of(a)) w[a][0][h][j] = w_next[a][0][h][j];
+    }
+    __syncthreads();  // every warp is done with this stage before it is staged again
+  }
+  if (!busy) return;
+
+  // d[e] of tile t is output row row0 + g + 8 (e >> 1), activation row m_base + 8 t + 2 q + (e & 1).
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int o = row0 + g + 8 * (e >> 1);
+    if (o >= OUT) continue;
+    float s[NMAT];
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a) s[a] = __half2float(mat_scales[a][o]) * TRELLIS_RCP;
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      const int i = 8 * t + 2 * q + (e & 1);
+      const int m = m_base + i;
+      if (m >= M) continue;
+      float v[NMAT];
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a) v[a] = acc[a][t][e] * s[a] * unlift[i];
+#if TRELLIS_FUSED
+      const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
+#else
+      const float out = v[0];
+#endif
+#if TRELLIS_RESIDUAL
+      y[(size_t)m * OUT + o] = Y(out + float(residual[(size_t)m * OUT + o]));
+#else
+      y[(size_t)m * OUT + o] = Y(out);
+#endif
+    }
+  }
