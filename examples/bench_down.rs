@@ -378,8 +378,8 @@ fn sweep_axis_one(
     let mut bases = vec![planned];
     let mt = planned.mt;
     let others = [
-        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 },
-        AxisOneConfig { mt, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm },
+        AxisOneConfig::plain(AxisOneKernel::Int8),
+        AxisOneConfig { mt, ..AxisOneConfig::plain(AxisOneKernel::Gemm) },
         AxisOneConfig { mt, rt: 1, warps: 4, bias_fold: mt <= 2, pack_fma: false, kernel: AxisOneKernel::Fragment },
     ];
     for other in others {

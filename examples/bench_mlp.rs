@@ -287,14 +287,7 @@ fn bench(cli: &Cli) -> Result<()> {
                 rows.push(Row { m, name: format!("trellis k{k} down alone"), median: med, best });
                 // The int8 kernel (not planned) beside the planned fused kernel where it serves the
                 // rows; where the planned path switches, both sides of the switch.
-                let int8 = AxisOneConfig {
-                    mt: 1,
-                    rt: 1,
-                    warps: 4,
-                    bias_fold: false,
-                    pack_fma: false,
-                    kernel: AxisOneKernel::Int8,
-                };
+                let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
                 if m <= INT8_MAX_ROWS && int8.int8_shared_bytes(m, HIDDEN, true).is_some() {
                     let fused = |l: &TrellisMlp| swiglu_with(&x, l.gate(), l.up(), int8);
                     let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &fused))?;

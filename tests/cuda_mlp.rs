@@ -168,8 +168,7 @@ fn every_axis_one_shape_matches_the_reference() {
 #[ignore = "needs MLX's CUDA back-end"]
 fn int8_activations_match_the_reference() {
     require_cuda();
-    let int8 =
-        |rt, warps| AxisOneConfig { mt: 1, rt, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
+    let int8 = |rt, warps| AxisOneConfig { rt, warps, ..AxisOneConfig::plain(AxisOneKernel::Int8) };
     let layers = [(200, 768, 3, 12), (64, 256, 2, 12), (136, 1280, 4, 16), (48, 512, 2, 8), (40, 1024, 3, 16)];
     for (i, &(out, inp, k, l)) in layers.iter().enumerate() {
         let (host, lin) = up_layer(out, inp, k, l);
@@ -246,14 +245,7 @@ fn fused_and_residual_int8_match_the_reference() {
             for m in [1, 2, 4, 7] {
                 let (x, xr) = x(m, 768, dtype, 1.0);
                 let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let cfg = AxisOneConfig {
-                    mt: 1,
-                    rt: 1,
-                    warps: 4,
-                    bias_fold: false,
-                    pack_fma: false,
-                    kernel: AxisOneKernel::Int8,
-                };
+                let cfg = AxisOneConfig::plain(AxisOneKernel::Int8);
                 let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
                 check(&format!("int8 SwiGLU gate k{kg} up k{ku}"), &s, &want, m, 200, dtype, gate(dtype));
             }
@@ -261,7 +253,7 @@ fn fused_and_residual_int8_match_the_reference() {
     }
     let (host, lin) = up_layer(72, 768, 3, 12);
     let g = *lin.geometry();
-    let cfg = AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
+    let cfg = AxisOneConfig { rt: 2, ..AxisOneConfig::plain(AxisOneKernel::Int8) };
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for m in [1, 3] {
             let (r, rr) = x(m, 72, dtype, 0.5);
@@ -284,8 +276,7 @@ fn fused_and_residual_int8_match_the_reference() {
 #[ignore = "needs MLX's CUDA back-end"]
 fn every_gemm_shape_matches_the_reference() {
     require_cuda();
-    let gemm =
-        |mt, warps| AxisOneConfig { mt, rt: 1, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm };
+    let gemm = |mt, warps| AxisOneConfig { mt, warps, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
     let shapes = [(1, 3), (3, 1), (8, 8), (8, 4)];
     for (out, inp, k, l) in [(200, 768, 3, 12), (64, 256, 2, 8), (136, 1280, 4, 16)] {
         let (host, lin) = up_layer(out, inp, k, l);

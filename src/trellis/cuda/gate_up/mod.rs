@@ -509,8 +509,7 @@ mod tests {
     #[test]
     fn int8_calls_outside_its_kernel_are_errors_that_say_so() {
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
-        let cfg =
-            AxisOneConfig { mt: 1, rt: 2, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
+        let cfg = AxisOneConfig { rt: 2, ..AxisOneConfig::plain(AxisOneKernel::Int8) };
         let err =
             prepared_launch(&up, cfg, 9, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("9 rows");
         assert!(err.to_string().contains("int8 activations take 1 to 8 rows (got 9)"), "{err}");
@@ -560,14 +559,7 @@ mod tests {
     fn a_grid_past_cudas_limits_is_an_error_that_says_so() {
         // Caught while the launch is prepared, before anything runs (so on every back-end).
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
-        let cfg = AxisOneConfig {
-            mt: 1,
-            rt: 1,
-            warps: 4,
-            bias_fold: false,
-            pack_fma: false,
-            kernel: AxisOneKernel::Fragment,
-        };
+        let cfg = AxisOneConfig::plain(AxisOneKernel::Fragment);
         // 8 rows a pass: 65536 passes are one more than grid z holds.
         let err = prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, Variant::Single)
             .err()

@@ -65,6 +65,13 @@ pub struct AxisOneConfig {
 }
 
 impl AxisOneConfig {
+    /// `kernel` in its plainest shape: one 8-row tile a pass, one row tile, 4 warps, neither the
+    /// bias fold nor the IMAD pack (valid for each kernel with 16-bit activations); the base the
+    /// benchmarks and tests vary.
+    pub const fn plain(kernel: AxisOneKernel) -> AxisOneConfig {
+        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel }
+    }
+
     /// An error naming the first reason this shape cannot run `dtype` activations in the single
     /// projection or (`fused`) the gate·up·SwiGLU kernel.
     pub fn check(&self, dtype: Dtype, fused: bool) -> Result<()> {
@@ -247,7 +254,7 @@ mod tests {
 
     #[test]
     fn int8_tables_are_sized_and_bounded() {
-        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
+        let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
         // Qwen3-14B's hidden width at one row: 43 KB of tables and 3 warps' sums of 2 matrices.
         assert_eq!(int8.int8_shared_bytes(1, 5120, true), Some(20 * 2188 + 128 + 3 * 2 * 4 * 32 * 4));
         assert_eq!(int8.int8_shared_bytes(1, 5120, false), Some(20 * 2188 + 128 + 3 * 4 * 32 * 4));
@@ -258,7 +265,7 @@ mod tests {
 
     #[test]
     fn int8_shapes_outside_its_kernel_are_errors_that_say_so() {
-        let int8 = AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Int8 };
+        let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
         int8.check(Dtype::Float16, true).unwrap();
         int8.check(Dtype::Bfloat16, false).unwrap();
         let err = int8.check(Dtype::Float32, true).unwrap_err().to_string();
