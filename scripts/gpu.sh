@@ -418,13 +418,15 @@ profile() {
     fi
     ;;
   axis1)
-    # Both axis-1 kernels, fused, at M rows (default 1) on Qwen3-14B's gate and up: the fragment
-    # kernel the plan takes and the int8 one (bench_mlp's alone rows), a full report of one
-    # launch each with the warps' stall reasons, for what bounds them (docs/cuda-mlp.md).
+    # The axis-1 kernels, fused, at M rows (default 1) on Qwen3-14B's gate and up (bench_mlp's
+    # alone rows): up to 8 rows the fragment kernel the plan takes and the int8 one, from 9 rows
+    # the planned GEMM; a full report of one launch each with the warps' stall reasons, for what
+    # bounds them (docs/cuda-mlp.md).
     m="${1:-1}"
     [ -n "$ncu" ] || { note "skipped: ncu is not installed (NCU=PATH)"; return; }
-    local kind
-    for kind in fragment:gate_up_fused int8:gate_up_int8_fused; do
+    local kind kinds="fragment:gate_up_fused int8:gate_up_int8_fused"
+    [ "$m" -ge 9 ] && kinds="gemm:gate_up_gemm_fused"
+    for kind in $kinds; do
       step "ncu_axis1_${kind%%:*}_m$m" 600 "$ncu" --kernel-name "regex:${kind#*:}" --launch-skip 8 --launch-count 1 \
         --set full --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
         -o "$out/axis1_${kind%%:*}_m$m" -f "$bundle/bench_mlp" --rows "$m" --bits 3 --evals 1 --rounds 1 &&
