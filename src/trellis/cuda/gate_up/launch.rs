@@ -1,0 +1,315 @@
+//! The axis-1 kernels' launches: the kernel file and variant a call registers, and its launch,
+//! prepared once per geometry, shape, row count, dtype and variant, with the pre-pass that hands
+//! the activations over as f16 where the kernel reads them so.
+
+use std::sync::Arc;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, ErrorContext, Result};
+use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::sources;
+use crate::kernel::variant::source_variant;
+use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
+use crate::trellis::format::TrellisGeometry;
+
+use super::super::prescale::{self, PrePass, PrePassOutput};
+use super::plan::{AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};
+
+/// The variant of the kernel file a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Variant {
+    /// One projection.
+    Single,
+    /// One projection plus a residual (the `TRELLIS_RESIDUAL` sections).
+    Residual,
+    /// Gate and up with the SwiGLU (the `TRELLIS_FUSED` sections); the up projection's k.
+    Fused { up_bits: u32 },
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Single => "single",
+            Variant::Residual => "residual",
+            Variant::Fused { .. } => "fused",
+        }
+    }
+
+    /// The kernel's inputs, in `apply` order (the int8 kernel reads no row exponents).
+    pub(super) fn inputs(self, kernel: AxisOneKernel) -> &'static [&'static str] {
+        let all: &'static [&'static str] = match self {
+            Variant::Single => &["x", "x_exp", "codes", "scales"],
+            Variant::Residual => &["x", "x_exp", "codes", "scales", "residual"],
+            Variant::Fused { .. } => &["x", "x_exp", "codes", "scales", "up_codes", "up_scales"],
+        };
+        if kernel != AxisOneKernel::Int8 {
+            return all;
+        }
+        match self {
+            Variant::Single => &["x", "codes", "scales"],
+            Variant::Residual => &["x", "codes", "scales", "residual"],
+            Variant::Fused { .. } => &["x", "codes", "scales", "up_codes", "up_scales"],
+        }
+    }
+
+    /// The variant's text: `kernel`'s file with the variant's own sections only.
+    fn source(self, kernel: AxisOneKernel) -> Result<String> {
+        let (text, file) = kernel_file(kernel);
+        let fused = source_variant(text, "TRELLIS_FUSED", matches!(self, Variant::Fused { .. }));
+        fused
+            .and_then(|text| source_variant(&text, "TRELLIS_RESIDUAL", self == Variant::Residual))
+            .with_context(|| format!("CUDA axis-1 kernel source {file}"))
+    }
+}
+
+/// `kernel`'s file: its text and its name.
+fn kernel_file(kernel: AxisOneKernel) -> (&'static str, &'static str) {
+    match kernel {
+        AxisOneKernel::Fragment => (sources::CUDA_GATE_UP, "gate_up.cu"),
+        AxisOneKernel::Int8 => (sources::CUDA_GATE_UP_INT8, "gate_up_int8.cu"),
+        AxisOneKernel::Gemm => (sources::CUDA_GATE_UP_GEMM, "gate_up_gemm.cu"),
+    }
+}
+
+/// `kernel`'s `variant`, registered with `shared` bytes of dynamic shared memory (the int8
+/// kernel's and the GEMM's; none for the fragment kernel).
+fn kernel(variant: Variant, kernel: AxisOneKernel, shared: usize) -> Result<&'static CudaKernel> {
+    let family = match kernel {
+        AxisOneKernel::Fragment => "gate_up",
+        AxisOneKernel::Int8 => "gate_up_int8",
+        AxisOneKernel::Gemm => "gate_up_gemm",
+    };
+    let key = KernelKey { family, variant: variant.name(), shared_memory: shared };
+    registry::cuda(key, || {
+        let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
+        if kernel == AxisOneKernel::Int8 {
+            header.push(sources::CUDA_GATE_UP_INT8_HEADER);
+        }
+        Ok(KernelText {
+            inputs: variant.inputs(kernel),
+            outputs: &["y"],
+            body: variant.source(kernel)?,
+            header: header.join("\n"),
+        })
+    })
+}
+
+/// One call's kernel and launch, prepared once per geometry, shape, row count, dtype and variant
+/// (and the up projection's bit width in the fused one), with the pre-pass that hands bf16
+/// activations over as f16 where the kernel reads them so.
+pub(super) struct Prepared {
+    pub(super) kernel: &'static CudaKernel,
+    pub(super) launch: CudaLaunch,
+    hand_over: Option<CudaLaunch>,
+}
+
+impl Prepared {
+    /// The kernel's `x` and `x_exp` inputs for `x2`: the pre-pass's f16 activations and their
+    /// rows' exponents, or `x2` itself with `placeholder` (any f16 array) as `x_exp`, which the
+    /// kernel then does not read.
+    pub(super) fn kernel_input(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<(MlxArray, MlxArray)> {
+        match &self.hand_over {
+            Some(launch) => {
+                let mut outs = prescale::kernel(false)?
+                    .apply_prepared(&[x2, placeholder], launch)
+                    .context("CUDA axis-1 kernel: the activations handed over as f16")?;
+                let x_exp = outs.pop().expect("three outputs");
+                outs.pop();
+                Ok((outs.pop().expect("three outputs"), x_exp))
+            }
+            None => Ok((x2.clone(), placeholder.clone())),
+        }
+    }
+}
+
+/// `read` is the dtype the kernel reads the activations in, `dtype` the output's. `g` is the
+/// gate's (or the only) geometry.
+pub(super) fn prepared_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    read: Dtype,
+    dtype: Dtype,
+    variant: Variant,
+) -> Result<Arc<Prepared>> {
+    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, Variant);
+    static LAUNCHES: LaunchCache<Key, Prepared> = LaunchCache::new(1024);
+    let fused = matches!(variant, Variant::Fused { .. });
+    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, variant), || {
+        cfg.check(dtype, fused)?;
+        let outputs = g.out_features();
+        let row_tiles = outputs.div_ceil(16 * cfg.rt as usize);
+        let passes = m.div_ceil(8 * cfg.mt as usize);
+        // Grid y holds the row tiles, z the passes (CUDA's y and z are at most 65535).
+        if row_tiles > 65535 || passes > 65535 {
+            invalid!("CUDA axis-1 kernel: {m} rows of {g} are too many for one launch grid ({row_tiles} row tiles by {passes} passes; at most 65535 each)");
+        }
+        match cfg.kernel {
+            AxisOneKernel::Int8 => return prepared_int8_launch(g, cfg, m, dtype, variant, row_tiles),
+            AxisOneKernel::Gemm => return prepared_gemm_launch(g, cfg, m, dtype, variant, passes),
+            AxisOneKernel::Fragment => {}
+        }
+        let sixteen_bit = dtype != Dtype::Float32;
+        let launch = common_launch(g, cfg, m, read, dtype, variant, [row_tiles, passes])
+            .template_int("MT", cfg.mt as i32)
+            .template_bool("SPLIT_X", !sixteen_bit)
+            .template_bool("BIAS_FOLD", cfg.bias_fold && sixteen_bit)
+            .template_bool("PACK_FMA", cfg.pack_fma && cfg.bias_fold && sixteen_bit)
+            // Rows' powers of two: found by the kernel for bf16 and f32 read as they are, given
+            // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
+            .template_bool("LIFT", read != Dtype::Float16)
+            .template_bool("HANDED", read != dtype);
+        let kernel = kernel(variant, AxisOneKernel::Fragment, 0)?;
+        let hand_over = if read != dtype { Some(hand_over(g, m, dtype)?) } else { None };
+        Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
+    })
+}
+
+/// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
+/// multiplied by its power of two (`prescale.cu`, no scales).
+fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Result<CudaLaunch> {
+    let (output, width) = (PrePassOutput::Activations, g.in_features());
+    PrePass { m, width, row_pad: width, dtype, counters: 0, row_scales: false, output, pair: false }.prepare()
+}
+
+/// The GEMM's launch (`gate_up_gemm.cu`): a thread block of `cfg.warps` 16-row output tiles per
+/// pass of `8 cfg.mt` rows, its dynamic shared memory, and the pre-pass that hands the `m` rows
+/// of `dtype` activations over as f16.
+fn prepared_gemm_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    dtype: Dtype,
+    variant: Variant,
+    passes: usize,
+) -> Result<Prepared> {
+    let threads = 32 * cfg.warps as usize;
+    let blocks = g.out_features().div_ceil(16 * cfg.warps as usize);
+    let launch = LaunchConfig::new([threads, blocks, passes], [threads, 1, 1])
+        .output(&[m, g.out_features()], dtype)
+        .template_dtype("Y", dtype)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("MT", cfg.mt as i32)
+        .template_int("WARPS", cfg.warps as i32);
+    let launch = match variant {
+        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
+        _ => launch,
+    };
+    let kernel = kernel(variant, AxisOneKernel::Gemm, cfg.gemm_shared_bytes())?;
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: Some(hand_over(g, m, dtype)?) })
+}
+
+/// What both axis-1 kernels' launches share: a thread block per row tile and pass (`grid`), `m`
+/// rows of output in `dtype`, the activations read in `read`, and the template arguments of the
+/// code (K, L, and KU in the fused variant) and of the shape (RT, WARPS).
+fn common_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    read: Dtype,
+    dtype: Dtype,
+    variant: Variant,
+    [row_tiles, passes]: [usize; 2],
+) -> LaunchConfig {
+    let threads = 32 * cfg.warps as usize;
+    let launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
+        .output(&[m, g.out_features()], dtype)
+        .template_dtype("T", read)
+        .template_dtype("Y", dtype)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("RT", cfg.rt as i32)
+        .template_int("WARPS", cfg.warps as i32);
+    match variant {
+        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
+        _ => launch,
+    }
+}
+
+/// The int8 kernel's launch: `m` rows (its template int `R`) of `dtype`
+/// activations read as they are, a thread block per row tile.
+fn prepared_int8_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    dtype: Dtype,
+    variant: Variant,
+    row_tiles: usize,
+) -> Result<Prepared> {
+    if !(1..=INT8_MAX_ROWS).contains(&m) {
+        invalid!("CUDA axis-1 kernel: int8 activations take 1 to {INT8_MAX_ROWS} rows (got {m})");
+    }
+    let fused = matches!(variant, Variant::Fused { .. });
+    let Some(shared) = cfg.int8_shared_bytes(m, g.in_features(), fused) else {
+        invalid!(
+            "CUDA axis-1 kernel: int8 tables of {m} rows of {} inputs exceed the shared memory a thread block may take",
+            g.in_features()
+        );
+    };
+    let launch = common_launch(g, cfg, m, dtype, dtype, variant, [row_tiles, 1]).template_int("R", m as i32);
+    let kernel = kernel(variant, AxisOneKernel::Int8, shared)?;
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trellis::cuda::gate_up::plan::plan;
+    #[test]
+    fn each_variant_registers_only_its_own_sections() {
+        for kernel in [AxisOneKernel::Fragment, AxisOneKernel::Int8, AxisOneKernel::Gemm] {
+            let int8 = kernel == AxisOneKernel::Int8;
+            // Registered compacted: comments (which name both variants) are gone.
+            let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source(kernel).unwrap()).unwrap();
+            let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3 }));
+            let residual = compact(Variant::Residual);
+            assert!(fused.contains("up_codes") && !single.contains("up_codes") && !residual.contains("up_codes"));
+            assert!(fused.contains("__expf") && !single.contains("__expf") && !residual.contains("__expf"));
+            assert!(residual.contains("residual[") && !single.contains("residual[") && !fused.contains("residual["));
+            for text in [&single, &fused, &residual] {
+                assert!(
+                    !text.contains("TRELLIS_FUSED") && !text.contains("TRELLIS_RESIDUAL"),
+                    "the flags' directives are cut"
+                );
+                assert_eq!(text.contains("mma_u8s8"), int8, "{kernel:?}");
+                assert_eq!(text.contains("cp_async16_zfill"), kernel == AxisOneKernel::Gemm, "{kernel:?}");
+                // The int8 kernel reads no row exponents, and its inputs say so.
+                assert_eq!(text.contains("x_exp"), !int8, "{kernel:?}");
+            }
+            for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2 }] {
+                assert_eq!(v.inputs(kernel).contains(&"x_exp"), !int8);
+            }
+        }
+    }
+
+    #[test]
+    fn int8_calls_outside_its_kernel_are_errors_that_say_so() {
+        let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
+        let cfg = AxisOneConfig { rt: 2, ..AxisOneConfig::plain(AxisOneKernel::Int8) };
+        let err =
+            prepared_launch(&up, cfg, 9, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("9 rows");
+        assert!(err.to_string().contains("int8 activations take 1 to 8 rows (got 9)"), "{err}");
+        // 4 rows of 8192 inputs: 275 KB of tables.
+        let wide = TrellisGeometry::row_major(256, 8192, 3, 256, 12, 1).unwrap();
+        let err =
+            prepared_launch(&wide, cfg, 4, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("wide");
+        assert!(err.to_string().contains("int8 tables of 4 rows of 8192 inputs exceed"), "{err}");
+        // The plan never takes it.
+        assert_eq!(plan(1, Dtype::Bfloat16, true, 256).kernel, AxisOneKernel::Fragment);
+    }
+
+    #[test]
+    fn a_grid_past_cudas_limits_is_an_error_that_says_so() {
+        // Caught while the launch is prepared, before anything runs (so on every back-end).
+        let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
+        let cfg = AxisOneConfig::plain(AxisOneKernel::Fragment);
+        // 8 rows a pass: 65536 passes are one more than grid z holds.
+        let err = prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, Variant::Single)
+            .err()
+            .expect("65536 passes");
+        let err = err.to_string();
+        assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
+    }
+}
