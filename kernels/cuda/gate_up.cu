@@ -71,11 +71,10 @@
   constexpr int NMAT = 1;
   constexpr int K_UP = K;
 #endif
-  // Bits per weight of matrix a (0: gate or the only one, 1: up); constant once a is unrolled.
-  auto k_of = [](int a) { return a == 0 ? K : K_UP; };
-  constexpr int K_MAX = K > K_UP ? K : K_UP;
+  // The lane's code words (axis_one.cuh): Lanes::k_of(a), matrix a's bits per weight (0: gate
+  // or the only one, 1: up; constant once a is unrolled), and Lanes::RUN words a run.
+  using Lanes = trellis_cuda::LaneRuns<NMAT, RT, K, K_UP>;
   const int NB = IN / 256;              // blocks per row
-  constexpr int RUN = 2 * K_MAX + 1;    // words of a lane's run (the widest matrix's)
   constexpr int ROWS = 16 * RT;         // output rows per thread block
   constexpr int SETS = SPLIT_X ? 2 : 1; // f16 B sets (f32: hi, lo)
   static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
@@ -96,8 +95,8 @@
   const unsigned* const mats[NMAT] = {codes};
   const __half* mat_scales[NMAT] = {scales};
 #endif
-  const trellis_cuda::LaneRuns<NMAT, RT, K, K_UP> lane_runs(mats, row0, OUT, NB, lane);
-  using Runs = unsigned[NMAT][RT][2][RUN];
+  const Lanes lane_runs(mats, row0, OUT, NB, lane);
+  using Runs = typename Lanes::Runs;
   auto load_runs = [&](int b, Runs& w) { lane_runs.load(b, w); };
 
   // B: lane (g, q) of 8-row tile t holds activation row m_base + 8 t + g at the lane's positions.
@@ -201,7 +200,7 @@
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
         unsigned f[4];
-        trellis_cuda::chunk_fragment<L, !BIAS_FOLD, PACK_FMA>(w[a][r][0], w[a][r][1], k_of(a), c, lift, f);
+        trellis_cuda::chunk_fragment<L, !BIAS_FOLD, PACK_FMA>(w[a][r][0], w[a][r][1], Lanes::k_of(a), c, lift, f);
 #pragma unroll
         for (int t = 0; t < MT; ++t)
 #pragma unroll
@@ -233,8 +232,8 @@
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < RUN; ++j)
-            if (j <= 2 * k_of(a)) w[a][r][h][j] = w_next[a][r][h][j];
+          for (int j = 0; j < Lanes::RUN; ++j)
+            if (j <= 2 * Lanes::k_of(a)) w[a][r][h][j] = w_next[a][r][h][j];
   }
 
   // Warp 0 adds the other warps' sums in warp order (a fixed order: the same bits every run).

@@ -48,10 +48,9 @@
   constexpr int NMAT = 1;
   constexpr int K_UP = K;
 #endif
-  // Bits per weight of matrix a (0: gate or the only one, 1: up); constant once a is unrolled.
-  auto k_of = [](int a) { return a == 0 ? K : K_UP; };
-  constexpr int K_MAX = K > K_UP ? K : K_UP;
-  constexpr int RUN = 2 * K_MAX + 1;       // words of a lane's run (the widest matrix's)
+  // The lane's code words (axis_one.cuh): Lanes::k_of(a), matrix a's bits per weight (0: gate
+  // or the only one, 1: up; constant once a is unrolled), and Lanes::RUN words a run.
+  using Lanes = trellis_cuda::LaneRuns<NMAT, 1, K, K_UP>;
   constexpr int ROWS = 8 * MT;             // activation rows of a pass
   constexpr int ROW_HALVES = 288;          // a staged row: four quarters of 64 + 8 halves
   constexpr int STAGE = ROWS * ROW_HALVES; // halves a stage
@@ -76,8 +75,8 @@
   const unsigned* const mats[NMAT] = {codes};
   const __half* mat_scales[NMAT] = {scales};
 #endif
-  const trellis_cuda::LaneRuns<NMAT, 1, K, K_UP> lane_runs(mats, row0, OUT, NB, lane);
-  using Runs = unsigned[NMAT][1][2][RUN];
+  const Lanes lane_runs(mats, row0, OUT, NB, lane);
+  using Runs = typename Lanes::Runs;
 
   // Block b of the pass's rows into stage s as one cp.async group: 32 pieces of 16 bytes a row,
   // rows past M zero-filled (nothing read).
@@ -130,7 +129,7 @@
         for (int a = 0; a < NMAT; ++a)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            trellis_cuda::chunk_fragment<L, true, false>(w[a][0][0], w[a][0][1], k_of(a), c + h, 0u, f[a][h]);
+            trellis_cuda::chunk_fragment<L, true, false>(w[a][0][0], w[a][0][1], Lanes::k_of(a), c + h, 0u, f[a][h]);
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           const uint4 v = *reinterpret_cast<const uint4*>(xs + 8 * t * ROW_HALVES + 4 * c);
@@ -147,8 +146,8 @@
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < RUN; ++j)
-            if (j <= 2 * k_of(a)) w[a][0][h][j] = w_next[a][0][h][j];
+          for (int j = 0; j < Lanes::RUN; ++j)
+            if (j <= 2 * Lanes::k_of(a)) w[a][0][h][j] = w_next[a][0][h][j];
     }
     __syncthreads();  // every warp is done with this stage before it is staged again
   }

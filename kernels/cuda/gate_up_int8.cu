@@ -60,9 +60,8 @@
   constexpr int NMAT = 1;
   constexpr int K_UP = K;
 #endif
-  auto k_of = [](int a) { return a == 0 ? K : K_UP; };
-  constexpr int K_MAX = K > K_UP ? K : K_UP;
-  constexpr int RUN = 2 * K_MAX + 1;  // words of a lane's run (the widest matrix's)
+  // The lane's code words (axis_one.cuh): Lanes::k_of(a), matrix a's bits per weight.
+  using Lanes = trellis_cuda::LaneRuns<NMAT, RT, K, K_UP>;
   constexpr int ROWS = 16 * RT;       // output rows per thread block
   static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
   static_assert(R >= 1 && R <= 8, "one to eight activation rows");
@@ -146,8 +145,8 @@
   const unsigned* const mats[NMAT] = {codes};
   const __half* mat_scales[NMAT] = {scales};
 #endif
-  const trellis_cuda::LaneRuns<NMAT, RT, K, K_UP> lane_runs(mats, row0, OUT, NB, lane);
-  using Runs = unsigned[NMAT][RT][2][RUN];
+  const Lanes lane_runs(mats, row0, OUT, NB, lane);
+  using Runs = typename Lanes::Runs;
   auto load_runs = [&](int b, Runs& w) { lane_runs.load(b, w); };
 
   // The lane's f32 sums: matrix a, tile t, D element e (output row g + 8 (e >> 1) of the tile,
@@ -194,7 +193,7 @@
           for (int t = 0; t < RT; ++t) {
             // Position 2 (c + cc) + i of the run (i = 0: k-columns 4 q.., 1: 16 + 4 q..) sits at
             // run bit (63 - 2 (c + cc) - i) k.
-            const int ka = k_of(a), p = 2 * (c + cc);
+            const int ka = Lanes::k_of(a), p = 2 * (c + cc);
             unsigned bytes[4];
             bytes[0] = trellis_cuda::lcg(trellis_cuda::window<L>(w[a][t][0], (63 - p) * ka));
             bytes[1] = trellis_cuda::lcg(trellis_cuda::window<L>(w[a][t][1], (63 - p) * ka));

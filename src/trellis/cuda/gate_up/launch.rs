@@ -123,20 +123,34 @@ impl Prepared {
     }
 }
 
-/// `read` is the dtype the kernel reads the activations in, `dtype` the output's. `g` is the
-/// gate's (or the only) geometry.
+/// Rows of bf16 activations from which the fragment kernel reads them as f16, converted once per
+/// call by the pre-pass (each row brought into f16's range by a power of two): every row tile of
+/// the layer converts its fragments again otherwise.
+pub const CONVERT_MIN_ROWS: usize = 17;
+
+/// The dtype `kernel` reads `m` rows of `dtype` activations in: the GEMM always the pre-pass's
+/// f16; the others bf16 as the pre-pass's f16 from [`CONVERT_MIN_ROWS`] rows, else as given.
+fn read_dtype(dtype: Dtype, m: usize, kernel: AxisOneKernel) -> Dtype {
+    if kernel == AxisOneKernel::Gemm || (dtype == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS) {
+        Dtype::Float16
+    } else {
+        dtype
+    }
+}
+
+/// The launch of `m` rows of `dtype` activations (also the output's dtype) in `cfg`'s kernel and
+/// shape. `g` is the gate's (or the only) geometry.
 pub(super) fn prepared_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
     m: usize,
-    read: Dtype,
     dtype: Dtype,
     variant: Variant,
 ) -> Result<Arc<Prepared>> {
-    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Dtype, Variant);
+    type Key = (TrellisGeometry, AxisOneConfig, usize, Dtype, Variant);
     static LAUNCHES: LaunchCache<Key, Prepared> = LaunchCache::new(1024);
     let fused = matches!(variant, Variant::Fused { .. });
-    LAUNCHES.get_or_build((*g, cfg, m, read, dtype, variant), || {
+    LAUNCHES.get_or_build((*g, cfg, m, dtype, variant), || {
         cfg.check(dtype, fused)?;
         let outputs = g.out_features();
         let row_tiles = outputs.div_ceil(16 * cfg.rt as usize);
@@ -151,6 +165,7 @@ pub(super) fn prepared_launch(
             AxisOneKernel::Fragment => {}
         }
         let sixteen_bit = dtype != Dtype::Float32;
+        let read = read_dtype(dtype, m, cfg.kernel);
         let launch = common_launch(g, cfg, m, read, dtype, variant, [row_tiles, passes])
             .template_int("MT", cfg.mt as i32)
             .template_bool("SPLIT_X", !sixteen_bit)
@@ -184,26 +199,38 @@ fn prepared_gemm_launch(
     variant: Variant,
     passes: usize,
 ) -> Result<Prepared> {
-    let threads = 32 * cfg.warps as usize;
     let blocks = g.out_features().div_ceil(16 * cfg.warps as usize);
-    let launch = LaunchConfig::new([threads, blocks, passes], [threads, 1, 1])
-        .output(&[m, g.out_features()], dtype)
-        .template_dtype("Y", dtype)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("MT", cfg.mt as i32)
-        .template_int("WARPS", cfg.warps as i32);
-    let launch = match variant {
-        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
-        _ => launch,
-    };
+    let launch = base_launch(g, cfg, m, dtype, variant, [blocks, passes]).template_int("MT", cfg.mt as i32);
     let kernel = kernel(variant, AxisOneKernel::Gemm, cfg.gemm_shared_bytes())?;
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: Some(hand_over(g, m, dtype)?) })
 }
 
-/// What both axis-1 kernels' launches share: a thread block per row tile and pass (`grid`), `m`
-/// rows of output in `dtype`, the activations read in `read`, and the template arguments of the
-/// code (K, L, and KU in the fused variant) and of the shape (RT, WARPS).
+/// What the three kernels' launches share: thread blocks of `cfg.warps` warps over `grid` (y, z),
+/// `m` rows of output in `dtype`, and the template arguments of the output (Y), the code (K, L,
+/// and KU in the fused variant) and the warps (WARPS).
+fn base_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    dtype: Dtype,
+    variant: Variant,
+    [grid_y, grid_z]: [usize; 2],
+) -> LaunchConfig {
+    let threads = 32 * cfg.warps as usize;
+    let launch = LaunchConfig::new([threads, grid_y, grid_z], [threads, 1, 1])
+        .output(&[m, g.out_features()], dtype)
+        .template_dtype("Y", dtype)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("WARPS", cfg.warps as i32);
+    match variant {
+        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
+        _ => launch,
+    }
+}
+
+/// What the fragment and int8 kernels' launches add: a thread block per row tile and pass
+/// (`grid`), the activations read in `read` (T) and the row tiles (RT).
 fn common_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
@@ -211,21 +238,9 @@ fn common_launch(
     read: Dtype,
     dtype: Dtype,
     variant: Variant,
-    [row_tiles, passes]: [usize; 2],
+    grid: [usize; 2],
 ) -> LaunchConfig {
-    let threads = 32 * cfg.warps as usize;
-    let launch = LaunchConfig::new([threads, row_tiles, passes], [threads, 1, 1])
-        .output(&[m, g.out_features()], dtype)
-        .template_dtype("T", read)
-        .template_dtype("Y", dtype)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
-        .template_int("RT", cfg.rt as i32)
-        .template_int("WARPS", cfg.warps as i32);
-    match variant {
-        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
-        _ => launch,
-    }
+    base_launch(g, cfg, m, dtype, variant, grid).template_dtype("T", read).template_int("RT", cfg.rt as i32)
 }
 
 /// The int8 kernel's launch: `m` rows (its template int `R`) of `dtype`
@@ -288,13 +303,11 @@ mod tests {
     fn int8_calls_outside_its_kernel_are_errors_that_say_so() {
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
         let cfg = AxisOneConfig { rt: 2, ..AxisOneConfig::plain(AxisOneKernel::Int8) };
-        let err =
-            prepared_launch(&up, cfg, 9, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("9 rows");
+        let err = prepared_launch(&up, cfg, 9, Dtype::Bfloat16, Variant::Single).err().expect("9 rows");
         assert!(err.to_string().contains("int8 activations take 1 to 8 rows (got 9)"), "{err}");
         // 4 rows of 8192 inputs: 275 KB of tables.
         let wide = TrellisGeometry::row_major(256, 8192, 3, 256, 12, 1).unwrap();
-        let err =
-            prepared_launch(&wide, cfg, 4, Dtype::Bfloat16, Dtype::Bfloat16, Variant::Single).err().expect("wide");
+        let err = prepared_launch(&wide, cfg, 4, Dtype::Bfloat16, Variant::Single).err().expect("wide");
         assert!(err.to_string().contains("int8 tables of 4 rows of 8192 inputs exceed"), "{err}");
         // The plan never takes it.
         assert_eq!(plan(1, Dtype::Bfloat16, true, 256).kernel, AxisOneKernel::Fragment);
@@ -306,9 +319,7 @@ mod tests {
         let up = TrellisGeometry::row_major(256, 512, 3, 256, 12, 1).unwrap();
         let cfg = AxisOneConfig::plain(AxisOneKernel::Fragment);
         // 8 rows a pass: 65536 passes are one more than grid z holds.
-        let err = prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Dtype::Float32, Variant::Single)
-            .err()
-            .expect("65536 passes");
+        let err = prepared_launch(&up, cfg, 8 * 65536, Dtype::Float32, Variant::Single).err().expect("65536 passes");
         let err = err.to_string();
         assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }

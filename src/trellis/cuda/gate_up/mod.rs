@@ -39,13 +39,9 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
 use super::expand::expand_cuda;
+pub use launch::CONVERT_MIN_ROWS;
 use launch::{prepared_launch, Variant};
 use plan::{plan, AxisOneConfig, AxisOneKernel};
-
-/// Rows of bf16 activations from which the kernel reads them as f16, converted once per call by
-/// the pre-pass (each row brought into f16's range by a power of two): every row tile of the
-/// layer converts its fragments again otherwise.
-pub const CONVERT_MIN_ROWS: usize = 17;
 
 /// Rows of 16-bit activations from which [`linear`] and [`swiglu`] decode the layer to dense
 /// weights ([`expand_cuda`]) and run MLX's matmul: the GEMM decodes every weight once per pass of
@@ -152,9 +148,8 @@ fn run_linear(
     cfg: AxisOneConfig,
     residual: Option<&MlxArray>,
 ) -> Result<MlxArray> {
-    let read = read_dtype(x2, m, cfg.kernel);
     let variant = if residual.is_some() { Variant::Residual } else { Variant::Single };
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), variant)?;
+    let prepared = prepared_launch(g, cfg, m, x2.dtype(), variant)?;
     let (x, x_exp) = prepared.kernel_input(x2, scales)?;
     let mut inputs =
         if cfg.kernel == AxisOneKernel::Int8 { vec![&x, codes, scales] } else { vec![&x, &x_exp, codes, scales] };
@@ -202,8 +197,7 @@ pub(crate) fn swiglu_with(
     }
     let m = check(what, x2, gate.codes, gate.scales, g)?;
     check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
-    let read = read_dtype(x2, m, cfg.kernel);
-    let prepared = prepared_launch(g, cfg, m, read, x2.dtype(), Variant::Fused { up_bits: ug.k })?;
+    let prepared = prepared_launch(g, cfg, m, x2.dtype(), Variant::Fused { up_bits: ug.k })?;
     let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
     let inputs: &[&MlxArray] = if cfg.kernel == AxisOneKernel::Int8 {
         &[&x, gate.codes, gate.scales, up.codes, up.scales]
@@ -222,16 +216,6 @@ fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Tre
         );
     }
     check_operands(what, x2, codes, scales, g)
-}
-
-/// The dtype `kernel` reads `m` rows of `x2` in: the GEMM always the pre-pass's f16; the others
-/// bf16 as the pre-pass's f16 from [`CONVERT_MIN_ROWS`] rows, else as given.
-fn read_dtype(x2: &MlxArray, m: usize, kernel: AxisOneKernel) -> Dtype {
-    if kernel == AxisOneKernel::Gemm || (x2.dtype() == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS) {
-        Dtype::Float16
-    } else {
-        x2.dtype()
-    }
 }
 
 #[cfg(test)]

@@ -68,6 +68,7 @@ impl AxisOneConfig {
     /// `kernel` in its plainest shape: one 8-row tile a pass, one row tile, 4 warps, neither the
     /// bias fold nor the IMAD pack (valid for each kernel with 16-bit activations); the base the
     /// benchmarks and tests vary.
+    #[cfg(any(test, feature = "tuning"))]
     pub const fn plain(kernel: AxisOneKernel) -> AxisOneConfig {
         AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel }
     }
