@@ -380,7 +380,7 @@ fn sweep_axis_one(
     let others = [
         AxisOneConfig::plain(AxisOneKernel::Int8),
         AxisOneConfig { mt, ..AxisOneConfig::plain(AxisOneKernel::Gemm) },
-        AxisOneConfig { mt, rt: 1, warps: 4, bias_fold: mt <= 2, pack_fma: false, kernel: AxisOneKernel::Fragment },
+        AxisOneConfig { mt, bias_fold: mt <= 2, ..AxisOneConfig::plain(AxisOneKernel::Fragment) },
     ];
     for other in others {
         let serves = other.kernel != AxisOneKernel::Int8 || m <= INT8_MAX_ROWS;
@@ -388,16 +388,18 @@ fn sweep_axis_one(
             bases.push(other);
         }
     }
-    // Around the planned kernel's and the GEMM's shapes: every row tile and warp count; the other
-    // kernels in their base shape.
+    // Around the planned kernel's and the GEMM's shapes: every row tile and warp count, and the
+    // GEMM with and without its code-word prefetch; the other kernels in their base shape.
     let mut configs = vec![planned];
     for base in bases {
         let around = base.kernel == AxisOneKernel::Gemm;
         for rt in if around { 1..=4 } else { base.rt..=base.rt } {
             for warps in if around { vec![1, 2, 3, 4, 8] } else { vec![base.warps] } {
-                let cfg = AxisOneConfig { rt, warps, ..base };
-                if !configs.contains(&cfg) && cfg.check(x.dtype(), fused).is_ok() {
-                    configs.push(cfg);
+                for prefetch in if around { vec![true, false] } else { vec![base.prefetch] } {
+                    let cfg = AxisOneConfig { rt, warps, prefetch, ..base };
+                    if !configs.contains(&cfg) && cfg.check(x.dtype(), fused).is_ok() {
+                        configs.push(cfg);
+                    }
                 }
             }
         }
@@ -420,7 +422,7 @@ fn sweep_axis_one(
             cfg.warps,
             cfg.bias_fold,
             cfg.pack_fma,
-            format!("{:?}", cfg.kernel).to_lowercase()
+            format!("{:?}{}", cfg.kernel, if cfg.prefetch { " prefetch" } else { "" }).to_lowercase()
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
     }

@@ -143,7 +143,7 @@ fn every_axis_one_shape_matches_the_reference() {
         (4, 2, 2, false, false),
     ];
     for (mt, rt, warps, bias_fold, pack_fma) in shapes {
-        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: AxisOneKernel::Fragment };
+        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: AxisOneKernel::Fragment, prefetch: false };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
                 assert!(dtype == Dtype::Float32 && bias_fold, "{cfg:?} {dtype}");
@@ -269,33 +269,35 @@ fn fused_and_residual_int8_match_the_reference() {
 /// The decode-once GEMM (`gate_up_gemm.cu`) in shapes the plan does not take, against the f64
 /// reference under each dtype's gate: passes of 1, 3 and 8 tiles of 8 rows at row counts that
 /// fill them, leave them short and spill into another pass; 1, 3 and 8 warps (output tiles a
-/// block) over outputs that are not a multiple of a block's; k 2/3/4, L 8/12/16, one and several
+/// block) over outputs that are not a multiple of a block's, with and without the code-word
+/// prefetch; k 2/3/4, L 8/12/16, one and several
 /// input blocks; the residual variant and the fused SwiGLU of equal and mixed widths; activation
 /// magnitudes 1e-8 and 1e8; zero rows, and a non-finite activation kept to its own row.
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn every_gemm_shape_matches_the_reference() {
     require_cuda();
-    let gemm = |mt, warps| AxisOneConfig { mt, warps, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
+    let gemm = |mt, warps, prefetch| AxisOneConfig { mt, warps, prefetch, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
     let shapes = [(1, 3), (3, 1), (8, 8), (8, 4)];
     for (out, inp, k, l) in [(200, 768, 3, 12), (64, 256, 2, 8), (136, 1280, 4, 16)] {
         let (host, lin) = up_layer(out, inp, k, l);
         let g = *lin.geometry();
-        for (mt, warps) in shapes {
+        for ((mt, warps), prefetch) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
             let rows = 8 * mt as usize;
             for dtype in [Dtype::Bfloat16, Dtype::Float16] {
                 for m in [1, rows - 1, rows, rows + 3] {
                     let (x, xr) = x(m, inp, dtype, 1.0);
                     let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(mt, warps)).unwrap();
-                    check(&format!("GEMM {g} mt {mt} warps {warps}"), &y, &want, m, out, dtype, gate(dtype));
+                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(mt, warps, prefetch)).unwrap();
+                    let name = format!("GEMM {g} mt {mt} warps {warps} prefetch {prefetch}");
+                    check(&name, &y, &want, m, out, dtype, gate(dtype));
                 }
             }
         }
         for scale in [1e-8, 1e8] {
             let (x, xr) = x(20, inp, Dtype::Bfloat16, scale);
             let want = forward_f64(&xr, 20, &host.codes, &host.scales, &g).unwrap();
-            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(3, 4)).unwrap();
+            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(3, 4, false)).unwrap();
             check(&format!("GEMM {g} x{scale:e}"), &y, &want, 20, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
         }
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
@@ -304,19 +306,20 @@ fn every_gemm_shape_matches_the_reference() {
             let (x, xr) = x(m, inp, dtype, 1.0);
             let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
             let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
-            let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, gemm(3, 3)).unwrap();
+            let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, gemm(3, 3, true)).unwrap();
             check(&format!("GEMM {g} plus a residual"), &y, &want, m, out, dtype, gate(dtype));
         }
     }
     for (kg, ku) in [(3, 3), (2, 4), (4, 3)] {
         let (h, mlp) = mixed_mlp(kg, ku);
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-            for (m, (mt, warps)) in [(1, (1, 4)), (21, (3, 3)), (64, (8, 4)), (70, (8, 2))] {
+            let shapes = [(1, (1, 4)), (21, (3, 3)), (64, (8, 4)), (70, (8, 2))];
+            for ((m, (mt, warps)), prefetch) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
                 let (x, xr) = x(m, 768, dtype, 1.0);
                 let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let s = swiglu_with(&x, mlp.gate(), mlp.up(), gemm(mt, warps)).unwrap();
+                let s = swiglu_with(&x, mlp.gate(), mlp.up(), gemm(mt, warps, prefetch)).unwrap();
                 check(
-                    &format!("GEMM SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps}"),
+                    &format!("GEMM SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps} prefetch {prefetch}"),
                     &s,
                     &want,
                     m,
@@ -329,7 +332,7 @@ fn every_gemm_shape_matches_the_reference() {
     }
     let (_, lin) = up_layer(64, 512, 3, 12);
     let g = *lin.geometry();
-    let run = |x: &MlxArray| to_f64(&axis_one_with(x, lin.codes(), lin.scales(), &g, gemm(3, 4)).unwrap());
+    let run = |x: &MlxArray| to_f64(&axis_one_with(x, lin.codes(), lin.scales(), &g, gemm(3, 4, true)).unwrap());
     let zeros = MlxArray::zeros(&[18, 512], Dtype::Bfloat16).unwrap();
     assert!(run(&zeros).iter().all(|&v| v == 0.0), "zero rows");
     for bad in [f32::NAN, f32::INFINITY] {
@@ -365,7 +368,7 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
     }
     // Other fused shapes at a few rows.
     for cfg in [
-        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false, kernel: AxisOneKernel::Fragment },
+        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false, kernel: AxisOneKernel::Fragment, prefetch: false },
         axis_one_plan(40, Dtype::Bfloat16, true, inter),
     ] {
         for m in [1, 13, 40] {

@@ -33,11 +33,12 @@
 // warp); output rows past OUT read row OUT - 1 and are not written, and a warp whose whole tile is
 // past OUT only stages.
 //
-// Template ints: K, L, MT (1..8), WARPS, and in the fused variant KU. Template type: Y (the
-// output dtype). Inputs: x [M, IN] f16, x_exp [M] f16, codes [OUT, IN K / 32], scales [OUT]
-// (f16), in the fused variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual
-// variant residual [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16
-// WARPS)), ceil(M / (8 MT))] threads, blocks of 32 WARPS.
+// Template ints: K, L, MT (1..8), WARPS, and in the fused variant KU. Template bool: PREFETCH
+// (the code words read one block ahead; see the main loop). Template type: Y (the output dtype).
+// Inputs: x [M, IN] f16, x_exp [M] f16, codes [OUT, IN K / 32], scales [OUT] (f16), in the fused
+// variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual
+// [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16 WARPS)),
+// ceil(M / (8 MT))] threads, blocks of 32 WARPS.
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
@@ -103,19 +104,24 @@
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[a][t][e] = 0.0f;
 
+  // With PREFETCH a block's code words are read one block ahead, into registers (w_next), and
+  // arrive while the block before is multiplied; without it each block's are read at its start,
+  // in flight across the wait for its activations and the barrier: 36 fewer registers (fused,
+  // k 3, MT 8: 140 against 176), so three thread blocks an SM instead of two.
   Runs w;
   stage(0, 0);
-  if (busy) lane_runs.load(0, w);
+  if (PREFETCH && busy) lane_runs.load(0, w);
   for (int b = 0; b < NB; ++b) {
     // The next block's activations (into the stage every warp finished with at the last
-    // barrier) and code words, in flight while this block is multiplied.
+    // barrier), in flight while this block is multiplied.
     Runs w_next;
     if (b + 1 < NB) {
       stage(b + 1, (b + 1) & 1);
-      if (busy) lane_runs.load(b + 1, w_next);
+      if (PREFETCH && busy) lane_runs.load(b + 1, w_next);
     } else {
       trellis_cuda::cp_async_commit();  // an empty group: the wait below counts one behind
     }
+    if (!PREFETCH && busy) lane_runs.load(b, w);
     trellis_cuda::cp_async_wait<1>();
     __syncthreads();
     if (busy) {
@@ -141,13 +147,15 @@
           }
         }
       }
+      if (PREFETCH) {
 #pragma unroll
-      for (int a = 0; a < NMAT; ++a)
+        for (int a = 0; a < NMAT; ++a)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int j = 0; j < Lanes::RUN; ++j)
-            if (j <= 2 * Lanes::k_of(a)) w[a][0][h][j] = w_next[a][0][h][j];
+            for (int j = 0; j < Lanes::RUN; ++j)
+              if (j <= 2 * Lanes::k_of(a)) w[a][0][h][j] = w_next[a][0][h][j];
+      }
     }
     __syncthreads();  // every warp is done with this stage before it is staged again
   }

@@ -200,7 +200,9 @@ fn prepared_gemm_launch(
     passes: usize,
 ) -> Result<Prepared> {
     let blocks = g.out_features().div_ceil(16 * cfg.warps as usize);
-    let launch = base_launch(g, cfg, m, dtype, variant, [blocks, passes]).template_int("MT", cfg.mt as i32);
+    let launch = base_launch(g, cfg, m, dtype, variant, [blocks, passes])
+        .template_int("MT", cfg.mt as i32)
+        .template_bool("PREFETCH", cfg.prefetch);
     let kernel = kernel(variant, AxisOneKernel::Gemm, cfg.gemm_shared_bytes())?;
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: Some(hand_over(g, m, dtype)?) })
 }

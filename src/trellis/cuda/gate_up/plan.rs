@@ -62,6 +62,10 @@ pub struct AxisOneConfig {
     pub pack_fma: bool,
     /// The kernel.
     pub kernel: AxisOneKernel,
+    /// The GEMM only: read each block's code words one block ahead, into registers, instead of
+    /// at its start (fused, k 3, 64 rows: 176 registers against 140, two thread blocks an SM
+    /// against three).
+    pub prefetch: bool,
 }
 
 impl AxisOneConfig {
@@ -70,7 +74,7 @@ impl AxisOneConfig {
     /// benchmarks and tests vary.
     #[cfg(any(test, feature = "tuning"))]
     pub const fn plain(kernel: AxisOneKernel) -> AxisOneConfig {
-        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel }
+        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel, prefetch: false }
     }
 
     /// An error naming the first reason this shape cannot run `dtype` activations in the single
@@ -89,6 +93,9 @@ impl AxisOneConfig {
         }
         if self.bias_fold && dtype == Dtype::Float32 {
             invalid!("CUDA axis-1 kernel: the bias fold is for 16-bit activations");
+        }
+        if self.prefetch && self.kernel != AxisOneKernel::Gemm {
+            invalid!("CUDA axis-1 kernel: prefetch is the GEMM's (the {:?} kernel reads its code words as it goes)", self.kernel);
         }
         match self.kernel {
             AxisOneKernel::Fragment => {}
@@ -155,7 +162,7 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         let passes = m.div_ceil(8 * mt as usize);
         let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
         let warps = [4, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
-        return AxisOneConfig { mt, rt: 1, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm };
+        return AxisOneConfig { mt, rt: 1, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm, prefetch: true };
     }
     AxisOneConfig {
         mt,
@@ -164,6 +171,7 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         bias_fold: sixteen_bit && mt <= 2,
         pack_fma: sixteen_bit && m == 1,
         kernel: AxisOneKernel::Fragment,
+        prefetch: false,
     }
 }
 
@@ -251,6 +259,12 @@ mod tests {
             let err = bad.check(Dtype::Bfloat16, false).unwrap_err().to_string();
             assert!(err.contains("GEMM: rt = 1"), "{bad:?}: {err}");
         }
+        AxisOneConfig { prefetch: false, ..gemm }.check(Dtype::Bfloat16, true).unwrap();
+        for kernel in [AxisOneKernel::Fragment, AxisOneKernel::Int8] {
+            let bad = AxisOneConfig { prefetch: true, ..AxisOneConfig::plain(kernel) };
+            let err = bad.check(Dtype::Bfloat16, true).unwrap_err().to_string();
+            assert!(err.contains("prefetch is the GEMM's"), "{bad:?}: {err}");
+        }
     }
 
     #[test]
@@ -280,7 +294,15 @@ mod tests {
     #[test]
     fn too_much_static_shared_memory_is_an_error_that_says_so() {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
-        let big = AxisOneConfig { mt: 8, rt: 4, warps: 8, bias_fold: true, pack_fma: false, kernel: AxisOneKernel::Fragment };
+        let big = AxisOneConfig {
+            mt: 8,
+            rt: 4,
+            warps: 8,
+            bias_fold: true,
+            pack_fma: false,
+            kernel: AxisOneKernel::Fragment,
+            prefetch: false,
+        };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
         assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
         // The single projection holds one set (160 sums a lane): 3 warps (two warps' sums) fit,
