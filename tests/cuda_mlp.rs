@@ -143,7 +143,8 @@ fn every_axis_one_shape_matches_the_reference() {
         (4, 2, 2, false, false),
     ];
     for (mt, rt, warps, bias_fold, pack_fma) in shapes {
-        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: AxisOneKernel::Fragment, prefetch: false };
+        let cfg =
+            AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: AxisOneKernel::Fragment, prefetch: false };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
                 assert!(dtype == Dtype::Float32 && bias_fold, "{cfg:?} {dtype}");
@@ -368,7 +369,15 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
     }
     // Other fused shapes at a few rows.
     for cfg in [
-        AxisOneConfig { mt: 2, rt: 2, warps: 3, bias_fold: true, pack_fma: false, kernel: AxisOneKernel::Fragment, prefetch: false },
+        AxisOneConfig {
+            mt: 2,
+            rt: 2,
+            warps: 3,
+            bias_fold: true,
+            pack_fma: false,
+            kernel: AxisOneKernel::Fragment,
+            prefetch: false,
+        },
         axis_one_plan(40, Dtype::Bfloat16, true, inter),
     ] {
         for m in [1, 13, 40] {
