@@ -35,6 +35,8 @@ mod check;
 mod cli;
 #[path = "common/exit.rs"]
 mod exit;
+#[path = "common/graphs.rs"]
+mod graphs;
 
 use check::to_f64;
 
@@ -323,6 +325,7 @@ fn bench() -> Result<bool> {
             );
         }
     }
+    println!("{}\n", graphs::note());
     if args.paths {
         println!("| layout | M | fused µs | dense path µs | expand alone µs | fused relErr | dense relErr |\n|---|---|---|---|---|---|---|");
     } else if args.sweep && args.axis_one {

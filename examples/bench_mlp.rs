@@ -30,6 +30,8 @@ use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype,
 mod cli;
 #[path = "common/exit.rs"]
 mod exit;
+#[path = "common/graphs.rs"]
+mod graphs;
 #[path = "common/plot.rs"]
 mod plot;
 #[path = "common/tp_bench.rs"]
@@ -339,8 +341,10 @@ fn bench(cli: &Cli) -> Result<()> {
 fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
     let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
     println!(
-        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation), median (best) of {} evaluations, µs",
-        args.rounds, args.evals
+        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation), median (best) of {} evaluations, µs; {}",
+        args.rounds,
+        args.evals,
+        graphs::note()
     );
     let mut header = "| M | MLX bf16 | MLX affine 4-bit |".to_string();
     let mut rule = "|---|---|---|".to_string();

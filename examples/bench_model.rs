@@ -38,6 +38,8 @@ use mlx_trellis::{async_eval_all, eval_all, Gguf, MlxArray};
 mod cli;
 #[path = "common/exit.rs"]
 mod exit;
+#[path = "common/graphs.rs"]
+mod graphs;
 #[path = "common/plot.rs"]
 mod plot;
 #[path = "common/variants.rs"]
@@ -351,6 +353,8 @@ fn run(args: Args) -> Result<bool> {
             v.graph.iter().map(|g| format!(" {} |", median(g).map_or("–".into(), |u| format!("{u:.1}")))).collect();
         table.push(format!("| {} |{cells}", v.label));
     }
+    table.push(String::new());
+    table.push(graphs::note());
     for line in &table {
         println!("{line}");
     }

@@ -21,6 +21,7 @@
 #   BUNDLE           where `build` puts the binaries and the run steps find them [target/gpu-bundle]
 #   OUT              where the run steps write logs, JSON and reports [$BUNDLE/out]
 #   MLX_PTX_CACHE_DIR  MLX's cache of NVRTC-compiled kernels [$BUNDLE/ptx-cache]
+#   MLX_MAX_OPS_PER_BUFFER  operations MLX records into a CUDA graph before launching it [24]
 #   TEST_THREADS     test threads per test binary [8]
 #   TEST_TIMEOUT     seconds each test binary may take [1200]
 #   BENCH_TIMEOUT    seconds each benchmark may take [900]
@@ -167,6 +168,9 @@ prepare() {
   [ -d "$bundle" ] || { echo "no bundle at $bundle: run 'scripts/gpu.sh build' (or set BUNDLE)" >&2; exit 2; }
   mkdir -p "$out"
   export MLX_PTX_CACHE_DIR="${MLX_PTX_CACHE_DIR:-$bundle/ptx-cache}"
+  # CUDA graphs of 24 operations: MLX's default (100) keeps the GPU idle while the host records
+  # about 20 coded MLP layers (mlx_trellis::trellis::cuda::MAX_OPS_PER_GRAPH).
+  export MLX_MAX_OPS_PER_BUFFER="${MLX_MAX_OPS_PER_BUFFER:-24}"
   # NVLink SHARP (multicast) is left off: some virtualised GPUs reject it (NCCL then fails).
   export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
   export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"

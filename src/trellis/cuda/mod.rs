@@ -22,5 +22,32 @@ pub mod viterbi;
 #[cfg(feature = "tuning")]
 pub mod tuning;
 
+/// The environment variable through which MLX's CUDA back-end bounds the operations it records
+/// into one CUDA graph before it launches the graph.
+pub const MAX_OPS_PER_GRAPH_VAR: &str = "MLX_MAX_OPS_PER_BUFFER";
+
+/// The value of [`MAX_OPS_PER_GRAPH_VAR`] a runner of coded models should start MLX's CUDA
+/// back-end with (MLX's Metal back-end reads the same variable for its command buffers: leave it
+/// to MLX there).
+///
+/// MLX launches a graph once it holds 100 operations (its default on sm_90 and sm_100) or once
+/// its inputs reach 1,000 MB. Coded weights are about a fifth of bf16's, so the second bound
+/// rarely applies, and the GPU idles until the host has recorded 100 operations. That is about
+/// 20 of our MLP layers (4–5 launches each). With 24 operations to a graph, the host records the
+/// next graph while the GPU runs this one. Measured on an H200: Qwen3-14B's coded MLP at one row
+/// went from 131.0 to 121.3 µs a layer, at 16 rows from 175.8 to 152.6. MLX's bf16 MLP held
+/// its time. (docs/cuda-mlp.md, "CUDA graphs".)
+///
+/// MLX reads the variable once, when it first uses the GPU. Set it in the environment, or at
+/// the start of `main` before any other thread runs:
+///
+/// ```no_run
+/// use mlx_trellis::trellis::cuda::{MAX_OPS_PER_GRAPH, MAX_OPS_PER_GRAPH_VAR};
+/// if std::env::var_os(MAX_OPS_PER_GRAPH_VAR).is_none() {
+///     std::env::set_var(MAX_OPS_PER_GRAPH_VAR, MAX_OPS_PER_GRAPH.to_string());
+/// }
+/// ```
+pub const MAX_OPS_PER_GRAPH: usize = 24;
+
 /// The expand module under its former name (`trellis::cuda::dense`).
 pub use expand as dense;
