@@ -222,6 +222,7 @@ fn build(k: u32, layout: CodeLayout, (inp, out): (usize, usize), axis_one: bool)
 }
 
 fn main() -> ExitCode {
+    graphs::start();
     exit::finish(bench(), "[bench] a trellis result missed its check (see above)")
 }
 

@@ -219,6 +219,7 @@ struct Row {
 }
 
 fn main() -> ExitCode {
+    graphs::start();
     let cli = Cli::parse();
     let result = if cli.tp.tp.is_some() { tp_bench::run(&cli) } else { bench(&cli) };
     exit::finish(result.map(|()| true), "[bench] a check missed its gate (see above)")

@@ -390,6 +390,7 @@ fn run(args: Args) -> Result<bool> {
 }
 
 fn main() {
+    graphs::start();
     let args = Args::parse();
     exit::finish(run(args).context("bench_model"), "bench_model: a check failed")
 }

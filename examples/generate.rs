@@ -18,6 +18,9 @@ use mlx_trellis::llama::{
 };
 use mlx_trellis::{Dtype, Gguf};
 
+#[path = "common/graphs.rs"]
+mod graphs;
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum ActDtype {
     F32,
@@ -114,18 +117,20 @@ fn run(args: Args) -> Result<()> {
     })?;
     println!();
     eprintln!(
-        "model {} ({}), loaded in {load_seconds:.2} s; prompt {} tokens, prefill {:.1} tokens/s; generated {} tokens, decode {:.1} tokens/s",
+        "model {} ({}), loaded in {load_seconds:.2} s; prompt {} tokens, prefill {:.1} tokens/s; generated {} tokens, decode {:.1} tokens/s; {}",
         path.display(),
         dtype,
         out.prompt_tokens,
         out.prefill_tokens_per_second(),
         out.tokens.len(),
-        out.decode_tokens_per_second()
+        out.decode_tokens_per_second(),
+        graphs::note()
     );
     Ok(())
 }
 
 fn main() -> ExitCode {
+    graphs::start();
     let args = Args::parse();
     match run(args).context("generate") {
         Ok(()) => ExitCode::SUCCESS,
