@@ -392,19 +392,23 @@ fn sweep_axis_one(
             bases.push(other);
         }
     }
-    // Around the planned kernel's and the GEMM's shapes: every row tile and warp count, and the
-    // GEMM with and without its code-word prefetch; the other kernels in their base shape.
+    // The GEMM's shapes around its base: every warp count (its row tiles are one warp's), with and
+    // without its code-word prefetch; the planned shape and the other kernels' base shapes as
+    // they are.
     let mut configs = vec![planned];
     for base in bases {
-        let around = base.kernel == AxisOneKernel::Gemm;
-        for rt in if around { 1..=4 } else { base.rt..=base.rt } {
-            for warps in if around { vec![1, 2, 3, 4, 8] } else { vec![base.warps] } {
-                for prefetch in if around { vec![true, false] } else { vec![base.prefetch] } {
-                    let cfg = AxisOneConfig { rt, warps, prefetch, ..base };
-                    if !configs.contains(&cfg) && cfg.check(x.dtype(), fused).is_ok() {
-                        configs.push(cfg);
-                    }
-                }
+        let around: Vec<AxisOneConfig> = if base.kernel == AxisOneKernel::Gemm {
+            let warps = [1, 2, 3, 4, 8];
+            warps
+                .into_iter()
+                .flat_map(|warps| [true, false].map(|prefetch| AxisOneConfig { warps, prefetch, ..base }))
+                .collect()
+        } else {
+            vec![base]
+        };
+        for cfg in around {
+            if !configs.contains(&cfg) && cfg.check(x.dtype(), fused).is_ok() {
+                configs.push(cfg);
             }
         }
     }

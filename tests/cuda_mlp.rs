@@ -220,18 +220,7 @@ fn int8_activations_match_the_reference() {
             check(&format!("int8 {g} with outliers"), &y, &want, m, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
         }
     }
-    let (_, lin) = up_layer(64, 512, 3, 12);
-    let g = *lin.geometry();
-    let run = |x: &MlxArray| to_f64(&axis_one_with(x, lin.codes(), lin.scales(), &g, int8(2, 4)).unwrap());
-    // Zero rows give zeros; a NaN or an infinity reaches every output of its row.
-    let zeros = MlxArray::zeros(&[2, 512], Dtype::Bfloat16).unwrap();
-    assert!(run(&zeros).iter().all(|&v| v == 0.0), "zero rows");
-    for bad in [f32::NAN, f32::INFINITY] {
-        let mut v = vec![0.5f32; 2 * 512];
-        v[512 + 300] = bad;
-        let y = run(&MlxArray::from_slice(&v, &[2, 512]).unwrap().astype(Dtype::Bfloat16).unwrap());
-        assert!(y[..64].iter().all(|v| v.is_finite()) && y[64..].iter().all(|v| !v.is_finite()), "{bad}: {y:?}");
-    }
+    zero_and_poisoned_rows(2, int8(2, 4));
 }
 
 /// The fused int8 kernel (gate and up of the same or different k) and its residual variant at row
@@ -264,6 +253,24 @@ fn fused_and_residual_int8_match_the_reference() {
             let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, cfg).unwrap();
             check(&format!("int8 {g} plus a residual"), &y, &want, m, 72, dtype, gate(dtype));
         }
+    }
+}
+
+/// A 64 x 512 layer through `cfg` at `m` rows (at least 2) of bf16 activations: zero rows give
+/// zeros, and a NaN or an infinity in row 1 reaches every output of its row and no other row's.
+fn zero_and_poisoned_rows(m: usize, cfg: AxisOneConfig) {
+    let (_, lin) = up_layer(64, 512, 3, 12);
+    let g = *lin.geometry();
+    let run = |x: &MlxArray| to_f64(&axis_one_with(x, lin.codes(), lin.scales(), &g, cfg).unwrap());
+    let zeros = MlxArray::zeros(&[m, 512], Dtype::Bfloat16).unwrap();
+    assert!(run(&zeros).iter().all(|&v| v == 0.0), "zero rows");
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut v = vec![0.5f32; m * 512];
+        v[512 + 300] = bad;
+        let y = run(&MlxArray::from_slice(&v, &[m, 512]).unwrap().astype(Dtype::Bfloat16).unwrap());
+        let (row0, row1, rest) = (&y[..64], &y[64..128], &y[128..]);
+        assert!(row0.iter().chain(rest).all(|v| v.is_finite()), "{bad}: other rows");
+        assert!(row1.iter().all(|v| !v.is_finite()), "{bad}: its row {row1:?}");
     }
 }
 
@@ -331,19 +338,7 @@ fn every_gemm_shape_matches_the_reference() {
             }
         }
     }
-    let (_, lin) = up_layer(64, 512, 3, 12);
-    let g = *lin.geometry();
-    let run = |x: &MlxArray| to_f64(&axis_one_with(x, lin.codes(), lin.scales(), &g, gemm(3, 4, true)).unwrap());
-    let zeros = MlxArray::zeros(&[18, 512], Dtype::Bfloat16).unwrap();
-    assert!(run(&zeros).iter().all(|&v| v == 0.0), "zero rows");
-    for bad in [f32::NAN, f32::INFINITY] {
-        let mut v = vec![0.5f32; 18 * 512];
-        v[512 + 300] = bad;
-        let y = run(&MlxArray::from_slice(&v, &[18, 512]).unwrap().astype(Dtype::Bfloat16).unwrap());
-        let (row0, row1, rest) = (&y[..64], &y[64..128], &y[128..]);
-        assert!(row0.iter().chain(rest).all(|v| v.is_finite()), "{bad}: other rows");
-        assert!(row1.iter().all(|v| !v.is_finite()), "{bad}: its row {row1:?}");
-    }
+    zero_and_poisoned_rows(18, gemm(3, 4, true));
 }
 
 /// The fused gate·up·SwiGLU against the reference's two projections, and the whole MLP (fused
