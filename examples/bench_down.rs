@@ -393,18 +393,18 @@ fn sweep_axis_one(
         }
     }
     // The GEMM's shapes around its base: every warp count (its row tiles are one warp's), with and
-    // without its code-word prefetch; the planned shape and the other kernels' base shapes as
-    // they are.
+    // without its code-word prefetch. The fragment kernel's warp counts (its warps split a row's
+    // blocks: fewer warps, more thread blocks an SM, and the last wave moves). The int8 kernel's
+    // base shape as it is.
     let mut configs = vec![planned];
     for base in bases {
-        let around: Vec<AxisOneConfig> = if base.kernel == AxisOneKernel::Gemm {
-            let warps = [1, 2, 3, 4, 8];
-            warps
+        let around: Vec<AxisOneConfig> = match base.kernel {
+            AxisOneKernel::Gemm => [1, 2, 3, 4, 8]
                 .into_iter()
                 .flat_map(|warps| [true, false].map(|prefetch| AxisOneConfig { warps, prefetch, ..base }))
-                .collect()
-        } else {
-            vec![base]
+                .collect(),
+            AxisOneKernel::Fragment => [base.warps, 1, 2, 5, 8].map(|warps| AxisOneConfig { warps, ..base }).to_vec(),
+            AxisOneKernel::Int8 => vec![base],
         };
         for cfg in around {
             if !configs.contains(&cfg) && cfg.check(x.dtype(), fused).is_ok() {

@@ -3,9 +3,12 @@
 //! weights stay in the GPU's L2 from one call to the next, as in a 40-layer model), repeated
 //! `--rounds` times per evaluation; the figure is time per MLP layer, median (best) of `--evals`
 //! evaluations. Contenders in the same run: the trellis MLP at 3 and 2 bits (gate/up fused with
-//! the SwiGLU, then the down projection), MLX's dense bf16 MLP of the same decoded weights
-//! (matmul, MLX's silu, multiply, matmul) and MLX's affine 4-bit MLP of them (group 64). Each
-//! trellis MLP's first layer is checked against the f64 reference at every row count.
+//! the SwiGLU, then the down projection with the residual add in its launch:
+//! `TrellisMlp::forward_residual`), MLX's dense bf16 MLP of the same decoded weights (matmul,
+//! MLX's silu, multiply, and the down projection with the residual add as one `addmm`, or with
+//! `--bf16-residual add` a matmul and MLX's add as mlx-lm's models do) and MLX's affine 4-bit MLP
+//! of them (group 64; quantized matmuls, then MLX's add). Each trellis MLP's first layer is
+//! checked against the f64 reference at every row count, with and without the residual.
 //!
 //! It also times each projection alone in the same cold setting (independent calls over the 8
 //! layers in turn): the fused gate·up·SwiGLU and the down projection, beside MLX's bf16 and
@@ -18,7 +21,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use mlx_trellis::trellis::cuda::expand::expand_cuda;
 use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
@@ -83,12 +86,27 @@ struct Cli {
     /// Draw the plot of a JSON table (from --json) as SVG, and exit
     #[arg(long, num_args = 2, value_names = ["JSON", "SVG"], conflicts_with = "tp")]
     plot: Option<Vec<String>>,
+    /// How MLX's bf16 MLP adds the residual stream after its down projection: MLX's `addmm`
+    /// (one cuBLAS call with the add in its epilogue, as the trellis kernel adds it in its
+    /// launch) or a matmul, then MLX's add (as mlx-lm's models do)
+    #[arg(long = "bf16-residual", value_enum, default_value_t = Bf16Residual::Addmm)]
+    bf16_residual: Bf16Residual,
     #[command(flatten)]
     tp: tp_bench::TpArgs,
 }
 
+/// How MLX's bf16 MLP adds the residual stream (`--bf16-residual`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Bf16Residual {
+    /// `addmm`: the down projection and the add as one call.
+    Addmm,
+    /// A matmul, then MLX's add.
+    Add,
+}
+
 struct Args {
     rows: Vec<usize>,
+    bf16_residual: Bf16Residual,
     bits: Vec<u32>,
     rounds: usize,
     evals: usize,
@@ -100,6 +118,7 @@ struct Args {
 fn parse(c: &Cli) -> Args {
     Args {
         rows: c.rows.rows.clone(),
+        bf16_residual: c.bf16_residual,
         bits: c.bits.clone().unwrap_or_else(|| vec![3, 2]),
         rounds: c.rounds,
         evals: c.evals,
@@ -130,10 +149,15 @@ fn dense_twin(mlp: &TrellisMlp) -> Result<Dense> {
     Ok(Dense { w, q4 })
 }
 
-fn bf16_mlp(d: &Dense, x: &MlxArray) -> mlx_trellis::Result<MlxArray> {
+/// The residual stream after MLX's bf16 MLP of `x`: `x + mlp(x)`, the add as `how` says.
+fn bf16_mlp_residual(d: &Dense, x: &MlxArray, how: Bf16Residual) -> mlx_trellis::Result<MlxArray> {
     let g = x.matmul(&d.w[0].t()?)?;
     let u = x.matmul(&d.w[1].t()?)?;
-    g.silu()?.multiply(&u)?.matmul(&d.w[2].t()?)
+    let h = g.silu()?.multiply(&u)?;
+    match how {
+        Bf16Residual::Addmm => x.addmm(&h, &d.w[2].t()?),
+        Bf16Residual::Add => x.add(&h.matmul(&d.w[2].t()?)?),
+    }
 }
 
 fn q4_matmul(q: &(MlxArray, MlxArray, MlxArray), x: &MlxArray) -> mlx_trellis::Result<MlxArray> {
@@ -160,17 +184,18 @@ fn time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxA
     Ok((v[v.len() / 2], v[0]))
 }
 
-/// The residual chain over `layers`, `rounds` times: `x <- x + mlp(x)`.
+/// The residual chain over `layers`, `rounds` times: `x <- step(layer, x)`, each step giving
+/// the residual stream after its layer (`x + mlp(x)`).
 fn chain<L>(
     layers: &[L],
     rounds: usize,
     x: &MlxArray,
-    mlp: &dyn Fn(&L, &MlxArray) -> mlx_trellis::Result<MlxArray>,
+    step: &dyn Fn(&L, &MlxArray) -> mlx_trellis::Result<MlxArray>,
 ) -> mlx_trellis::Result<Vec<MlxArray>> {
     let mut x = x.clone();
     for _ in 0..rounds {
         for l in layers {
-            x = x.add(&mlp(l, &x)?)?;
+            x = step(l, &x)?;
         }
     }
     Ok(vec![x])
@@ -264,18 +289,27 @@ fn bench(cli: &Cli) -> Result<()> {
         for &m in &args.rows {
             let x = x_all.slice(&[0, 0], &[m as i32, HIDDEN as i32], &[1, 1])?.contiguous()?;
             x.eval()?;
-            let y = layers[0].forward(&x)?;
-            let got = to_f64(&y)?;
-            let err = rel_err(&got, &want[..m * HIDDEN])?;
-            let finite = got.iter().all(|v| v.is_finite());
-            let _ =
-                writeln!(checks, "| k{k} | {m} | {err:.1e} | {} |", if finite && err < 1e-2 { "ok" } else { "FAILED" });
-            if !finite || err >= 1e-2 {
-                let miss = format!("k{k} M {m}: the trellis MLP's relErr against the f64 reference is {err:.3e}");
-                return Err(exit::GateMissed(miss).into());
+            // The MLP, and the residual stream after it (x + mlp(x), the add in the down launch).
+            let x64 = to_f64(&x)?;
+            let want_residual: Vec<f64> = x64.iter().zip(&want[..m * HIDDEN]).map(|(a, b)| a + b).collect();
+            let mut err = 0.0f64;
+            for (what, y, want) in [
+                ("", layers[0].forward(&x)?, &want[..m * HIDDEN]),
+                (" with the residual", layers[0].forward_residual(&x, &x)?, &want_residual[..]),
+            ] {
+                let got = to_f64(&y)?;
+                let e = rel_err(&got, want)?;
+                if !got.iter().all(|v| v.is_finite()) || e >= 1e-2 {
+                    let _ = writeln!(checks, "| k{k}{what} | {m} | {e:.1e} | FAILED |");
+                    let miss = format!("k{k} M {m}: the trellis MLP{what}: relErr against the f64 reference {e:.3e}");
+                    return Err(exit::GateMissed(miss).into());
+                }
+                let _ = writeln!(checks, "| k{k}{what} | {m} | {e:.1e} | ok |");
+                err = err.max(e);
             }
             let steps = args.rounds * LAYERS;
-            let (med, best) = time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &|l, x| l.forward(x)))?;
+            let step = |l: &TrellisMlp, x: &MlxArray| l.forward_residual(x, x);
+            let (med, best) = time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
             rows.push(Row { m, name: format!("trellis k{k}"), median: med, best });
             eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer, relErr {err:.1e}");
             // Each projection alone for the first bit width only (the 3-bit layers by default).
@@ -312,9 +346,11 @@ fn bench(cli: &Cli) -> Result<()> {
             }
             if bi == 0 {
                 let dense = dense.as_ref().expect("built with the first bit width");
-                let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &|d, x| bf16_mlp(d, x)))?;
+                let bf16 = |d: &Dense, x: &MlxArray| bf16_mlp_residual(d, x, args.bf16_residual);
+                let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &bf16))?;
                 rows.push(Row { m, name: "MLX bf16".into(), median: med, best });
-                let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &|d, x| q4_mlp(d, x)))?;
+                let q4 = |d: &Dense, x: &MlxArray| x.add(&q4_mlp(d, x)?);
+                let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &q4))?;
                 rows.push(Row { m, name: "MLX affine 4-bit".into(), median: med, best });
                 if args.alone {
                     let h = layers[0].swiglu_with(&x, mlx_trellis::trellis::ForwardPath::Auto)?;
@@ -342,8 +378,12 @@ fn bench(cli: &Cli) -> Result<()> {
 fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
     let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
     println!(
-        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation), median (best) of {} evaluations, µs; {}",
+        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation; MLX bf16's residual add: {}), median (best) of {} evaluations, µs; {}",
         args.rounds,
+        match args.bf16_residual {
+            Bf16Residual::Addmm => "addmm",
+            Bf16Residual::Add => "matmul, then add",
+        },
         args.evals,
         graphs::note()
     );

@@ -73,6 +73,13 @@ impl MlxArray {
         matmul => mlx_matmul,
     }
 
+    /// `self + a · b` (MLX's `addmm` with α = β = 1): on CUDA one cuBLAS call that adds `self`
+    /// in its epilogue.
+    pub fn addmm(&self, a: &MlxArray, b: &MlxArray) -> Result<MlxArray> {
+        // SAFETY: all three handles are live for the duration of the call.
+        MlxArray::op(|res, s| unsafe { sys::mlx_addmm(res, self.as_raw(), a.as_raw(), b.as_raw(), 1.0, 1.0, s) })
+    }
+
     unary_ops! {
         /// Elementwise negation.
         negative => mlx_negative,

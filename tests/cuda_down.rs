@@ -2,9 +2,11 @@
 //! without MLX's CUDA back-end (`scripts/gpu.sh test` runs them on a CUDA machine); the host-side
 //! checks of their configurations run on every back-end.
 
-use mlx_trellis::trellis::cuda::down::{down_cuda, down_pair_cuda, uses_dense, DENSE_MIN_ROWS};
+use mlx_trellis::trellis::cuda::down::{down_cuda, down_pair_cuda, down_residual_cuda, uses_dense, DENSE_MIN_ROWS};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
-use mlx_trellis::trellis::cuda::tuning::{down_cuda_with, down_pair_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::cuda::tuning::{
+    down_cuda_with, down_pair_cuda_with, down_residual_cuda_with, plan, CudaDownConfig,
+};
 mod common;
 
 use common::{f32_matmul_gate, gate, require_cuda, to_f64, Case};
@@ -439,6 +441,108 @@ fn dense_path_refuses_bad_operands() {
     let x = MlxArray::zeros(&[40, 512], Dtype::Bfloat16).unwrap();
     let err = format!("{:#}", down_cuda_dense(&x, up.codes(), up.scales(), up.geometry()).unwrap_err());
     assert!(err.contains("axis 0"), "{err}");
+}
+
+/// A seeded residual stream `[m, cols]` in `dtype` of about the size of `xw` (the product it is
+/// added to, so that the product's error shows in the sum's relErr), and its values.
+fn residual_for(xw: &[f64], m: usize, cols: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
+    let scale = xw.iter().fold(f64::from(f32::MIN_POSITIVE), |a, b| a.max(b.abs())) / 2.0;
+    let v: Vec<f32> = mlx_trellis::trellis::synthetic::gaussian(m * cols, 5_000_003 + 17 * m as u64 + cols as u64)
+        .unwrap()
+        .into_iter()
+        .map(|v| v * scale as f32)
+        .collect();
+    let r = MlxArray::from_slice(&v, &[m, cols]).unwrap().astype(dtype).unwrap();
+    let rr = to_f64(&r);
+    (r, rr)
+}
+
+/// The residual variant (the add in the kernel's fold, in f32 before the output's one rounding)
+/// against the f64 `residual + x W`: `down_residual_cuda` and `TrellisLinear::forward_residual`
+/// at every planned row bucket (the IMAD pack at one row, 2-8, 9-16, prescaled from 17, two
+/// passes at 65, the dense path's matmul and add from DENSE_MIN_ROWS rows of 16-bit
+/// activations) in every dtype, and explicit configurations: parts of a coded block, prescaled B
+/// tiles on an mbarrier ring.
+fn residual_variant_matches_the_reference(layers: &[Case]) {
+    require_cuda();
+    for c in layers {
+        let g = *c.g();
+        for m in [1, 5, 16, 17, 65, DENSE_MIN_ROWS] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (x, xr) = c.x(m, dtype);
+                let xw = c.reference(&xr, m);
+                let (r, rr) = residual_for(&xw, m, g.cols, dtype);
+                let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+                let calls: [(&str, Forward); 2] = [
+                    ("down_residual_cuda", &|x| down_residual_cuda(x, c.lin.codes(), c.lin.scales(), &g, &r)),
+                    ("forward_residual", &|x| c.lin.forward_residual(x, &r)),
+                ];
+                for (what, f) in calls {
+                    let got = c.run(what, &x, f);
+                    let err = rel_err(&got, &want).unwrap();
+                    println!("{what} {g} M {m} {dtype}: relErr {err:.2e}");
+                    assert!(err < gate(dtype), "{what} {g} M {m} {dtype}: relErr {err:.3e}");
+                }
+            }
+        }
+        let parts = CudaDownConfig { nc: 2, mt: 1, ks: 1, warps: 2, splits: 5, ..Default::default() };
+        let ring = CudaDownConfig {
+            nc: 2,
+            mt: 3,
+            ks: 2,
+            warps: 8,
+            splits: 3,
+            stages: 4,
+            prescaled: true,
+            mbarriers: true,
+            ..Default::default()
+        };
+        for (m, dtype, cfg) in [(3, Dtype::Bfloat16, parts), (20, Dtype::Float16, ring), (9, Dtype::Float32, parts)] {
+            let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
+            cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} on {g} {dtype}: {e:#}"));
+            let (x, xr) = c.x(m, dtype);
+            let xw = c.reference(&xr, m);
+            let (r, rr) = residual_for(&xw, m, g.cols, dtype);
+            let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+            let f: Forward = &|x| down_residual_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, &r);
+            let err = rel_err(&c.run("residual variant", &x, f), &want).unwrap();
+            println!("residual variant {cfg:?} {g} M {m} {dtype}: relErr {err:.2e}");
+            assert!(err < gate(dtype), "{cfg:?} {g} M {m} {dtype}: relErr {err:.3e}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn the_residual_variant_matches_the_reference_k3() {
+    let [inter, _, _, odd, _] = small_layers();
+    residual_variant_matches_the_reference(&[inter, odd]);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn the_residual_variant_matches_the_reference_k2_k4() {
+    let [_, k2, k4, _, k4_l16] = small_layers();
+    residual_variant_matches_the_reference(&[k2, k4, k4_l16]);
+}
+
+#[test]
+fn a_residual_of_another_shape_or_dtype_is_refused() {
+    // Checked before anything runs, so on every back-end.
+    let c = Case::new(64, 512, 2, CodeLayout::RowMajor);
+    let x = MlxArray::zeros(&[2, 64], Dtype::Bfloat16).unwrap();
+    for (shape, dtype) in [([2, 511], Dtype::Bfloat16), ([3, 512], Dtype::Bfloat16), ([2, 512], Dtype::Float32)] {
+        let r = MlxArray::zeros(&shape, dtype).unwrap();
+        let err = down_residual_cuda(&x, c.lin.codes(), c.lin.scales(), c.g(), &r).unwrap_err();
+        assert_eq!(err.kind(), mlx_trellis::ErrorKind::InvalidArgument, "{err}");
+        assert!(err.to_string().contains("must be bfloat16 [2, 512]"), "{err}");
+    }
+    // The layer's own entry point checks the shape against its output's (any dtype: one other
+    // than the output's is added by MLX's add).
+    let r = MlxArray::zeros(&[2, 511], Dtype::Bfloat16).unwrap();
+    let err = c.lin.forward_residual(&x, &r).unwrap_err();
+    assert_eq!(err.kind(), mlx_trellis::ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("must have the output's shape [2, 512]"), "{err}");
 }
 
 /// The down kernel folds its partial sums in its own launch, counting finished thread blocks in

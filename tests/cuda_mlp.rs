@@ -29,6 +29,30 @@ fn x(m: usize, width: usize, dtype: Dtype, scale: f32) -> (MlxArray, Vec<f64>) {
     (x, xr)
 }
 
+/// A seeded residual stream `[m, width]` in `dtype` (standard normal times `scale`, seeds apart
+/// from [`x`]'s) and its values.
+fn residual(m: usize, width: usize, dtype: Dtype, scale: f64) -> (MlxArray, Vec<f64>) {
+    let v: Vec<f32> = gaussian(m * width, 9_000_011 + 13 * m as u64 + width as u64)
+        .unwrap()
+        .into_iter()
+        .map(|v| v * scale as f32)
+        .collect();
+    let r = MlxArray::from_slice(&v, &[m, width]).unwrap().astype(dtype).unwrap();
+    let rr = to_f64(&r);
+    (r, rr)
+}
+
+/// `want + rr` elementwise.
+fn plus(want: &[f64], rr: &[f64]) -> Vec<f64> {
+    want.iter().zip(rr).map(|(a, b)| a + b).collect()
+}
+
+/// The largest |v|, at least the smallest normal f32 (a residual's scale of the same size as an
+/// output, so that the output's error shows in the sum's relErr).
+fn largest(v: &[f64]) -> f64 {
+    v.iter().fold(f64::from(f32::MIN_POSITIVE), |a, b| a.max(b.abs()))
+}
+
 fn up_layer(out: usize, inp: usize, k: u32, l: u32) -> (HostLayer, TrellisLinear) {
     let host = synthetic_layer(
         out,
@@ -361,6 +385,22 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
         let want = mlp_forward_f64(&xr, m, &h.0, &h.1, &h.2).unwrap();
         let y = mlp.forward_with(&x, ForwardPath::Cuda).unwrap();
         check(&format!("MLP {hidden}->{inter} k{k}"), &y, &want, m, hidden, dtype, gate(dtype));
+        // The residual stream after the MLP: the add in the down kernel's fold (the dense path's
+        // add from 129 rows), by the CUDA path and by Auto.
+        let (r, rr) = residual(m, hidden, dtype, largest(&want) / 2.0);
+        let want = plus(&want, &rr);
+        for path in [ForwardPath::Cuda, ForwardPath::Auto] {
+            let y = mlp.forward_residual_with(&x, &r, path).unwrap();
+            check(
+                &format!("MLP {hidden}->{inter} k{k} plus a residual ({path})"),
+                &y,
+                &want,
+                m,
+                hidden,
+                dtype,
+                gate(dtype),
+            );
+        }
     }
     // Other fused shapes at a few rows.
     for cfg in [

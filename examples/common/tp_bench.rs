@@ -171,9 +171,11 @@ fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
         ys.eval()?;
         let err = if lead { rel_err(&to_f64(&ys)?, &to_f64(&whole[0].forward(&x)?)?)? } else { 0.0 };
         worst = worst.max(err);
-        let unsharded = || chain(&whole, a.rounds, &x, &|l, x| l.forward(x));
-        let sharded = || chain(&shards, a.rounds, &x, &|l, x| l.forward(x, ForwardPath::Auto));
-        let local = || chain(&shards, a.rounds, &x, &|l, x| l.forward_local(x, ForwardPath::Auto));
+        // Every chain adds the residual by MLX's add, as the sharded layer must after its
+        // all-reduce, so that the rows differ by the sharding alone.
+        let unsharded = || chain(&whole, a.rounds, &x, &|l, x| x.add(&l.forward(x)?));
+        let sharded = || chain(&shards, a.rounds, &x, &|l, x| x.add(&l.forward(x, ForwardPath::Auto)?));
+        let local = || chain(&shards, a.rounds, &x, &|l, x| x.add(&l.forward_local(x, ForwardPath::Auto)?));
         let reduce = || -> mlx_trellis::Result<Vec<MlxArray>> {
             let mut y = x.clone();
             for _ in 0..steps {

@@ -82,6 +82,11 @@
 // scales_b, and writes the second's output to a second output, y_b; grid y holds both
 // matrices' column tiles (the second's after the first's), the counters one per tile of both,
 // and x_exp, the prescaled rows and the partials the first matrix's then the second's.
+//
+// The residual variant (its sections under TRELLIS_RESIDUAL; one matrix) takes a sixth input,
+// residual [M, C] in Y, and its fold writes y = residual + x W, added in f32 before the
+// output's one rounding: a model's residual stream after its down projection, without a launch
+// of its own for the add.
 #if TRELLIS_PAIR
   constexpr int MATS = 2;  // matrices of the launch: the pair variant's prescaled x holds both's rows
 #else
@@ -537,6 +542,10 @@
         const float4 v = __ldcg(reinterpret_cast<const float4*>(p + (size_t)sp * C));
         s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
       }
+#if TRELLIS_RESIDUAL
+      const auto* res = residual + (size_t)m * C + col;
+      s.x += float(res[0]), s.y += float(res[1]), s.z += float(res[2]), s.w += float(res[3]);
+#endif
       Y* out = mat_y + (size_t)m * C + col;
       out[0] = Y(s.x), out[1] = Y(s.y), out[2] = Y(s.z), out[3] = Y(s.w);
     }

@@ -330,21 +330,69 @@ impl TrellisLinear {
         y.with_context(|| format!("{} ({}) by the {path} path", self.name, self.geometry))
     }
 
-    /// `residual +` [`TrellisLinear::forward_stored_input`] (`residual` `[m, out]`): on CUDA for a
-    /// layer stored along its inputs (whose outputs need no transform back), the add in the
-    /// axis-1 kernel's launch, rounded once; otherwise MLX's add after the output.
+    /// `residual +` [`TrellisLinear::forward_stored_input`] (`residual` `[m, out]`): the add in
+    /// the CUDA kernel's launch where [`TrellisLinear::adds_in_kernel`], otherwise MLX's add after
+    /// the output.
     pub(crate) fn forward_stored_input_plus(
         &self,
         xs: &MlxArray,
         residual: &MlxArray,
         path: ForwardPath,
     ) -> Result<MlxArray> {
-        let g = &self.geometry;
-        if path == ForwardPath::Cuda && g.axis == 1 && residual.dtype() == xs.dtype() {
-            let y = cuda::gate_up::linear_residual(xs, &self.codes, &self.scales, g, residual);
+        if self.adds_in_kernel(path, xs.dtype(), residual.dtype()) {
+            let g = &self.geometry;
+            let y = if g.axis == 1 {
+                cuda::gate_up::linear_residual(xs, &self.codes, &self.scales, g, residual)
+            } else {
+                cuda::down::down_residual_cuda(xs, &self.codes, &self.scales, g, residual)
+            };
             return y.with_context(|| format!("{} ({g}) plus a residual by the {path} path", self.name));
         }
         residual.add(&self.forward_stored_input(xs, path)?)
+    }
+
+    /// Whether `path` adds a residual of `residual_dtype` to this layer's output of `dtype`
+    /// activations in the kernel's own launch, in f32 before the output's one rounding: on CUDA,
+    /// where the output needs no transform back (a layer stored along its inputs, or along its
+    /// outputs without a rotation or padding) and the residual has the output's dtype.
+    fn adds_in_kernel(&self, path: ForwardPath, dtype: Dtype, residual_dtype: Dtype) -> bool {
+        path == ForwardPath::Cuda && residual_dtype == dtype && (self.geometry.axis == 1 || self.transform.is_none())
+    }
+
+    /// `residual + x · W` (`residual` of the output's shape `[..., out]`): a model's residual
+    /// stream after this layer, by the best path for this back-end. On CUDA the add runs in the
+    /// kernel's launch where the output needs no transform back (a layer stored along its inputs,
+    /// or along its outputs without a rotation or padding) and `residual` has `x`'s dtype: added
+    /// in f32 before the output's one rounding, one launch fewer. Elsewhere it is MLX's add after
+    /// [`TrellisLinear::forward`].
+    pub fn forward_residual(&self, x: &MlxArray, residual: &MlxArray) -> Result<MlxArray> {
+        self.forward_residual_with(x, residual, ForwardPath::Auto)
+    }
+
+    /// [`TrellisLinear::forward_residual`] by a chosen path.
+    pub fn forward_residual_with(&self, x: &MlxArray, residual: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        let g = &self.geometry;
+        let (x2, mut out_shape) = activation_rows(&self.name, "layer", x, self.in_features(), Some(g))?;
+        let m = x2.shape()[0];
+        out_shape.push(self.out_features());
+        if residual.shape() != out_shape {
+            invalid!("{}: residual {:?} must have the output's shape {out_shape:?}", self.name, residual.shape());
+        }
+        if m == 0 {
+            return residual.add(&self.forward_with(x, path)?);
+        }
+        self.check_fits(m, x.dtype())?;
+        let r2 = residual.reshape(&[m, self.out_features()])?;
+        let run = |path: ForwardPath| {
+            if self.adds_in_kernel(path, x2.dtype(), r2.dtype()) {
+                self.forward_stored_input_plus(&self.stored_input(&x2)?, &r2, path)
+            } else {
+                r2.add(&self.forward_2d(&x2, m, path)?)
+            }
+        };
+        let (path, y) = resolve_auto(path, || self.best_path(), run);
+        y.and_then(|y| y.reshape(&out_shape))
+            .with_context(|| format!("{} ({g}) plus a residual by the {path} path", self.name))
     }
 
     /// The stored side of the outputs (axis 0) or of the inputs (axis 1, `input` true) as the

@@ -172,10 +172,10 @@ impl TrellisMlp {
     }
 
     /// `residual + forward(x)` (`residual` of `x`'s shape): a model's residual stream after the
-    /// MLP, by the best path for this back-end. Where the CUDA join applies
-    /// ([`TrellisMlp::joins_on_cuda`]) and the down projection is stored along its inputs, the add
-    /// runs in the down kernel's launch, in f32 before the one rounding of the output (one
-    /// launch fewer); elsewhere it is MLX's add after [`TrellisMlp::forward`].
+    /// MLP, by the best path for this back-end. On CUDA the add runs in the down projection's
+    /// launch wherever its output needs no transform back (see
+    /// [`TrellisLinear::forward_residual`]), in f32 before the output's one rounding (one launch
+    /// fewer); elsewhere it is MLX's add after [`TrellisMlp::forward`].
     pub fn forward_residual(&self, x: &MlxArray, residual: &MlxArray) -> Result<MlxArray> {
         self.forward_residual_with(x, residual, ForwardPath::Auto)
     }
@@ -188,24 +188,29 @@ impl TrellisMlp {
         self.forward_plus(x, Some(residual), path)
     }
 
-    /// The MLP of `x` by `path`, plus `residual` where given: the CUDA join where it applies (the
-    /// add then in its down launch), else gate·up·SwiGLU and down by the path, then MLX's add.
+    /// The MLP of `x` by `path`, plus `residual` where given: the CUDA join where it applies, else
+    /// gate·up·SwiGLU and down by the path (the add by the down projection's
+    /// [`TrellisLinear::forward_residual_with`]).
     fn forward_plus(&self, x: &MlxArray, residual: Option<&MlxArray>, path: ForwardPath) -> Result<MlxArray> {
-        let y = if path == ForwardPath::Reference {
+        if path == ForwardPath::Reference {
             let (x2, lead) = self.rows(x)?;
             let m = x2.shape()[0];
             let (g, u, d) = (self.gate.to_host()?, self.up.to_host()?, self.down.to_host()?);
             let (ga, ua, da) = (self.gate.coded_axis(), self.up.coded_axis(), self.down.coded_axis());
             let y = mlp_coded_f64(&host_f64(&x2)?, m, [(&g, &ga), (&u, &ua), (&d, &da)])?;
-            from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype())?
-        } else if let Some(y) = self.joined_on_cuda(x, path, residual)? {
+            let y = from_host_f64(&y, &widths(&lead, self.hidden()), x.dtype())?;
+            return match residual {
+                Some(r) => r.add(&y),
+                None => Ok(y),
+            };
+        }
+        if let Some(y) = self.joined_on_cuda(x, path, residual)? {
             return Ok(y);
-        } else {
-            self.down.forward_with(&self.swiglu_with(x, path)?, path)?
-        };
+        }
+        let h = self.swiglu_with(x, path)?;
         match residual {
-            Some(r) => r.add(&y),
-            None => Ok(y),
+            Some(r) => self.down.forward_residual_with(&h, r, path),
+            None => self.down.forward_with(&h, path),
         }
     }
 

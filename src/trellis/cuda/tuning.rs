@@ -27,7 +27,20 @@ pub fn down_cuda_with(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg)?.0.remove(0))
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None)?.0.remove(0))
+}
+
+/// [`down_residual_cuda`](super::down::down_residual_cuda) with an explicit configuration and
+/// never the dense path: `residual + x2 · W`, the add in the kernel's fold.
+pub fn down_residual_cuda_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+    residual: &MlxArray,
+) -> Result<MlxArray> {
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, Some(residual))?.0.remove(0))
 }
 
 /// The kernel's f32 partial sums `[M, SPLITS, C]` of [`down_cuda_with`]'s call, which it also
@@ -39,7 +52,7 @@ pub fn down_cuda_partials(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg)?.1)
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None)?.1)
 }
 
 /// [`down_pair_cuda`](super::down::down_pair_cuda) with an explicit configuration and never the

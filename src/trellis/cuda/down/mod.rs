@@ -16,6 +16,9 @@
 //! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
 //! while the fused kernel's decode-and-multiply grows with the rows.
 //!
+//! [`down_residual_cuda`] adds a residual stream in the fold (`residual + x · W`, rounded once):
+//! a model's down projection and its residual add in one launch.
+//!
 //! [`down_pair_cuda`] runs two matrices of one geometry on the same activations (an MLP's gate
 //! and up stored along their outputs) as one launch of the kernel's pair variant after one
 //! pre-pass: at one row a layer's call is bound by fixed launch and host costs, not by its
@@ -52,21 +55,57 @@ const HEADER: &str = sources::CUDA_DOWN_MMA_HEADER;
 /// Prescaled rows are padded to a multiple of this (whole steps of any `ks`; see prescale.cu).
 const PRESCALED_ROW_MULTIPLE: usize = 64;
 
+/// The section flag of the residual variant of `down_mma.cu`.
+const RESIDUAL_FLAG: &str = "TRELLIS_RESIDUAL";
+
+/// The variant of the kernel file a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Variant {
+    /// One matrix.
+    Single,
+    /// Two matrices of one geometry on the same activations (the `TRELLIS_PAIR` sections).
+    Pair,
+    /// One matrix plus a residual, added in the fold (the `TRELLIS_RESIDUAL` sections).
+    Residual,
+}
+
+impl Variant {
+    /// The variant's name in the kernel registry.
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Single => "",
+            Variant::Pair => "pair",
+            Variant::Residual => "residual",
+        }
+    }
+
+    /// The kernel's inputs, in `apply` order.
+    fn inputs(self) -> &'static [&'static str] {
+        match self {
+            Variant::Single => &["x", "codes", "scales", "counters", "x_exp"],
+            Variant::Pair => &["x", "codes", "scales", "counters", "x_exp", "codes_b", "scales_b"],
+            Variant::Residual => &["x", "codes", "scales", "counters", "x_exp", "residual"],
+        }
+    }
+
+    /// The variant's text: `down_mma.cu` with the variant's own sections only.
+    fn source(self) -> Result<String> {
+        source_variant(SOURCE, PAIR_FLAG, self == Variant::Pair)
+            .and_then(|text| source_variant(&text, RESIDUAL_FLAG, self == Variant::Residual))
+            .context("CUDA down kernel source down_mma.cu")
+    }
+}
+
 /// The kernel registered with `shared_memory` bytes of dynamic shared memory, one per size and
 /// variant (MLX takes the size when a kernel is registered; it is a function of the template
-/// arguments, so each compiled instantiation always launches with the same size). `pair`: the
-/// pair variant, two matrices on the same activations (see the kernel file).
-fn kernel(shared_memory: usize, pair: bool) -> Result<&'static CudaKernel> {
-    let key = KernelKey { family: "down_mma", variant: if pair { "pair" } else { "" }, shared_memory };
+/// arguments, so each compiled instantiation always launches with the same size).
+fn kernel(shared_memory: usize, variant: Variant) -> Result<&'static CudaKernel> {
+    let key = KernelKey { family: "down_mma", variant: variant.name(), shared_memory };
     registry::cuda(key, || {
         Ok(KernelText {
-            inputs: if pair {
-                &["x", "codes", "scales", "counters", "x_exp", "codes_b", "scales_b"]
-            } else {
-                &["x", "codes", "scales", "counters", "x_exp"]
-            },
-            outputs: if pair { &["y", "y_b", "partial"] } else { &["y", "partial"] },
-            body: source_variant(SOURCE, PAIR_FLAG, pair).context("CUDA down kernel source down_mma.cu")?,
+            inputs: variant.inputs(),
+            outputs: if variant == Variant::Pair { &["y", "y_b", "partial"] } else { &["y", "partial"] },
+            body: variant.source()?,
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n"),
         })
     })
@@ -86,7 +125,42 @@ pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trellis
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);
     }
-    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()))?.0.remove(0))
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), None)?.0.remove(0))
+}
+
+/// `residual + x2 [M, in] · W -> [M, out]` in `x2`'s dtype: [`down_cuda`] with the add in the
+/// kernel's fold, in f32 before the output's one rounding (where [`down_cuda`] and an add round
+/// twice), so that a model's residual add is no launch of its own. `residual` is `[M, out]` in
+/// `x2`'s dtype. From [`DENSE_MIN_ROWS`] rows of 16-bit activations: the dense path, then MLX's
+/// add. The rules for `codes`' alignment are [`down_cuda`]'s.
+pub fn down_residual_cuda(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    residual: &MlxArray,
+) -> Result<MlxArray> {
+    require_supported(g)?;
+    let m = x2.shape().first().copied().unwrap_or(0);
+    if uses_dense(m, x2.dtype()) {
+        check_residual(x2, g, residual)?;
+        return residual.add(&down_cuda_dense(x2, codes, scales, g)?);
+    }
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), Some(residual))?.0.remove(0))
+}
+
+/// An error unless `residual` is `[M, out]` in `x2`'s dtype (`x2` `[M, in]`).
+fn check_residual(x2: &MlxArray, g: &TrellisGeometry, residual: &MlxArray) -> Result<()> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    let (shape, dtype) = (residual.shape(), residual.dtype());
+    if shape != [m, g.cols] || dtype != x2.dtype() {
+        invalid!(
+            "CUDA down kernel with a residual: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
+            x2.dtype(),
+            g.cols
+        );
+    }
+    Ok(())
 }
 
 /// `x2 [M, in]` times two matrices of one geometry, `[x2 · A, x2 · B]` (an MLP's gate and up
@@ -117,30 +191,37 @@ pub(crate) fn run_pair(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<[MlxArray; 2]> {
-    let (ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg)?;
+    let (ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg, None)?;
     Ok(ys.try_into().expect("the pair variant has two outputs"))
 }
 
-/// One call of one matrix or (two `mats`) of the pair variant: the pre-pass, then the kernel.
-/// Returns an output per matrix and the partial sums they were folded from (the `tuning`
-/// feature's calls with a configuration).
+/// One call of one matrix (plus `residual`, added in the fold, where given) or (two `mats`) of
+/// the pair variant: the pre-pass, then the kernel. Returns an output per matrix and the partial
+/// sums they were folded from (the `tuning` feature's calls with a configuration).
 pub(crate) fn run(
     x2: &MlxArray,
     mats: &[(&MlxArray, &MlxArray)],
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
+    residual: Option<&MlxArray>,
 ) -> Result<(Vec<MlxArray>, MlxArray)> {
     require_supported(g)?;
-    let pair = match mats.len() {
-        1 => false,
-        2 => true,
-        n => invalid!("CUDA down kernel: one launch runs one matrix or a pair, not {n}"),
+    let variant = match (mats.len(), residual) {
+        (1, None) => Variant::Single,
+        (1, Some(_)) => Variant::Residual,
+        (2, None) => Variant::Pair,
+        (2, Some(_)) => invalid!("CUDA down kernel: the pair variant takes no residual"),
+        (n, _) => invalid!("CUDA down kernel: one launch runs one matrix or a pair, not {n}"),
     };
+    let pair = variant == Variant::Pair;
     let mut m = 0;
     for (codes, scales) in mats {
         m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     }
-    let prepared = prepared_launch(g, cfg, m, x2.dtype(), pair)?;
+    if let Some(r) = residual {
+        check_residual(x2, g, r)?;
+    }
+    let prepared = prepared_launch(g, cfg, m, x2.dtype(), variant)?;
     // The pre-pass gives the rows' exponents and the fold counters, a fresh zeroed array per
     // call (two calls in flight never count into the same one), and in prescaled
     // configurations the converted activations the kernel reads in place of x2.
@@ -157,6 +238,7 @@ pub(crate) fn run(
     if let Some((codes, scales)) = mats.get(1) {
         inputs.extend([*codes, *scales]);
     }
+    inputs.extend(residual);
     let mut ys = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
     let partials = ys.pop().expect("an output and the partials");
     Ok((ys, partials))
@@ -179,16 +261,17 @@ fn prepared_launch(
     cfg: CudaDownConfig,
     m: usize,
     dtype: Dtype,
-    pair: bool,
+    variant: Variant,
 ) -> Result<Arc<PreparedDown>> {
-    type Key = (TrellisGeometry, CudaDownConfig, usize, Dtype, bool);
+    type Key = (TrellisGeometry, CudaDownConfig, usize, Dtype, Variant);
     static LAUNCHES: LaunchCache<Key, PreparedDown> = LaunchCache::new(1024);
-    LAUNCHES.get_or_build((*g, cfg, m, dtype, pair), || prepare(g, cfg, m, dtype, pair))
+    LAUNCHES.get_or_build((*g, cfg, m, dtype, variant), || prepare(g, cfg, m, dtype, variant))
 }
 
 /// [`prepared_launch`]'s work on a miss.
-fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, pair: bool) -> Result<PreparedDown> {
+fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, variant: Variant) -> Result<PreparedDown> {
     cfg.check(g, dtype)?;
+    let pair = variant == Variant::Pair;
     let mats = if pair { 2 } else { 1 };
     // Prescaled activations: [mats * sets * m, row_pad] f16 (the f32 residues are the second
     // set; the pair's second matrix's rows follow the first's).
@@ -208,7 +291,7 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, pai
     if ctas > 65535 || grid_z > 65535 {
         invalid!("CUDA down kernel: {m} rows of {g} are too many for one launch grid ({ctas} column tiles by {} splits x {passes} passes; at most 65535 each)", cfg.splits);
     }
-    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32), pair)?;
+    let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32), variant)?;
     let threads = 32 * cfg.warps as usize;
     let counters = ctas * passes;
     let mut launch = LaunchConfig::new([threads, ctas, grid_z], [threads, 1, 1]).output(&[m, g.cols], dtype);
@@ -259,14 +342,20 @@ mod tests {
 
     #[test]
     fn each_variant_registers_only_its_own_sections() {
-        // Registered compacted: comments (which name both variants) are gone.
+        // Registered compacted: comments (which name every variant) are gone.
         let compact = |text, pair| {
             crate::kernel::compact::compact_plain_cpp(&source_variant(text, PAIR_FLAG, pair).unwrap()).unwrap()
         };
-        for (text, second_input) in [(SOURCE, "codes_b"), (sources::CUDA_PRESCALE, "scales_b")] {
-            let (single, pair) = (compact(text, false), compact(text, true));
-            assert!(pair.contains(second_input) && !single.contains(second_input), "{second_input}");
-            assert!(!single.contains(PAIR_FLAG) && !pair.contains(PAIR_FLAG), "{second_input}");
+        let (single, pair) = (compact(sources::CUDA_PRESCALE, false), compact(sources::CUDA_PRESCALE, true));
+        assert!(pair.contains("scales_b") && !single.contains("scales_b"));
+        assert!(!single.contains(PAIR_FLAG) && !pair.contains(PAIR_FLAG));
+        let down = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source().unwrap()).unwrap();
+        let (single, pair, residual) = (down(Variant::Single), down(Variant::Pair), down(Variant::Residual));
+        assert!(pair.contains("codes_b") && !single.contains("codes_b") && !residual.contains("codes_b"));
+        assert!(residual.contains("residual[") || residual.contains("residual+"), "{residual}");
+        assert!(!single.contains("residual") && !pair.contains("residual"));
+        for text in [&single, &pair, &residual] {
+            assert!(!text.contains(PAIR_FLAG) && !text.contains(RESIDUAL_FLAG));
         }
     }
 
@@ -276,7 +365,8 @@ mod tests {
         let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
         let cfg = CudaDownConfig { nc: 2, mt: 8, ks: 1, warps: 8, splits: 1, prescaled: true, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
-        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32, false).err().expect("65536 rows").to_string();
+        let err =
+            prepared_launch(&g, cfg, 65536, Dtype::Float32, Variant::Single).err().expect("65536 rows").to_string();
         assert!(err.contains("too many for prescaled B tiles") && err.contains("65536 rows"), "{err}");
     }
 
@@ -286,7 +376,10 @@ mod tests {
         let cfg = CudaDownConfig { nc: 2, mt: 1, ks: 1, warps: 8, splits: 1, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
         // 8 rows a pass, one split: 65536 passes are one more than grid z holds.
-        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32, false).err().expect("65536 passes").to_string();
+        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32, Variant::Single)
+            .err()
+            .expect("65536 passes")
+            .to_string();
         assert!(err.contains("too many for one launch grid") && err.contains("65536 passes"), "{err}");
     }
 }
