@@ -402,6 +402,18 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
             );
         }
     }
+    // Activations of 1e-8 and 1e8 (bf16 and f32: the SwiGLU of f16 ones of 1e-8, about 1e-16,
+    // is below f16's range): up to 8 rows the down kernel's blocks find the powers of two over
+    // their splits (the fused launch zeroes its counters; no pre-pass), from 9 the pre-pass.
+    for (m, dtype) in [(3, Dtype::Bfloat16), (1, Dtype::Float32), (8, Dtype::Bfloat16), (12, Dtype::Bfloat16)] {
+        for scale in [1e-8f32, 1e8] {
+            let (x, xr) = x(m, hidden, dtype, scale);
+            let want = mlp_forward_f64(&xr, m, &h.0, &h.1, &h.2).unwrap();
+            let y = mlp.forward(&x).unwrap();
+            let what = format!("MLP {hidden}->{inter} k{k}, activations x {scale:e}");
+            check(&what, &y, &want, m, hidden, dtype, gate(dtype));
+        }
+    }
     // Other fused shapes at a few rows.
     for cfg in [
         AxisOneConfig {
@@ -440,6 +452,14 @@ fn fused_mlp_k2_matches_the_reference() {
 #[ignore = "needs MLX's CUDA back-end"]
 fn fused_mlp_k4_matches_the_reference() {
     fused_swiglu_and_mlp_match_the_reference(256, 1024, 4, CodeLayout::RowMajor);
+}
+
+/// Qwen3-14B's intermediate width: a grid of 4-warp GEMM blocks that fills an H200, as the
+/// plan's choices for large layers see it.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn fused_mlp_of_qwen_width_matches_the_reference() {
+    fused_swiglu_and_mlp_match_the_reference(512, 17408, 3, CodeLayout::K3Interleaved);
 }
 
 /// Row counts of the mixed-width tests: every planned pass shape (1..8 tiles of 8 rows, one

@@ -69,10 +69,13 @@
 // warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES.
 // The kernel folds its partials itself (see its end): it takes a fourth input, counters (u32,
 // one per column tile and pass, zero), and writes y [M, C] in Y besides the f32 partials. Its
-// fifth input, x_exp (f16 [M], integers), holds the rows' exponents from the pre-pass.
+// fifth input, x_exp (f16 [M], integers), holds the rows' exponents from the pre-pass; with
+// BLOCK_EXP (not PRESCALED) each block finds them over its own split of the inputs instead and
+// x_exp is not read: then no pre-pass runs, and the counters come zeroed from the kernel before
+// (the fused gate·up·SwiGLU's TRELLIS_FEED variant, gate_up.cu).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
-// by per-slot mbarriers instead of a block barrier per step). Template types: T (activation
+// by per-slot mbarriers instead of a block barrier per step), BLOCK_EXP. Template types: T (activation
 // dtype; f16 with PRESCALED), Y (the output's).
 //
 // The pair variant (its sections under TRELLIS_PAIR, registered as a text of its own) runs two
@@ -227,12 +230,44 @@
         trellis_cuda::cp_async16_zfill(&b_tile[slot][0][0][0] + b_copy_dst[u], mat_x + b_copy_src[u] + STEP_ROWS * i, true);
     }
   };
-  // The power of two of each row of the pass (1 past M), from the pre-pass's exponents;
-  // row_unlift undoes it on the sums.
+  // The power of two of each row of the pass (1 past M), from the pre-pass's exponents, or with
+  // BLOCK_EXP from the largest |x * scale| of the row over this block's split (its partial sums
+  // are unlifted before they are written, so splits need not share a power); row_unlift undoes
+  // it on the sums.
   __shared__ float row_lift[B_ROWS], row_unlift[B_ROWS];
-  for (int t = tid; t < B_ROWS; t += THREADS) {
-    const int e = m_base + t < M ? (int)__half2float(mat_x_exp[m_base + t]) : 0;
-    row_lift[t] = trellis_cuda::pow2(e), row_unlift[t] = trellis_cuda::pow2(-e);
+  static_assert(!(BLOCK_EXP && PRESCALED), "prescaled activations come lifted by the pre-pass");
+  if (BLOCK_EXP) {
+    // Each thread's largest products over its inputs of the split, for every row of the pass
+    // (independent loads in flight together), then folded in shared memory (non-negative floats
+    // order as their bits). Shaped so: with the warps' shuffles, or with the loop in a function
+    // of its own, ptxas allocated the main loop differently (80 registers instead of 96 and 18 %
+    // more instructions in it at one row, NVRTC sm_90); so it is unchanged.
+    __shared__ unsigned split_amax[B_ROWS];
+    for (int t = tid; t < B_ROWS; t += THREADS) split_amax[t] = 0u;
+    const int r_end = min(R, (step_begin + steps) * STEP_ROWS);
+    float amax[B_ROWS];
+#pragma unroll
+    for (int t = 0; t < B_ROWS; ++t) amax[t] = 0.0f;
+    for (int r = r_begin + tid; r < r_end; r += THREADS) {
+      const float s = __half2float(mat_scales[r]);
+#pragma unroll
+      for (int t = 0; t < B_ROWS; ++t)
+        if (m_base + t < M) amax[t] = fmaxf(amax[t], fabsf(float(mat_x[(size_t)(m_base + t) * R + r]) * s));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < B_ROWS; ++t)
+      if (m_base + t < M) atomicMax(&split_amax[t], __float_as_uint(amax[t]));
+    __syncthreads();
+    for (int t = tid; t < B_ROWS; t += THREADS) {
+      const int e = m_base + t < M ? trellis_cuda::row_exponent(__uint_as_float(split_amax[t])) : 0;
+      row_lift[t] = trellis_cuda::pow2(e), row_unlift[t] = trellis_cuda::pow2(-e);
+    }
+  } else {
+    for (int t = tid; t < B_ROWS; t += THREADS) {
+      const int e = m_base + t < M ? (int)__half2float(mat_x_exp[m_base + t]) : 0;
+      row_lift[t] = trellis_cuda::pow2(e), row_unlift[t] = trellis_cuda::pow2(-e);
+    }
   }
   __syncthreads();  // the rows' powers, before store_b and the partials' writes read them
 

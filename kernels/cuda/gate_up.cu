@@ -56,12 +56,21 @@
 // as the pre-pass's f16), Y (the output dtype). Inputs: x [M, IN], x_exp [M] (f16, read with
 // HANDED only), codes [OUT, IN K / 32], scales [OUT] (f16), and in the fused variant up_codes
 // [OUT, IN KU / 32] and up_scales [OUT]. Output: y [M, OUT] in Y.
+// With the TRELLIS_FEED sections as well (the fused variant that feeds the down kernel) the kernel
+// also writes `counters` (u32 [COUNTERS], template int COUNTERS), zeroed: the fold counters of
+// the down kernel's launch that follows, whose BLOCK_EXP configurations then need no pre-pass
+// launch (down_mma.cu).
 // With the TRELLIS_RESIDUAL sections (the single projection's residual variant) the kernel
 // takes residual [M, OUT] in Y and writes y = residual + x W, added in f32 and rounded once: a
 // model's residual stream after its down projection, without a launch of its own for the add.
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
+#if TRELLIS_FEED
+  if (blockIdx.z == 0) {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < COUNTERS; i += gridDim.y * blockDim.x) counters[i] = 0u;
+  }
+#endif
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
 #if TRELLIS_FUSED

@@ -351,12 +351,18 @@ impl TrellisLinear {
         residual.add(&self.forward_stored_input(xs, path)?)
     }
 
+    /// Whether the layer's stored outputs need a transform back to its logical ones (a rotation or
+    /// padding of an axis-0 layer's outputs).
+    pub(crate) fn has_output_transform(&self) -> bool {
+        self.geometry.axis == 0 && self.transform.is_some()
+    }
+
     /// Whether `path` adds a residual of `residual_dtype` to this layer's output of `dtype`
     /// activations in the kernel's own launch, in f32 before the output's one rounding: on CUDA,
     /// where the output needs no transform back (a layer stored along its inputs, or along its
     /// outputs without a rotation or padding) and the residual has the output's dtype.
     fn adds_in_kernel(&self, path: ForwardPath, dtype: Dtype, residual_dtype: Dtype) -> bool {
-        path == ForwardPath::Cuda && residual_dtype == dtype && (self.geometry.axis == 1 || self.transform.is_none())
+        path == ForwardPath::Cuda && residual_dtype == dtype && !self.has_output_transform()
     }
 
     /// `residual + x · W` (`residual` of the output's shape `[..., out]`): a model's residual

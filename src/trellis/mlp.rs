@@ -207,6 +207,9 @@ impl TrellisMlp {
         if let Some(y) = self.joined_on_cuda(x, path, residual)? {
             return Ok(y);
         }
+        if let Some(y) = self.fed_on_cuda(x, path, residual)? {
+            return Ok(y);
+        }
         let h = self.swiglu_with(x, path)?;
         match residual {
             Some(r) => self.down.forward_residual_with(&h, r, path),
@@ -259,6 +262,56 @@ impl TrellisMlp {
                     self.up.name(),
                     self.down.name()
                 )
+            }),
+        }
+    }
+
+    /// [`TrellisMlp::forward_with`] on MLX's CUDA back-end where gate and up fuse, the down
+    /// projection is stored along its outputs with no transform of them, and the fused kernel's
+    /// plan is the fragment kernel (up to 8 rows of 16-bit activations): two launches, the fused
+    /// gate·up·SwiGLU, which also zeroes the down kernel's fold counters, then the down kernel,
+    /// which finds its rows' powers of two itself (no pre-pass launch between them; the residual
+    /// added in its fold where given in `x`'s dtype). `None` where that does not apply, where
+    /// the other paths then run the MLP as before.
+    fn fed_on_cuda(&self, x: &MlxArray, path: ForwardPath, residual: Option<&MlxArray>) -> Result<Option<MlxArray>> {
+        let (gate, up, down) = (&self.gate, &self.up, &self.down);
+        let served = [gate, up, down].iter().all(|l| l.best_path() == ForwardPath::Cuda);
+        if !matches!(path, ForwardPath::Auto | ForwardPath::Cuda)
+            || !served
+            || !self.fuses_gate_up()
+            || down.geometry().axis != 0
+            || down.has_output_transform()
+            || !Stream::current_is_gpu()
+        {
+            return Ok(None);
+        }
+        let (x2, lead) = self.rows(x)?;
+        let (m, dtype) = (x2.shape()[0], x2.dtype());
+        let Some(counters) = cuda::down::fed_counters(down.geometry(), m, dtype) else {
+            return Ok(None);
+        };
+        let run = || -> Result<Option<MlxArray>> {
+            for l in [gate, up, down] {
+                l.check_fits(m, dtype)?;
+            }
+            let xs = gate.stored_input(&x2)?;
+            let Some((h, counters)) = cuda::gate_up::swiglu_feeding(&xs, gate.operands(), up.operands(), counters)?
+            else {
+                return Ok(None);
+            };
+            let r2 = residual.map(|r| r.reshape(&widths(&[m], self.hidden()))).transpose()?;
+            let fold_residual = r2.as_ref().filter(|r| r.dtype() == dtype);
+            let (codes, scales) = (down.codes(), down.scales());
+            let mut y = cuda::down::down_fed(&h, codes, scales, down.geometry(), &counters, fold_residual)?;
+            if let (Some(r), None) = (&r2, fold_residual) {
+                y = r.add(&y)?;
+            }
+            Ok(Some(y.reshape(&widths(&lead, self.hidden()))?))
+        };
+        match run() {
+            Err(e) if path == ForwardPath::Auto && e.kind() == ErrorKind::Unserved => Ok(None),
+            y => y.with_context(|| {
+                format!("MLP of {:?}, {:?} and {:?} by the cuda path", gate.name(), up.name(), down.name())
             }),
         }
     }

@@ -27,7 +27,7 @@ pub fn down_cuda_with(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None)?.0.remove(0))
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None, None)?.0.remove(0))
 }
 
 /// [`down_residual_cuda`](super::down::down_residual_cuda) with an explicit configuration and
@@ -40,7 +40,7 @@ pub fn down_residual_cuda_with(
     cfg: CudaDownConfig,
     residual: &MlxArray,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, Some(residual))?.0.remove(0))
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, Some(residual), None)?.0.remove(0))
 }
 
 /// The kernel's f32 partial sums `[M, SPLITS, C]` of [`down_cuda_with`]'s call, which it also
@@ -52,7 +52,7 @@ pub fn down_cuda_partials(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None)?.1)
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None, None)?.1)
 }
 
 /// [`down_pair_cuda`](super::down::down_pair_cuda) with an explicit configuration and never the

@@ -16,6 +16,11 @@
 //! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
 //! while the fused kernel's decode-and-multiply grows with the rows.
 //!
+//! A fed call ([`fed_counters`], `down_fed`) takes its fold counters zeroed from the launch
+//! before it (the fused gate·up·SwiGLU's, `cuda::gate_up`) and finds each row's power of two in
+//! its own thread blocks, over their split of the inputs (`BLOCK_EXP`): one launch a call, no
+//! pre-pass. An MLP's gate·up and down at up to 8 rows run so.
+//!
 //! [`down_residual_cuda`] adds a residual stream in the fold (`residual + x · W`, rounded once):
 //! a model's down projection and its residual add in one launch.
 //!
@@ -125,7 +130,46 @@ pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trellis
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);
     }
-    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), None)?.0.remove(0))
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), None, None)?.0.remove(0))
+}
+
+/// Fold counters a fed call of `m` rows of `dtype` activations needs zeroed (one per column tile
+/// and pass of its plan), or `None` where it does not run fed: a geometry the kernel does not
+/// serve, or more than [`FED_MAX_ROWS`] rows.
+pub(crate) fn fed_counters(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<usize> {
+    if !supports(g) || !(1..=FED_MAX_ROWS).contains(&m) {
+        return None;
+    }
+    let cfg = plan_for(g, m, dtype);
+    (!cfg.prescaled && cfg.mt == 1).then(|| cfg.column_blocks(g) * m.div_ceil(8 * cfg.mt as usize))
+}
+
+/// The most activation rows a fed call takes: one 8-row tile a pass, whose blocks find the rows'
+/// powers of two before their main loop (for more rows of 16-bit activations the pre-pass also
+/// converts them, and the fused gate·up is the GEMM, which needs its own pre-pass).
+pub(crate) const FED_MAX_ROWS: usize = 8;
+
+/// [`down_cuda`] (or with `residual`, [`down_residual_cuda`]) on `counters`, the fold counters
+/// zeroed by the launch before it ([`fed_counters`] of them): the kernel alone, each block
+/// finding its rows' powers of two over its split. For the fused gate·up·SwiGLU's output.
+pub(crate) fn down_fed(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    counters: &MlxArray,
+    residual: Option<&MlxArray>,
+) -> Result<MlxArray> {
+    require_supported(g)?;
+    let m = x2.shape().first().copied().unwrap_or(0);
+    if fed_counters(g, m, x2.dtype()) != Some(counters.size()) {
+        invalid!(
+            "CUDA down kernel: {} fed counters do not fit {m} rows of {} activations of {g}",
+            counters.size(),
+            x2.dtype()
+        );
+    }
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), residual, Some(counters))?.0.remove(0))
 }
 
 /// `residual + x2 [M, in] · W -> [M, out]` in `x2`'s dtype: [`down_cuda`] with the add in the
@@ -146,7 +190,7 @@ pub fn down_residual_cuda(
         check_residual(x2, g, residual)?;
         return residual.add(&down_cuda_dense(x2, codes, scales, g)?);
     }
-    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), Some(residual))?.0.remove(0))
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), Some(residual), None)?.0.remove(0))
 }
 
 /// An error unless `residual` is `[M, out]` in `x2`'s dtype (`x2` `[M, in]`).
@@ -191,19 +235,22 @@ pub(crate) fn run_pair(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<[MlxArray; 2]> {
-    let (ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg, None)?;
+    let (ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg, None, None)?;
     Ok(ys.try_into().expect("the pair variant has two outputs"))
 }
 
 /// One call of one matrix (plus `residual`, added in the fold, where given) or (two `mats`) of
-/// the pair variant: the pre-pass, then the kernel. Returns an output per matrix and the partial
-/// sums they were folded from (the `tuning` feature's calls with a configuration).
+/// the pair variant: the pre-pass, then the kernel; or with `fed` (the fold counters, zeroed by
+/// the launch before) the kernel alone, finding the rows' powers of two itself. Returns an
+/// output per matrix and the partial sums they were folded from (the `tuning` feature's calls
+/// with a configuration).
 pub(crate) fn run(
     x2: &MlxArray,
     mats: &[(&MlxArray, &MlxArray)],
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
     residual: Option<&MlxArray>,
+    fed: Option<&MlxArray>,
 ) -> Result<(Vec<MlxArray>, MlxArray)> {
     require_supported(g)?;
     let variant = match (mats.len(), residual) {
@@ -221,19 +268,33 @@ pub(crate) fn run(
     if let Some(r) = residual {
         check_residual(x2, g, r)?;
     }
-    let prepared = prepared_launch(g, cfg, m, x2.dtype(), variant)?;
+    if fed.is_some() && (pair || cfg.prescaled) {
+        invalid!("CUDA down kernel: a fed call runs one matrix on activations as they are (not prescaled)");
+    }
+    let prepared = prepared_launch(g, cfg, m, x2.dtype(), variant, fed.is_some())?;
     // The pre-pass gives the rows' exponents and the fold counters, a fresh zeroed array per
     // call (two calls in flight never count into the same one), and in prescaled
-    // configurations the converted activations the kernel reads in place of x2.
-    let mut pre_inputs = vec![x2];
-    pre_inputs.extend(mats.iter().map(|(_, scales)| *scales));
-    let mut outs = prescale::kernel(pair)?
-        .apply_prepared(&pre_inputs, &prepared.pre_pass)
-        .context("CUDA down kernel: the activations' pre-pass")?;
-    let x_exp = outs.pop().expect("three outputs");
-    let counters = outs.pop().expect("three outputs");
-    let x_scaled = outs.pop().expect("three outputs");
-    let b = if cfg.prescaled { &x_scaled } else { x2 };
+    // configurations the converted activations the kernel reads in place of x2. A fed call's
+    // counters are the launch before's (as fresh), and its blocks find the exponents: the
+    // scales stand in for x_exp, which it does not read.
+    let (x_scaled, counters, x_exp) = match (fed, &prepared.pre_pass) {
+        (Some(counters), _) => (None, counters.clone(), mats[0].1.clone()),
+        (None, Some(pre_pass)) => {
+            let mut pre_inputs = vec![x2];
+            pre_inputs.extend(mats.iter().map(|(_, scales)| *scales));
+            let mut outs = prescale::kernel(pair)?
+                .apply_prepared(&pre_inputs, pre_pass)
+                .context("CUDA down kernel: the activations' pre-pass")?;
+            let x_exp = outs.pop().expect("three outputs");
+            let counters = outs.pop().expect("three outputs");
+            (outs.pop(), counters, x_exp)
+        }
+        (None, None) => unreachable!("a call that is not fed has its pre-pass prepared"),
+    };
+    let b = match &x_scaled {
+        Some(x_scaled) if cfg.prescaled => x_scaled,
+        _ => x2,
+    };
     let mut inputs = vec![b, mats[0].0, mats[0].1, &counters, &x_exp];
     if let Some((codes, scales)) = mats.get(1) {
         inputs.extend([*codes, *scales]);
@@ -246,11 +307,11 @@ pub(crate) fn run(
 
 /// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and the
 /// pre-pass before it (`prescale.cu`: the rows' exponents, the zeroed fold counters and, for
-/// prescaled configurations, the converted activations).
+/// prescaled configurations, the converted activations), none for a fed call.
 struct PreparedDown {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,
-    pre_pass: CudaLaunch,
+    pre_pass: Option<CudaLaunch>,
 }
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
@@ -262,14 +323,22 @@ fn prepared_launch(
     m: usize,
     dtype: Dtype,
     variant: Variant,
+    fed: bool,
 ) -> Result<Arc<PreparedDown>> {
-    type Key = (TrellisGeometry, CudaDownConfig, usize, Dtype, Variant);
+    type Key = (TrellisGeometry, CudaDownConfig, usize, Dtype, Variant, bool);
     static LAUNCHES: LaunchCache<Key, PreparedDown> = LaunchCache::new(1024);
-    LAUNCHES.get_or_build((*g, cfg, m, dtype, variant), || prepare(g, cfg, m, dtype, variant))
+    LAUNCHES.get_or_build((*g, cfg, m, dtype, variant, fed), || prepare(g, cfg, m, dtype, variant, fed))
 }
 
 /// [`prepared_launch`]'s work on a miss.
-fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, variant: Variant) -> Result<PreparedDown> {
+fn prepare(
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+    m: usize,
+    dtype: Dtype,
+    variant: Variant,
+    fed: bool,
+) -> Result<PreparedDown> {
     cfg.check(g, dtype)?;
     let pair = variant == Variant::Pair;
     let mats = if pair { 2 } else { 1 };
@@ -318,10 +387,15 @@ fn prepare(g: &TrellisGeometry, cfg: CudaDownConfig, m: usize, dtype: Dtype, var
         .template_bool("BIAS_FOLD", cfg.bias_fold && dtype != Dtype::Float32)
         .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
         .template_bool("PRESCALED", cfg.prescaled)
-        .template_bool("MBARRIERS", cfg.mbarriers);
+        .template_bool("MBARRIERS", cfg.mbarriers)
+        .template_bool("BLOCK_EXP", fed);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
-    let pre_pass = PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair }.prepare()?;
+    let pre_pass = if fed {
+        None
+    } else {
+        Some(PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair }.prepare()?)
+    };
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 
@@ -352,11 +426,46 @@ mod tests {
         let down = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source().unwrap()).unwrap();
         let (single, pair, residual) = (down(Variant::Single), down(Variant::Pair), down(Variant::Residual));
         assert!(pair.contains("codes_b") && !single.contains("codes_b") && !residual.contains("codes_b"));
-        assert!(residual.contains("residual[") || residual.contains("residual+"), "{residual}");
+        assert!(residual.contains("res = residual + (size_t)m * C + col"), "{residual}");
         assert!(!single.contains("residual") && !pair.contains("residual"));
         for text in [&single, &pair, &residual] {
             assert!(!text.contains(PAIR_FLAG) && !text.contains(RESIDUAL_FLAG));
         }
+    }
+
+    #[test]
+    fn fed_calls_take_up_to_eight_rows_with_a_counter_per_column_tile() {
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            for m in 1..=200 {
+                let cfg = plan_for(&qwen, m, dtype);
+                let want = (m <= FED_MAX_ROWS).then(|| cfg.column_blocks(&qwen));
+                assert_eq!(fed_counters(&qwen, m, dtype), want, "M {m} {dtype}");
+                // What a fed call runs: one 8-row tile a pass, activations as they are.
+                if want.is_some() {
+                    assert!(cfg.mt == 1 && !cfg.prescaled, "M {m} {dtype}: {cfg:?}");
+                }
+            }
+            assert_eq!(fed_counters(&qwen, 0, dtype), None);
+        }
+        // The one-row plan: 10 column tiles of 512 positions.
+        assert_eq!(fed_counters(&qwen, 1, Dtype::Bfloat16), Some(10));
+        // A layer the kernel does not serve has none.
+        let ragged = TrellisGeometry { cols: 1000, ..qwen };
+        assert_eq!(fed_counters(&ragged, 1, Dtype::Bfloat16), None);
+    }
+
+    #[test]
+    fn fed_counters_of_another_count_are_refused_before_anything_runs() {
+        let g = TrellisGeometry::row_major(512, 1024, 3, 256, 12, 0).unwrap();
+        let x = MlxArray::zeros(&[2, 512], Dtype::Bfloat16).unwrap();
+        let codes = MlxArray::zeros(&g.codes_shape(), Dtype::Uint32).unwrap();
+        let scales = MlxArray::zeros(&[512], Dtype::Float16).unwrap();
+        let want = fed_counters(&g, 2, Dtype::Bfloat16).unwrap();
+        let counters = MlxArray::zeros(&[want + 1], Dtype::Uint32).unwrap();
+        let err = down_fed(&x, &codes, &scales, &g, &counters, None).unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{err}");
+        assert!(err.to_string().contains(&format!("{} fed counters do not fit 2 rows", want + 1)), "{err}");
     }
 
     #[test]
@@ -365,8 +474,10 @@ mod tests {
         let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
         let cfg = CudaDownConfig { nc: 2, mt: 8, ks: 1, warps: 8, splits: 1, prescaled: true, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
-        let err =
-            prepared_launch(&g, cfg, 65536, Dtype::Float32, Variant::Single).err().expect("65536 rows").to_string();
+        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32, Variant::Single, false)
+            .err()
+            .expect("65536 rows")
+            .to_string();
         assert!(err.contains("too many for prescaled B tiles") && err.contains("65536 rows"), "{err}");
     }
 
@@ -376,7 +487,7 @@ mod tests {
         let cfg = CudaDownConfig { nc: 2, mt: 1, ks: 1, warps: 8, splits: 1, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
         // 8 rows a pass, one split: 65536 passes are one more than grid z holds.
-        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32, Variant::Single)
+        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32, Variant::Single, false)
             .err()
             .expect("65536 passes")
             .to_string();

@@ -23,8 +23,10 @@ pub(super) enum Variant {
     Single,
     /// One projection plus a residual (the `TRELLIS_RESIDUAL` sections).
     Residual,
-    /// Gate and up with the SwiGLU (the `TRELLIS_FUSED` sections); the up projection's k.
-    Fused { up_bits: u32 },
+    /// Gate and up with the SwiGLU (the `TRELLIS_FUSED` sections); the up projection's k, and
+    /// the down kernel's fold counters it zeroes for the launch after it (the fragment kernel's
+    /// `TRELLIS_FEED` sections; 0: none).
+    Fused { up_bits: u32, feed: u32 },
 }
 
 impl Variant {
@@ -32,7 +34,8 @@ impl Variant {
         match self {
             Variant::Single => "single",
             Variant::Residual => "residual",
-            Variant::Fused { .. } => "fused",
+            Variant::Fused { feed: 0, .. } => "fused",
+            Variant::Fused { .. } => "fused_feed",
         }
     }
 
@@ -53,12 +56,25 @@ impl Variant {
         }
     }
 
+    /// The kernel's outputs.
+    fn outputs(self) -> &'static [&'static str] {
+        match self {
+            Variant::Fused { feed: 1.., .. } => &["y", "counters"],
+            _ => &["y"],
+        }
+    }
+
     /// The variant's text: `kernel`'s file with the variant's own sections only.
     fn source(self, kernel: AxisOneKernel) -> Result<String> {
         let (text, file) = kernel_file(kernel);
+        let feed = matches!(self, Variant::Fused { feed: 1.., .. });
+        if feed && kernel != AxisOneKernel::Fragment {
+            invalid!("CUDA axis-1 kernel: only the fragment kernel zeroes the down kernel's counters (not {file})");
+        }
         let fused = source_variant(text, "TRELLIS_FUSED", matches!(self, Variant::Fused { .. }));
         fused
             .and_then(|text| source_variant(&text, "TRELLIS_RESIDUAL", self == Variant::Residual))
+            .and_then(|text| source_variant(&text, "TRELLIS_FEED", feed))
             .with_context(|| format!("CUDA axis-1 kernel source {file}"))
     }
 }
@@ -88,7 +104,7 @@ fn kernel(variant: Variant, kernel: AxisOneKernel, shared: usize) -> Result<&'st
         }
         Ok(KernelText {
             inputs: variant.inputs(kernel),
-            outputs: &["y"],
+            outputs: variant.outputs(),
             body: variant.source(kernel)?,
             header: header.join("\n"),
         })
@@ -226,7 +242,11 @@ fn base_launch(
         .template_int("L", g.l as i32)
         .template_int("WARPS", cfg.warps as i32);
     match variant {
-        Variant::Fused { up_bits } => launch.template_int("KU", up_bits as i32),
+        Variant::Fused { up_bits, feed: 0 } => launch.template_int("KU", up_bits as i32),
+        Variant::Fused { up_bits, feed } => launch
+            .output(&[feed as usize], Dtype::Uint32)
+            .template_int("KU", up_bits as i32)
+            .template_int("COUNTERS", feed as i32),
         _ => launch,
     }
 }
@@ -280,7 +300,7 @@ mod tests {
             let int8 = kernel == AxisOneKernel::Int8;
             // Registered compacted: comments (which name both variants) are gone.
             let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source(kernel).unwrap()).unwrap();
-            let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3 }));
+            let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3, feed: 0 }));
             let residual = compact(Variant::Residual);
             assert!(fused.contains("up_codes") && !single.contains("up_codes") && !residual.contains("up_codes"));
             assert!(fused.contains("__expf") && !single.contains("__expf") && !residual.contains("__expf"));
@@ -294,8 +314,19 @@ mod tests {
                 assert_eq!(text.contains("cp_async16_zfill"), kernel == AxisOneKernel::Gemm, "{kernel:?}");
                 // The int8 kernel reads no row exponents, and its inputs say so.
                 assert_eq!(text.contains("x_exp"), !int8, "{kernel:?}");
+                assert!(!text.contains("counters"), "{kernel:?}");
             }
-            for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2 }] {
+            // The variant that zeroes the down kernel's counters is the fragment kernel's.
+            let feed = Variant::Fused { up_bits: 3, feed: 40 };
+            match kernel {
+                AxisOneKernel::Fragment => {
+                    let text = compact(feed);
+                    assert!(text.contains("counters[") && text.contains("__expf") && !text.contains("TRELLIS_FEED"));
+                    assert_eq!(feed.outputs(), ["y", "counters"]);
+                }
+                _ => assert!(feed.source(kernel).unwrap_err().to_string().contains("only the fragment kernel")),
+            }
+            for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2, feed: 0 }] {
                 assert_eq!(v.inputs(kernel).contains(&"x_exp"), !int8);
             }
         }

@@ -190,6 +190,41 @@ pub(crate) fn swiglu_with(
     up: LayerOperands<'_>,
     cfg: AxisOneConfig,
 ) -> Result<MlxArray> {
+    Ok(swiglu_call(x2, gate, up, cfg, 0)?.remove(0))
+}
+
+/// [`swiglu`] where its plan takes the fragment kernel (up to `GEMM_MIN_ROWS` rows of 16-bit
+/// activations, f32 ones up to the dense path), whose launch then also zeroes `counters` fold
+/// counters for the down kernel's launch after it (`cuda::down`'s fed calls, which need no
+/// pre-pass): the SwiGLU and the zeroed counters. `None` where the plan takes another kernel.
+pub(crate) fn swiglu_feeding(
+    x2: &MlxArray,
+    gate: LayerOperands<'_>,
+    up: LayerOperands<'_>,
+    counters: usize,
+) -> Result<Option<(MlxArray, MlxArray)>> {
+    let m = x2.shape().first().copied().unwrap_or(0);
+    let cfg = plan(m, x2.dtype(), true, gate.geometry.out_features());
+    if uses_dense(m, x2.dtype()) || cfg.kernel != AxisOneKernel::Fragment || counters == 0 {
+        return Ok(None);
+    }
+    let Ok(feed) = u32::try_from(counters) else {
+        invalid!("CUDA gate·up kernel: {counters} fold counters overflow the launch's sizes");
+    };
+    let mut outs = swiglu_call(x2, gate, up, cfg, feed)?;
+    let counters = outs.pop().expect("the SwiGLU and the counters");
+    Ok(Some((outs.pop().expect("the SwiGLU and the counters"), counters)))
+}
+
+/// One launch of the fused variant by `cfg` (zeroing `feed` counters too where not 0): its
+/// outputs.
+fn swiglu_call(
+    x2: &MlxArray,
+    gate: LayerOperands<'_>,
+    up: LayerOperands<'_>,
+    cfg: AxisOneConfig,
+    feed: u32,
+) -> Result<Vec<MlxArray>> {
     let (g, ug) = (gate.geometry, up.geometry);
     let what = "CUDA gate·up kernel";
     if !same_but_bits(g, ug) {
@@ -197,14 +232,14 @@ pub(crate) fn swiglu_with(
     }
     let m = check(what, x2, gate.codes, gate.scales, g)?;
     check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
-    let prepared = prepared_launch(g, cfg, m, x2.dtype(), Variant::Fused { up_bits: ug.k })?;
+    let prepared = prepared_launch(g, cfg, m, x2.dtype(), Variant::Fused { up_bits: ug.k, feed })?;
     let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
     let inputs: &[&MlxArray] = if cfg.kernel == AxisOneKernel::Int8 {
         &[&x, gate.codes, gate.scales, up.codes, up.scales]
     } else {
         &[&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales]
     };
-    Ok(prepared.kernel.apply_prepared(inputs, &prepared.launch)?.remove(0))
+    prepared.kernel.apply_prepared(inputs, &prepared.launch)
 }
 
 /// Checks the call: a served geometry, then the operands (`x2 [M >= 1, in]` in f32/f16/bf16,
