@@ -16,7 +16,7 @@
 //! of the dense layer whatever the row count, and MLX's matmul then runs at the dense speed,
 //! while the fused kernel's decode-and-multiply grows with the rows.
 //!
-//! A fed call ([`fed_counters`], `down_fed`) takes its fold counters zeroed from the launch
+//! A fed call (`fed_counters`, `down_fed`) takes its fold counters zeroed from the launch
 //! before it (the fused gate·up·SwiGLU's, `cuda::gate_up`) and finds each row's power of two in
 //! its own thread blocks, over their split of the inputs (`BLOCK_EXP`): one launch a call, no
 //! pre-pass. An MLP's gate·up and down at up to 8 rows run so.
