@@ -9,7 +9,7 @@ use mlx_trellis::trellis::cuda::tuning::{
 };
 mod common;
 
-use common::{f32_matmul_gate, gate, require_cuda, to_f64, Case};
+use common::{f32_matmul_gate, gate, require_cuda, seeded, to_f64, Case};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
@@ -447,14 +447,7 @@ fn dense_path_refuses_bad_operands() {
 /// added to, so that the product's error shows in the sum's relErr), and its values.
 fn residual_for(xw: &[f64], m: usize, cols: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
     let scale = xw.iter().fold(f64::from(f32::MIN_POSITIVE), |a, b| a.max(b.abs())) / 2.0;
-    let v: Vec<f32> = mlx_trellis::trellis::synthetic::gaussian(m * cols, 5_000_003 + 17 * m as u64 + cols as u64)
-        .unwrap()
-        .into_iter()
-        .map(|v| v * scale as f32)
-        .collect();
-    let r = MlxArray::from_slice(&v, &[m, cols]).unwrap().astype(dtype).unwrap();
-    let rr = to_f64(&r);
-    (r, rr)
+    seeded(m, cols, dtype, scale as f32, 5_000_003 + 17 * m as u64 + cols as u64)
 }
 
 /// The residual variant (the add in the kernel's fold, in f32 before the output's one rounding)

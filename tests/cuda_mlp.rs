@@ -4,13 +4,12 @@
 
 mod common;
 
-use common::{gate, require_cuda, to_f64};
+use common::{gate, require_cuda, seeded, to_f64};
 use mlx_trellis::trellis::cuda::gate_up::linear_residual;
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, axis_one_residual_with, axis_one_with, swiglu_with, AxisOneConfig, AxisOneKernel,
 };
 use mlx_trellis::trellis::reference::{forward_f64, mlp_forward_f64, rel_err, swiglu_f64};
-use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{
     synthetic_layer, synthetic_mlp, CodeLayout, ForwardPath, HostLayer, TrellisLinear, TrellisMlp,
 };
@@ -22,24 +21,13 @@ const ROWS: [usize; 10] = [1, 2, 5, 9, 16, 17, 40, 64, 65, 128];
 
 /// Seeded activations `[m, width]` in `dtype` (standard normal times `scale`) and their values.
 fn x(m: usize, width: usize, dtype: Dtype, scale: f32) -> (MlxArray, Vec<f64>) {
-    let v: Vec<f32> =
-        gaussian(m * width, 7 * m as u64 + width as u64).unwrap().into_iter().map(|v| v * scale).collect();
-    let x = MlxArray::from_slice(&v, &[m, width]).unwrap().astype(dtype).unwrap();
-    let xr = to_f64(&x);
-    (x, xr)
+    seeded(m, width, dtype, scale, 7 * m as u64 + width as u64)
 }
 
 /// A seeded residual stream `[m, width]` in `dtype` (standard normal times `scale`, seeds apart
 /// from [`x`]'s) and its values.
 fn residual(m: usize, width: usize, dtype: Dtype, scale: f64) -> (MlxArray, Vec<f64>) {
-    let v: Vec<f32> = gaussian(m * width, 9_000_011 + 13 * m as u64 + width as u64)
-        .unwrap()
-        .into_iter()
-        .map(|v| v * scale as f32)
-        .collect();
-    let r = MlxArray::from_slice(&v, &[m, width]).unwrap().astype(dtype).unwrap();
-    let rr = to_f64(&r);
-    (r, rr)
+    seeded(m, width, dtype, scale as f32, 9_000_011 + 13 * m as u64 + width as u64)
 }
 
 /// `want + rr` elementwise.

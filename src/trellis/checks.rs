@@ -119,3 +119,13 @@ pub(crate) fn int(what: &str, v: usize) -> Result<i32> {
 pub(crate) fn same_but_bits(gate: &TrellisGeometry, up: &TrellisGeometry) -> bool {
     *up == TrellisGeometry { k: up.k, ..*gate }
 }
+
+/// An error unless `residual` is `[m, out]` in `x2`'s dtype: a residual stream added to a
+/// kernel's output `[m, out]` in its launch, before the output's one rounding.
+pub(crate) fn check_residual(what: &str, x2: &MlxArray, residual: &MlxArray, m: usize, out: usize) -> Result<()> {
+    let (shape, dtype) = (residual.shape(), residual.dtype());
+    if shape != [m, out] || dtype != x2.dtype() {
+        invalid!("{what}: residual {dtype} {shape:?} must be {} [{m}, {out}], as the output", x2.dtype());
+    }
+    Ok(())
+}

@@ -68,12 +68,7 @@ impl Case {
     /// Seeded activations `[m, rows]` in `dtype`, and their values as the kernels see them.
     pub fn x(&self, m: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
         let rows = self.g().rows;
-        let x = MlxArray::from_slice(&gaussian(m * rows, 1000 * m as u64 + rows as u64).unwrap(), &[m, rows])
-            .unwrap()
-            .astype(dtype)
-            .unwrap();
-        let xr = to_f64(&x);
-        (x, xr)
+        seeded(m, rows, dtype, 1.0, 1000 * m as u64 + rows as u64)
     }
 
     pub fn reference(&self, xr: &[f64], m: usize) -> Vec<f64> {
@@ -87,6 +82,15 @@ impl Case {
         assert_eq!((y.shape(), y.dtype()), (vec![m, g.cols], dtype), "{what} {g} M {m}");
         to_f64(&y)
     }
+}
+
+/// Seeded values `[m, width]` in `dtype` (standard normal times `scale`, from `seed`), and their
+/// values as the kernels see them (after the cast).
+pub fn seeded(m: usize, width: usize, dtype: Dtype, scale: f32, seed: u64) -> (MlxArray, Vec<f64>) {
+    let v: Vec<f32> = gaussian(m * width, seed).unwrap().into_iter().map(|v| v * scale).collect();
+    let a = MlxArray::from_slice(&v, &[m, width]).unwrap().astype(dtype).unwrap();
+    let values = to_f64(&a);
+    (a, values)
 }
 
 pub fn to_f64(a: &MlxArray) -> Vec<f64> {

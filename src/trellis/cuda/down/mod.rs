@@ -45,7 +45,7 @@ use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
-use crate::trellis::checks::{check_operands, int};
+use crate::trellis::checks::{check_operands, check_residual, int};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 use super::expand::down_cuda_dense;
@@ -187,24 +187,16 @@ pub fn down_residual_cuda(
     require_supported(g)?;
     let m = x2.shape().first().copied().unwrap_or(0);
     if uses_dense(m, x2.dtype()) {
-        check_residual(x2, g, residual)?;
+        check_down_residual(x2, g, residual)?;
         return residual.add(&down_cuda_dense(x2, codes, scales, g)?);
     }
     Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), Some(residual), None)?.0.remove(0))
 }
 
-/// An error unless `residual` is `[M, out]` in `x2`'s dtype (`x2` `[M, in]`).
-fn check_residual(x2: &MlxArray, g: &TrellisGeometry, residual: &MlxArray) -> Result<()> {
+/// The residual's checks: `[M, out]` in `x2`'s dtype (`x2` `[M, in]`).
+fn check_down_residual(x2: &MlxArray, g: &TrellisGeometry, residual: &MlxArray) -> Result<()> {
     let m = x2.shape().first().copied().unwrap_or(0);
-    let (shape, dtype) = (residual.shape(), residual.dtype());
-    if shape != [m, g.cols] || dtype != x2.dtype() {
-        invalid!(
-            "CUDA down kernel with a residual: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
-            x2.dtype(),
-            g.cols
-        );
-    }
-    Ok(())
+    check_residual("CUDA down kernel with a residual", x2, residual, m, g.cols)
 }
 
 /// `x2 [M, in]` times two matrices of one geometry, `[x2 · A, x2 · B]` (an MLP's gate and up
@@ -266,7 +258,7 @@ pub(crate) fn run(
         m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     }
     if let Some(r) = residual {
-        check_residual(x2, g, r)?;
+        check_down_residual(x2, g, r)?;
     }
     if fed.is_some() && (pair || cfg.prescaled) {
         invalid!("CUDA down kernel: a fed call runs one matrix on activations as they are (not prescaled)");

@@ -34,7 +34,7 @@ mod launch;
 use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, unserved, Result};
-use crate::trellis::checks::{check_operands, same_but_bits};
+use crate::trellis::checks::{check_operands, check_residual, same_but_bits};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
@@ -108,14 +108,7 @@ fn residual_call(
 ) -> Result<MlxArray> {
     let what = "CUDA axis-1 kernel with a residual";
     let m = check(what, x2, codes, scales, g)?;
-    let (shape, dtype) = (residual.shape(), residual.dtype());
-    if shape != [m, g.out_features()] || dtype != x2.dtype() {
-        invalid!(
-            "{what}: residual {dtype} {shape:?} must be {} [{m}, {}], as the output",
-            x2.dtype(),
-            g.out_features()
-        );
-    }
+    check_residual(what, x2, residual, m, g.out_features())?;
     let cfg = match cfg {
         Some(cfg) => cfg,
         None if uses_dense(m, x2.dtype()) => return residual.add(&linear(x2, codes, scales, g)?),
