@@ -13,7 +13,8 @@
 //!
 //! It also times each projection alone in the same cold setting (independent calls over the 8
 //! layers in turn): the fused gate·up·SwiGLU and the down projection, beside MLX's bf16 and
-//! affine 4-bit matmuls.
+//! affine 4-bit matmuls; and the host's part of the trellis and bf16 chains (MLX's `async_eval`,
+//! which records and launches an evaluation and returns without waiting for the GPU).
 //!
 //! `--help` lists every option, with examples.
 
@@ -28,7 +29,7 @@ use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConf
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
-use mlx_trellis::{backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
+use mlx_trellis::{async_eval_all, backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
 
 #[path = "common/cli.rs"]
 mod cli;
@@ -51,10 +52,13 @@ const LAYERS: usize = 8;
 /// A residual chain x <- x + mlp_l(x) over 8 distinct layers (so that no layer's weights stay in
 /// the GPU's L2 from one call to the next, as in a 40-layer model), --rounds times per
 /// evaluation; the figure is time per MLP layer, median (best) of --evals evaluations.
-/// Contenders in the same run: the trellis MLP at each --bits width, MLX's dense bf16 MLP of the
-/// same decoded weights and MLX's affine 4-bit MLP of them (group 64); unless --no-alone, each
-/// projection alone as well. Each trellis MLP's first layer is checked against the f64 reference
-/// at every row count. With --tp N every layer is split over N processes (one all-reduce per
+/// Contenders in the same run: the trellis MLP at each --bits width (the residual added in its
+/// down kernel's launch), MLX's dense bf16 MLP of the same decoded weights (the faster of a
+/// matmul then MLX's add, and addmm) and MLX's affine 4-bit MLP of them (group 64); unless
+/// --no-alone, each projection alone as well. A second table gives the host's part of each
+/// chain (MLX's async_eval, which records and launches it without waiting for the GPU). Each
+/// trellis MLP's first layer is checked against the f64 reference at every row count, with and
+/// without the residual. With --tp N every layer is split over N processes (one all-reduce per
 /// layer) and timed beside the unsharded chain. Exit status: 0 every check passed, 1 a check
 /// missed its gate, 2 an error (including a back-end other than CUDA for the single-process run).
 #[derive(Parser)]
@@ -188,6 +192,26 @@ fn time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxA
     Ok((v[v.len() / 2], v[0]))
 }
 
+/// Median microseconds per step of the host's part of an evaluation of `steps` built by `f`: how
+/// long MLX's `async_eval` takes to record and launch it (it returns without waiting for the
+/// GPU), each evaluation then waited for before the next. Where it is close to [`time`]'s
+/// figure, the chain waits for the host, not for the GPU.
+fn host_time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>) -> Result<f64> {
+    let run = || -> Result<f64> {
+        let outs = f()?;
+        let refs: Vec<&MlxArray> = outs.iter().collect();
+        let t = Instant::now();
+        async_eval_all(&refs)?;
+        let host = t.elapsed().as_secs_f64() * 1e6 / steps as f64;
+        eval_all(&refs)?;
+        Ok(host)
+    };
+    run()?;
+    let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
 /// The residual chain over `layers`, `rounds` times: `x <- step(layer, x)`, each step giving
 /// the residual stream after its layer (`x + mlp(x)`).
 fn chain<L>(
@@ -315,7 +339,9 @@ fn bench(cli: &Cli) -> Result<()> {
             let step = |l: &TrellisMlp, x: &MlxArray| l.forward_residual(x, x);
             let (med, best) = time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
             rows.push(Row { m, name: format!("trellis k{k}"), median: med, best });
-            eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer, relErr {err:.1e}");
+            let host = host_time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
+            rows.push(Row { m, name: format!("trellis k{k} host"), median: host, best: host });
+            eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer ({host:.1} of them the host's), relErr {err:.1e}");
             // Each projection alone for the first bit width only (the 3-bit layers by default).
             if args.alone && bi == 0 {
                 let (med, best) = time(args.evals, steps, &|| {
@@ -361,6 +387,9 @@ fn bench(cli: &Cli) -> Result<()> {
                     rows.push(Row { m, name: how.name().into(), median: med, best });
                 }
                 rows.extend(fastest);
+                let bf16 = |d: &Dense, x: &MlxArray| bf16_mlp_residual(d, x, Bf16Residual::Add);
+                let host = host_time(args.evals, steps, &|| chain(dense, args.rounds, &x, &bf16))?;
+                rows.push(Row { m, name: "MLX bf16 (matmul, add) host".into(), median: host, best: host });
                 let q4 = |d: &Dense, x: &MlxArray| x.add(&q4_mlp(d, x)?);
                 let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &q4))?;
                 rows.push(Row { m, name: "MLX affine 4-bit".into(), median: med, best });
@@ -437,6 +466,21 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
             println!("| {m} | {} |", cells.join(" | "));
         }
     }
+    // The host's part of each chain: where it is close to the chain's time, the GPU waits for it.
+    println!("\nThe host's part of an evaluation (MLX's async_eval, which records and launches the chain and returns without waiting), µs per MLP layer, median");
+    let mut header = "| M | MLX bf16 (matmul, add) |".to_string();
+    for k in &args.bits {
+        let _ = write!(header, " trellis k{k} |");
+    }
+    println!("{header}\n|---|---|{}", "---|".repeat(args.bits.len()));
+    for &m in &args.rows {
+        let cell = |name: &str| get(m, name).map_or("-".to_string(), |r| format!("{:.1}", r.median));
+        let mut line = format!("| {m} | {} |", cell("MLX bf16 (matmul, add) host"));
+        for k in &args.bits {
+            let _ = write!(line, " {} |", cell(&format!("trellis k{k} host")));
+        }
+        println!("{line}");
+    }
     println!("\nFirst layer against the f64 reference (relErr = max|a-b| / max|b|)\n| bits | M | relErr | |\n|---|---|---|---|\n{checks}");
     if let Some(path) = &args.json {
         let body: Vec<String> = rows
@@ -464,8 +508,9 @@ mod plot_json {
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
         for r in &rows {
             let name = r["name"].as_str().context("name")?.to_string();
-            // Each projection alone, and MLX bf16's two residual adds (its line is the faster).
-            if name.ends_with("alone") || name.starts_with("MLX bf16 (") {
+            // Each projection alone, the host's parts, and MLX bf16's two residual adds (its line
+            // is the faster).
+            if name.ends_with("alone") || name.ends_with("host") || name.starts_with("MLX bf16 (") {
                 continue;
             }
             let point = (r["m"].as_f64().context("m")?, r["median_us"].as_f64().context("median_us")?);
