@@ -137,11 +137,16 @@ pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trellis
 /// and pass of its plan), or `None` where it does not run fed: a geometry the kernel does not
 /// serve, or more than [`FED_MAX_ROWS`] rows.
 pub(crate) fn fed_counters(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<usize> {
+    fed_plan(g, m, dtype).map(|(_, counters)| counters)
+}
+
+/// The plan of a fed call and its fold counters ([`fed_counters`]).
+fn fed_plan(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<(CudaDownConfig, usize)> {
     if !supports(g) || !(1..=FED_MAX_ROWS).contains(&m) {
         return None;
     }
     let cfg = plan_for(g, m, dtype);
-    (!cfg.prescaled && cfg.mt == 1).then(|| cfg.column_blocks(g) * m.div_ceil(8 * cfg.mt as usize))
+    (!cfg.prescaled && cfg.mt == 1).then(|| (cfg, cfg.column_blocks(g) * m.div_ceil(8 * cfg.mt as usize)))
 }
 
 /// The most activation rows a fed call takes: one 8-row tile a pass, whose blocks find the rows'
@@ -162,14 +167,14 @@ pub(crate) fn down_fed(
 ) -> Result<MlxArray> {
     require_supported(g)?;
     let m = x2.shape().first().copied().unwrap_or(0);
-    if fed_counters(g, m, x2.dtype()) != Some(counters.size()) {
+    let Some((cfg, _)) = fed_plan(g, m, x2.dtype()).filter(|&(_, want)| want == counters.size()) else {
         invalid!(
             "CUDA down kernel: {} fed counters do not fit {m} rows of {} activations of {g}",
             counters.size(),
             x2.dtype()
         );
-    }
-    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), residual, Some(counters))?.0.remove(0))
+    };
+    Ok(run(x2, &[(codes, scales)], g, cfg, residual, Some(counters))?.0.remove(0))
 }
 
 /// `residual + x2 [M, in] · W -> [M, out]` in `x2`'s dtype: [`down_cuda`] with the add in the
@@ -269,19 +274,18 @@ pub(crate) fn run(
     // configurations the converted activations the kernel reads in place of x2. A fed call's
     // counters are the launch before's (as fresh), and its blocks find the exponents: the
     // scales stand in for x_exp, which it does not read.
-    let (x_scaled, counters, x_exp) = match (fed, &prepared.pre_pass) {
-        (Some(counters), _) => (None, counters.clone(), mats[0].1.clone()),
-        (None, Some(pre_pass)) => {
+    let (x_scaled, counters, x_exp) = match fed {
+        Some(counters) => (None, counters.clone(), mats[0].1.clone()),
+        None => {
             let mut pre_inputs = vec![x2];
             pre_inputs.extend(mats.iter().map(|(_, scales)| *scales));
             let mut outs = prescale::kernel(pair)?
-                .apply_prepared(&pre_inputs, pre_pass)
+                .apply_prepared(&pre_inputs, &prepared.pre_pass)
                 .context("CUDA down kernel: the activations' pre-pass")?;
             let x_exp = outs.pop().expect("three outputs");
             let counters = outs.pop().expect("three outputs");
             (outs.pop(), counters, x_exp)
         }
-        (None, None) => unreachable!("a call that is not fed has its pre-pass prepared"),
     };
     let b = match &x_scaled {
         Some(x_scaled) if cfg.prescaled => x_scaled,
@@ -299,11 +303,25 @@ pub(crate) fn run(
 
 /// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and the
 /// pre-pass before it (`prescale.cu`: the rows' exponents, the zeroed fold counters and, for
-/// prescaled configurations, the converted activations), none for a fed call.
+/// prescaled configurations, the converted activations), which a fed call does not run.
 struct PreparedDown {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,
-    pre_pass: Option<CudaLaunch>,
+    pre_pass: CudaLaunch,
+}
+
+/// One call's shape: what its launches are prepared for, and their cache's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Call {
+    g: TrellisGeometry,
+    cfg: CudaDownConfig,
+    /// Activation rows.
+    m: usize,
+    /// The activations' dtype.
+    dtype: Dtype,
+    variant: Variant,
+    /// Counters from the launch before, exponents found by the blocks (`BLOCK_EXP`).
+    fed: bool,
 }
 
 /// The kernel and its launch for `m` rows of `dtype` activations, checked and converted once
@@ -317,20 +335,14 @@ fn prepared_launch(
     variant: Variant,
     fed: bool,
 ) -> Result<Arc<PreparedDown>> {
-    type Key = (TrellisGeometry, CudaDownConfig, usize, Dtype, Variant, bool);
-    static LAUNCHES: LaunchCache<Key, PreparedDown> = LaunchCache::new(1024);
-    LAUNCHES.get_or_build((*g, cfg, m, dtype, variant, fed), || prepare(g, cfg, m, dtype, variant, fed))
+    static LAUNCHES: LaunchCache<Call, PreparedDown> = LaunchCache::new(1024);
+    let call = Call { g: *g, cfg, m, dtype, variant, fed };
+    LAUNCHES.get_or_build(call, || prepare(call))
 }
 
 /// [`prepared_launch`]'s work on a miss.
-fn prepare(
-    g: &TrellisGeometry,
-    cfg: CudaDownConfig,
-    m: usize,
-    dtype: Dtype,
-    variant: Variant,
-    fed: bool,
-) -> Result<PreparedDown> {
+fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown> {
+    let g = &g;
     cfg.check(g, dtype)?;
     let pair = variant == Variant::Pair;
     let mats = if pair { 2 } else { 1 };
@@ -383,11 +395,7 @@ fn prepare(
         .template_bool("BLOCK_EXP", fed);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
-    let pre_pass = if fed {
-        None
-    } else {
-        Some(PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair }.prepare()?)
-    };
+    let pre_pass = PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair }.prepare()?;
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 

@@ -25,7 +25,8 @@ pub(super) enum Variant {
     Residual,
     /// Gate and up with the SwiGLU (the `TRELLIS_FUSED` sections); the up projection's k, and
     /// the down kernel's fold counters it zeroes for the launch after it (the fragment kernel's
-    /// `TRELLIS_FEED` sections; 0: none).
+    /// `TRELLIS_FEED` sections; 0: none; at most `i32::MAX`, its template int's range, which
+    /// `swiglu_feeding` checks).
     Fused { up_bits: u32, feed: u32 },
 }
 

@@ -201,10 +201,11 @@ pub(crate) fn swiglu_feeding(
     if uses_dense(m, x2.dtype()) || cfg.kernel != AxisOneKernel::Fragment || counters == 0 {
         return Ok(None);
     }
-    let Ok(feed) = u32::try_from(counters) else {
+    // The count is also the kernel's template int COUNTERS (an i32).
+    let Ok(feed) = i32::try_from(counters) else {
         invalid!("CUDA gate·up kernel: {counters} fold counters overflow the launch's sizes");
     };
-    let mut outs = swiglu_call(x2, gate, up, cfg, feed)?;
+    let mut outs = swiglu_call(x2, gate, up, cfg, feed.unsigned_abs())?;
     let counters = outs.pop().expect("the SwiGLU and the counters");
     Ok(Some((outs.pop().expect("the SwiGLU and the counters"), counters)))
 }
