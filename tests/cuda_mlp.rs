@@ -154,12 +154,15 @@ fn every_axis_one_shape_matches_the_reference() {
         (8, 1, 4, false, false),
         (4, 2, 2, false, false),
     ];
-    for (mt, rt, warps, bias_fold, pack_fma) in shapes {
-        let cfg =
-            AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: AxisOneKernel::Fragment, prefetch: false };
+    // Each with the rows staged in shared memory (16-bit activations; every pass of these fits,
+    // the last one of 3 rows where m = 8 mt + 3) and read from global memory.
+    let shapes = shapes.into_iter().flat_map(|s| [(s, false), (s, true)]);
+    for ((mt, rt, warps, bias_fold, pack_fma), stage) in shapes {
+        let fragment = AxisOneKernel::Fragment;
+        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: fragment, prefetch: false, stage };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
-                assert!(dtype == Dtype::Float32 && bias_fold, "{cfg:?} {dtype}");
+                assert!(dtype == Dtype::Float32 && (bias_fold || stage), "{cfg:?} {dtype}");
                 continue;
             }
             for m in [1, 8 * mt as usize - 1, 8 * mt as usize + 3] {
@@ -169,6 +172,17 @@ fn every_axis_one_shape_matches_the_reference() {
                 check(&format!("{cfg:?}"), &y, &want, m, 88, dtype, gate(dtype));
             }
         }
+    }
+    // Activations in a view that starts 2 bytes into its buffer: no 16-byte loads, staged or not.
+    let (flat, flat_r) = x(1, 3 * 768 + 8, Dtype::Bfloat16, 1.0);
+    let shifted = flat.reshape(&[3 * 768 + 8]).unwrap().slice(&[1], &[1 + 3 * 768], &[1]).unwrap();
+    let view = shifted.reshape(&[3, 768]).unwrap();
+    let want = forward_f64(&flat_r[1..1 + 3 * 768], 3, &host.codes, &host.scales, &g).unwrap();
+    for stage in [false, true] {
+        let cfg = AxisOneConfig { stage, bias_fold: true, ..AxisOneConfig::plain(AxisOneKernel::Fragment) };
+        let y = axis_one_with(&view, lin.codes(), lin.scales(), &g, cfg).unwrap();
+        let what = format!("{cfg:?}, a view 2 bytes into its buffer");
+        check(&what, &y, &want, 3, 88, Dtype::Bfloat16, gate(Dtype::Bfloat16));
     }
 }
 
@@ -412,6 +426,7 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
             pack_fma: false,
             kernel: AxisOneKernel::Fragment,
             prefetch: false,
+            stage: true,
         },
         axis_one_plan(40, Dtype::Bfloat16, true, inter),
     ] {

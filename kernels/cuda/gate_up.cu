@@ -40,6 +40,15 @@
 // comes in x_exp (f16 [M], integers); f16 activations read as they are need neither (they are
 // f16 numbers already, exactly).
 //
+// With STAGE (16-bit activations, a pass of at most a few rows) each thread block first copies
+// its pass's rows into dynamic shared memory as the f16 numbers the MMAs take (lifted by their
+// powers of two), in the same pass that finds the powers of two: the main loop then reads its
+// B fragments with one shared-memory load per chunk pair, with no conversion and no global-memory
+// latency at the start of each block (Nsight Compute at one row: the first use of a global
+// activation load was the kernel's largest single stall). A row holds 8 halves of padding after
+// every 64 positions and 32 at its end, so the four lanes of a row, and two rows, read different
+// banks; the host sizes the memory (rows * (IN + IN / 8 + 32) halves).
+//
 // Activations load 8 at a time (16-byte loads) where x starts on a 16-byte boundary (MLX's
 // buffers do; a view may not), one at a time otherwise. Rows past M are zero and never loaded;
 // output rows past OUT read row OUT - 1 and are not written.
@@ -51,7 +60,7 @@
 // same rows, inputs, T and L, and one launch serves them; every per-matrix width below is a
 // compile-time constant once the loops over the matrices are unrolled, so KU = K compiles to
 // the code of one width. Template bools: SPLIT_X (f32 activations as hi + lo), BIAS_FOLD,
-// PACK_FMA, LIFT and HANDED (the rows' powers of two, above). Template types: T (activations
+// PACK_FMA, LIFT and HANDED (the rows' powers of two, above), STAGE (above). Template types: T (activations
 // as the kernel reads them: f32, f16 or bf16; the host hands bf16 activations of many rows over
 // as the pre-pass's f16), Y (the output dtype). Inputs: x [M, IN], x_exp [M] (f16, read with
 // HANDED only), codes [OUT, IN K / 32], scales [OUT] (f16), and in the fused variant up_codes
@@ -123,9 +132,16 @@
   // and the warps fold their largest |x| in shared memory (non-negative floats order as their
   // bits).
   static_assert(!(LIFT && HANDED), "the pre-pass's activations are lifted already");
+  static_assert(!(STAGE && SPLIT_X), "the staged rows are f16: 16-bit activations");
+  static_assert(sizeof(T) == 2 || !STAGE, "the staged rows are f16: 16-bit activations");
+  // The staged rows (STAGE): row i of the pass at stage + i * PITCH, position p at p + p / 64 * 8.
+  extern __shared__ __align__(16) unsigned char shared_base[];
+  __half* const stage = reinterpret_cast<__half*>(shared_base);
+  const int PITCH = IN + IN / 8 + 32;
+  const int stage_rows = min(8 * MT, M - m_base);
   __shared__ int row_exp[8 * MT];
   __shared__ unsigned row_amax[8 * MT];
-  if (LIFT) {
+  if (LIFT || STAGE) {
     for (int i = threadIdx.x; i < 8 * MT; i += 32 * WARPS) row_amax[i] = 0u;
     __syncthreads();
     for (int i = 0; i < 8 * MT && m_base + i < M; ++i) {
@@ -140,11 +156,16 @@
 #pragma unroll
           for (int k = 0; k < 8; ++k) xs[k] = xr[j + k];
         }
+        if (STAGE) *reinterpret_cast<uint4*>(stage + i * PITCH + j + j / 64 * 8) = *reinterpret_cast<const uint4*>(xs);
+        if (LIFT) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(float(xs[k])));
+          for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(float(xs[k])));
+        }
       }
-      amax = trellis_cuda::warp_max(amax);
-      if (lane == 0) atomicMax(&row_amax[i], __float_as_uint(amax));
+      if (LIFT) {
+        amax = trellis_cuda::warp_max(amax);
+        if (lane == 0) atomicMax(&row_amax[i], __float_as_uint(amax));
+      }
     }
     __syncthreads();
   }
@@ -157,32 +178,65 @@
   float x_lift[MT];
 #pragma unroll
   for (int t = 0; t < MT; ++t) x_lift[t] = trellis_cuda::pow2(row_exp[8 * t + g]);
+  // The staged rows as the f16 numbers the MMAs take: each thread converts the words it copied
+  // (T is f16 without LIFT: copied as they are).
+  if (STAGE && LIFT) {
+    for (int i = 0; i < stage_rows; ++i) {
+      const float lift_i = trellis_cuda::pow2(row_exp[i]);
+      for (int j = 8 * threadIdx.x; j < IN; j += 8 * 32 * WARPS) {
+        uint4* word = reinterpret_cast<uint4*>(stage + i * PITCH + j + j / 64 * 8);
+        alignas(16) T xs[8];
+        *reinterpret_cast<uint4*>(xs) = *word;
+        unsigned h[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const __half2 v = __float22half2_rn(make_float2(float(xs[2 * p]) * lift_i, float(xs[2 * p + 1]) * lift_i));
+          h[p] = *reinterpret_cast<const unsigned*>(&v);
+        }
+        *word = make_uint4(h[0], h[1], h[2], h[3]);
+      }
+    }
+  }
+  if (STAGE) __syncthreads();
   // The B fragments of chunks c and c + 1 (c even) of block b for every tile and set.
   auto load_b = [&](int b, int c, unsigned (&bf)[2][MT][SETS][2]) {
+    if (STAGE) {
+      // Positions 64 q + 4 c + 0..7 of block b: 16 contiguous bytes of the staged row.
 #pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      alignas(16) T xs[8];
-      const T* src = x_rows[t] + b * 256 + 4 * c;
-      if (!live[t]) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) xs[j] = T(0.0f);
-      } else if (vector_loads) {
-#pragma unroll
-        for (int w = 0; w < (int)sizeof(xs) / 16; ++w) reinterpret_cast<uint4*>(xs)[w] = reinterpret_cast<const uint4*>(src)[w];
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) xs[j] = src[j];
+      for (int t = 0; t < MT; ++t) {
+        const int p = b * 256 + 64 * q + 4 * c;
+        const uint4 v = live[t] ? *reinterpret_cast<const uint4*>(stage + (8 * t + g) * PITCH + p + p / 64 * 8) : make_uint4(0u, 0u, 0u, 0u);
+        bf[0][t][0][0] = v.x;
+        bf[0][t][0][1] = v.y;
+        bf[1][t][0][0] = v.z;
+        bf[1][t][0][1] = v.w;
       }
+    } else {
 #pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const __half2 hi = LIFT ? __float22half2_rn(make_float2(float(xs[2 * p]) * x_lift[t], float(xs[2 * p + 1]) * x_lift[t]))
-                                : trellis_cuda::half2_of(xs[2 * p], xs[2 * p + 1]);
-        bf[p >> 1][t][0][p & 1] = *reinterpret_cast<const unsigned*>(&hi);
-        if (SPLIT_X) {
-          const float2 v = make_float2(float(xs[2 * p]) * x_lift[t], float(xs[2 * p + 1]) * x_lift[t]);
-          const float2 hf = __half22float2(hi);
-          const __half2 lo = __float22half2_rn(make_float2(v.x - hf.x, v.y - hf.y));
-          bf[p >> 1][t][SPLIT_X ? 1 : 0][p & 1] = *reinterpret_cast<const unsigned*>(&lo);
+      for (int t = 0; t < MT; ++t) {
+        alignas(16) T xs[8];
+        const T* src = x_rows[t] + b * 256 + 4 * c;
+        if (!live[t]) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) xs[j] = T(0.0f);
+        } else if (vector_loads) {
+#pragma unroll
+          for (int w = 0; w < (int)sizeof(xs) / 16; ++w) reinterpret_cast<uint4*>(xs)[w] = reinterpret_cast<const uint4*>(src)[w];
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) xs[j] = src[j];
+        }
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const __half2 hi = LIFT ? __float22half2_rn(make_float2(float(xs[2 * p]) * x_lift[t], float(xs[2 * p + 1]) * x_lift[t]))
+                                  : trellis_cuda::half2_of(xs[2 * p], xs[2 * p + 1]);
+          bf[p >> 1][t][0][p & 1] = *reinterpret_cast<const unsigned*>(&hi);
+          if (SPLIT_X) {
+            const float2 v = make_float2(float(xs[2 * p]) * x_lift[t], float(xs[2 * p + 1]) * x_lift[t]);
+            const float2 hf = __half22float2(hi);
+            const __half2 lo = __float22half2_rn(make_float2(v.x - hf.x, v.y - hf.y));
+            bf[p >> 1][t][SPLIT_X ? 1 : 0][p & 1] = *reinterpret_cast<const unsigned*>(&lo);
+          }
         }
       }
     }

@@ -90,7 +90,7 @@ fn kernel_file(kernel: AxisOneKernel) -> (&'static str, &'static str) {
 }
 
 /// `kernel`'s `variant`, registered with `shared` bytes of dynamic shared memory (the int8
-/// kernel's and the GEMM's; none for the fragment kernel).
+/// kernel's, the GEMM's, and the fragment kernel's staged rows).
 fn kernel(variant: Variant, kernel: AxisOneKernel, shared: usize) -> Result<&'static CudaKernel> {
     let family = match kernel {
         AxisOneKernel::Fragment => "gate_up",
@@ -192,7 +192,13 @@ pub(super) fn prepared_launch(
             // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
             .template_bool("LIFT", read != Dtype::Float16)
             .template_bool("HANDED", read != dtype);
-        let kernel = kernel(variant, AxisOneKernel::Fragment, 0)?;
+        // The staged rows where they fit; from global memory otherwise (the same numbers).
+        let staged = match cfg.stage_shared_bytes(m, g.in_features()) {
+            Some(bytes) if cfg.stage && sixteen_bit => bytes,
+            _ => 0,
+        };
+        let launch = launch.template_bool("STAGE", staged > 0);
+        let kernel = kernel(variant, AxisOneKernel::Fragment, staged)?;
         let hand_over = if read != dtype { Some(hand_over(g, m, dtype)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
     })

@@ -17,6 +17,14 @@ pub const INT8_MAX_ROWS: usize = 8;
 /// (227 KB on sm_90; MLX raises a kernel's limit above 48 KB).
 const DYNAMIC_SHARED_LIMIT: usize = 227 * 1024;
 
+/// Rows of bf16 activations up to which the plan has the fused fragment kernel stage them in
+/// shared memory ([`AxisOneConfig::stage`]).
+pub const STAGE_MAX_ROWS: usize = 2;
+
+/// The most shared memory the staged rows may take: with the kernel's own 5–7 KB, a thread block
+/// stays within the 45 KB that leaves an SM the five blocks its registers allow (96 a thread).
+const STAGE_MAX_BYTES: usize = 38 * 1024;
+
 /// Rows of 16-bit activations from which the plan takes the decode-once GEMM
 /// ([`AxisOneKernel::Gemm`]) instead of the fragment kernel.
 pub const GEMM_MIN_ROWS: usize = 9;
@@ -66,6 +74,12 @@ pub struct AxisOneConfig {
     /// at its start (fused, k 3, 64 rows: 176 registers against 140, two thread blocks an SM
     /// against three).
     pub prefetch: bool,
+    /// The fragment kernel only, 16-bit activations: each thread block first copies its pass's
+    /// rows into shared memory as the f16 numbers its MMAs take, so the main loop reads them
+    /// without a conversion or a global load. Where the rows do not fit
+    /// ([`AxisOneConfig::stage_shared_bytes`]) the kernel reads them from global memory as
+    /// without it: the same numbers, the same sums.
+    pub stage: bool,
 }
 
 impl AxisOneConfig {
@@ -74,7 +88,7 @@ impl AxisOneConfig {
     /// benchmarks and tests vary.
     #[cfg(any(test, feature = "tuning"))]
     pub const fn plain(kernel: AxisOneKernel) -> AxisOneConfig {
-        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel, prefetch: false }
+        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel, prefetch: false, stage: false }
     }
 
     /// An error naming the first reason this shape cannot run `dtype` activations in the single
@@ -96,6 +110,9 @@ impl AxisOneConfig {
         }
         if self.prefetch && self.kernel != AxisOneKernel::Gemm {
             invalid!("CUDA axis-1 kernel: prefetch is the GEMM's (the {:?} kernel reads its code words as it goes)", self.kernel);
+        }
+        if self.stage && (self.kernel != AxisOneKernel::Fragment || dtype == Dtype::Float32) {
+            invalid!("CUDA axis-1 kernel: stage is the fragment kernel's, for 16-bit activations (got the {:?} kernel, {dtype})", self.kernel);
         }
         match self.kernel {
             AxisOneKernel::Fragment => {}
@@ -162,7 +179,16 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         let passes = m.div_ceil(8 * mt as usize);
         let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
         let warps = [4, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
-        return AxisOneConfig { mt, rt: 1, warps, bias_fold: false, pack_fma: false, kernel: AxisOneKernel::Gemm, prefetch: true };
+        return AxisOneConfig {
+            mt,
+            rt: 1,
+            warps,
+            bias_fold: false,
+            pack_fma: false,
+            kernel: AxisOneKernel::Gemm,
+            prefetch: true,
+            stage: false,
+        };
     }
     AxisOneConfig {
         mt,
@@ -172,6 +198,10 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         pack_fma: sixteen_bit && m == 1,
         kernel: AxisOneKernel::Fragment,
         prefetch: false,
+        // Measured for the fused kernel with bf16 activations, which it also converts: the
+        // single projection's two row tiles took 107 registers with it (96 without), and f16's
+        // fused kernel 119 (101), unmeasured (docs/cuda-mlp.md).
+        stage: fused && dtype == Dtype::Bfloat16 && m <= STAGE_MAX_ROWS,
     }
 }
 
@@ -187,6 +217,20 @@ impl AxisOneConfig {
         let matrices = if fused { 2 } else { 1 };
         let sums = (self.warps as usize).saturating_sub(1) * matrices * self.rt as usize * 4 * 32 * 4;
         tables.checked_add(sums).filter(|&bytes| bytes <= DYNAMIC_SHARED_LIMIT)
+    }
+
+    /// The fragment kernel's dynamic shared memory for `m` rows of `inputs` with `stage`: a pass's
+    /// rows (at most `8 mt`) of `inputs + inputs / 8 + 32` halves (8 of padding after every 64
+    /// positions and 32 at the end, so that the lanes of a chunk read different banks). `None`
+    /// where the rows do not fit (above [`STAGE_MAX_BYTES`], or an overflow) and `Some(0)`
+    /// without `stage`: the kernel then reads the rows from global memory.
+    pub fn stage_shared_bytes(&self, m: usize, inputs: usize) -> Option<usize> {
+        if !self.stage {
+            return Some(0);
+        }
+        let rows = m.min(8 * self.mt as usize);
+        let pitch = inputs.checked_add(inputs / 8)?.checked_add(32)?;
+        rows.checked_mul(pitch)?.checked_mul(2).filter(|&bytes| bytes <= STAGE_MAX_BYTES)
     }
 
     /// The GEMM's dynamic shared memory: two stages of `8 mt` rows of 288 halves (a block of 256
@@ -292,6 +336,29 @@ mod tests {
     }
 
     #[test]
+    fn staged_rows_are_planned_at_one_and_two_rows_where_they_fit() {
+        for m in 1..=300 {
+            assert_eq!(plan(m, Dtype::Bfloat16, true, 17408).stage, m <= STAGE_MAX_ROWS, "M {m}");
+            for (dtype, fused) in [(Dtype::Float32, true), (Dtype::Float16, true), (Dtype::Bfloat16, false)] {
+                assert!(!plan(m, dtype, fused, 17408).stage, "M {m} {dtype} fused {fused}");
+            }
+        }
+        let staged = plan(2, Dtype::Bfloat16, true, 17408);
+        // Qwen3-14B's 5120 inputs: 5120 + 640 + 32 halves a row.
+        assert_eq!(staged.stage_shared_bytes(1, 5120), Some(5792 * 2));
+        assert_eq!(staged.stage_shared_bytes(2, 5120), Some(2 * 5792 * 2));
+        // A pass holds at most 8 mt rows; wider rows than fit are read from global memory.
+        assert_eq!(staged.stage_shared_bytes(100, 768), Some(8 * 896 * 2));
+        assert_eq!(staged.stage_shared_bytes(2, 28672), None);
+        assert_eq!(staged.stage_shared_bytes(usize::MAX, usize::MAX), None);
+        assert_eq!(plan(3, Dtype::Bfloat16, true, 17408).stage_shared_bytes(3, 5120), Some(0));
+        // Staging is the fragment kernel's, for 16-bit activations.
+        assert!(AxisOneConfig { stage: true, ..staged }.check(Dtype::Float32, false).is_err());
+        let gemm = AxisOneConfig { stage: true, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
+        assert!(gemm.check(Dtype::Bfloat16, false).unwrap_err().to_string().contains("stage is the fragment kernel's"));
+    }
+
+    #[test]
     fn too_much_static_shared_memory_is_an_error_that_says_so() {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
         let big = AxisOneConfig {
@@ -302,6 +369,7 @@ mod tests {
             pack_fma: false,
             kernel: AxisOneKernel::Fragment,
             prefetch: false,
+            stage: false,
         };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
         assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
