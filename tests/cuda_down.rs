@@ -9,7 +9,7 @@ use mlx_trellis::trellis::cuda::tuning::{
 };
 mod common;
 
-use common::{f32_matmul_gate, gate, require_cuda, seeded, to_f64, Case};
+use common::{f32_matmul_gate, gate, largest_abs, plus, require_cuda, seeded, to_f64, Case};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
@@ -446,8 +446,7 @@ fn dense_path_refuses_bad_operands() {
 /// A seeded residual stream `[m, cols]` in `dtype` of about the size of `xw` (the product it is
 /// added to, so that the product's error shows in the sum's relErr), and its values.
 fn residual_for(xw: &[f64], m: usize, cols: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
-    let scale = xw.iter().fold(f64::from(f32::MIN_POSITIVE), |a, b| a.max(b.abs())) / 2.0;
-    seeded(m, cols, dtype, scale as f32, 5_000_003 + 17 * m as u64 + cols as u64)
+    seeded(m, cols, dtype, (largest_abs(xw) / 2.0) as f32, 5_000_003 + 17 * m as u64 + cols as u64)
 }
 
 /// The residual variant (the add in the kernel's fold, in f32 before the output's one rounding)
@@ -465,7 +464,7 @@ fn residual_variant_matches_the_reference(layers: &[Case]) {
                 let (x, xr) = c.x(m, dtype);
                 let xw = c.reference(&xr, m);
                 let (r, rr) = residual_for(&xw, m, g.cols, dtype);
-                let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+                let want = plus(&xw, &rr);
                 let calls: [(&str, Forward); 2] = [
                     ("down_residual_cuda", &|x| down_residual_cuda(x, c.lin.codes(), c.lin.scales(), &g, &r)),
                     ("forward_residual", &|x| c.lin.forward_residual(x, &r)),
@@ -496,7 +495,7 @@ fn residual_variant_matches_the_reference(layers: &[Case]) {
             let (x, xr) = c.x(m, dtype);
             let xw = c.reference(&xr, m);
             let (r, rr) = residual_for(&xw, m, g.cols, dtype);
-            let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+            let want = plus(&xw, &rr);
             let f: Forward = &|x| down_residual_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, &r);
             let err = rel_err(&c.run("residual variant", &x, f), &want).unwrap();
             println!("residual variant {cfg:?} {g} M {m} {dtype}: relErr {err:.2e}");

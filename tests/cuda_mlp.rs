@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{gate, require_cuda, seeded, to_f64};
+use common::{gate, largest_abs, plus, require_cuda, seeded, to_f64};
 use mlx_trellis::trellis::cuda::gate_up::linear_residual;
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, axis_one_residual_with, axis_one_with, swiglu_with, AxisOneConfig, AxisOneKernel,
@@ -28,17 +28,6 @@ fn x(m: usize, width: usize, dtype: Dtype, scale: f32) -> (MlxArray, Vec<f64>) {
 /// from [`x`]'s) and its values.
 fn residual(m: usize, width: usize, dtype: Dtype, scale: f64) -> (MlxArray, Vec<f64>) {
     seeded(m, width, dtype, scale as f32, 9_000_011 + 13 * m as u64 + width as u64)
-}
-
-/// `want + rr` elementwise.
-fn plus(want: &[f64], rr: &[f64]) -> Vec<f64> {
-    want.iter().zip(rr).map(|(a, b)| a + b).collect()
-}
-
-/// The largest |v|, at least the smallest normal f32 (a residual's scale of the same size as an
-/// output, so that the output's error shows in the sum's relErr).
-fn largest(v: &[f64]) -> f64 {
-    v.iter().fold(f64::from(f32::MIN_POSITIVE), |a, b| a.max(b.abs()))
 }
 
 fn up_layer(out: usize, inp: usize, k: u32, l: u32) -> (HostLayer, TrellisLinear) {
@@ -128,7 +117,7 @@ fn axis_one_with_a_residual_matches_the_reference() {
                 let (r, rr) = x(m, out, dtype, 0.5);
                 let (x, xr) = x(m, inp, dtype, 1.0);
                 let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-                let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+                let want = plus(&xw, &rr);
                 let y = linear_residual(&x, lin.codes(), lin.scales(), &g, &r).unwrap();
                 check(&format!("axis 1 {g} plus a residual"), &y, &want, m, out, dtype, gate(dtype));
             }
@@ -275,7 +264,7 @@ fn fused_and_residual_int8_match_the_reference() {
             let (r, rr) = x(m, 72, dtype, 0.5);
             let (x, xr) = x(m, 768, dtype, 1.0);
             let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-            let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+            let want = plus(&xw, &rr);
             let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, cfg).unwrap();
             check(&format!("int8 {g} plus a residual"), &y, &want, m, 72, dtype, gate(dtype));
         }
@@ -339,7 +328,7 @@ fn every_gemm_shape_matches_the_reference() {
             let (r, rr) = x(m, out, dtype, 0.5);
             let (x, xr) = x(m, inp, dtype, 1.0);
             let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-            let want: Vec<f64> = xw.iter().zip(&rr).map(|(a, b)| a + b).collect();
+            let want = plus(&xw, &rr);
             let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, gemm(3, 3, true)).unwrap();
             check(&format!("GEMM {g} plus a residual"), &y, &want, m, out, dtype, gate(dtype));
         }
@@ -389,7 +378,7 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
         check(&format!("MLP {hidden}->{inter} k{k}"), &y, &want, m, hidden, dtype, gate(dtype));
         // The residual stream after the MLP: the add in the down kernel's fold (the dense path's
         // add from 129 rows), by the CUDA path and by Auto.
-        let (r, rr) = residual(m, hidden, dtype, largest(&want) / 2.0);
+        let (r, rr) = residual(m, hidden, dtype, largest_abs(&want) / 2.0);
         let want = plus(&want, &rr);
         for path in [ForwardPath::Cuda, ForwardPath::Auto] {
             let y = mlp.forward_residual_with(&x, &r, path).unwrap();

@@ -93,6 +93,17 @@ pub fn seeded(m: usize, width: usize, dtype: Dtype, scale: f32, seed: u64) -> (M
     (a, values)
 }
 
+/// `a + b` elementwise (a reference output plus the residual stream it is added to).
+pub fn plus(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| a + b).collect()
+}
+
+/// The largest |v|, at least the smallest normal f32: the scale of a residual stream of about an
+/// output's size, so that the output's error shows in the sum's relErr.
+pub fn largest_abs(v: &[f64]) -> f64 {
+    v.iter().fold(f64::from(f32::MIN_POSITIVE), |a, b| a.max(b.abs()))
+}
+
 pub fn to_f64(a: &MlxArray) -> Vec<f64> {
     a.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
 }

@@ -192,11 +192,9 @@ pub(super) fn prepared_launch(
             // by the pre-pass for handed-over activations, none for f16 (see gate_up.cu).
             .template_bool("LIFT", read != Dtype::Float16)
             .template_bool("HANDED", read != dtype);
-        // The staged rows where they fit; from global memory otherwise (the same numbers).
-        let staged = match cfg.stage_shared_bytes(m, g.in_features()) {
-            Some(bytes) if cfg.stage && sixteen_bit => bytes,
-            _ => 0,
-        };
+        // The staged rows where they fit (`check` refused them for f32); from global memory
+        // otherwise, the same numbers.
+        let staged = cfg.stage_shared_bytes(m, g.in_features()).unwrap_or(0);
         let launch = launch.template_bool("STAGE", staged > 0);
         let kernel = kernel(variant, AxisOneKernel::Fragment, staged)?;
         let hand_over = if read != dtype { Some(hand_over(g, m, dtype)?) } else { None };
