@@ -33,6 +33,15 @@ pub const GEMM_MIN_ROWS: usize = 9;
 /// plan gives a block fewer output tiles (warps) until a layer's grid has them.
 const GEMM_FILL_BLOCKS: usize = 2 * 132;
 
+/// The fused GEMM's warps (16-row output tiles) a thread block in the plan, which also leaves out
+/// the code-word prefetch. Three, not four: in the MLP chain on an H200 (docs/cuda-mlp.md)
+/// Qwen3-14B's gate·up took 1,088 tiles as 272 blocks of four with the prefetch, two an SM: one
+/// wave and 8 blocks, the SMs idle 41 % of the kernel's time in that last partial wave. Three
+/// tiles a block without the prefetch (140 registers, not 176) fit three blocks an SM: 363 blocks,
+/// one wave, nine tiles on the fullest SM. The single projection's GEMM keeps four warps and the
+/// prefetch (not measured in a chain).
+const GEMM_FUSED_WARPS: u32 = 3;
+
 /// Which of the axis-1 kernels a call runs (each has the same variants: one projection, its
 /// residual variant, the fused gate·up·SwiGLU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -169,16 +178,18 @@ impl AxisOneConfig {
 /// The kernel and shape for `m` rows of `dtype` activations of a layer of `outputs` rows
 /// (`fused`: the gate·up·SwiGLU kernel, which holds two accumulator sets and so takes one row tile
 /// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
-/// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block, fewer where a
-/// layer's grid would not fill the GPU), the fragment kernel otherwise (never the int8 one: it
-/// measured no faster at one row).
+/// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block with the
+/// code-word prefetch, the fused one 3 without it; fewer where a layer's grid would not fill the
+/// GPU), the fragment kernel
+/// otherwise (never the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
     if sixteen_bit && m >= GEMM_MIN_ROWS {
         let passes = m.div_ceil(8 * mt as usize);
         let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
-        let warps = [4, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
+        let most = if fused { GEMM_FUSED_WARPS } else { 4 };
+        let warps = [most, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
         return AxisOneConfig {
             mt,
             rt: 1,
@@ -186,7 +197,7 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
             bias_fold: false,
             pack_fma: false,
             kernel: AxisOneKernel::Gemm,
-            prefetch: true,
+            prefetch: !fused,
             stage: false,
         };
     }
@@ -222,7 +233,7 @@ impl AxisOneConfig {
     /// The fragment kernel's dynamic shared memory for `m` rows of `inputs` with `stage`: a pass's
     /// rows (at most `8 mt`) of `inputs + inputs / 8 + 32` halves (8 of padding after every 64
     /// positions and 32 at the end, so that the lanes of a chunk read different banks). `None`
-    /// where the rows do not fit (above [`STAGE_MAX_BYTES`], or an overflow) and `Some(0)`
+    /// where the rows do not fit (above 38 KB, or an overflow) and `Some(0)`
     /// without `stage`: the kernel then reads the rows from global memory.
     pub fn stage_shared_bytes(&self, m: usize, inputs: usize) -> Option<usize> {
         if !self.stage {
@@ -277,9 +288,13 @@ mod tests {
                 assert_eq!(plan(m, Dtype::Float32, fused, 17408).kernel, AxisOneKernel::Fragment, "M {m} f32");
             }
         }
-        // Qwen3-14B's gate and up: four output tiles a block; SmolLM2's 576-row down projection:
-        // one (36 blocks a pass), and two from 16 passes (288 blocks at 2 warps).
-        assert_eq!(plan(32, Dtype::Bfloat16, true, 17408).warps, 4);
+        // Qwen3-14B's gate and up: three output tiles a block fused (no prefetch), four alone;
+        // SmolLM2's 576-row down projection: one (36 blocks a pass), and two from 16 passes (288
+        // blocks at 2 warps).
+        assert_eq!(plan(32, Dtype::Bfloat16, true, 17408).warps, 3);
+        assert!(!plan(32, Dtype::Bfloat16, true, 17408).prefetch);
+        assert_eq!(plan(32, Dtype::Bfloat16, false, 17408).warps, 4);
+        assert!(plan(32, Dtype::Bfloat16, false, 17408).prefetch);
         assert_eq!(plan(32, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(512, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(1024, Dtype::Bfloat16, false, 576).warps, 2);
