@@ -6,7 +6,7 @@
 #   scripts/gpu.sh build                      # test and example binaries into the bundle
 #   scripts/gpu.sh test [NAME...]             # the bundle's test binaries, ignored GPU tests included
 #   scripts/gpu.sh exits [N]                  # N (50) failing runs must each exit 2, none abort
-#   scripts/gpu.sh bench [mlp|down|encoder|all]
+#   scripts/gpu.sh bench [mlp|down|encoder|all | ab BASE_BENCH_MLP [ROWS]]
 #   scripts/gpu.sh profile [mlp [M] | axis1 [M] | down [M] | latency [contenders|sweep] | ab BASE_BENCH_DOWN ROWS...]
 #   scripts/gpu.sh tp [one | multi N]         # tensor parallelism over NCCL
 #
@@ -360,7 +360,7 @@ EOF
 
 bench() {
   local what="${1:-all}" limit="${BENCH_TIMEOUT:-900}"
-  case "$what" in mlp | down | encoder | all) ;; *) usage ;; esac
+  case "$what" in mlp | down | encoder | all) ;; ab) shift; bench_ab "$@"; return ;; *) usage ;; esac
   if [ "$what" = mlp ] || [ "$what" = all ]; then
     # The headline table (docs/benchmarks.md) and its plot.
     step bench_mlp "$limit" "$bundle/bench_mlp" --bits 3,2 --evals 10 --rounds 3 --json "$out/bench_mlp.json" &&
@@ -373,6 +373,33 @@ bench() {
     # The Qwen down shape coded on the GPU, its first 512 rows again on the CPU: the same bytes.
     step quantize_layer "$limit" "$bundle/quantize_layer" --backend cuda --compare-cpu 512
   fi
+}
+
+# bench ab BASE [ROWS]: the MLP chain of this bundle's bench_mlp against BASE (another build's),
+# k 3, in the order base, this, this, base, so that drift over the minutes cancels. A plan's
+# change must be judged in the chain: the alone sweeps queue independent calls whose partial last
+# waves overlap (docs/cuda-mlp.md). One untimed run of each first compiles its kernels into the
+# PTX cache, so that no timed run pays for NVRTC.
+bench_ab() {
+  local base="${1:-}" rows="${2:-16,32,64,128}" limit="${BENCH_TIMEOUT:-900}" i=0 which bin
+  [ -n "$base" ] && [ -x "$base" ] || usage
+  for which in base this; do
+    bin="$bundle/bench_mlp"
+    [ "$which" = base ] && bin="$base"
+    step "bench_ab_warm_$which" "$limit" "$bin" --bits 3 --rows "$rows" --evals 1 --rounds 1 --no-alone >/dev/null
+  done
+  for which in base this this base; do
+    i=$((i + 1))
+    bin="$bundle/bench_mlp"
+    [ "$which" = base ] && bin="$base"
+    step "bench_ab_${i}_$which" "$limit" "$bin" --bits 3 --rows "$rows" --evals 8 --rounds 3 --no-alone \
+      --json "$out/bench_ab_${i}_$which.json"
+  done
+  # Each run's table, named by its build.
+  for f in "$out"/bench_ab_[1-4]_*.txt; do
+    echo "## $(basename "$f" .txt)"
+    grep -E '^\| (M|[0-9]+) \|' "$f" | head -"$(( $(tr -cd , <<<"$rows" | wc -c) + 2 ))"
+  done | tee "$out/bench_ab.summary.txt"
 }
 
 # ---------------------------------------------------------------------------------------------
