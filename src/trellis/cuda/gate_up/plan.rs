@@ -37,7 +37,7 @@ const GEMM_FILL_BLOCKS: usize = 2 * 132;
 /// the code-word prefetch. Three, not four: in the MLP chain on an H200 (docs/cuda-mlp.md)
 /// Qwen3-14B's gate·up took 1,088 tiles as 272 blocks of four with the prefetch, two an SM: one
 /// wave and 8 blocks, the SMs idle 41 % of the kernel's time in that last partial wave. Three
-/// tiles a block without the prefetch (140 registers, not 176) fit three blocks an SM: 363 blocks,
+/// tiles a block without the prefetch (159 registers, not 176) fit three blocks an SM: 363 blocks,
 /// one wave, nine tiles on the fullest SM. The single projection's GEMM keeps four warps and the
 /// prefetch (not measured in a chain).
 const GEMM_FUSED_WARPS: u32 = 3;
