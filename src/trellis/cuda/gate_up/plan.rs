@@ -180,15 +180,14 @@ impl AxisOneConfig {
 /// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
 /// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block with the
 /// code-word prefetch, the fused one 3 without it; fewer where a layer's grid would not fill the
-/// GPU), the fragment kernel
-/// otherwise (never the int8 one: it measured no faster at one row).
+/// GPU), the fragment kernel otherwise (never the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
     if sixteen_bit && m >= GEMM_MIN_ROWS {
         let passes = m.div_ceil(8 * mt as usize);
         let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
-        let most = if fused { GEMM_FUSED_WARPS } else { 4 };
+        let (most, prefetch) = if fused { (GEMM_FUSED_WARPS, false) } else { (4, true) };
         let warps = [most, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
         return AxisOneConfig {
             mt,
@@ -197,7 +196,7 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
             bias_fold: false,
             pack_fma: false,
             kernel: AxisOneKernel::Gemm,
-            prefetch: !fused,
+            prefetch,
             stage: false,
         };
     }
