@@ -293,35 +293,44 @@ fn zero_and_poisoned_rows(m: usize, cfg: AxisOneConfig) {
 /// reference under each dtype's gate: passes of 1, 3 and 8 tiles of 8 rows at row counts that
 /// fill them, leave them short and spill into another pass; 1, 3 and 8 warps (output tiles a
 /// block) over outputs that are not a multiple of a block's, with and without the code-word
-/// prefetch; k 2/3/4, L 8/12/16, one and several
+/// prefetch, and with the bias fold (the pre-pass's row sums); k 2/3/4, L 8/12/16, one and several
 /// input blocks; the residual variant and the fused SwiGLU of equal and mixed widths; activation
 /// magnitudes 1e-8 and 1e8; zero rows, and a non-finite activation kept to its own row.
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn every_gemm_shape_matches_the_reference() {
     require_cuda();
-    let gemm = |mt, warps, prefetch| AxisOneConfig { mt, warps, prefetch, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
+    let gemm = |mt, warps, (prefetch, bias_fold)| AxisOneConfig {
+        mt,
+        warps,
+        prefetch,
+        bias_fold,
+        ..AxisOneConfig::plain(AxisOneKernel::Gemm)
+    };
+    // (prefetch, bias fold)
+    let loads = [(false, false), (true, false), (false, true), (true, true)];
     let shapes = [(1, 3), (3, 1), (8, 8), (8, 4)];
     for (out, inp, k, l) in [(200, 768, 3, 12), (64, 256, 2, 8), (136, 1280, 4, 16)] {
         let (host, lin) = up_layer(out, inp, k, l);
         let g = *lin.geometry();
-        for ((mt, warps), prefetch) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+        for ((mt, warps), load) in shapes.into_iter().flat_map(|s| loads.map(|l| (s, l))) {
             let rows = 8 * mt as usize;
             for dtype in [Dtype::Bfloat16, Dtype::Float16] {
                 for m in [1, rows - 1, rows, rows + 3] {
                     let (x, xr) = x(m, inp, dtype, 1.0);
                     let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(mt, warps, prefetch)).unwrap();
-                    let name = format!("GEMM {g} mt {mt} warps {warps} prefetch {prefetch}");
+                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(mt, warps, load)).unwrap();
+                    let name = format!("GEMM {g} mt {mt} warps {warps} (prefetch, bias fold) {load:?}");
                     check(&name, &y, &want, m, out, dtype, gate(dtype));
                 }
             }
         }
-        for scale in [1e-8, 1e8] {
+        for (scale, bias_fold) in [1e-8, 1e8].into_iter().flat_map(|s| [(s, false), (s, true)]) {
             let (x, xr) = x(20, inp, Dtype::Bfloat16, scale);
             let want = forward_f64(&xr, 20, &host.codes, &host.scales, &g).unwrap();
-            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(3, 4, false)).unwrap();
-            check(&format!("GEMM {g} x{scale:e}"), &y, &want, 20, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
+            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(3, 4, (false, bias_fold))).unwrap();
+            let name = format!("GEMM {g} x{scale:e} bias fold {bias_fold}");
+            check(&name, &y, &want, 20, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
         }
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
             let m = 19;
@@ -329,20 +338,22 @@ fn every_gemm_shape_matches_the_reference() {
             let (x, xr) = x(m, inp, dtype, 1.0);
             let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
             let want = plus(&xw, &rr);
-            let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, gemm(3, 3, true)).unwrap();
-            check(&format!("GEMM {g} plus a residual"), &y, &want, m, out, dtype, gate(dtype));
+            for load in loads {
+                let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, gemm(3, 3, load)).unwrap();
+                check(&format!("GEMM {g} plus a residual {load:?}"), &y, &want, m, out, dtype, gate(dtype));
+            }
         }
     }
     for (kg, ku) in [(3, 3), (2, 4), (4, 3)] {
         let (h, mlp) = mixed_mlp(kg, ku);
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
             let shapes = [(1, (1, 4)), (21, (3, 3)), (64, (8, 4)), (70, (8, 2))];
-            for ((m, (mt, warps)), prefetch) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            for ((m, (mt, warps)), load) in shapes.into_iter().flat_map(|s| loads.map(|l| (s, l))) {
                 let (x, xr) = x(m, 768, dtype, 1.0);
                 let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let s = swiglu_with(&x, mlp.gate(), mlp.up(), gemm(mt, warps, prefetch)).unwrap();
+                let s = swiglu_with(&x, mlp.gate(), mlp.up(), gemm(mt, warps, load)).unwrap();
                 check(
-                    &format!("GEMM SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps} prefetch {prefetch}"),
+                    &format!("GEMM SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps} (prefetch, bias fold) {load:?}"),
                     &s,
                     &want,
                     m,
@@ -353,7 +364,8 @@ fn every_gemm_shape_matches_the_reference() {
             }
         }
     }
-    zero_and_poisoned_rows(18, gemm(3, 4, true));
+    zero_and_poisoned_rows(18, gemm(3, 4, (true, false)));
+    zero_and_poisoned_rows(18, gemm(3, 4, (false, true)));
 }
 
 /// The fused gate·up·SwiGLU against the reference's two projections, and the whole MLP (fused

@@ -40,6 +40,37 @@ struct LaneRuns {
     }
   }
 
+  // Words [from_k * k + from_plus, to_k * k + to_plus] (inclusive) of the lane's runs of block b
+  // of every row into `w`, each matrix's range in terms of its own k (word 2 k is the run's last,
+  // which wraps to the block's word 0 where q = 0). Even-aligned pairs below word 2 k are read as
+  // one 8-byte load, like `load`.
+  __device__ __forceinline__ void load_words(int b, Runs& w, int from_k, int from_plus, int to_k, int to_plus) const {
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a) {
+      const int ka = k_of(a), from = from_k * ka + from_plus, to = to_k * ka + to_plus;
+#pragma unroll
+      for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const unsigned* blk = rows[a][t][h] + b * (8 * ka);
+#pragma unroll
+          for (int i = 0; i < RUN; ++i) {
+            if (i < from || i > to || i > 2 * ka) continue;
+            if (i == 2 * ka) {
+              w[a][t][h][i] = blk[last[a]];
+            } else if ((i & 1) == 0 && i + 1 <= to && i + 1 < 2 * ka) {
+              const uint2 v = *reinterpret_cast<const uint2*>(blk + first[a] + i);
+              w[a][t][h][i] = v.x, w[a][t][h][i + 1] = v.y;
+            } else if ((i & 1) == 1 && i - 1 >= from) {
+              // read with word i - 1
+            } else {
+              w[a][t][h][i] = blk[first[a] + i];
+            }
+          }
+        }
+    }
+  }
+
   // The lane's runs of block b of every row into `w`.
   __device__ __forceinline__ void load(int b, Runs& w) const {
 #pragma unroll

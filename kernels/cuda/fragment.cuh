@@ -95,6 +95,13 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The sum of `v` over the 32 lanes of a warp.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // 16-byte asynchronous copy global -> shared (Ampere and later) with a source size of 16 or 0
 // bytes: 0 reads nothing and zero-fills (activation rows past the last); and its group
 // bookkeeping.

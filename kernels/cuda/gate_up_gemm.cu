@@ -25,7 +25,8 @@
 // position 64 q + j of a block at half 72 q + j of its row, so a row's four quarters lie 144
 // bytes apart and rows 576 bytes (64 mod 128) apart, and each 8-lane phase of a warp's 16-byte B
 // loads (lane 4 g + q: row g, quarter q) covers 8 different 16-byte bank groups. Then the pass's
-// rows' factors 2^-e (8 MT floats). No static shared memory.
+// rows' factors 2^-e and, with BIAS_FOLD, their biases 1534 x_sum (8 MT floats each). No static
+// shared memory.
 //
 // Work split. Thread block (y, z) owns output rows [16 WARPS y, 16 WARPS (y + 1)) (warp w the
 // tile 16 WARPS y + 16 w) and activation rows [8 MT z, 8 MT (z + 1)) (rows past M are zero-filled
@@ -33,9 +34,14 @@
 // warp); output rows past OUT read row OUT - 1 and are not written, and a warp whose whole tile is
 // past OUT only stages.
 //
-// Template ints: K, L, MT (1..8), WARPS, and in the fused variant KU. Template bool: PREFETCH
-// (the code words read one block ahead; see the main loop). Template type: Y (the output dtype).
-// Inputs: x [M, IN] f16, x_exp [M] f16, codes [OUT, IN K / 32], scales [OUT] (f16), in the fused
+// With BIAS_FOLD the fragments carry y + 1534 (the dp4a result as it is: no HSUB2), and the
+// epilogue subtracts 1534 x_sum[m], the pre-pass's sum of row m's f16 activations (prescale.cu's
+// ROW_SUMS); products and sums are exact or f32 either way, so only the f32 roundings differ.
+//
+// Template ints: K, L, MT (1..8), WARPS, and in the fused variant KU. Template bools: PREFETCH
+// (the code words read one block ahead; see the main loop), BIAS_FOLD. Template type: Y (the
+// output dtype). Inputs: x [M, IN] f16, x_exp [M] f16, x_sum [M] f32 (read with BIAS_FOLD),
+// codes [OUT, IN K / 32], scales [OUT] (f16), in the fused
 // variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual
 // [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16 WARPS)),
 // ceil(M / (8 MT))] threads, blocks of 32 WARPS.
@@ -68,6 +74,7 @@
   extern __shared__ __align__(16) unsigned char shared_base[];
   __half* const stages = reinterpret_cast<__half*>(shared_base);     // [2][ROWS][ROW_HALVES]
   float* const unlift = reinterpret_cast<float*>(stages + 2 * STAGE);  // [ROWS]
+  float* const row_bias = unlift + ROWS;                               // [ROWS], BIAS_FOLD
 
 #if TRELLIS_FUSED
   const unsigned* const mats[NMAT] = {codes, up_codes};
@@ -93,8 +100,10 @@
   };
 
   // The pass's rows' factors 2^-e (seen by all after the first barrier below).
-  for (int i = threadIdx.x; i < ROWS; i += 32 * WARPS)
+  for (int i = threadIdx.x; i < ROWS; i += 32 * WARPS) {
     unlift[i] = m_base + i < M ? trellis_cuda::pow2(-(int)__half2float(x_exp[m_base + i])) : 1.0f;
+    if (BIAS_FOLD) row_bias[i] = m_base + i < M ? 1534.0f * x_sum[m_base + i] : 0.0f;
+  }
 
   float acc[NMAT][MT][4];
 #pragma unroll
@@ -110,7 +119,7 @@
   // k 3, MT 8: 140 against 176), so three thread blocks an SM instead of two.
   Runs w;
   stage(0, 0);
-  if (PREFETCH && busy) lane_runs.load(0, w);
+  if (busy) lane_runs.load(0, w);
   for (int b = 0; b < NB; ++b) {
     // The next block's activations (into the stage every warp finished with at the last
     // barrier), in flight while this block is multiplied.
@@ -121,7 +130,7 @@
     } else {
       trellis_cuda::cp_async_commit();  // an empty group: the wait below counts one behind
     }
-    if (!PREFETCH && busy) lane_runs.load(b, w);
+    if (!PREFETCH && busy && b > 0) lane_runs.load_words(b, w, 0, 0, 1, 0);
     trellis_cuda::cp_async_wait<1>();
     __syncthreads();
     if (busy) {
@@ -130,12 +139,16 @@
       const __half* const xs = stages + (b & 1) * STAGE + g * ROW_HALVES + 72 * q;
 #pragma unroll
       for (int c = 0; c < 16; c += 2) {
+        // Without PREFETCH the next block's words are read in two halves, each where this
+        // block's are done with: chunks 0-7 read bits from 32 k up (words k..2k), chunks 8-15
+        // bits below 31 k + L <= 32 (k + 1) (words 0..k).
+        if (!PREFETCH && c == 8 && b + 1 < NB) lane_runs.load_words(b + 1, w, 1, 1, 2, 0);
         unsigned f[NMAT][2][4];
 #pragma unroll
         for (int a = 0; a < NMAT; ++a)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            trellis_cuda::chunk_fragment<L, true, false>(w[a][0][0], w[a][0][1], Lanes::k_of(a), c + h, 0u, f[a][h]);
+            trellis_cuda::chunk_fragment<L, !BIAS_FOLD, false>(w[a][0][0], w[a][0][1], Lanes::k_of(a), c + h, 0u, f[a][h]);
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
           const uint4 v = *reinterpret_cast<const uint4*>(xs + 8 * t * ROW_HALVES + 4 * c);
@@ -176,7 +189,7 @@
       if (m >= M) continue;
       float v[NMAT];
 #pragma unroll
-      for (int a = 0; a < NMAT; ++a) v[a] = acc[a][t][e] * s[a] * unlift[i];
+      for (int a = 0; a < NMAT; ++a) v[a] = (acc[a][t][e] - (BIAS_FOLD ? row_bias[i] : 0.0f)) * s[a] * unlift[i];
 #if TRELLIS_FUSED
       const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
 #else

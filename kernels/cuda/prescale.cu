@@ -22,8 +22,11 @@
 // prescaled call needs no launch of its own for them (COUNTERS 0: none).
 // Without WRITE_X only the exponents are written (and the counters zeroed): the down kernel's
 // other configurations convert their activations in the thread block, with these exponents.
+// With ROW_SUMS (and WRITE_X, not SPLIT_X) x_sum[m] (x_sum [2 M] in the pair variant) is the sum of the row's converted f16
+// values in f32: the decode-once GEMM's fragments carry y + 1534, and it subtracts 1534 x_sum
+// (gate_up_gemm.cu's BIAS_FOLD).
 // Template ints: R, R_PAD, COUNTERS. Template bools: SPLIT_X, ROW_SCALES (multiply by scales;
-// false: `scales` is not read), WRITE_X. Template type: T (activation dtype).
+// false: `scales` is not read), WRITE_X, ROW_SUMS. Template type: T (activation dtype).
 // Grid [blockDim.x, min(M, 65535), ceil(M / 65535)] threads (row m = blockIdx.y + gridDim.y
 // blockIdx.z: grid y holds at most 65535), any whole number of warps a block (at most 32).
 // The pair variant (sections under TRELLIS_PAIR; the down kernel's pair of matrices) takes a
@@ -39,12 +42,14 @@
   const __half* const mat_scales = second ? scales_b : scales;
   __half* const mat_x_scaled = second ? x_scaled + (size_t)(SPLIT_X ? 2 : 1) * M * R_PAD : x_scaled;
   __half* const mat_x_exp = second ? x_exp + M : x_exp;
+  float* const mat_x_sum = second ? x_sum + M : x_sum;
 #else
   const int m = grid_row;
   if (m >= M) return;
   const __half* const mat_scales = scales;
   __half* const mat_x_scaled = x_scaled;
   __half* const mat_x_exp = x_exp;
+  float* const mat_x_sum = x_sum;
 #endif
   const int tid = threadIdx.x, threads = blockDim.x;
   if (grid_row == 0) {
@@ -90,6 +95,8 @@
   const int e = trellis_cuda::row_exponent(amax);
   const float lift = trellis_cuda::pow2(e);
   if (tid == 0) mat_x_exp[m] = __float2half((float)e);
+  static_assert(!ROW_SUMS || (WRITE_X && !SPLIT_X), "row sums are of the converted 16-bit rows");
+  float sum = 0.0f;
   for (int r0 = 8 * tid; WRITE_X && r0 < R_PAD; r0 += 8 * threads) {
     float v[8];
     load(r0, v);
@@ -99,7 +106,18 @@
       const float p = v[j] * lift;
       hi[j] = __float2half_rn(p);
       lo[j] = __float2half_rn(p - __half2float(hi[j]));
+      if (ROW_SUMS) sum += __half2float(hi[j]);
     }
     *reinterpret_cast<uint4*>(mat_x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
     if (SPLIT_X) *reinterpret_cast<uint4*>(mat_x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);
+  }
+  if (ROW_SUMS) {
+    sum = trellis_cuda::warp_sum(sum);
+    __syncthreads();  // every warp has read warp_amax
+    if ((tid & 31) == 0) warp_amax[tid >> 5] = sum;
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 1; w < (threads + 31) / 32; ++w) sum += warp_amax[w];
+      mat_x_sum[m] = sum;
+    }
   }

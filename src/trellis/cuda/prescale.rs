@@ -23,7 +23,7 @@ pub(crate) fn kernel(pair: bool) -> Result<&'static CudaKernel> {
     registry::cuda(key, || {
         Ok(KernelText {
             inputs: if pair { &["x", "scales", "scales_b"] } else { &["x", "scales"] },
-            outputs: &["x_scaled", "counters", "x_exp"],
+            outputs: &["x_scaled", "counters", "x_exp", "x_sum"],
             body: source_variant(sources::CUDA_PRESCALE, PAIR_FLAG, pair)
                 .context("CUDA pre-pass source prescale.cu")?,
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
@@ -45,9 +45,10 @@ pub(crate) enum PrePassOutput {
 
 /// One pre-pass launch: `m` rows of `width` activations in `dtype`. Its outputs are `x_scaled`
 /// f16 `[sets · m, row_pad]` (`sets` 2 for f32, whose residues follow as `m` more rows),
-/// `counters` u32 `[max(counters, 1)]` zeroed, and `x_exp` f16 `[m]` (the rows' exponents); with
-/// `pair` (two scale vectors) `x_scaled` and `x_exp` hold the second vector's rows after the
-/// first's, `[2 · sets · m, row_pad]` and `[2 · m]`.
+/// `counters` u32 `[max(counters, 1)]` zeroed, `x_exp` f16 `[m]` (the rows' exponents) and
+/// `x_sum` f32 `[m]` (with `row_sums`, each converted row's sum; `[1]` otherwise); with `pair`
+/// (two scale vectors) `x_scaled`, `x_exp` and `x_sum` hold the second vector's rows after the
+/// first's, `[2 · sets · m, row_pad]`, `[2 · m]` and `[2 · m]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PrePass {
     /// Activation rows of the call.
@@ -66,12 +67,15 @@ pub(crate) struct PrePass {
     pub output: PrePassOutput,
     /// Two scale vectors: the down kernel's pair variant.
     pub pair: bool,
+    /// Also each converted row's sum (16-bit activations written out only): the decode-once
+    /// GEMM's bias fold.
+    pub row_sums: bool,
 }
 
 impl PrePass {
     /// The launch, checked and prepared for the kernel of its variant.
     pub(crate) fn prepare(&self) -> Result<CudaLaunch> {
-        let PrePass { m, width, row_pad, dtype, counters, row_scales, output, pair } = *self;
+        let PrePass { m, width, row_pad, dtype, counters, row_scales, output, pair, row_sums } = *self;
         let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
         let what = "CUDA prescale kernel";
         let mats = if pair { 2 } else { 1 };
@@ -80,6 +84,9 @@ impl PrePass {
             invalid!("{what}: {m} activation rows overflow the launch's sizes");
         };
         let x_shape = if write_x { [x_rows, row_pad] } else { [1, 8] };
+        if row_sums && (!write_x || dtype == Dtype::Float32) {
+            invalid!("{what}: row sums are of 16-bit activations written out (got {dtype}, {output:?})");
+        }
         // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
         let (grid_y, grid_z) = (grid_rows.min(65535), grid_rows.div_ceil(65535));
         if grid_z > 65535 {
@@ -89,13 +96,15 @@ impl PrePass {
             .output(&x_shape, Dtype::Float16)
             .output(&[counters.max(1)], Dtype::Uint32)
             .output(&[grid_rows], Dtype::Float16)
+            .output(&[if row_sums { grid_rows } else { 1 }], Dtype::Float32)
             .template_dtype("T", dtype)
             .template_int("R", int(what, width)?)
             .template_int("R_PAD", int(what, row_pad)?)
             .template_int("COUNTERS", int(what, counters)?)
             .template_bool("SPLIT_X", dtype == Dtype::Float32)
             .template_bool("ROW_SCALES", row_scales)
-            .template_bool("WRITE_X", write_x);
+            .template_bool("WRITE_X", write_x)
+            .template_bool("ROW_SUMS", row_sums);
         kernel(pair)?.prepare(&launch)
     }
 }

@@ -282,8 +282,9 @@ pub(crate) fn run(
             let mut outs = prescale::kernel(pair)?
                 .apply_prepared(&pre_inputs, &prepared.pre_pass)
                 .context("CUDA down kernel: the activations' pre-pass")?;
-            let x_exp = outs.pop().expect("three outputs");
-            let counters = outs.pop().expect("three outputs");
+            outs.pop(); // x_sum: none asked for
+            let x_exp = outs.pop().expect("four outputs");
+            let counters = outs.pop().expect("four outputs");
             (outs.pop(), counters, x_exp)
         }
     };
@@ -395,7 +396,8 @@ fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown
         .template_bool("BLOCK_EXP", fed);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
-    let pre_pass = PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair }.prepare()?;
+    let pre_pass =
+        PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair, row_sums: false }.prepare()?;
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 

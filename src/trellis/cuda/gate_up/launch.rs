@@ -40,15 +40,24 @@ impl Variant {
         }
     }
 
-    /// The kernel's inputs, in `apply` order (the int8 kernel reads no row exponents).
+    /// The kernel's inputs, in `apply` order (the int8 kernel reads no row exponents; the GEMM
+    /// also the rows' sums).
     pub(super) fn inputs(self, kernel: AxisOneKernel) -> &'static [&'static str] {
         let all: &'static [&'static str] = match self {
             Variant::Single => &["x", "x_exp", "codes", "scales"],
             Variant::Residual => &["x", "x_exp", "codes", "scales", "residual"],
             Variant::Fused { .. } => &["x", "x_exp", "codes", "scales", "up_codes", "up_scales"],
         };
-        if kernel != AxisOneKernel::Int8 {
-            return all;
+        match kernel {
+            AxisOneKernel::Fragment => return all,
+            AxisOneKernel::Gemm => {
+                return match self {
+                    Variant::Single => &["x", "x_exp", "x_sum", "codes", "scales"],
+                    Variant::Residual => &["x", "x_exp", "x_sum", "codes", "scales", "residual"],
+                    Variant::Fused { .. } => &["x", "x_exp", "x_sum", "codes", "scales", "up_codes", "up_scales"],
+                }
+            }
+            AxisOneKernel::Int8 => {}
         }
         match self {
             Variant::Single => &["x", "codes", "scales"],
@@ -118,24 +127,29 @@ fn kernel(variant: Variant, kernel: AxisOneKernel, shared: usize) -> Result<&'st
 pub(super) struct Prepared {
     pub(super) kernel: &'static CudaKernel,
     pub(super) launch: CudaLaunch,
+    kernel_kind: AxisOneKernel,
     hand_over: Option<CudaLaunch>,
 }
 
 impl Prepared {
-    /// The kernel's `x` and `x_exp` inputs for `x2`: the pre-pass's f16 activations and their
-    /// rows' exponents, or `x2` itself with `placeholder` (any f16 array) as `x_exp`, which the
-    /// kernel then does not read.
-    pub(super) fn kernel_input(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<(MlxArray, MlxArray)> {
+    /// The kernel's activation inputs for `x2` in `apply` order: the pre-pass's f16 activations,
+    /// their rows' exponents and (the GEMM) their rows' sums, or `x2` itself with `placeholder`
+    /// (any f16 array) as `x_exp`, which the kernel then does not read (the int8 kernel takes
+    /// `x2` alone).
+    pub(super) fn kernel_inputs(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<Vec<MlxArray>> {
         match &self.hand_over {
             Some(launch) => {
                 let mut outs = prescale::kernel(false)?
                     .apply_prepared(&[x2, placeholder], launch)
                     .context("CUDA axis-1 kernel: the activations handed over as f16")?;
-                let x_exp = outs.pop().expect("three outputs");
+                let x_sum = outs.pop().expect("four outputs");
+                let x_exp = outs.pop().expect("four outputs");
                 outs.pop();
-                Ok((outs.pop().expect("three outputs"), x_exp))
+                let x = outs.pop().expect("four outputs");
+                Ok(if self.kernel_kind == AxisOneKernel::Gemm { vec![x, x_exp, x_sum] } else { vec![x, x_exp] })
             }
-            None => Ok((x2.clone(), placeholder.clone())),
+            None if self.kernel_kind == AxisOneKernel::Int8 => Ok(vec![x2.clone()]),
+            None => Ok(vec![x2.clone(), placeholder.clone()]),
         }
     }
 }
@@ -197,16 +211,17 @@ pub(super) fn prepared_launch(
         let staged = cfg.stage_shared_bytes(m, g.in_features()).unwrap_or(0);
         let launch = launch.template_bool("STAGE", staged > 0);
         let kernel = kernel(variant, AxisOneKernel::Fragment, staged)?;
-        let hand_over = if read != dtype { Some(hand_over(g, m, dtype)?) } else { None };
-        Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over })
+        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false)?) } else { None };
+        Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Fragment, hand_over })
     })
 }
 
 /// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
-/// multiplied by its power of two (`prescale.cu`, no scales).
-fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Result<CudaLaunch> {
+/// multiplied by its power of two (`prescale.cu`, no scales), and with `row_sums` each converted
+/// row's sum.
+fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool) -> Result<CudaLaunch> {
     let (output, width) = (PrePassOutput::Activations, g.in_features());
-    PrePass { m, width, row_pad: width, dtype, counters: 0, row_scales: false, output, pair: false }.prepare()
+    PrePass { m, width, row_pad: width, dtype, counters: 0, row_scales: false, output, pair: false, row_sums }.prepare()
 }
 
 /// The GEMM's launch (`gate_up_gemm.cu`): a thread block of `cfg.warps` 16-row output tiles per
@@ -223,9 +238,11 @@ fn prepared_gemm_launch(
     let blocks = g.out_features().div_ceil(16 * cfg.warps as usize);
     let launch = base_launch(g, cfg, m, dtype, variant, [blocks, passes])
         .template_int("MT", cfg.mt as i32)
-        .template_bool("PREFETCH", cfg.prefetch);
+        .template_bool("PREFETCH", cfg.prefetch)
+        .template_bool("BIAS_FOLD", cfg.bias_fold);
     let kernel = kernel(variant, AxisOneKernel::Gemm, cfg.gemm_shared_bytes())?;
-    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: Some(hand_over(g, m, dtype)?) })
+    let hand_over = Some(hand_over(g, m, dtype, true)?);
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Gemm, hand_over })
 }
 
 /// What the three kernels' launches share: thread blocks of `cfg.warps` warps over `grid` (y, z),
@@ -292,7 +309,7 @@ fn prepared_int8_launch(
     };
     let launch = common_launch(g, cfg, m, dtype, dtype, variant, [row_tiles, 1]).template_int("R", m as i32);
     let kernel = kernel(variant, AxisOneKernel::Int8, shared)?;
-    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, hand_over: None })
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Int8, hand_over: None })
 }
 
 #[cfg(test)]

@@ -143,9 +143,9 @@ fn run_linear(
 ) -> Result<MlxArray> {
     let variant = if residual.is_some() { Variant::Residual } else { Variant::Single };
     let prepared = prepared_launch(g, cfg, m, x2.dtype(), variant)?;
-    let (x, x_exp) = prepared.kernel_input(x2, scales)?;
-    let mut inputs =
-        if cfg.kernel == AxisOneKernel::Int8 { vec![&x, codes, scales] } else { vec![&x, &x_exp, codes, scales] };
+    let xs = prepared.kernel_inputs(x2, scales)?;
+    let mut inputs: Vec<&MlxArray> = xs.iter().collect();
+    inputs.extend([codes, scales]);
     inputs.extend(residual);
     Ok(prepared.kernel.apply_prepared(&inputs, &prepared.launch)?.remove(0))
 }
@@ -227,13 +227,10 @@ fn swiglu_call(
     let m = check(what, x2, gate.codes, gate.scales, g)?;
     check(&format!("{what} (up projection)"), x2, up.codes, up.scales, ug)?;
     let prepared = prepared_launch(g, cfg, m, x2.dtype(), Variant::Fused { up_bits: ug.k, feed })?;
-    let (x, x_exp) = prepared.kernel_input(x2, gate.scales)?;
-    let inputs: &[&MlxArray] = if cfg.kernel == AxisOneKernel::Int8 {
-        &[&x, gate.codes, gate.scales, up.codes, up.scales]
-    } else {
-        &[&x, &x_exp, gate.codes, gate.scales, up.codes, up.scales]
-    };
-    prepared.kernel.apply_prepared(inputs, &prepared.launch)
+    let xs = prepared.kernel_inputs(x2, gate.scales)?;
+    let mut inputs: Vec<&MlxArray> = xs.iter().collect();
+    inputs.extend([gate.codes, gate.scales, up.codes, up.scales]);
+    prepared.kernel.apply_prepared(&inputs, &prepared.launch)
 }
 
 /// Checks the call: a served geometry, then the operands (`x2 [M >= 1, in]` in f32/f16/bf16,

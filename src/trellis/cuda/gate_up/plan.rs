@@ -42,6 +42,10 @@ const GEMM_FILL_BLOCKS: usize = 2 * 132;
 /// prefetch (not measured in a chain).
 const GEMM_FUSED_WARPS: u32 = 3;
 
+/// Whether the plan's GEMM carries y + 1534 in its fragments and subtracts each row's bias at the
+/// end ([`AxisOneConfig::bias_fold`]): one HSUB2 fewer a pair of weights.
+const GEMM_BIAS_FOLD: bool = true;
+
 /// Which of the axis-1 kernels a call runs (each has the same variants: one projection, its
 /// residual variant, the fused gate·up·SwiGLU).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -58,7 +62,7 @@ pub enum AxisOneKernel {
     /// `gate_up_gemm.cu`, the decode-once GEMM: the warps of a thread block own different 16-row
     /// output tiles and share the activations, staged per block of 256 inputs in shared memory
     /// (16-bit activations handed over as f16 by the pre-pass); each weight decoded once a pass
-    /// of `8 mt` rows. `rt` 1 and neither `bias_fold` nor `pack_fma`.
+    /// of `8 mt` rows. `rt` 1 and no `pack_fma`; `bias_fold` takes each row's sum from the pre-pass.
     Gemm,
 }
 
@@ -73,7 +77,8 @@ pub struct AxisOneConfig {
     /// Warps per thread block (1 to 8). The fragment and int8 kernels' warps split each row's
     /// blocks and add their sums at the end; the GEMM's own a 16-row output tile each.
     pub warps: u32,
-    /// Carry y + 1534 in the fragments and subtract the bias at the end (16-bit activations).
+    /// Carry y + 1534 in the fragments and subtract the bias at the end (16-bit activations): the
+    /// fragment kernel finds each row's sum with an MMA, the GEMM takes it from the pre-pass.
     pub bias_fold: bool,
     /// Pack half of the code pairs with an IMAD instead of a PRMT (needs `bias_fold`).
     pub pack_fma: bool,
@@ -136,8 +141,8 @@ impl AxisOneConfig {
                 }
             }
             AxisOneKernel::Gemm => {
-                if self.rt != 1 || self.bias_fold || self.pack_fma {
-                    invalid!("CUDA axis-1 GEMM: rt = 1 (a warp a row tile) and neither bias_fold nor pack_fma");
+                if self.rt != 1 || self.pack_fma {
+                    invalid!("CUDA axis-1 GEMM: rt = 1 (a warp a row tile) and no pack_fma");
                 }
                 if dtype == Dtype::Float32 {
                     // It multiplies the f16 hand-over, one f16 term per activation: f32 keeps the
@@ -193,7 +198,7 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
             mt,
             rt: 1,
             warps,
-            bias_fold: false,
+            bias_fold: GEMM_BIAS_FOLD,
             pack_fma: false,
             kernel: AxisOneKernel::Gemm,
             prefetch,
@@ -244,11 +249,11 @@ impl AxisOneConfig {
     }
 
     /// The GEMM's dynamic shared memory: two stages of `8 mt` rows of 288 halves (a block of 256
-    /// inputs, padded so that the B loads hit distinct banks), then each pass row's factor
-    /// (4 bytes). At most 73.9 KB (`mt` 8).
+    /// inputs, padded so that the B loads hit distinct banks), then each pass row's factor and
+    /// bias (4 bytes each). At most 74.2 KB (`mt` 8).
     pub fn gemm_shared_bytes(&self) -> usize {
         let rows = 8 * self.mt as usize;
-        2 * rows * 288 * 2 + rows * 4
+        2 * rows * 288 * 2 + 2 * rows * 4
     }
 }
 
@@ -299,25 +304,27 @@ mod tests {
         assert_eq!(plan(1024, Dtype::Bfloat16, false, 576).warps, 2);
         // Two stages of 64 rows of 288 halves, and 64 row factors.
         let gemm = plan(64, Dtype::Bfloat16, true, 17408);
-        assert_eq!(gemm.gemm_shared_bytes(), 2 * 64 * 576 + 256);
-        assert_eq!(AxisOneConfig { mt: 1, ..gemm }.gemm_shared_bytes(), 2 * 8 * 576 + 32);
+        assert_eq!(gemm.gemm_shared_bytes(), 2 * 64 * 576 + 512);
+        assert_eq!(AxisOneConfig { mt: 1, ..gemm }.gemm_shared_bytes(), 2 * 8 * 576 + 64);
     }
 
     #[test]
     fn gemm_shapes_outside_its_kernel_are_errors_that_say_so() {
         let gemm = plan(64, Dtype::Bfloat16, false, 17408);
         gemm.check(Dtype::Float16, true).unwrap();
-        let err = gemm.check(Dtype::Float32, false).unwrap_err().to_string();
+        let err = AxisOneConfig { bias_fold: false, ..gemm }.check(Dtype::Float32, false).unwrap_err().to_string();
         assert!(err.contains("GEMM: for 16-bit activations (got float32)"), "{err}");
+        let err = AxisOneConfig { bias_fold: true, ..gemm }.check(Dtype::Float32, false).unwrap_err().to_string();
+        assert!(err.contains("bias fold is for 16-bit activations"), "{err}");
         for bad in [
             AxisOneConfig { rt: 2, ..gemm },
-            AxisOneConfig { bias_fold: true, ..gemm },
             AxisOneConfig { bias_fold: true, pack_fma: true, ..gemm },
         ] {
             let err = bad.check(Dtype::Bfloat16, false).unwrap_err().to_string();
             assert!(err.contains("GEMM: rt = 1"), "{bad:?}: {err}");
         }
         AxisOneConfig { prefetch: false, ..gemm }.check(Dtype::Bfloat16, true).unwrap();
+        AxisOneConfig { bias_fold: !gemm.bias_fold, ..gemm }.check(Dtype::Float16, true).unwrap();
         for kernel in [AxisOneKernel::Fragment, AxisOneKernel::Int8] {
             let bad = AxisOneConfig { prefetch: true, ..AxisOneConfig::plain(kernel) };
             let err = bad.check(Dtype::Bfloat16, true).unwrap_err().to_string();
