@@ -114,9 +114,10 @@
       for (int e = 0; e < 4; ++e) acc[a][t][e] = 0.0f;
 
   // With PREFETCH a block's code words are read one block ahead, into registers (w_next), and
-  // arrive while the block before is multiplied; without it each block's are read at its start,
-  // in flight across the wait for its activations and the barrier: 36 fewer registers (fused,
-  // k 3, MT 8: 140 against 176), so three thread blocks an SM instead of two.
+  // arrive while the block before is multiplied; without it they are read in two halves where
+  // the block before is done with them (in the chunk loop below): fewer registers at 4 warps
+  // (fused, k 3, MT 8, NVRTC 13.0.88: 174 with BIAS_FOLD against 182), the same three blocks an
+  // SM at 3 warps, where shared memory binds.
   Runs w;
   stage(0, 0);
   if (busy) lane_runs.load(0, w);
