@@ -72,25 +72,7 @@ struct LaneRuns {
   }
 
   // The lane's runs of block b of every row into `w`.
-  __device__ __forceinline__ void load(int b, Runs& w) const {
-#pragma unroll
-    for (int a = 0; a < NMAT; ++a) {
-      const int ka = k_of(a);
-#pragma unroll
-      for (int t = 0; t < RT; ++t)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const unsigned* blk = rows[a][t][h] + b * (8 * ka);
-#pragma unroll
-          for (int j = 0; j < K_MAX; ++j) {
-            if (j >= ka) break;
-            const uint2 v = *reinterpret_cast<const uint2*>(blk + first[a] + 2 * j);
-            w[a][t][h][2 * j] = v.x, w[a][t][h][2 * j + 1] = v.y;
-          }
-          w[a][t][h][2 * ka] = blk[last[a]];
-        }
-    }
-  }
+  __device__ __forceinline__ void load(int b, Runs& w) const { load_words(b, w, 0, 0, 2, 0); }
 };
 
 // The A fragment of chunk c (0..15) of a lane's block of one matrix of k-bit codes, from its runs
