@@ -55,14 +55,13 @@ struct LaneRuns {
           const unsigned* blk = rows[a][t][h] + b * (8 * ka);
 #pragma unroll
           for (int i = 0; i < RUN; ++i) {
-            if (i < from || i > to || i > 2 * ka) continue;
+            const bool paired_with_before = (i & 1) == 1 && i - 1 >= from;  // read with word i - 1
+            if (i < from || i > to || i > 2 * ka || paired_with_before) continue;
             if (i == 2 * ka) {
               w[a][t][h][i] = blk[last[a]];
             } else if ((i & 1) == 0 && i + 1 <= to && i + 1 < 2 * ka) {
               const uint2 v = *reinterpret_cast<const uint2*>(blk + first[a] + i);
               w[a][t][h][i] = v.x, w[a][t][h][i + 1] = v.y;
-            } else if ((i & 1) == 1 && i - 1 >= from) {
-              // read with word i - 1
             } else {
               w[a][t][h][i] = blk[first[a] + i];
             }

@@ -22,9 +22,9 @@
 // prescaled call needs no launch of its own for them (COUNTERS 0: none).
 // Without WRITE_X only the exponents are written (and the counters zeroed): the down kernel's
 // other configurations convert their activations in the thread block, with these exponents.
-// With ROW_SUMS (and WRITE_X, not SPLIT_X) x_sum[m] (x_sum [2 M] in the pair variant) is the sum of the row's converted f16
-// values in f32: the decode-once GEMM's fragments carry y + 1534, and it subtracts 1534 x_sum
-// (gate_up_gemm.cu's BIAS_FOLD).
+// With ROW_SUMS (and WRITE_X, not SPLIT_X) x_sum[m] (x_sum [2 M] in the pair variant) is the sum
+// of the row's converted f16 values in f32: the decode-once GEMM's fragments carry y + 1534, and
+// it subtracts 1534 x_sum (gate_up_gemm.cu's BIAS_FOLD).
 // Template ints: R, R_PAD, COUNTERS. Template bools: SPLIT_X, ROW_SCALES (multiply by scales;
 // false: `scales` is not read), WRITE_X, ROW_SUMS. Template type: T (activation dtype).
 // Grid [blockDim.x, min(M, 65535), ceil(M / 65535)] threads (row m = blockIdx.y + gridDim.y

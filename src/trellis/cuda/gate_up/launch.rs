@@ -241,7 +241,8 @@ fn prepared_gemm_launch(
         .template_bool("PREFETCH", cfg.prefetch)
         .template_bool("BIAS_FOLD", cfg.bias_fold);
     let kernel = kernel(variant, AxisOneKernel::Gemm, cfg.gemm_shared_bytes())?;
-    let hand_over = Some(hand_over(g, m, dtype, true)?);
+    // The rows' sums only where the kernel folds the bias: otherwise x_sum is a placeholder.
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold)?);
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Gemm, hand_over })
 }
 

@@ -302,7 +302,7 @@ mod tests {
         assert_eq!(plan(32, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(512, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(1024, Dtype::Bfloat16, false, 576).warps, 2);
-        // Two stages of 64 rows of 288 halves, and 64 row factors.
+        // Two stages of 64 rows of 288 halves, and 64 row factors and 64 row biases.
         let gemm = plan(64, Dtype::Bfloat16, true, 17408);
         assert_eq!(gemm.gemm_shared_bytes(), 2 * 64 * 576 + 512);
         assert_eq!(AxisOneConfig { mt: 1, ..gemm }.gemm_shared_bytes(), 2 * 8 * 576 + 64);
