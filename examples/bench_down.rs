@@ -384,6 +384,7 @@ fn sweep_axis_one(
     let others = [
         AxisOneConfig::plain(AxisOneKernel::Int8),
         AxisOneConfig { mt, ..AxisOneConfig::plain(AxisOneKernel::Gemm) },
+        AxisOneConfig { mt, bias_fold: true, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) },
         AxisOneConfig { mt, bias_fold: mt <= 2, ..AxisOneConfig::plain(AxisOneKernel::Fragment) },
     ];
     for other in others {
@@ -393,9 +394,9 @@ fn sweep_axis_one(
         }
     }
     // The GEMM's shapes around its base: every warp count (its row tiles are one warp's), with and
-    // without its code-word prefetch. The fragment kernel's warp counts (its warps split a row's
-    // blocks: fewer warps, more thread blocks an SM, and the last wave moves). The int8 kernel's
-    // base shape as it is.
+    // without its code-word prefetch; the warpgroup GEMM's one and two warpgroups a block. The
+    // fragment kernel's warp counts (its warps split a row's blocks: fewer warps, more thread
+    // blocks an SM, and the last wave moves). The int8 kernel's base shape as it is.
     let mut configs = vec![planned];
     for base in bases {
         let around: Vec<AxisOneConfig> = match base.kernel {
@@ -404,6 +405,7 @@ fn sweep_axis_one(
                 .flat_map(|warps| [true, false].map(|prefetch| AxisOneConfig { warps, prefetch, ..base }))
                 .collect(),
             AxisOneKernel::Fragment => [base.warps, 1, 2, 5, 8].map(|warps| AxisOneConfig { warps, ..base }).to_vec(),
+            AxisOneKernel::Wgmma => [4, 8].map(|warps| AxisOneConfig { warps, ..base }).to_vec(),
             AxisOneKernel::Int8 => vec![base],
         };
         for cfg in around {

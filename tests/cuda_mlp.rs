@@ -368,6 +368,85 @@ fn every_gemm_shape_matches_the_reference() {
     zero_and_poisoned_rows(18, gemm(3, 4, (false, true)));
 }
 
+/// The warpgroup GEMM (`gate_up_wgmma.cu`) against the f64 reference under each dtype's gate:
+/// passes of 1, 3, 5 and 8 tiles of 8 rows (wgmma's N of 8 to 64) at row counts that fill them,
+/// leave them short and spill into another pass; one and two warpgroups a block over outputs
+/// that are not a multiple of a warpgroup's 64 rows; with and without the bias fold; k 2/3/4,
+/// L 8/12/16, one and several input blocks; the residual variant and the fused SwiGLU of equal and
+/// mixed widths; activation magnitudes 1e-8 and 1e8; zero rows, and a non-finite activation kept
+/// to its own row.
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_wgmma_shape_matches_the_reference() {
+    require_cuda();
+    let wgmma =
+        |mt, warps, bias_fold| AxisOneConfig { mt, warps, bias_fold, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) };
+    let shapes = [(1, 4), (3, 8), (5, 4), (8, 4), (8, 8)];
+    for (out, inp, k, l) in [(200, 768, 3, 12), (64, 256, 2, 8), (136, 1280, 4, 16)] {
+        let (host, lin) = up_layer(out, inp, k, l);
+        let g = *lin.geometry();
+        for ((mt, warps), bias_fold) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            let rows = 8 * mt as usize;
+            for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+                for m in [1, rows - 1, rows, rows + 3] {
+                    let (x, xr) = x(m, inp, dtype, 1.0);
+                    let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, wgmma(mt, warps, bias_fold)).unwrap();
+                    let name = format!("wgmma {g} mt {mt} warps {warps} bias fold {bias_fold}");
+                    check(&name, &y, &want, m, out, dtype, gate(dtype));
+                }
+            }
+        }
+        for (scale, bias_fold) in [1e-8, 1e8].into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            let (x, xr) = x(20, inp, Dtype::Bfloat16, scale);
+            let want = forward_f64(&xr, 20, &host.codes, &host.scales, &g).unwrap();
+            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, wgmma(3, 4, bias_fold)).unwrap();
+            check(
+                &format!("wgmma {g} x{scale:e} bias fold {bias_fold}"),
+                &y,
+                &want,
+                20,
+                out,
+                Dtype::Bfloat16,
+                gate(Dtype::Bfloat16),
+            );
+        }
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            let m = 19;
+            let (r, rr) = x(m, out, dtype, 0.5);
+            let (x, xr) = x(m, inp, dtype, 1.0);
+            let want = plus(&forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap(), &rr);
+            for bias_fold in [false, true] {
+                let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, wgmma(3, 4, bias_fold)).unwrap();
+                check(
+                    &format!("wgmma {g} plus a residual, bias fold {bias_fold}"),
+                    &y,
+                    &want,
+                    m,
+                    out,
+                    dtype,
+                    gate(dtype),
+                );
+            }
+        }
+    }
+    for (kg, ku) in [(3, 3), (2, 4), (4, 3)] {
+        let (h, mlp) = mixed_mlp(kg, ku);
+        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+            let shapes = [(1, (1, 4)), (21, (3, 8)), (64, (8, 4)), (70, (8, 4)), (128, (8, 4))];
+            for ((m, (mt, warps)), bias_fold) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+                let (x, xr) = x(m, 768, dtype, 1.0);
+                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
+                let s = swiglu_with(&x, mlp.gate(), mlp.up(), wgmma(mt, warps, bias_fold)).unwrap();
+                let name = format!("wgmma SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps} bias fold {bias_fold}");
+                check(&name, &s, &want, m, 200, dtype, gate(dtype));
+            }
+        }
+    }
+    zero_and_poisoned_rows(18, wgmma(3, 4, false));
+    zero_and_poisoned_rows(18, wgmma(3, 8, true));
+}
+
 /// The fused gate·up·SwiGLU against the reference's two projections, and the whole MLP (fused
 /// gate·up, then the down kernel) against the reference MLP: bf16 at every kind of row count,
 /// f32 and f16 at a few.

@@ -25,8 +25,13 @@
 // With ROW_SUMS (and WRITE_X, not SPLIT_X) x_sum[m] (x_sum [2 M] in the pair variant) is the sum
 // of the row's converted f16 values in f32: the decode-once GEMM's fragments carry y + 1534, and
 // it subtracts 1534 x_sum (gate_up_gemm.cu's BIAS_FOLD).
+// With WGMMA_ORDER (16-bit rows, R = R_PAD a multiple of 256) each block of 256 converted values
+// is stored in the order gate_up_wgmma.cu's tensor cores read it: position 64 q + 4 c + 2 h + e of
+// the block at index 16 c + 8 h + 2 q + e (c < 16, h, e < 2, q < 4), so that the 8 values of chunk
+// c's K-half h are 16 contiguous bytes; 8 consecutive positions are then four pairs, stored 4
+// bytes each.
 // Template ints: R, R_PAD, COUNTERS. Template bools: SPLIT_X, ROW_SCALES (multiply by scales;
-// false: `scales` is not read), WRITE_X, ROW_SUMS. Template type: T (activation dtype).
+// false: `scales` is not read), WRITE_X, ROW_SUMS, WGMMA_ORDER. Template type: T (activation dtype).
 // Grid [blockDim.x, min(M, 65535), ceil(M / 65535)] threads (row m = blockIdx.y + gridDim.y
 // blockIdx.z: grid y holds at most 65535), any whole number of warps a block (at most 32).
 // The pair variant (sections under TRELLIS_PAIR; the down kernel's pair of matrices) takes a
@@ -96,6 +101,7 @@
   const float lift = trellis_cuda::pow2(e);
   if (tid == 0) mat_x_exp[m] = __float2half((float)e);
   static_assert(!ROW_SUMS || (WRITE_X && !SPLIT_X), "row sums are of the converted 16-bit rows");
+  static_assert(!WGMMA_ORDER || (WRITE_X && !SPLIT_X && R == R_PAD && R % 256 == 0), "whole blocks of 16-bit rows");
   float sum = 0.0f;
   for (int r0 = 8 * tid; WRITE_X && r0 < R_PAD; r0 += 8 * threads) {
     float v[8];
@@ -108,7 +114,17 @@
       lo[j] = __float2half_rn(p - __half2float(hi[j]));
       if (ROW_SUMS) sum += __half2float(hi[j]);
     }
-    *reinterpret_cast<uint4*>(mat_x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
+    if (WGMMA_ORDER) {
+      // Positions r0 .. r0 + 7 of their block: quarter q, chunks c0 and c0 + 1.
+      const int p0 = r0 & 255, q = p0 >> 6, c0 = (p0 & 63) >> 2;
+      __half* const block = mat_x_scaled + (size_t)m * R_PAD + (r0 - p0);
+#pragma unroll
+      for (int j = 0; j < 8; j += 2)
+        *reinterpret_cast<unsigned*>(block + 16 * (c0 + (j >> 2)) + 8 * ((j >> 1) & 1) + 2 * q) =
+            *reinterpret_cast<const unsigned*>(hi + j);
+    } else {
+      *reinterpret_cast<uint4*>(mat_x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
+    }
     if (SPLIT_X) *reinterpret_cast<uint4*>(mat_x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);
   }
   if (ROW_SUMS) {

@@ -167,6 +167,32 @@ mod tests {
     /// The shipped kernels are in the plain subset, and their compacted text has the same tokens
     /// for the system's C++ preprocessor (`c++ -fpreprocessed -E`, which removes comments and
     /// nothing else).
+    /// Bytes inside the string and character literals of compacted text (no comments left to
+    /// hold a stray quote), their quotes included.
+    fn string_literal_bytes(compact: &str) -> usize {
+        let (mut bytes, mut open, mut escaped) = (0, None, false);
+        for c in compact.chars() {
+            match open {
+                Some(quote) => {
+                    bytes += c.len_utf8();
+                    if escaped {
+                        escaped = false;
+                    } else if c == '\\' {
+                        escaped = true;
+                    } else if c == quote {
+                        open = None;
+                    }
+                }
+                None if c == '"' || c == '\'' => {
+                    bytes += 1;
+                    open = Some(c);
+                }
+                None => {}
+            }
+        }
+        bytes
+    }
+
     #[test]
     fn compacted_kernel_sources_keep_their_tokens_and_halve() {
         let cxx = std::env::var("MSL_SIM_CXX").unwrap_or_else(|_| "c++".to_string());
@@ -189,7 +215,11 @@ mod tests {
             let directives = |t: &str| t.lines().map(str::trim).filter(|l| l.starts_with('#')).count();
             assert_eq!(directives(&compact), directives(text), "{name}");
             assert!(!compact.contains("//") && !compact.contains("/*"), "{name}");
-            assert!(compact.len() < text.len() * 7 / 10, "{name}: {} of {} bytes", compact.len(), text.len());
+            // What compaction can shrink: everything but the string literals (PTX text), which it
+            // keeps byte for byte.
+            let strings = string_literal_bytes(&compact);
+            let (shrunk, was) = (compact.len() - strings, text.len() - strings);
+            assert!(shrunk < was * 7 / 10, "{name}: {shrunk} of {was} bytes outside string literals");
             assert_eq!(compact_plain_cpp(&compact).as_deref(), Some(compact.as_str()), "{name}");
             // The test suite needs a C++ compiler anyway (the Metal simulator's).
             let (Some(a), Some(b)) = (tokens(text), tokens(&compact)) else {

@@ -39,6 +39,10 @@ kernel_files! {
     /// The decode-once GEMM of the same projections for many rows (activations staged in shared
     /// memory).
     CUDA_GATE_UP_GEMM = "cuda/gate_up_gemm.cu";
+    /// Hopper's warpgroup MMA (wgmma) with A in registers and B in shared memory.
+    CUDA_WGMMA = "cuda/wgmma.cuh";
+    /// The decode-once GEMM on the warpgroup MMA (sm_90a).
+    CUDA_GATE_UP_WGMMA = "cuda/gate_up_wgmma.cu";
     /// The decode of a stored matrix to dense weights.
     CUDA_EXPAND = "cuda/expand.cu";
     /// The block Hadamard transform's butterflies, shared by the two rotating kernels.

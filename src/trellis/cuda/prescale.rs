@@ -70,12 +70,16 @@ pub(crate) struct PrePass {
     /// Also each converted row's sum (16-bit activations written out only): the decode-once
     /// GEMM's bias fold.
     pub row_sums: bool,
+    /// Store each block of 256 converted values in the order the warpgroup GEMM's tensor cores
+    /// read it (`gate_up_wgmma.cu`; 16-bit activations written out, unpadded rows of whole
+    /// blocks).
+    pub wgmma_order: bool,
 }
 
 impl PrePass {
     /// The launch, checked and prepared for the kernel of its variant.
     pub(crate) fn prepare(&self) -> Result<CudaLaunch> {
-        let PrePass { m, width, row_pad, dtype, counters, row_scales, output, pair, row_sums } = *self;
+        let PrePass { m, width, row_pad, dtype, counters, row_scales, output, pair, row_sums, wgmma_order } = *self;
         let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
         let what = "CUDA prescale kernel";
         let mats = if pair { 2 } else { 1 };
@@ -86,6 +90,9 @@ impl PrePass {
         let x_shape = if write_x { [x_rows, row_pad] } else { [1, 8] };
         if row_sums && (!write_x || dtype == Dtype::Float32) {
             invalid!("{what}: row sums are of 16-bit activations written out (got {dtype}, {output:?})");
+        }
+        if wgmma_order && (!write_x || dtype == Dtype::Float32 || row_pad != width || width % 256 != 0) {
+            invalid!("{what}: the warpgroup GEMM's order is for 16-bit rows of whole 256-input blocks, unpadded (got {dtype}, {width} of {row_pad}, {output:?})");
         }
         // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
         let (grid_y, grid_z) = (grid_rows.min(65535), grid_rows.div_ceil(65535));
@@ -104,7 +111,43 @@ impl PrePass {
             .template_bool("SPLIT_X", dtype == Dtype::Float32)
             .template_bool("ROW_SCALES", row_scales)
             .template_bool("WRITE_X", write_x)
-            .template_bool("ROW_SUMS", row_sums);
+            .template_bool("ROW_SUMS", row_sums)
+            .template_bool("WGMMA_ORDER", wgmma_order);
         kernel(pair)?.prepare(&launch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warpgroup_order_outside_its_rows_is_an_error_that_says_so() {
+        let base = PrePass {
+            m: 4,
+            width: 512,
+            row_pad: 512,
+            dtype: Dtype::Bfloat16,
+            counters: 0,
+            row_scales: false,
+            output: PrePassOutput::Activations,
+            pair: false,
+            row_sums: true,
+            wgmma_order: true,
+        };
+        // Refused before anything is registered or launched, so on every back-end.
+        for bad in [
+            PrePass { dtype: Dtype::Float32, row_sums: false, ..base },
+            PrePass { width: 500, row_pad: 512, ..base },
+            PrePass { width: 640, row_pad: 640, ..base },
+            PrePass { output: PrePassOutput::ExponentsOnly, row_sums: false, ..base },
+        ] {
+            let Err(err) = bad.prepare() else { panic!("{bad:?}: prepared") };
+            let err = err.to_string();
+            assert!(
+                err.contains("the warpgroup GEMM's order is for 16-bit rows of whole 256-input blocks"),
+                "{bad:?}: {err}"
+            );
+        }
     }
 }

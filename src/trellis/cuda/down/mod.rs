@@ -396,8 +396,19 @@ fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown
         .template_bool("BLOCK_EXP", fed);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
-    let pre_pass =
-        PrePass { m, width: g.rows, row_pad, dtype, counters, row_scales: true, output, pair, row_sums: false }.prepare()?;
+    let pre_pass = PrePass {
+        m,
+        width: g.rows,
+        row_pad,
+        dtype,
+        counters,
+        row_scales: true,
+        output,
+        pair,
+        row_sums: false,
+        wgmma_order: false,
+    }
+    .prepare()?;
     Ok(PreparedDown { kernel, launch, pre_pass })
 }
 

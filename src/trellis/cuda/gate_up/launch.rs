@@ -50,7 +50,7 @@ impl Variant {
         };
         match kernel {
             AxisOneKernel::Fragment => return all,
-            AxisOneKernel::Gemm => {
+            AxisOneKernel::Gemm | AxisOneKernel::Wgmma => {
                 return match self {
                     Variant::Single => &["x", "x_exp", "x_sum", "codes", "scales"],
                     Variant::Residual => &["x", "x_exp", "x_sum", "codes", "scales", "residual"],
@@ -95,6 +95,7 @@ fn kernel_file(kernel: AxisOneKernel) -> (&'static str, &'static str) {
         AxisOneKernel::Fragment => (sources::CUDA_GATE_UP, "gate_up.cu"),
         AxisOneKernel::Int8 => (sources::CUDA_GATE_UP_INT8, "gate_up_int8.cu"),
         AxisOneKernel::Gemm => (sources::CUDA_GATE_UP_GEMM, "gate_up_gemm.cu"),
+        AxisOneKernel::Wgmma => (sources::CUDA_GATE_UP_WGMMA, "gate_up_wgmma.cu"),
     }
 }
 
@@ -105,12 +106,15 @@ fn kernel(variant: Variant, kernel: AxisOneKernel, shared: usize) -> Result<&'st
         AxisOneKernel::Fragment => "gate_up",
         AxisOneKernel::Int8 => "gate_up_int8",
         AxisOneKernel::Gemm => "gate_up_gemm",
+        AxisOneKernel::Wgmma => "gate_up_wgmma",
     };
     let key = KernelKey { family, variant: variant.name(), shared_memory: shared };
     registry::cuda(key, || {
         let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
-        if kernel == AxisOneKernel::Int8 {
-            header.push(sources::CUDA_GATE_UP_INT8_HEADER);
+        match kernel {
+            AxisOneKernel::Int8 => header.push(sources::CUDA_GATE_UP_INT8_HEADER),
+            AxisOneKernel::Wgmma => header.push(sources::CUDA_WGMMA),
+            AxisOneKernel::Fragment | AxisOneKernel::Gemm => {}
         }
         Ok(KernelText {
             inputs: variant.inputs(kernel),
@@ -146,7 +150,8 @@ impl Prepared {
                 let x_exp = outs.pop().expect("four outputs");
                 outs.pop();
                 let x = outs.pop().expect("four outputs");
-                Ok(if self.kernel_kind == AxisOneKernel::Gemm { vec![x, x_exp, x_sum] } else { vec![x, x_exp] })
+                let gemm = matches!(self.kernel_kind, AxisOneKernel::Gemm | AxisOneKernel::Wgmma);
+                Ok(if gemm { vec![x, x_exp, x_sum] } else { vec![x, x_exp] })
             }
             None if self.kernel_kind == AxisOneKernel::Int8 => Ok(vec![x2.clone()]),
             None => Ok(vec![x2.clone(), placeholder.clone()]),
@@ -159,10 +164,12 @@ impl Prepared {
 /// the layer converts its fragments again otherwise.
 pub const CONVERT_MIN_ROWS: usize = 17;
 
-/// The dtype `kernel` reads `m` rows of `dtype` activations in: the GEMM always the pre-pass's
+/// The dtype `kernel` reads `m` rows of `dtype` activations in: the GEMMs always the pre-pass's
 /// f16; the others bf16 as the pre-pass's f16 from [`CONVERT_MIN_ROWS`] rows, else as given.
 fn read_dtype(dtype: Dtype, m: usize, kernel: AxisOneKernel) -> Dtype {
-    if kernel == AxisOneKernel::Gemm || (dtype == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS) {
+    if matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma)
+        || (dtype == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS)
+    {
         Dtype::Float16
     } else {
         dtype
@@ -192,7 +199,7 @@ pub(super) fn prepared_launch(
         }
         match cfg.kernel {
             AxisOneKernel::Int8 => return prepared_int8_launch(g, cfg, m, dtype, variant, row_tiles),
-            AxisOneKernel::Gemm => return prepared_gemm_launch(g, cfg, m, dtype, variant, passes),
+            AxisOneKernel::Gemm | AxisOneKernel::Wgmma => return prepared_gemm_launch(g, cfg, m, dtype, variant, passes),
             AxisOneKernel::Fragment => {}
         }
         let sixteen_bit = dtype != Dtype::Float32;
@@ -211,22 +218,35 @@ pub(super) fn prepared_launch(
         let staged = cfg.stage_shared_bytes(m, g.in_features()).unwrap_or(0);
         let launch = launch.template_bool("STAGE", staged > 0);
         let kernel = kernel(variant, AxisOneKernel::Fragment, staged)?;
-        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false)?) } else { None };
+        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, false)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Fragment, hand_over })
     })
 }
 
 /// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
-/// multiplied by its power of two (`prescale.cu`, no scales), and with `row_sums` each converted
-/// row's sum.
-fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool) -> Result<CudaLaunch> {
+/// multiplied by its power of two (`prescale.cu`, no scales), with `row_sums` each converted
+/// row's sum, and with `wgmma_order` in the order the warpgroup GEMM reads.
+fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool, wgmma_order: bool) -> Result<CudaLaunch> {
     let (output, width) = (PrePassOutput::Activations, g.in_features());
-    PrePass { m, width, row_pad: width, dtype, counters: 0, row_scales: false, output, pair: false, row_sums }.prepare()
+    let pre_pass = PrePass {
+        m,
+        width,
+        row_pad: width,
+        dtype,
+        counters: 0,
+        row_scales: false,
+        output,
+        pair: false,
+        row_sums,
+        wgmma_order,
+    };
+    pre_pass.prepare()
 }
 
-/// The GEMM's launch (`gate_up_gemm.cu`): a thread block of `cfg.warps` 16-row output tiles per
-/// pass of `8 cfg.mt` rows, its dynamic shared memory, and the pre-pass that hands the `m` rows
-/// of `dtype` activations over as f16.
+/// The GEMMs' launch (`gate_up_gemm.cu`, `gate_up_wgmma.cu`): a thread block of `cfg.warps`
+/// 16-row output tiles per pass of `8 cfg.mt` rows, its dynamic shared memory, and the pre-pass
+/// that hands the `m` rows of `dtype` activations over as f16 (in the warpgroup GEMM's order for
+/// it).
 fn prepared_gemm_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
@@ -236,14 +256,19 @@ fn prepared_gemm_launch(
     passes: usize,
 ) -> Result<Prepared> {
     let blocks = g.out_features().div_ceil(16 * cfg.warps as usize);
+    let wgmma = cfg.kernel == AxisOneKernel::Wgmma;
     let launch = base_launch(g, cfg, m, dtype, variant, [blocks, passes])
         .template_int("MT", cfg.mt as i32)
-        .template_bool("PREFETCH", cfg.prefetch)
         .template_bool("BIAS_FOLD", cfg.bias_fold);
-    let kernel = kernel(variant, AxisOneKernel::Gemm, cfg.gemm_shared_bytes())?;
+    let (launch, shared) = if wgmma {
+        (launch, cfg.wgmma_shared_bytes())
+    } else {
+        (launch.template_bool("PREFETCH", cfg.prefetch), cfg.gemm_shared_bytes())
+    };
+    let kernel = kernel(variant, cfg.kernel, shared)?;
     // The rows' sums only where the kernel folds the bias: otherwise x_sum is a placeholder.
-    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold)?);
-    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Gemm, hand_over })
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, wgmma)?);
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
 }
 
 /// What the three kernels' launches share: thread blocks of `cfg.warps` warps over `grid` (y, z),
@@ -319,7 +344,7 @@ mod tests {
     use crate::trellis::cuda::gate_up::plan::plan;
     #[test]
     fn each_variant_registers_only_its_own_sections() {
-        for kernel in [AxisOneKernel::Fragment, AxisOneKernel::Int8, AxisOneKernel::Gemm] {
+        for kernel in [AxisOneKernel::Fragment, AxisOneKernel::Int8, AxisOneKernel::Gemm, AxisOneKernel::Wgmma] {
             let int8 = kernel == AxisOneKernel::Int8;
             // Registered compacted: comments (which name both variants) are gone.
             let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source(kernel).unwrap()).unwrap();
@@ -334,7 +359,9 @@ mod tests {
                     "the flags' directives are cut"
                 );
                 assert_eq!(text.contains("mma_u8s8"), int8, "{kernel:?}");
-                assert_eq!(text.contains("cp_async16_zfill"), kernel == AxisOneKernel::Gemm, "{kernel:?}");
+                let gemm = matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma);
+                assert_eq!(text.contains("cp_async16_zfill"), gemm, "{kernel:?}");
+                assert_eq!(text.contains("wgmma_rs"), kernel == AxisOneKernel::Wgmma, "{kernel:?}");
                 // The int8 kernel reads no row exponents, and its inputs say so.
                 assert_eq!(text.contains("x_exp"), !int8, "{kernel:?}");
                 assert!(!text.contains("counters"), "{kernel:?}");

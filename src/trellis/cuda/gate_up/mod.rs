@@ -7,7 +7,7 @@
 //! [`linear_residual`] adds a residual stream to one projection's output in the same launch
 //! (`residual + x · W`, rounded once): a model's down projection and its residual add.
 //!
-//! Three kernel files serve the same variants (`AxisOneKernel` in `plan.rs`); the
+//! Four kernel files serve the same variants (`AxisOneKernel` in `plan.rs`); the
 //! plan (`plan.rs`) picks the kernel and its shape for a row count, `launch.rs` registers the
 //! kernel file's variant and prepares the launch, and each kernel file says how its work is
 //! split:
@@ -18,6 +18,9 @@
 //!   handed over as f16 by the pre-pass (`prescale.cu`).
 //! - `gate_up_int8.cu` (the tuning feature only): up to 8 rows of 16-bit activations as two int8
 //!   terms on u8 x s8 MMAs; not planned, as it measured no faster.
+//! - `gate_up_wgmma.cu` (the tuning feature only): the decode-once GEMM on Hopper's warpgroup
+//!   MMA (sm_90a), B read by the tensor cores from shared memory; not planned, as it measured
+//!   slower in the MLP chain.
 //!
 //! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the fragment kernel as f16,
 //! each row multiplied by a power of two into f16's range (one pre-pass launch per call instead

@@ -64,6 +64,13 @@ pub enum AxisOneKernel {
     /// (16-bit activations handed over as f16 by the pre-pass); each weight decoded once a pass
     /// of `8 mt` rows. `rt` 1 and no `pack_fma`; `bias_fold` takes each row's sum from the pre-pass.
     Gemm,
+    /// `gate_up_wgmma.cu`, the same decode-once GEMM on Hopper's warpgroup MMA (sm_90a): the four
+    /// warps of a warpgroup own 64 output rows, and each chunk of 16 inputs is one
+    /// `wgmma.m64n(8 mt)k16` a matrix, its A fragments decoded into registers and its B read
+    /// from the staged activations by the tensor cores. `warps` 4 or 8 (whole warpgroups), `rt`
+    /// 1 and no `pack_fma`; the pre-pass hands the rows over in the order the tensor cores read
+    /// them.
+    Wgmma,
 }
 
 /// How one call of the axis-1 kernel is shaped.
@@ -138,6 +145,14 @@ impl AxisOneConfig {
                     // Its quantization error (2^-15 of a block's largest |x|) is within a 16-bit
                     // output's rounding, not f32's: f32 keeps the exact fragment kernel.
                     invalid!("CUDA axis-1 kernel: int8 activations are for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
+                }
+            }
+            AxisOneKernel::Wgmma => {
+                if self.rt != 1 || self.pack_fma || !matches!(self.warps, 4 | 8) {
+                    invalid!("CUDA axis-1 warpgroup GEMM: warps = 4 or 8 (whole warpgroups), rt = 1 and no pack_fma");
+                }
+                if dtype == Dtype::Float32 {
+                    invalid!("CUDA axis-1 warpgroup GEMM: for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
                 }
             }
             AxisOneKernel::Gemm => {
@@ -255,6 +270,14 @@ impl AxisOneConfig {
         let rows = 8 * self.mt as usize;
         2 * rows * 288 * 2 + 2 * rows * 4
     }
+
+    /// The warpgroup GEMM's dynamic shared memory: two stages of `8 mt` rows of a block of 256
+    /// inputs as core matrices (512 bytes a row, no padding: the tensor cores read whole 128-byte
+    /// core matrices), then each pass row's factor and bias. At most 64.5 KB (`mt` 8).
+    pub fn wgmma_shared_bytes(&self) -> usize {
+        let rows = 8 * self.mt as usize;
+        2 * rows * 512 + 2 * rows * 4
+    }
 }
 
 #[cfg(test)]
@@ -330,6 +353,31 @@ mod tests {
             let err = bad.check(Dtype::Bfloat16, true).unwrap_err().to_string();
             assert!(err.contains("prefetch is the GEMM's"), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn wgmma_shapes_outside_its_kernel_are_errors_that_say_so() {
+        let wgmma = AxisOneConfig { mt: 8, bias_fold: true, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) };
+        for warps in [4, 8] {
+            AxisOneConfig { warps, ..wgmma }.check(Dtype::Bfloat16, true).unwrap();
+            AxisOneConfig { warps, ..wgmma }.check(Dtype::Float16, false).unwrap();
+        }
+        for bad in [
+            AxisOneConfig { warps: 3, ..wgmma },
+            AxisOneConfig { warps: 1, ..wgmma },
+            AxisOneConfig { rt: 2, ..wgmma },
+            AxisOneConfig { pack_fma: true, ..wgmma },
+        ] {
+            let err = bad.check(Dtype::Bfloat16, true).unwrap_err().to_string();
+            assert!(err.contains("warps = 4 or 8 (whole warpgroups)"), "{bad:?}: {err}");
+        }
+        let err = AxisOneConfig { prefetch: true, ..wgmma }.check(Dtype::Bfloat16, true).unwrap_err().to_string();
+        assert!(err.contains("prefetch is the GEMM's"), "{err}");
+        let err = AxisOneConfig { bias_fold: false, ..wgmma }.check(Dtype::Float32, false).unwrap_err().to_string();
+        assert!(err.contains("warpgroup GEMM: for 16-bit activations (got float32)"), "{err}");
+        // Two stages of 64 rows of 512 bytes, then 64 factors and 64 biases.
+        assert_eq!(wgmma.wgmma_shared_bytes(), 2 * 64 * 512 + 512);
+        assert_eq!(AxisOneConfig { mt: 1, ..wgmma }.wgmma_shared_bytes(), 2 * 8 * 512 + 64);
     }
 
     #[test]
