@@ -1,6 +1,7 @@
-// What the axis-1 kernels (gate_up.cu, gate_up_int8.cu, gate_up_gemm.cu) share: the code words a
-// lane reads, and (gate_up.cu, gate_up_gemm.cu) their decode into an MMA's A fragment. Placed
-// after codebook.cuh and fragment.cuh, before MLX's `namespace mlx::core::cu`.
+// What the axis-1 kernels (gate_up.cu, gate_up_int8.cu, gate_up_gemm.cu, gate_up_wgmma.cu) share:
+// the code words a lane reads, their decode into an MMA's A fragment (all but the int8 kernel),
+// and the two GEMMs' outputs. Placed after codebook.cuh and fragment.cuh, before MLX's
+// `namespace mlx::core::cu`.
 #pragma once
 
 namespace trellis_cuda {
@@ -90,6 +91,50 @@ __device__ __forceinline__ void chunk_fragment(const unsigned (&lo)[RUN], const 
                   : code_pair_dp4a<UNBIAS>(window<L>(hi, b0), window<L>(hi, b1));
   f[3] = PACK_FMA ? code_pair_dp4a_fma(window<L>(hi, b2), window<L>(hi, b3), lift)
                   : code_pair_dp4a<UNBIAS>(window<L>(hi, b2), window<L>(hi, b3));
+}
+
+// The decode-once GEMMs' factors of their pass's `rows` activation rows from `m_base` (of M) into
+// shared memory, by the thread block's THREADS threads: each row's 2^-e (e in x_exp, the pre-pass's
+// power of two) and, with BIAS_FOLD, its bias 1534 x_sum (the pre-pass's row sum); rows past M get
+// 1 and 0.
+template <bool BIAS_FOLD, int THREADS>
+__device__ __forceinline__ void gemm_row_factors(float* unlift, float* row_bias, const __half* x_exp, const float* x_sum,
+                                                 int m_base, int m_rows, int rows) {
+  for (int i = threadIdx.x; i < rows; i += THREADS) {
+    unlift[i] = m_base + i < m_rows ? pow2(-(int)__half2float(x_exp[m_base + i])) : 1.0f;
+    if (BIAS_FOLD) row_bias[i] = m_base + i < m_rows ? 1534.0f * x_sum[m_base + i] : 0.0f;
+  }
+}
+
+// The decode-once GEMMs' outputs (gate_up_gemm.cu, gate_up_wgmma.cu) from a warp's accumulators
+// of its 16-row output tile from `row0` and the pass's 8 MT activation rows from `m_base`: d[e] of
+// tile t is output row row0 + g + 8 (e >> 1), activation row m_base + 8 t + 2 q + (e & 1). Each is
+// less its row's bias (BIAS_FOLD: `row_bias`, the 1534 x_sum of the pass's rows), times its
+// matrix's scale / 147.8 and its row's factor (`unlift`, the pass's 2^-e); `write(m, o, v)` gets
+// the NMAT values of each output inside [M, OUT] (the variant's SwiGLU, residual and store).
+template <int NMAT, int MT, bool BIAS_FOLD, typename Write>
+__device__ __forceinline__ void gemm_outputs(const float (&acc)[NMAT][MT][4], const __half* const (&scales)[NMAT],
+                                             int row0, int out, int m_base, int m_rows, const float* unlift,
+                                             const float* row_bias, int lane, Write write) {
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int o = row0 + g + 8 * (e >> 1);
+    if (o >= out) continue;
+    float s[NMAT];
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a) s[a] = __half2float(scales[a][o]) * TRELLIS_RCP;
+#pragma unroll
+    for (int t = 0; t < MT; ++t) {
+      const int i = 8 * t + 2 * q + (e & 1);
+      const int m = m_base + i;
+      if (m >= m_rows) continue;
+      float v[NMAT];
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a) v[a] = (acc[a][t][e] - (BIAS_FOLD ? row_bias[i] : 0.0f)) * s[a] * unlift[i];
+      write(m, o, v);
+    }
+  }
 }
 
 }  // namespace trellis_cuda

@@ -99,19 +99,10 @@
     trellis_cuda::cp_async_commit();
   };
 
-  // The pass's rows' factors 2^-e (seen by all after the first barrier below).
-  for (int i = threadIdx.x; i < ROWS; i += 32 * WARPS) {
-    unlift[i] = m_base + i < M ? trellis_cuda::pow2(-(int)__half2float(x_exp[m_base + i])) : 1.0f;
-    if (BIAS_FOLD) row_bias[i] = m_base + i < M ? 1534.0f * x_sum[m_base + i] : 0.0f;
-  }
+  // The pass's rows' factors (seen by all after the first barrier below).
+  trellis_cuda::gemm_row_factors<BIAS_FOLD, 32 * WARPS>(unlift, row_bias, x_exp, x_sum, m_base, M, ROWS);
 
-  float acc[NMAT][MT][4];
-#pragma unroll
-  for (int a = 0; a < NMAT; ++a)
-#pragma unroll
-    for (int t = 0; t < MT; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[a][t][e] = 0.0f;
+  float acc[NMAT][MT][4] = {};
 
   // With PREFETCH a block's code words are read one block ahead, into registers (w_next), and
   // arrive while the block before is multiplied; without it they are read in two halves where
@@ -175,31 +166,16 @@
   }
   if (!busy) return;
 
-  // d[e] of tile t is output row row0 + g + 8 (e >> 1), activation row m_base + 8 t + 2 q + (e & 1).
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int o = row0 + g + 8 * (e >> 1);
-    if (o >= OUT) continue;
-    float s[NMAT];
-#pragma unroll
-    for (int a = 0; a < NMAT; ++a) s[a] = __half2float(mat_scales[a][o]) * TRELLIS_RCP;
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      const int i = 8 * t + 2 * q + (e & 1);
-      const int m = m_base + i;
-      if (m >= M) continue;
-      float v[NMAT];
-#pragma unroll
-      for (int a = 0; a < NMAT; ++a) v[a] = (acc[a][t][e] - (BIAS_FOLD ? row_bias[i] : 0.0f)) * s[a] * unlift[i];
+  trellis_cuda::gemm_outputs<NMAT, MT, BIAS_FOLD>(
+      acc, mat_scales, row0, OUT, m_base, M, unlift, row_bias, lane, [&](int m, int o, const float (&v)[NMAT]) {
 #if TRELLIS_FUSED
-      const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
+        const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
 #else
-      const float out = v[0];
+        const float out = v[0];
 #endif
 #if TRELLIS_RESIDUAL
-      y[(size_t)m * OUT + o] = Y(out + float(residual[(size_t)m * OUT + o]));
+        y[(size_t)m * OUT + o] = Y(out + float(residual[(size_t)m * OUT + o]));
 #else
-      y[(size_t)m * OUT + o] = Y(out);
+        y[(size_t)m * OUT + o] = Y(out);
 #endif
-    }
-  }
+      });
