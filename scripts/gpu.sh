@@ -423,6 +423,14 @@ durations() {
   grep -E '^"' "$out/$name.txt" >"$out/$name.csv" || true
 }
 
+# stalls NAME: the SASS of the report $out/NAME.ncu-rep with its warp stall samples (CSV), and
+# scripts/ncu_stalls.py's summary of it: the instructions the warps wait at, and each opcode's share.
+stalls() {
+  local name=$1
+  step "ncu_${name}_sass" 120 "$ncu" --import "$out/$name.ncu-rep" --page source --csv --print-source sass >/dev/null &&
+    "$python" scripts/ncu_stalls.py "$out/ncu_${name}_sass.txt" | tee "$out/${name}_stalls.txt"
+}
+
 profile() {
   local what="${1:-mlp}"
   [ $# -gt 0 ] && shift
@@ -457,11 +465,14 @@ profile() {
     [ -n "$ncu" ] || { note "skipped: ncu is not installed (NCU=PATH)"; return; }
     local kind kinds="fragment:gate_up_fused int8:gate_up_int8_fused"
     [ "$m" -ge 9 ] && kinds="gemm:gate_up_gemm_fused"
+    local name
     for kind in $kinds; do
-      step "ncu_axis1_${kind%%:*}_m$m" 600 "$ncu" --kernel-name "regex:${kind#*:}" --launch-skip 8 --launch-count 1 \
-        --set full --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
-        -o "$out/axis1_${kind%%:*}_m$m" -f "$bundle/bench_mlp" --rows "$m" --bits 3 --evals 1 --rounds 1 &&
-        step "ncu_axis1_${kind%%:*}_m${m}_details" 120 "$ncu" --import "$out/axis1_${kind%%:*}_m$m.ncu-rep" --page details >/dev/null
+      name="axis1_${kind%%:*}_m$m"
+      step "ncu_$name" 600 "$ncu" --kernel-name "regex:${kind#*:}" --launch-skip 8 --launch-count 1 \
+        --set full --import-source yes --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
+        -o "$out/$name" -f "$bundle/bench_mlp" --rows "$m" --bits 3 --evals 1 --rounds 1 &&
+        step "ncu_${name}_details" 120 "$ncu" --import "$out/$name.ncu-rep" --page details >/dev/null &&
+        stalls "$name"
     done
     ;;
   down)
@@ -472,7 +483,7 @@ profile() {
       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$' \
       -o "$out/down_m$m" -f "$bundle/bench_down" --paths --rows "$m" --bits 3 --calls 4 --evals 3 &&
       step "ncu_down_m${m}_details" 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page details >/dev/null &&
-      step "ncu_down_m${m}_sass" 120 "$ncu" --import "$out/down_m$m.ncu-rep" --page source --csv --print-source sass >/dev/null
+      stalls "down_m$m"
     ;;
   latency)
     # Every kernel's own duration (launches serialised): the down benchmark's contenders and the
