@@ -289,162 +289,168 @@ fn zero_and_poisoned_rows(m: usize, cfg: AxisOneConfig) {
     }
 }
 
-/// The decode-once GEMM (`gate_up_gemm.cu`) in shapes the plan does not take, against the f64
-/// reference under each dtype's gate: passes of 1, 3 and 8 tiles of 8 rows at row counts that
-/// fill them, leave them short and spill into another pass; 1, 3 and 8 warps (output tiles a
-/// block) over outputs that are not a multiple of a block's, with and without the code-word
-/// prefetch, and with the bias fold (the pre-pass's row sums); k 2/3/4, L 8/12/16, one and several
-/// input blocks; the residual variant and the fused SwiGLU of equal and mixed widths; activation
-/// magnitudes 1e-8 and 1e8; zero rows, and a non-finite activation kept to its own row.
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn every_gemm_shape_matches_the_reference() {
+/// One layer's checks of a decode-once GEMM's shapes against the f64 reference under each dtype's
+/// gate: each of `sweep` at row counts that fill its passes, leave them short and spill into
+/// another pass, bf16 and f16; activation magnitudes 1e-8 and 1e8 in `magnitudes(bias_fold)`'s
+/// shape, with and without the bias fold; and the residual variant in each of `residual`.
+fn gemm_shapes_of_one_layer(
+    name: &str,
+    (out, inp, k, l): (usize, usize, u32, u32),
+    sweep: &[AxisOneConfig],
+    magnitudes: impl Fn(bool) -> AxisOneConfig,
+    residual: &[AxisOneConfig],
+) {
     require_cuda();
-    let gemm = |mt, warps, (prefetch, bias_fold)| AxisOneConfig {
-        mt,
-        warps,
-        prefetch,
-        bias_fold,
-        ..AxisOneConfig::plain(AxisOneKernel::Gemm)
-    };
-    // (prefetch, bias fold)
-    let loads = [(false, false), (true, false), (false, true), (true, true)];
-    let shapes = [(1, 3), (3, 1), (8, 8), (8, 4)];
-    for (out, inp, k, l) in [(200, 768, 3, 12), (64, 256, 2, 8), (136, 1280, 4, 16)] {
-        let (host, lin) = up_layer(out, inp, k, l);
-        let g = *lin.geometry();
-        for ((mt, warps), load) in shapes.into_iter().flat_map(|s| loads.map(|l| (s, l))) {
-            let rows = 8 * mt as usize;
-            for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-                for m in [1, rows - 1, rows, rows + 3] {
-                    let (x, xr) = x(m, inp, dtype, 1.0);
-                    let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(mt, warps, load)).unwrap();
-                    let name = format!("GEMM {g} mt {mt} warps {warps} (prefetch, bias fold) {load:?}");
-                    check(&name, &y, &want, m, out, dtype, gate(dtype));
-                }
-            }
-        }
-        for (scale, bias_fold) in [1e-8, 1e8].into_iter().flat_map(|s| [(s, false), (s, true)]) {
-            let (x, xr) = x(20, inp, Dtype::Bfloat16, scale);
-            let want = forward_f64(&xr, 20, &host.codes, &host.scales, &g).unwrap();
-            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, gemm(3, 4, (false, bias_fold))).unwrap();
-            let name = format!("GEMM {g} x{scale:e} bias fold {bias_fold}");
-            check(&name, &y, &want, 20, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
-        }
+    let (host, lin) = up_layer(out, inp, k, l);
+    let g = *lin.geometry();
+    for &cfg in sweep {
+        let rows = 8 * cfg.mt as usize;
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-            let m = 19;
-            let (r, rr) = x(m, out, dtype, 0.5);
-            let (x, xr) = x(m, inp, dtype, 1.0);
-            let xw = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-            let want = plus(&xw, &rr);
-            for load in loads {
-                let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, gemm(3, 3, load)).unwrap();
-                check(&format!("GEMM {g} plus a residual {load:?}"), &y, &want, m, out, dtype, gate(dtype));
+            for m in [1, rows - 1, rows, rows + 3] {
+                let (x, xr) = x(m, inp, dtype, 1.0);
+                let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
+                let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, cfg).unwrap();
+                check(&format!("{name} {g} {cfg:?}"), &y, &want, m, out, dtype, gate(dtype));
             }
         }
     }
-    for (kg, ku) in [(3, 3), (2, 4), (4, 3)] {
-        let (h, mlp) = mixed_mlp(kg, ku);
-        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-            let shapes = [(1, (1, 4)), (21, (3, 3)), (64, (8, 4)), (70, (8, 2))];
-            for ((m, (mt, warps)), load) in shapes.into_iter().flat_map(|s| loads.map(|l| (s, l))) {
-                let (x, xr) = x(m, 768, dtype, 1.0);
-                let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let s = swiglu_with(&x, mlp.gate(), mlp.up(), gemm(mt, warps, load)).unwrap();
-                check(
-                    &format!("GEMM SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps} (prefetch, bias fold) {load:?}"),
-                    &s,
-                    &want,
-                    m,
-                    200,
-                    dtype,
-                    gate(dtype),
-                );
-            }
+    for (scale, bias_fold) in [1e-8, 1e8].into_iter().flat_map(|s| [(s, false), (s, true)]) {
+        let (x, xr) = x(20, inp, Dtype::Bfloat16, scale);
+        let want = forward_f64(&xr, 20, &host.codes, &host.scales, &g).unwrap();
+        let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, magnitudes(bias_fold)).unwrap();
+        let what = format!("{name} {g} x{scale:e} bias fold {bias_fold}");
+        check(&what, &y, &want, 20, out, Dtype::Bfloat16, gate(Dtype::Bfloat16));
+    }
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        let m = 19;
+        let (r, rr) = x(m, out, dtype, 0.5);
+        let (x, xr) = x(m, inp, dtype, 1.0);
+        let want = plus(&forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap(), &rr);
+        for &cfg in residual {
+            let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, cfg).unwrap();
+            check(&format!("{name} {g} plus a residual {cfg:?}"), &y, &want, m, out, dtype, gate(dtype));
         }
     }
-    zero_and_poisoned_rows(18, gemm(3, 4, (true, false)));
-    zero_and_poisoned_rows(18, gemm(3, 4, (false, true)));
 }
 
-/// The warpgroup GEMM (`gate_up_wgmma.cu`) against the f64 reference under each dtype's gate:
-/// passes of 1, 3, 5 and 8 tiles of 8 rows (wgmma's N of 8 to 64) at row counts that fill them,
-/// leave them short and spill into another pass; one and two warpgroups a block over outputs
-/// that are not a multiple of a warpgroup's 64 rows; with and without the bias fold; k 2/3/4,
-/// L 8/12/16, one and several input blocks; the residual variant and the fused SwiGLU of equal and
-/// mixed widths; activation magnitudes 1e-8 and 1e8; zero rows, and a non-finite activation kept
-/// to its own row.
-#[test]
-#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
-fn every_wgmma_shape_matches_the_reference() {
+/// A decode-once GEMM's fused SwiGLU against the f64 reference: gate and up of k 3/3, 2/4 and
+/// 4/3 in each of `shapes` (rows, shape), bf16 and f16; then zero rows, and a non-finite
+/// activation kept to its own row, in each of `poisoned`.
+fn gemm_swiglu_shapes(name: &str, shapes: &[(usize, AxisOneConfig)], poisoned: &[AxisOneConfig]) {
     require_cuda();
-    let wgmma =
-        |mt, warps, bias_fold| AxisOneConfig { mt, warps, bias_fold, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) };
-    let shapes = [(1, 4), (3, 8), (5, 4), (8, 4), (8, 8)];
-    for (out, inp, k, l) in [(200, 768, 3, 12), (64, 256, 2, 8), (136, 1280, 4, 16)] {
-        let (host, lin) = up_layer(out, inp, k, l);
-        let g = *lin.geometry();
-        for ((mt, warps), bias_fold) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
-            let rows = 8 * mt as usize;
-            for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-                for m in [1, rows - 1, rows, rows + 3] {
-                    let (x, xr) = x(m, inp, dtype, 1.0);
-                    let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
-                    let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, wgmma(mt, warps, bias_fold)).unwrap();
-                    let name = format!("wgmma {g} mt {mt} warps {warps} bias fold {bias_fold}");
-                    check(&name, &y, &want, m, out, dtype, gate(dtype));
-                }
-            }
-        }
-        for (scale, bias_fold) in [1e-8, 1e8].into_iter().flat_map(|s| [(s, false), (s, true)]) {
-            let (x, xr) = x(20, inp, Dtype::Bfloat16, scale);
-            let want = forward_f64(&xr, 20, &host.codes, &host.scales, &g).unwrap();
-            let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, wgmma(3, 4, bias_fold)).unwrap();
-            check(
-                &format!("wgmma {g} x{scale:e} bias fold {bias_fold}"),
-                &y,
-                &want,
-                20,
-                out,
-                Dtype::Bfloat16,
-                gate(Dtype::Bfloat16),
-            );
-        }
-        for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-            let m = 19;
-            let (r, rr) = x(m, out, dtype, 0.5);
-            let (x, xr) = x(m, inp, dtype, 1.0);
-            let want = plus(&forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap(), &rr);
-            for bias_fold in [false, true] {
-                let y = axis_one_residual_with(&x, lin.codes(), lin.scales(), &g, &r, wgmma(3, 4, bias_fold)).unwrap();
-                check(
-                    &format!("wgmma {g} plus a residual, bias fold {bias_fold}"),
-                    &y,
-                    &want,
-                    m,
-                    out,
-                    dtype,
-                    gate(dtype),
-                );
-            }
-        }
-    }
     for (kg, ku) in [(3, 3), (2, 4), (4, 3)] {
         let (h, mlp) = mixed_mlp(kg, ku);
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-            let shapes = [(1, (1, 4)), (21, (3, 8)), (64, (8, 4)), (70, (8, 4)), (128, (8, 4))];
-            for ((m, (mt, warps)), bias_fold) in shapes.into_iter().flat_map(|s| [(s, false), (s, true)]) {
+            for &(m, cfg) in shapes {
                 let (x, xr) = x(m, 768, dtype, 1.0);
                 let want = swiglu_f64(&xr, m, &h.0, &h.1).unwrap();
-                let s = swiglu_with(&x, mlp.gate(), mlp.up(), wgmma(mt, warps, bias_fold)).unwrap();
-                let name = format!("wgmma SwiGLU gate k{kg} up k{ku} mt {mt} warps {warps} bias fold {bias_fold}");
-                check(&name, &s, &want, m, 200, dtype, gate(dtype));
+                let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
+                check(&format!("{name} SwiGLU gate k{kg} up k{ku} {cfg:?}"), &s, &want, m, 200, dtype, gate(dtype));
             }
         }
     }
-    zero_and_poisoned_rows(18, wgmma(3, 4, false));
-    zero_and_poisoned_rows(18, wgmma(3, 8, true));
+    for &cfg in poisoned {
+        zero_and_poisoned_rows(18, cfg);
+    }
+}
+
+/// The decode-once GEMM (`gate_up_gemm.cu`) in a shape with the prefetch (`prefetch`) and the
+/// bias fold (`bias_fold`) as given.
+fn gemm(mt: u32, warps: u32, (prefetch, bias_fold): (bool, bool)) -> AxisOneConfig {
+    AxisOneConfig { mt, warps, prefetch, bias_fold, ..AxisOneConfig::plain(AxisOneKernel::Gemm) }
+}
+
+/// Every (prefetch, bias fold) pair of the GEMM's code-word loads and fragments.
+const GEMM_LOADS: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
+
+/// The GEMM's shapes the plan does not take, on one layer: passes of 1, 3 and 8 tiles of 8 rows;
+/// 1, 3, 4 and 8 warps (output tiles a block) over outputs that are not a multiple of a block's;
+/// each with every (prefetch, bias fold) pair; one and several input blocks.
+fn every_gemm_shape_of(layer: (usize, usize, u32, u32)) {
+    let sweep: Vec<_> = [(1, 3), (3, 1), (8, 8), (8, 4)]
+        .into_iter()
+        .flat_map(|(mt, warps)| GEMM_LOADS.map(|load| gemm(mt, warps, load)))
+        .collect();
+    let residual = GEMM_LOADS.map(|load| gemm(3, 3, load));
+    gemm_shapes_of_one_layer("GEMM", layer, &sweep, |bias_fold| gemm(3, 4, (false, bias_fold)), &residual);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_gemm_shape_k3_l12_matches_the_reference() {
+    every_gemm_shape_of((200, 768, 3, 12));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_gemm_shape_k2_l8_one_block_matches_the_reference() {
+    every_gemm_shape_of((64, 256, 2, 8));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_gemm_shape_k4_l16_matches_the_reference() {
+    every_gemm_shape_of((136, 1280, 4, 16));
+}
+
+/// The GEMM's fused SwiGLU of equal and mixed widths at 1, 21, 64 and 70 rows in shapes the plan
+/// does not take, each with every (prefetch, bias fold) pair; zero and poisoned rows with and
+/// without the prefetch and the bias fold.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_gemm_swiglu_shape_matches_the_reference() {
+    let shapes: Vec<_> = [(1, (1, 4)), (21, (3, 3)), (64, (8, 4)), (70, (8, 2))]
+        .into_iter()
+        .flat_map(|(m, (mt, warps))| GEMM_LOADS.map(|load| (m, gemm(mt, warps, load))))
+        .collect();
+    gemm_swiglu_shapes("GEMM", &shapes, &[gemm(3, 4, (true, false)), gemm(3, 4, (false, true))]);
+}
+
+/// The warpgroup GEMM (`gate_up_wgmma.cu`) in a shape, with or without the bias fold.
+fn wgmma(mt: u32, warps: u32, bias_fold: bool) -> AxisOneConfig {
+    AxisOneConfig { mt, warps, bias_fold, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) }
+}
+
+/// The warpgroup GEMM's shapes on one layer: passes of 1, 3, 5 and 8 tiles of 8 rows (wgmma's N
+/// of 8 to 64), one and two warpgroups a block over outputs that are not a multiple of a
+/// warpgroup's 64 rows, with and without the bias fold; one and several input blocks.
+fn every_wgmma_shape_of(layer: (usize, usize, u32, u32)) {
+    let sweep: Vec<_> = [(1, 4), (3, 8), (5, 4), (8, 4), (8, 8)]
+        .into_iter()
+        .flat_map(|(mt, warps)| [false, true].map(|bias_fold| wgmma(mt, warps, bias_fold)))
+        .collect();
+    let residual = [wgmma(3, 4, false), wgmma(3, 4, true)];
+    gemm_shapes_of_one_layer("wgmma", layer, &sweep, |bias_fold| wgmma(3, 4, bias_fold), &residual);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_wgmma_shape_k3_l12_matches_the_reference() {
+    every_wgmma_shape_of((200, 768, 3, 12));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_wgmma_shape_k2_l8_one_block_matches_the_reference() {
+    every_wgmma_shape_of((64, 256, 2, 8));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_wgmma_shape_k4_l16_matches_the_reference() {
+    every_wgmma_shape_of((136, 1280, 4, 16));
+}
+
+/// The warpgroup GEMM's fused SwiGLU of equal and mixed widths at 1–128 rows, one and two
+/// warpgroups, with and without the bias fold; zero and poisoned rows.
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_wgmma_swiglu_shape_matches_the_reference() {
+    let shapes: Vec<_> = [(1, (1, 4)), (21, (3, 8)), (64, (8, 4)), (70, (8, 4)), (128, (8, 4))]
+        .into_iter()
+        .flat_map(|(m, (mt, warps))| [false, true].map(|bias_fold| (m, wgmma(mt, warps, bias_fold))))
+        .collect();
+    gemm_swiglu_shapes("wgmma", &shapes, &[wgmma(3, 4, false), wgmma(3, 8, true)]);
 }
 
 /// The fused gate·up·SwiGLU against the reference's two projections, and the whole MLP (fused
