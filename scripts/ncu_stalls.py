@@ -49,7 +49,9 @@ def main():
 
     samples = header.index(args.column) if args.column else find("Sampling", "All")
     not_issued = find("Sampling", "Not")
-    source = find("Source") if find("Source") is not None else 1
+    source = find("Source")
+    if source is None:
+        sys.exit("no Source column: was the page exported with --print-source sass?")
     if samples is None:
         sys.exit("no warp stall sampling column: was the report taken with --set full?")
     total = sum(number(r[samples]) for r in body) or 1.0

@@ -106,9 +106,9 @@
 
   // With PREFETCH a block's code words are read one block ahead, into registers (w_next), and
   // arrive while the block before is multiplied; without it they are read in two halves where
-  // the block before is done with them (in the chunk loop below): fewer registers at 4 warps
-  // (fused, k 3, MT 8, NVRTC 13.0.88: 174 with BIAS_FOLD against 182), the same three blocks an
-  // SM at 3 warps, where shared memory binds.
+  // the block before is done with them (in the chunk loop below): fused, k 3, MT 8, NVRTC
+  // 13.0.88, 174 registers with BIAS_FOLD against 182 (two 3-warp blocks an SM either way: a
+  // scheduler's registers hold two warps of either).
   Runs w;
   stage(0, 0);
   if (busy) lane_runs.load(0, w);

@@ -57,7 +57,6 @@
   const int NB = IN / 256;  // blocks per row
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, q = lane & 3;
   const int row0 = (blockIdx.y * WARPS + warp) * 16;  // this warp's output tile
   const int m_base = blockIdx.z * ROWS;
 

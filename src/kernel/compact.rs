@@ -164,9 +164,6 @@ mod tests {
         }
     }
 
-    /// The shipped kernels are in the plain subset, and their compacted text has the same tokens
-    /// for the system's C++ preprocessor (`c++ -fpreprocessed -E`, which removes comments and
-    /// nothing else).
     /// Bytes inside the string and character literals of compacted text (no comments left to
     /// hold a stray quote), their quotes included.
     fn string_literal_bytes(compact: &str) -> usize {
@@ -193,6 +190,9 @@ mod tests {
         bytes
     }
 
+    /// The shipped kernels are in the plain subset, and their compacted text has the same tokens
+    /// for the system's C++ preprocessor (`c++ -fpreprocessed -E`, which removes comments and
+    /// nothing else).
     #[test]
     fn compacted_kernel_sources_keep_their_tokens_and_halve() {
         let cxx = std::env::var("MSL_SIM_CXX").unwrap_or_else(|_| "c++".to_string());

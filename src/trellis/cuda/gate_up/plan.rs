@@ -37,9 +37,11 @@ const GEMM_FILL_BLOCKS: usize = 2 * 132;
 /// the code-word prefetch. Three, not four: in the MLP chain on an H200 (docs/cuda-mlp.md)
 /// Qwen3-14B's gate·up took 1,088 tiles as 272 blocks of four with the prefetch, two an SM: one
 /// wave and 8 blocks, the SMs idle 41 % of the kernel's time in that last partial wave. Three
-/// tiles a block without the prefetch (159 registers, not 176) fit three blocks an SM: 363 blocks,
-/// one wave, nine tiles on the fullest SM. The single projection's GEMM keeps four warps and the
-/// prefetch (not measured in a chain).
+/// tiles a block without the prefetch (then 159 registers, not 176) fit three blocks an SM: 363
+/// blocks, one wave. The code words in two halves and the bias fold since take 174 registers, two
+/// blocks an SM (1.38 waves), and measured faster all the same; a 163-register build of three
+/// blocks an SM was no faster (docs/cuda-mlp.md, "Occupancy, measured"). The single projection's
+/// GEMM keeps four warps and the prefetch (not measured in a chain).
 const GEMM_FUSED_WARPS: u32 = 3;
 
 /// Whether the plan's GEMM carries y + 1534 in its fragments and subtracts each row's bias at the
