@@ -148,7 +148,8 @@ fn every_axis_one_shape_matches_the_reference() {
     let shapes = shapes.into_iter().flat_map(|s| [(s, false), (s, true)]);
     for ((mt, rt, warps, bias_fold, pack_fma), stage) in shapes {
         let fragment = AxisOneKernel::Fragment;
-        let cfg = AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: fragment, prefetch: false, stage };
+        let cfg =
+            AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: fragment, prefetch: false, split_k: 1, stage };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
                 assert!(dtype == Dtype::Float32 && (bias_fold || stage), "{cfg:?} {dtype}");
@@ -360,6 +361,11 @@ fn gemm(mt: u32, warps: u32, (prefetch, bias_fold): (bool, bool)) -> AxisOneConf
     AxisOneConfig { mt, warps, prefetch, bias_fold, ..AxisOneConfig::plain(AxisOneKernel::Gemm) }
 }
 
+/// [`gemm`] with `split_k` warps a tile, each over every `split_k`-th block of inputs.
+fn gemm_split(mt: u32, warps: u32, split_k: u32, load: (bool, bool)) -> AxisOneConfig {
+    AxisOneConfig { split_k, ..gemm(mt, warps, load) }
+}
+
 /// Every (prefetch, bias fold) pair of the GEMM's code-word loads and fragments.
 const GEMM_LOADS: [(bool, bool); 4] = [(false, false), (true, false), (false, true), (true, true)];
 
@@ -404,6 +410,51 @@ fn every_gemm_swiglu_shape_matches_the_reference() {
         .flat_map(|(m, (mt, warps))| GEMM_LOADS.map(|load| (m, gemm(mt, warps, load))))
         .collect();
     gemm_swiglu_shapes("GEMM", &shapes, &[gemm(3, 4, (true, false)), gemm(3, 4, (false, true))]);
+}
+
+/// The GEMM's shapes with its warps split over the inputs (`split_k` warps a tile), on one layer:
+/// 2, 3 and 4 warps a tile over 1, 3 and 5 input blocks (so that some splits have fewer blocks
+/// than others, or none), passes of 1, 2, 3 and 8 tiles, one to three tiles a block; each with
+/// every (prefetch, bias fold) pair.
+fn every_split_gemm_shape_of(layer: (usize, usize, u32, u32)) {
+    let sweep: Vec<_> = [(1, 2, 2), (3, 6, 2), (2, 4, 4), (3, 3, 3), (8, 4, 2)]
+        .into_iter()
+        .flat_map(|(mt, warps, split_k)| GEMM_LOADS.map(|load| gemm_split(mt, warps, split_k, load)))
+        .collect();
+    let residual = GEMM_LOADS.map(|load| gemm_split(3, 4, 2, load));
+    let magnitudes = |bias_fold| gemm_split(3, 4, 2, (false, bias_fold));
+    gemm_shapes_of_one_layer("split GEMM", layer, &sweep, magnitudes, &residual);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_split_gemm_shape_k3_l12_matches_the_reference() {
+    every_split_gemm_shape_of((200, 768, 3, 12));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_split_gemm_shape_k2_l8_one_block_matches_the_reference() {
+    every_split_gemm_shape_of((64, 256, 2, 8));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_split_gemm_shape_k4_l16_matches_the_reference() {
+    every_split_gemm_shape_of((136, 1280, 4, 16));
+}
+
+/// The split GEMM's fused SwiGLU of equal and mixed widths at 1, 21, 40 and 64 rows, each with
+/// every (prefetch, bias fold) pair; zero and poisoned rows.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_split_gemm_swiglu_shape_matches_the_reference() {
+    let shapes: Vec<_> = [(1, (1, 2, 2)), (21, (3, 6, 2)), (40, (5, 8, 4)), (64, (8, 4, 2))]
+        .into_iter()
+        .flat_map(|(m, (mt, warps, split_k))| GEMM_LOADS.map(|load| (m, gemm_split(mt, warps, split_k, load))))
+        .collect();
+    let poisoned = [gemm_split(3, 6, 2, (true, false)), gemm_split(2, 4, 4, (false, true))];
+    gemm_swiglu_shapes("split GEMM", &shapes, &poisoned);
 }
 
 /// The warpgroup GEMM (`gate_up_wgmma.cu`) in a shape, with or without the bias fold.
@@ -512,6 +563,7 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
             pack_fma: false,
             kernel: AxisOneKernel::Fragment,
             prefetch: false,
+            split_k: 1,
             stage: true,
         },
         axis_one_plan(40, Dtype::Bfloat16, true, inter),

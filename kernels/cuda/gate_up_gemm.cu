@@ -21,30 +21,38 @@
 // false) of bf16 or f16 rows, so x is a whole buffer of MLX's (16-byte aligned) and every row
 // start is too (IN is a multiple of 256). The outputs are multiplied by 2^-e, exactly.
 //
-// Shared memory (dynamic; the host's gemm_shared_bytes): two stages of 8 MT rows of 288 halves:
+// Shared memory (dynamic; the host's gemm_shared_bytes): two stages, each SPLIT_K parts (one a
+// split) of 8 MT rows of 288 halves:
 // position 64 q + j of a block at half 72 q + j of its row, so a row's four quarters lie 144
 // bytes apart and rows 576 bytes (64 mod 128) apart, and each 8-lane phase of a warp's 16-byte B
 // loads (lane 4 g + q: row g, quarter q) covers 8 different 16-byte bank groups. Then the pass's
-// rows' factors 2^-e and, with BIAS_FOLD, their biases 1534 x_sum (8 MT floats each). No static
-// shared memory.
+// rows' factors 2^-e and, with BIAS_FOLD, their biases 1534 x_sum (8 MT floats each). After the
+// main loop the stages hold the splits' sums (SPLIT_K > 1: [SPLIT_K - 1][TILES][NMAT MT 4][32]
+// floats, which fit in them). No static shared memory.
 //
-// Work split. Thread block (y, z) owns output rows [16 WARPS y, 16 WARPS (y + 1)) (warp w the
-// tile 16 WARPS y + 16 w) and activation rows [8 MT z, 8 MT (z + 1)) (rows past M are zero-filled
-// in shared memory and not written). Every warp runs every block of its rows (no sums leave a
-// warp); output rows past OUT read row OUT - 1 and are not written, and a warp whose whole tile is
-// past OUT only stages.
+// Work split. A thread block has TILES = WARPS / SPLIT_K output tiles of 16 rows, SPLIT_K warps
+// each. Thread block (y, z) owns output rows [16 TILES y, 16 TILES (y + 1)) (warp w the tile
+// 16 TILES y + 16 (w % TILES)) and activation rows [8 MT z, 8 MT (z + 1)) (rows past M are
+// zero-filled in shared memory and not written). Warp w takes every SPLIT_K-th block of 256
+// inputs from block w / TILES (its split), so that a layer has SPLIT_K times the warps of its
+// tiles: each warp's chain is shorter, and a grid of few tiles (9-32 rows on Qwen3-14B: 1,088
+// warps, under half a wave) fills more of the GPU. Each iteration stages SPLIT_K blocks, one a
+// split. At the end the splits' sums meet in shared memory (split 0 adds the others', in split
+// order). With SPLIT_K 1 every warp runs every block of its rows and no sums leave a warp. Output
+// rows past OUT read row OUT - 1 and are not written, and a warp whose whole tile is past OUT
+// only stages.
 //
 // With BIAS_FOLD the fragments carry y + 1534 (the dp4a result as it is: no HSUB2), and the
 // epilogue subtracts 1534 x_sum[m], the pre-pass's sum of row m's f16 activations (prescale.cu's
 // ROW_SUMS); products and sums are exact or f32 either way, so only the f32 roundings differ.
 //
-// Template ints: K, L, MT (1..8), WARPS, and in the fused variant KU. Template bools: PREFETCH
+// Template ints: K, L, MT (1..8), WARPS, SPLIT_K (dividing WARPS), and in the fused variant KU. Template bools: PREFETCH
 // (the code words read one block ahead; see the main loop), BIAS_FOLD. Template type: Y (the
 // output dtype). Inputs: x [M, IN] f16, x_exp [M] f16, x_sum [M] f32 (read with BIAS_FOLD),
 // codes [OUT, IN K / 32], scales [OUT] (f16), in the fused
 // variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual
-// [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16 WARPS)),
-// ceil(M / (8 MT))] threads, blocks of 32 WARPS.
+// [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16 TILES)),
+// ceil(M / (8 MT))] threads (TILES = WARPS / SPLIT_K), blocks of 32 WARPS.
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
@@ -60,14 +68,20 @@
   using Lanes = trellis_cuda::LaneRuns<NMAT, 1, K, K_UP>;
   constexpr int ROWS = 8 * MT;             // activation rows of a pass
   constexpr int ROW_HALVES = 288;          // a staged row: four quarters of 64 + 8 halves
-  constexpr int STAGE = ROWS * ROW_HALVES; // halves a stage
+  constexpr int PART = ROWS * ROW_HALVES;  // halves of one split's block of a stage
+  constexpr int STAGE = SPLIT_K * PART;    // halves a stage
+  constexpr int TILES = WARPS / SPLIT_K;   // output tiles a thread block
   static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
   static_assert(MT >= 1 && MT <= 8, "1 to 8 tiles of 8 rows a pass");
-  const int NB = IN / 256;  // blocks per row
+  static_assert(SPLIT_K >= 1 && WARPS % SPLIT_K == 0, "SPLIT_K warps a tile");
+  const int NB = IN / 256;                         // blocks per row
+  const int STEPS = (NB + SPLIT_K - 1) / SPLIT_K;  // main-loop iterations: SPLIT_K blocks each
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  const int row0 = (blockIdx.y * WARPS + warp) * 16;  // this warp's output tile
+  // (Without a split the same code as before it: tile = warp, split = 0.)
+  const int tile = SPLIT_K == 1 ? warp : warp % TILES, split = SPLIT_K == 1 ? 0 : warp / TILES;
+  const int row0 = (blockIdx.y * TILES + tile) * 16;  // this warp's output tile
   const int m_base = blockIdx.z * ROWS;
   const bool busy = row0 < OUT;
 
@@ -86,15 +100,21 @@
   const Lanes lane_runs(mats, row0, OUT, NB, lane);
   using Runs = typename Lanes::Runs;
 
-  // Block b of the pass's rows into stage s as one cp.async group: 32 pieces of 16 bytes a row,
-  // rows past M zero-filled (nothing read).
-  auto stage = [&](int b, int s) {
-    __half* const dst = stages + s * STAGE;
-    for (int i = threadIdx.x; i < ROWS * 32; i += 32 * WARPS) {
-      const int r = i >> 5, p = 8 * (i & 31);
-      const bool live = m_base + r < M;
-      const __half* src = x + (size_t)(live ? m_base + r : 0) * IN + 256 * b + p;
-      trellis_cuda::cp_async16_zfill(dst + r * ROW_HALVES + 72 * (p >> 6) + (p & 63), src, live);
+  // Step b's blocks of the pass's rows (split s's block SPLIT_K b + s into part s) into stage st
+  // as one cp.async group: 32 pieces of 16 bytes a row, rows past M zero-filled (nothing read);
+  // a block past the last is not staged (its split's warps skip that step).
+  auto stage = [&](int b, int st) {
+    __half* const dst = stages + st * STAGE;
+#pragma unroll
+    for (int s = 0; s < SPLIT_K; ++s) {
+      const int blk = SPLIT_K * b + s;
+      if (SPLIT_K > 1 && blk >= NB) break;
+      for (int i = threadIdx.x; i < ROWS * 32; i += 32 * WARPS) {
+        const int r = i >> 5, p = 8 * (i & 31);
+        const bool live = m_base + r < M;
+        const __half* src = x + (size_t)(live ? m_base + r : 0) * IN + 256 * blk + p;
+        trellis_cuda::cp_async16_zfill(dst + s * PART + r * ROW_HALVES + 72 * (p >> 6) + (p & 63), src, live);
+      }
     }
     trellis_cuda::cp_async_commit();
   };
@@ -109,32 +129,36 @@
   // the block before is done with them (in the chunk loop below): fused, k 3, MT 8, NVRTC
   // 13.0.88, 174 registers with BIAS_FOLD against 182 (two 3-warp blocks an SM either way: a
   // scheduler's registers hold two warps of either).
+  // Step b's block of this warp is SPLIT_K b + split (kb below); a `busy` warp with one reads
+  // its code words (`has(kb)`: always, without a split).
+  auto has = [&](int kb) { return SPLIT_K == 1 || kb < NB; };
   Runs w;
   stage(0, 0);
-  if (busy) lane_runs.load(0, w);
-  for (int b = 0; b < NB; ++b) {
-    // The next block's activations (into the stage every warp finished with at the last
-    // barrier), in flight while this block is multiplied.
+  if (busy && has(split)) lane_runs.load(split, w);
+  for (int b = 0; b < STEPS; ++b) {
+    const int kb = SPLIT_K * b + split, kb_next = kb + SPLIT_K;
+    // The next step's activations (into the stage every warp finished with at the last
+    // barrier), in flight while this step is multiplied.
     Runs w_next;
-    if (b + 1 < NB) {
+    if (b + 1 < STEPS) {
       stage(b + 1, (b + 1) & 1);
-      if (PREFETCH && busy) lane_runs.load(b + 1, w_next);
+      if (PREFETCH && busy && has(kb_next)) lane_runs.load(kb_next, w_next);
     } else {
       trellis_cuda::cp_async_commit();  // an empty group: the wait below counts one behind
     }
-    if (!PREFETCH && busy && b > 0) lane_runs.load_words(b, w, 0, 0, 1, 0);
+    if (!PREFETCH && busy && b > 0 && has(kb)) lane_runs.load_words(kb, w, 0, 0, 1, 0);
     trellis_cuda::cp_async_wait<1>();
     __syncthreads();
-    if (busy) {
+    if (busy && has(kb)) {
       // Lane (g, q) reads row 8 t + g, quarter q: chunk c's B fragment is positions 64 q + 4 c
       // + 0..3 of the row, so one 16-byte load gives chunks c and c + 1.
-      const __half* const xs = stages + (b & 1) * STAGE + g * ROW_HALVES + 72 * q;
+      const __half* const xs = stages + (b & 1) * STAGE + split * PART + g * ROW_HALVES + 72 * q;
 #pragma unroll
       for (int c = 0; c < 16; c += 2) {
         // Without PREFETCH the next block's words are read in two halves, each where this
         // block's are done with: chunks 0-7 read bits from 32 k up (words k..2k), chunks 8-15
         // bits below 31 k + L <= 32 (k + 1) (words 0..k).
-        if (!PREFETCH && c == 8 && b + 1 < NB) lane_runs.load_words(b + 1, w, 1, 1, 2, 0);
+        if (!PREFETCH && c == 8 && b + 1 < STEPS && has(kb_next)) lane_runs.load_words(kb_next, w, 1, 1, 2, 0);
         unsigned f[NMAT][2][4];
 #pragma unroll
         for (int a = 0; a < NMAT; ++a)
@@ -163,6 +187,32 @@
       }
     }
     __syncthreads();  // every warp is done with this stage before it is staged again
+  }
+  if (SPLIT_K > 1) {
+    // The splits' sums meet in the stages, which every warp is done with (the barrier above),
+    // lane-major: a warp's stores and loads are whole 128-byte lines.
+    float* const sums = reinterpret_cast<float*>(stages);
+    constexpr int SLOTS = NMAT * MT * 4;
+    if (busy && split > 0) {
+      float* const mine = sums + ((split - 1) * TILES + tile) * SLOTS * 32 + lane;
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mine[((a * MT + t) * 4 + e) * 32] = acc[a][t][e];
+    }
+    __syncthreads();
+    if (split > 0) return;
+    for (int s = 1; s < SPLIT_K; ++s) {
+      const float* const theirs = sums + ((s - 1) * TILES + tile) * SLOTS * 32 + lane;
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a)
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[a][t][e] += theirs[((a * MT + t) * 4 + e) * 32];
+    }
   }
   if (!busy) return;
 

@@ -243,7 +243,7 @@ fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool, wgmma_
     pre_pass.prepare()
 }
 
-/// The GEMMs' launch (`gate_up_gemm.cu`, `gate_up_wgmma.cu`): a thread block of `cfg.warps`
+/// The GEMMs' launch (`gate_up_gemm.cu`, `gate_up_wgmma.cu`): a thread block of `cfg.warps / cfg.split_k`
 /// 16-row output tiles per pass of `8 cfg.mt` rows, its dynamic shared memory, and the pre-pass
 /// that hands the `m` rows of `dtype` activations over as f16 (in the warpgroup GEMM's order for
 /// it).
@@ -255,7 +255,9 @@ fn prepared_gemm_launch(
     variant: Variant,
     passes: usize,
 ) -> Result<Prepared> {
-    let blocks = g.out_features().div_ceil(16 * cfg.warps as usize);
+    // Output tiles a block: the GEMM's split_k warps share one (the warpgroup GEMM has none).
+    let tiles = (cfg.warps / cfg.split_k) as usize;
+    let blocks = g.out_features().div_ceil(16 * tiles);
     let wgmma = cfg.kernel == AxisOneKernel::Wgmma;
     let launch = base_launch(g, cfg, m, dtype, variant, [blocks, passes])
         .template_int("MT", cfg.mt as i32)
@@ -263,7 +265,10 @@ fn prepared_gemm_launch(
     let (launch, shared) = if wgmma {
         (launch, cfg.wgmma_shared_bytes())
     } else {
-        (launch.template_bool("PREFETCH", cfg.prefetch), cfg.gemm_shared_bytes())
+        (
+            launch.template_bool("PREFETCH", cfg.prefetch).template_int("SPLIT_K", cfg.split_k as i32),
+            cfg.gemm_shared_bytes(),
+        )
     };
     let kernel = kernel(variant, cfg.kernel, shared)?;
     // The rows' sums only where the kernel folds the bias: otherwise x_sum is a placeholder.

@@ -84,7 +84,8 @@ pub struct AxisOneConfig {
     /// activation fragments.
     pub rt: u32,
     /// Warps per thread block (1 to 8). The fragment and int8 kernels' warps split each row's
-    /// blocks and add their sums at the end; the GEMM's own a 16-row output tile each.
+    /// blocks and add their sums at the end; the GEMM's own a 16-row output tile each, or
+    /// `split_k` warps a tile.
     pub warps: u32,
     /// Carry y + 1534 in the fragments and subtract the bias at the end (16-bit activations): the
     /// fragment kernel finds each row's sum with an MMA, the GEMM takes it from the pre-pass.
@@ -97,6 +98,11 @@ pub struct AxisOneConfig {
     /// in two halves where the block before is done with them (fused, k 3, 64 rows: 182
     /// registers against 174 with the bias fold, NVRTC 13.0.88).
     pub prefetch: bool,
+    /// The GEMM only: warps a 16-row output tile (dividing `warps`; 1 to 4), each multiplying
+    /// every `split_k`-th block of 256 inputs, their sums added in shared memory at the end. A
+    /// layer then has `split_k` times the warps of its tiles (Qwen3-14B's gate·up at 9–32 rows:
+    /// 1,088 tiles, under half a wave of the GEMM's resident warps).
+    pub split_k: u32,
     /// The fragment kernel only, 16-bit activations: each thread block first copies its pass's
     /// rows into shared memory as the f16 numbers its MMAs take, so the main loop reads them
     /// without a conversion or a global load. Where the rows do not fit
@@ -111,7 +117,17 @@ impl AxisOneConfig {
     /// benchmarks and tests vary.
     #[cfg(any(test, feature = "tuning"))]
     pub const fn plain(kernel: AxisOneKernel) -> AxisOneConfig {
-        AxisOneConfig { mt: 1, rt: 1, warps: 4, bias_fold: false, pack_fma: false, kernel, prefetch: false, stage: false }
+        AxisOneConfig {
+            mt: 1,
+            rt: 1,
+            warps: 4,
+            bias_fold: false,
+            pack_fma: false,
+            kernel,
+            prefetch: false,
+            split_k: 1,
+            stage: false,
+        }
     }
 
     /// An error naming the first reason this shape cannot run `dtype` activations in the single
@@ -133,6 +149,14 @@ impl AxisOneConfig {
         }
         if self.prefetch && self.kernel != AxisOneKernel::Gemm {
             invalid!("CUDA axis-1 kernel: prefetch is the GEMM's (the {:?} kernel reads its code words as it goes)", self.kernel);
+        }
+        if self.split_k != 1 && (self.kernel != AxisOneKernel::Gemm || !(1..=4).contains(&self.split_k) || self.warps % self.split_k != 0) {
+            invalid!(
+                "CUDA axis-1 kernel: split_k = {} is the GEMM's, 1 to 4 warps a tile dividing its {} warps (the {:?} kernel)",
+                self.split_k,
+                self.warps,
+                self.kernel
+            );
         }
         if self.stage && (self.kernel != AxisOneKernel::Fragment || dtype == Dtype::Float32) {
             invalid!("CUDA axis-1 kernel: stage is the fragment kernel's, for 16-bit activations (got the {:?} kernel, {dtype})", self.kernel);
@@ -160,6 +184,14 @@ impl AxisOneConfig {
             AxisOneKernel::Gemm => {
                 if self.rt != 1 || self.pack_fma {
                     invalid!("CUDA axis-1 GEMM: rt = 1 (a warp a row tile) and no pack_fma");
+                }
+                let shared = self.gemm_shared_bytes();
+                if shared > DYNAMIC_SHARED_LIMIT {
+                    invalid!(
+                        "CUDA axis-1 GEMM: {shared} bytes of shared memory (mt = {}, split_k = {}; at most {DYNAMIC_SHARED_LIMIT})",
+                        self.mt,
+                        self.split_k
+                    );
                 }
                 if dtype == Dtype::Float32 {
                     // It multiplies the f16 hand-over, one f16 term per activation: f32 keeps the
@@ -201,8 +233,7 @@ impl AxisOneConfig {
 /// (`fused`: the gate·up·SwiGLU kernel, which holds two accumulator sets and so takes one row tile
 /// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
 /// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block with the
-/// code-word prefetch, the fused one 3 without it; fewer where a layer's grid would not fill the
-/// GPU), the fragment kernel otherwise (never the int8 one: it measured no faster at one row).
+/// code-word prefetch, the fused one 3 without it; fewer where a layer's grid would not fill the GPU), the fragment kernel otherwise (never the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
@@ -210,15 +241,16 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         let passes = m.div_ceil(8 * mt as usize);
         let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
         let (most, prefetch) = if fused { (GEMM_FUSED_WARPS, false) } else { (4, true) };
-        let warps = [most, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
+        let tiles = [most, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
         return AxisOneConfig {
             mt,
             rt: 1,
-            warps,
+            warps: tiles,
             bias_fold: GEMM_BIAS_FOLD,
             pack_fma: false,
             kernel: AxisOneKernel::Gemm,
             prefetch,
+            split_k: 1,
             stage: false,
         };
     }
@@ -230,6 +262,7 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         pack_fma: sixteen_bit && m == 1,
         kernel: AxisOneKernel::Fragment,
         prefetch: false,
+        split_k: 1,
         // Measured for the fused kernel with bf16 activations, which it also converts: the
         // single projection's two row tiles took 107 registers with it (96 without), and f16's
         // fused kernel 119 (101), unmeasured (docs/cuda-mlp.md).
@@ -265,12 +298,19 @@ impl AxisOneConfig {
         rows.checked_mul(pitch)?.checked_mul(2).filter(|&bytes| bytes <= STAGE_MAX_BYTES)
     }
 
-    /// The GEMM's dynamic shared memory: two stages of `8 mt` rows of 288 halves (a block of 256
-    /// inputs, padded so that the B loads hit distinct banks), then each pass row's factor and
-    /// bias (4 bytes each). At most 74.2 KB (`mt` 8).
+    /// The GEMM's dynamic shared memory: two stages of `split_k` blocks of `8 mt` rows of 288
+    /// halves (a block of 256 inputs, padded so that the B loads hit distinct banks), then each
+    /// pass row's factor and bias (4 bytes each). After the main loop the stages hold the splits'
+    /// sums (`split_k - 1` warps' accumulators a tile), which always fit in them. At most 74.2 KB
+    /// without a split (`mt` 8).
     pub fn gemm_shared_bytes(&self) -> usize {
         let rows = 8 * self.mt as usize;
-        2 * rows * 288 * 2 + 2 * rows * 4
+        let stages = 2 * self.split_k as usize * rows * 288 * 2;
+        let tiles = (self.warps / self.split_k.max(1)) as usize;
+        // Two matrices' accumulators at most: 4 floats a lane for each 8-row tile.
+        let sums = (self.split_k as usize).saturating_sub(1) * tiles * 2 * self.mt as usize * 4 * 32 * 4;
+        debug_assert!(sums <= stages, "the splits' sums fit in the stages");
+        stages + 2 * rows * 4
     }
 
     /// The warpgroup GEMM's dynamic shared memory: two stages of `8 mt` rows of a block of 256
@@ -430,6 +470,28 @@ mod tests {
     }
 
     #[test]
+    fn split_k_is_the_gemms_and_divides_its_warps() {
+        let gemm = AxisOneConfig { mt: 2, warps: 6, split_k: 2, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
+        gemm.check(Dtype::Bfloat16, true).unwrap();
+        // Two stages of two blocks of 16 rows, and the rows' factors and biases.
+        assert_eq!(gemm.gemm_shared_bytes(), 2 * 2 * 16 * 576 + 2 * 16 * 4);
+        for bad in [
+            AxisOneConfig { warps: 4, split_k: 3, ..gemm },
+            AxisOneConfig { warps: 8, split_k: 8, ..gemm },
+            AxisOneConfig { split_k: 0, ..gemm },
+            AxisOneConfig { kernel: AxisOneKernel::Fragment, ..gemm },
+            AxisOneConfig { kernel: AxisOneKernel::Wgmma, warps: 4, ..gemm },
+        ] {
+            let err = bad.check(Dtype::Bfloat16, true).unwrap_err().to_string();
+            assert!(err.contains("split_k"), "{bad:?}: {err}");
+        }
+        // Four blocks of 64 rows a stage do not fit in a thread block's shared memory.
+        let err = AxisOneConfig { mt: 8, warps: 8, split_k: 4, ..gemm }.check(Dtype::Bfloat16, true).unwrap_err();
+        assert!(err.to_string().contains("bytes of shared memory"), "{err}");
+        AxisOneConfig { mt: 8, warps: 8, split_k: 2, ..gemm }.check(Dtype::Bfloat16, true).unwrap();
+    }
+
+    #[test]
     fn too_much_static_shared_memory_is_an_error_that_says_so() {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
         let big = AxisOneConfig {
@@ -440,6 +502,7 @@ mod tests {
             pack_fma: false,
             kernel: AxisOneKernel::Fragment,
             prefetch: false,
+            split_k: 1,
             stage: false,
         };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
