@@ -394,16 +394,24 @@ fn sweep_axis_one(
         }
     }
     // The GEMM's shapes around its base: every warp count (its row tiles are one warp's), with and
-    // without its code-word prefetch; the warpgroup GEMM's one and two warpgroups a block. The
+    // without its code-word prefetch, and two or four warps a tile (split_k) over the inputs; the
+    // warpgroup GEMM's one and two warpgroups a block. The
     // fragment kernel's warp counts (its warps split a row's blocks: fewer warps, more thread
     // blocks an SM, and the last wave moves). The int8 kernel's base shape as it is.
     let mut configs = vec![planned];
     for base in bases {
         let around: Vec<AxisOneConfig> = match base.kernel {
-            AxisOneKernel::Gemm => [1, 2, 3, 4, 8]
-                .into_iter()
-                .flat_map(|warps| [true, false].map(|prefetch| AxisOneConfig { warps, prefetch, ..base }))
-                .collect(),
+            AxisOneKernel::Gemm => {
+                let split = [(2, 2), (4, 2), (6, 2), (8, 2), (4, 4), (8, 4)];
+                [1, 2, 3, 4, 8]
+                    .map(|warps| (warps, 1))
+                    .into_iter()
+                    .chain(split)
+                    .flat_map(|(warps, split_k)| {
+                        [true, false].map(|prefetch| AxisOneConfig { warps, prefetch, split_k, ..base })
+                    })
+                    .collect()
+            }
             AxisOneKernel::Fragment => [base.warps, 1, 2, 5, 8].map(|warps| AxisOneConfig { warps, ..base }).to_vec(),
             AxisOneKernel::Wgmma => [4, 8].map(|warps| AxisOneConfig { warps, ..base }).to_vec(),
             AxisOneKernel::Int8 => vec![base],
@@ -432,7 +440,13 @@ fn sweep_axis_one(
             cfg.warps,
             cfg.bias_fold,
             cfg.pack_fma,
-            format!("{:?}{}", cfg.kernel, if cfg.prefetch { " prefetch" } else { "" }).to_lowercase()
+            format!(
+                "{:?}{}{}",
+                cfg.kernel,
+                if cfg.prefetch { " prefetch" } else { "" },
+                if cfg.split_k > 1 { format!(" split_k {}", cfg.split_k) } else { String::new() }
+            )
+            .to_lowercase()
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
     }
