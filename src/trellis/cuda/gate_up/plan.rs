@@ -44,6 +44,16 @@ const GEMM_FILL_BLOCKS: usize = 2 * 132;
 /// GEMM keeps four warps and the prefetch (not measured in a chain).
 const GEMM_FUSED_WARPS: u32 = 3;
 
+/// The fused GEMM's warps a tile (`split_k`) in passes of up to [`GEMM_SPLIT_MAX_TILES`] 8-row
+/// tiles, where a layer's tiles alone leave the GPU half empty: Qwen3-14B's gate·up at 16 rows
+/// ran 0.46 waves of its resident warps. Two warps a tile (six a block) measured 2–5 µs a layer
+/// faster in the MLP chain at 16 rows and 2–7 µs at 32; four tiles a block split in two were no
+/// faster than none (docs/cuda-mlp.md, "Split-K").
+const GEMM_SPLIT_K: u32 = 2;
+
+/// The most 8-row tiles a pass of the fused GEMM splits its warps over the inputs at.
+const GEMM_SPLIT_MAX_TILES: u32 = 4;
+
 /// Whether the plan's GEMM carries y + 1534 in its fragments and subtracts each row's bias at the
 /// end ([`AxisOneConfig::bias_fold`]): one HSUB2 fewer a pair of weights.
 const GEMM_BIAS_FOLD: bool = true;
@@ -233,7 +243,8 @@ impl AxisOneConfig {
 /// (`fused`: the gate·up·SwiGLU kernel, which holds two accumulator sets and so takes one row tile
 /// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
 /// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block with the
-/// code-word prefetch, the fused one 3 without it; fewer where a layer's grid would not fill the GPU), the fragment kernel otherwise (never the int8 one: it measured no faster at one row).
+/// code-word prefetch, the fused one 3 without it and, up to 32 rows a pass, two warps a tile;
+/// fewer tiles where a layer's grid would not fill the GPU), the fragment kernel otherwise (never the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
@@ -242,15 +253,16 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
         let (most, prefetch) = if fused { (GEMM_FUSED_WARPS, false) } else { (4, true) };
         let tiles = [most, 2].into_iter().find(|&w| blocks(w as usize) >= GEMM_FILL_BLOCKS).unwrap_or(1);
+        let split_k = if fused && mt <= GEMM_SPLIT_MAX_TILES { GEMM_SPLIT_K } else { 1 };
         return AxisOneConfig {
             mt,
             rt: 1,
-            warps: tiles,
+            warps: tiles * split_k,
             bias_fold: GEMM_BIAS_FOLD,
             pack_fma: false,
             kernel: AxisOneKernel::Gemm,
             prefetch,
-            split_k: 1,
+            split_k,
             stage: false,
         };
     }
@@ -357,12 +369,16 @@ mod tests {
                 assert_eq!(plan(m, Dtype::Float32, fused, 17408).kernel, AxisOneKernel::Fragment, "M {m} f32");
             }
         }
-        // Qwen3-14B's gate and up: three output tiles a block fused (no prefetch), four alone;
-        // SmolLM2's 576-row down projection: one (36 blocks a pass), and two from 16 passes (288
-        // blocks at 2 warps).
-        assert_eq!(plan(32, Dtype::Bfloat16, true, 17408).warps, 3);
-        assert!(!plan(32, Dtype::Bfloat16, true, 17408).prefetch);
-        assert_eq!(plan(32, Dtype::Bfloat16, false, 17408).warps, 4);
+        // Qwen3-14B's gate and up: three output tiles a block fused (no prefetch), two warps a
+        // tile up to 32 rows a pass; four tiles alone, unsplit; SmolLM2's 576-row down
+        // projection: one (36 blocks a pass), and two from 16 passes (288 blocks at 2 warps).
+        for (m, warps, split_k) in [(9, 6, 2), (32, 6, 2), (33, 3, 1), (64, 3, 1), (128, 3, 1)] {
+            let gemm = plan(m, Dtype::Bfloat16, true, 17408);
+            assert_eq!((gemm.warps, gemm.split_k), (warps, split_k), "M {m}");
+            assert!(!gemm.prefetch);
+            gemm.check(Dtype::Bfloat16, true).unwrap();
+        }
+        assert_eq!((plan(32, Dtype::Bfloat16, false, 17408).warps, plan(32, Dtype::Bfloat16, false, 17408).split_k), (4, 1));
         assert!(plan(32, Dtype::Bfloat16, false, 17408).prefetch);
         assert_eq!(plan(32, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(512, Dtype::Bfloat16, false, 576).warps, 1);
