@@ -19,12 +19,22 @@ import sys
 
 
 def table(path):
-    """The CSV's rows, from its header on (ncu prints its own lines before it)."""
+    """The header and rows of the CSV's first table of SASS: ncu prints its own lines, and a line
+    naming the kernel, before a table's header (the first row with a "Source" column)."""
     text = open(path, errors="replace").read()
     start = text.find('"')
     if start < 0:
         sys.exit(f"{path}: no CSV in it")
-    return list(csv.reader(io.StringIO(text[start:])))
+    rows = list(csv.reader(io.StringIO(text[start:])))
+    at = next((i for i, r in enumerate(rows) if len(r) > 2 and any("Source" in c for c in r)), None)
+    if at is None:
+        sys.exit(f"{path}: no header with a Source column (first rows: {rows[:2]})")
+    header, body = rows[at], []
+    for r in rows[at + 1 :]:
+        if len(r) != len(header):
+            break
+        body.append(r)
+    return header, body
 
 
 def number(text):
@@ -40,8 +50,7 @@ def main():
     parser.add_argument("--top", type=int, default=40, help="instructions to list (default 40)")
     parser.add_argument("--column", help="the samples column (default: Warp Stall Sampling (All Samples))")
     args = parser.parse_args()
-    rows = table(args.csv)
-    header, body = rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+    header, body = table(args.csv)
     print("columns: " + " | ".join(header))
 
     def find(*words):
