@@ -51,7 +51,9 @@ const GEMM_FUSED_WARPS: u32 = 3;
 /// faster than none (docs/cuda-mlp.md, "Split-K").
 const GEMM_SPLIT_K: u32 = 2;
 
-/// The most 8-row tiles a pass of the fused GEMM splits its warps over the inputs at.
+/// The most 8-row tiles a pass of the fused GEMM splits its warps over the inputs at. At 64-row
+/// passes a split block (about 176 registers, 148 KB of stages) runs one to an SM, the same warps
+/// as two unsplit ones, and measured 20 µs a layer slower in the chain (docs/cuda-mlp.md).
 const GEMM_SPLIT_MAX_TILES: u32 = 4;
 
 /// Whether the plan's GEMM carries y + 1534 in its fragments and subtracts each row's bias at the
