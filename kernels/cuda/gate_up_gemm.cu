@@ -46,8 +46,8 @@
 // epilogue subtracts 1534 x_sum[m], the pre-pass's sum of row m's f16 activations (prescale.cu's
 // ROW_SUMS); products and sums are exact or f32 either way, so only the f32 roundings differ.
 //
-// Template ints: K, L, MT (1..8), WARPS, SPLIT_K (dividing WARPS), and in the fused variant KU. Template bools: PREFETCH
-// (the code words read one block ahead; see the main loop), BIAS_FOLD. Template type: Y (the
+// Template ints: K, L, MT (1..8), WARPS, SPLIT_K (dividing WARPS), and in the fused variant KU.
+// Template bools: PREFETCH (the code words read one block ahead; see the main loop), BIAS_FOLD. Template type: Y (the
 // output dtype). Inputs: x [M, IN] f16, x_exp [M] f16, x_sum [M] f32 (read with BIAS_FOLD),
 // codes [OUT, IN K / 32], scales [OUT] (f16), in the fused
 // variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual

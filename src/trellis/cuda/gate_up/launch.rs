@@ -243,10 +243,10 @@ fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool, wgmma_
     pre_pass.prepare()
 }
 
-/// The GEMMs' launch (`gate_up_gemm.cu`, `gate_up_wgmma.cu`): a thread block of `cfg.warps / cfg.split_k`
-/// 16-row output tiles per pass of `8 cfg.mt` rows, its dynamic shared memory, and the pre-pass
-/// that hands the `m` rows of `dtype` activations over as f16 (in the warpgroup GEMM's order for
-/// it).
+/// The GEMMs' launch (`gate_up_gemm.cu`, `gate_up_wgmma.cu`): a thread block of
+/// `cfg.warps / cfg.split_k` 16-row output tiles per pass of `8 cfg.mt` rows, its dynamic shared
+/// memory, and the pre-pass that hands the `m` rows of `dtype` activations over as f16 (in the
+/// warpgroup GEMM's order for it).
 fn prepared_gemm_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,

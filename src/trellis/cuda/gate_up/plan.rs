@@ -246,7 +246,8 @@ impl AxisOneConfig {
 /// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
 /// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block with the
 /// code-word prefetch, the fused one 3 without it and, up to 32 rows a pass, two warps a tile;
-/// fewer tiles where a layer's grid would not fill the GPU), the fragment kernel otherwise (never the int8 one: it measured no faster at one row).
+/// fewer tiles where a layer's grid would not fill the GPU), the fragment kernel otherwise (never
+/// the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
@@ -315,16 +316,12 @@ impl AxisOneConfig {
     /// The GEMM's dynamic shared memory: two stages of `split_k` blocks of `8 mt` rows of 288
     /// halves (a block of 256 inputs, padded so that the B loads hit distinct banks), then each
     /// pass row's factor and bias (4 bytes each). After the main loop the stages hold the splits'
-    /// sums (`split_k - 1` warps' accumulators a tile), which always fit in them. At most 74.2 KB
-    /// without a split (`mt` 8).
+    /// sums, which always fit in them: at most 8 warps of two matrices' accumulators, 1 KB a
+    /// warp for each 8-row tile, against the stages' 9.2 KB a tile for each split. At most
+    /// 74.2 KB without a split (`mt` 8).
     pub fn gemm_shared_bytes(&self) -> usize {
         let rows = 8 * self.mt as usize;
-        let stages = 2 * self.split_k as usize * rows * 288 * 2;
-        let tiles = (self.warps / self.split_k.max(1)) as usize;
-        // Two matrices' accumulators at most: 4 floats a lane for each 8-row tile.
-        let sums = (self.split_k as usize).saturating_sub(1) * tiles * 2 * self.mt as usize * 4 * 32 * 4;
-        debug_assert!(sums <= stages, "the splits' sums fit in the stages");
-        stages + 2 * rows * 4
+        2 * self.split_k as usize * rows * 288 * 2 + 2 * rows * 4
     }
 
     /// The warpgroup GEMM's dynamic shared memory: two stages of `8 mt` rows of a block of 256
@@ -380,8 +377,9 @@ mod tests {
             assert!(!gemm.prefetch);
             gemm.check(Dtype::Bfloat16, true).unwrap();
         }
-        assert_eq!((plan(32, Dtype::Bfloat16, false, 17408).warps, plan(32, Dtype::Bfloat16, false, 17408).split_k), (4, 1));
-        assert!(plan(32, Dtype::Bfloat16, false, 17408).prefetch);
+        let alone = plan(32, Dtype::Bfloat16, false, 17408);
+        assert_eq!((alone.warps, alone.split_k), (4, 1));
+        assert!(alone.prefetch);
         assert_eq!(plan(32, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(512, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(1024, Dtype::Bfloat16, false, 576).warps, 2);
