@@ -21,8 +21,8 @@ use mlx_trellis::trellis::cuda::down::{down_pair_cuda, uses_dense};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::gate_up;
 use mlx_trellis::trellis::cuda::tuning::{
-    axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, swiglu_with, AxisOneConfig,
-    AxisOneKernel, CudaDownConfig, INT8_MAX_ROWS,
+    axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, split_pass_tiles, swiglu_with,
+    AxisOneConfig, AxisOneKernel, CudaDownConfig, INT8_MAX_ROWS,
 };
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -394,7 +394,8 @@ fn sweep_axis_one(
         }
     }
     // The GEMM's shapes around its base: every warp count (its row tiles are one warp's), with and
-    // without its code-word prefetch, and two or four warps a tile (split_k) over the inputs; the
+    // without its code-word prefetch, two or four warps a tile over the inputs (split_k) or over
+    // the pass's rows (row_split, each warp's tiles as the plan shares them out); the
     // warpgroup GEMM's one and two warpgroups a block. The
     // fragment kernel's warp counts (its warps split a row's blocks: fewer warps, more thread
     // blocks an SM, and the last wave moves). The int8 kernel's base shape as it is.
@@ -402,13 +403,16 @@ fn sweep_axis_one(
     for base in bases {
         let around: Vec<AxisOneConfig> = match base.kernel {
             AxisOneKernel::Gemm => {
-                let split = [(2, 2), (4, 2), (6, 2), (8, 2), (4, 4), (8, 4)];
+                let split = [(2, 2, 1), (4, 2, 1), (6, 2, 1), (8, 2, 1), (4, 4, 1), (8, 4, 1)];
+                let rows = [(2, 1, 2), (4, 1, 2), (6, 1, 2), (8, 1, 2), (4, 1, 4), (8, 1, 4), (12, 1, 4), (16, 1, 4)];
                 [1, 2, 3, 4, 8]
-                    .map(|warps| (warps, 1))
+                    .map(|warps| (warps, 1, 1))
                     .into_iter()
                     .chain(split)
-                    .flat_map(|(warps, split_k)| {
-                        [true, false].map(|prefetch| AxisOneConfig { warps, prefetch, split_k, ..base })
+                    .chain(rows)
+                    .flat_map(|(warps, split_k, row_split)| {
+                        let mt = split_pass_tiles(m, row_split);
+                        [true, false].map(|prefetch| AxisOneConfig { mt, warps, prefetch, split_k, row_split, ..base })
                     })
                     .collect()
             }
@@ -441,10 +445,11 @@ fn sweep_axis_one(
             cfg.bias_fold,
             cfg.pack_fma,
             format!(
-                "{:?}{}{}",
+                "{:?}{}{}{}",
                 cfg.kernel,
                 if cfg.prefetch { " prefetch" } else { "" },
-                if cfg.split_k > 1 { format!(" split_k {}", cfg.split_k) } else { String::new() }
+                if cfg.split_k > 1 { format!(" split_k {}", cfg.split_k) } else { String::new() },
+                if cfg.row_split > 1 { format!(" row_split {}", cfg.row_split) } else { String::new() }
             )
             .to_lowercase()
         );

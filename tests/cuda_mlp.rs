@@ -148,8 +148,18 @@ fn every_axis_one_shape_matches_the_reference() {
     let shapes = shapes.into_iter().flat_map(|s| [(s, false), (s, true)]);
     for ((mt, rt, warps, bias_fold, pack_fma), stage) in shapes {
         let fragment = AxisOneKernel::Fragment;
-        let cfg =
-            AxisOneConfig { mt, rt, warps, bias_fold, pack_fma, kernel: fragment, prefetch: false, split_k: 1, stage };
+        let cfg = AxisOneConfig {
+            mt,
+            rt,
+            warps,
+            bias_fold,
+            pack_fma,
+            kernel: fragment,
+            prefetch: false,
+            split_k: 1,
+            row_split: 1,
+            stage,
+        };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
                 assert!(dtype == Dtype::Float32 && (bias_fold || stage), "{cfg:?} {dtype}");
@@ -292,7 +302,8 @@ fn zero_and_poisoned_rows(m: usize, cfg: AxisOneConfig) {
 
 /// One layer's checks of a decode-once GEMM's shapes against the f64 reference under each dtype's
 /// gate: each of `sweep` at row counts that fill its passes, leave them short and spill into
-/// another pass, bf16 and f16; activation magnitudes 1e-8 and 1e8 in `magnitudes(bias_fold)`'s
+/// another pass (and with a row split, that reach only the first row of its second warp's), bf16
+/// and f16; activation magnitudes 1e-8 and 1e8 in `magnitudes(bias_fold)`'s
 /// shape, with and without the bias fold; and the residual variant in each of `residual`.
 fn gemm_shapes_of_one_layer(
     name: &str,
@@ -305,9 +316,10 @@ fn gemm_shapes_of_one_layer(
     let (host, lin) = up_layer(out, inp, k, l);
     let g = *lin.geometry();
     for &cfg in sweep {
-        let rows = 8 * cfg.mt as usize;
+        let rows = cfg.pass_rows();
+        let second_warp = (cfg.row_split > 1).then_some(8 * cfg.mt as usize + 1);
         for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-            for m in [1, rows - 1, rows, rows + 3] {
+            for m in [1, rows - 1, rows, rows + 3].into_iter().chain(second_warp) {
                 let (x, xr) = x(m, inp, dtype, 1.0);
                 let want = forward_f64(&xr, m, &host.codes, &host.scales, &g).unwrap();
                 let y = axis_one_with(&x, lin.codes(), lin.scales(), &g, cfg).unwrap();
@@ -457,6 +469,56 @@ fn every_split_gemm_swiglu_shape_matches_the_reference() {
     gemm_swiglu_shapes("split GEMM", &shapes, &poisoned);
 }
 
+/// [`gemm`] with `row_split` warps a tile, each over its own `8 mt` rows of a pass, sharing the
+/// tile's decode.
+fn gemm_rows(mt: u32, warps: u32, row_split: u32, load: (bool, bool)) -> AxisOneConfig {
+    AxisOneConfig { row_split, ..gemm(mt, warps, load) }
+}
+
+/// The GEMM's shapes with a row split (`row_split` warps a tile, each its own rows), on one
+/// layer: 2 and 4 warps a tile, passes of 1 to 8 tiles a warp (16 to 128 rows), one to four tiles
+/// a block; each with every (prefetch, bias fold) pair.
+fn every_row_split_gemm_shape_of(layer: (usize, usize, u32, u32)) {
+    let sweep: Vec<_> = [(1, 2, 2), (3, 6, 2), (5, 4, 2), (8, 6, 2), (2, 8, 4), (4, 12, 4), (1, 16, 4)]
+        .into_iter()
+        .flat_map(|(mt, warps, row_split)| GEMM_LOADS.map(|load| gemm_rows(mt, warps, row_split, load)))
+        .collect();
+    let residual = GEMM_LOADS.map(|load| gemm_rows(3, 4, 2, load));
+    let magnitudes = |bias_fold| gemm_rows(3, 6, 2, (false, bias_fold));
+    gemm_shapes_of_one_layer("row-split GEMM", layer, &sweep, magnitudes, &residual);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_row_split_gemm_shape_k3_l12_matches_the_reference() {
+    every_row_split_gemm_shape_of((200, 768, 3, 12));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_row_split_gemm_shape_k2_l8_one_block_matches_the_reference() {
+    every_row_split_gemm_shape_of((64, 256, 2, 8));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_row_split_gemm_shape_k4_l16_matches_the_reference() {
+    every_row_split_gemm_shape_of((136, 1280, 4, 16));
+}
+
+/// The row-split GEMM's fused SwiGLU of equal and mixed widths at 1, 40, 100 and 128 rows (two and
+/// four warps a tile), each with every (prefetch, bias fold) pair; zero and poisoned rows.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn every_row_split_gemm_swiglu_shape_matches_the_reference() {
+    let shapes: Vec<_> = [(1, (1, 2, 2)), (40, (5, 8, 4)), (100, (4, 12, 4)), (128, (8, 6, 2))]
+        .into_iter()
+        .flat_map(|(m, (mt, warps, row_split))| GEMM_LOADS.map(|load| (m, gemm_rows(mt, warps, row_split, load))))
+        .collect();
+    let poisoned = [gemm_rows(3, 6, 2, (true, false)), gemm_rows(2, 8, 4, (false, true))];
+    gemm_swiglu_shapes("row-split GEMM", &shapes, &poisoned);
+}
+
 /// The warpgroup GEMM (`gate_up_wgmma.cu`) in a shape, with or without the bias fold.
 fn wgmma(mt: u32, warps: u32, bias_fold: bool) -> AxisOneConfig {
     AxisOneConfig { mt, warps, bias_fold, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) }
@@ -564,6 +626,7 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
             kernel: AxisOneKernel::Fragment,
             prefetch: false,
             split_k: 1,
+            row_split: 1,
             stage: true,
         },
         axis_one_plan(40, Dtype::Bfloat16, true, inter),

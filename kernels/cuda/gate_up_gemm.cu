@@ -22,18 +22,21 @@
 // start is too (IN is a multiple of 256). The outputs are multiplied by 2^-e, exactly.
 //
 // Shared memory (dynamic; the host's gemm_shared_bytes): two stages, each SPLIT_K parts (one a
-// split) of 8 MT rows of 288 halves:
+// split) of the pass's 8 MT ROW_SPLIT rows of 288 halves:
 // position 64 q + j of a block at half 72 q + j of its row, so a row's four quarters lie 144
 // bytes apart and rows 576 bytes (64 mod 128) apart, and each 8-lane phase of a warp's 16-byte B
 // loads (lane 4 g + q: row g, quarter q) covers 8 different 16-byte bank groups. Then the pass's
-// rows' factors 2^-e and, with BIAS_FOLD, their biases 1534 x_sum (8 MT floats each). After the
-// main loop the stages hold the splits' sums (SPLIT_K > 1: [SPLIT_K - 1][TILES][NMAT MT 4][32]
-// floats, which fit in them). No static shared memory.
+// rows' factors 2^-e and, with BIAS_FOLD, their biases 1534 x_sum (8 MT ROW_SPLIT floats each).
+// With ROW_SPLIT > 1, then the fragments the warps of a tile hand each other: [TILES][2][CHUNKS]
+// [NMAT][32] uint4 (CHUNKS, the chunks of a step: 2, or 4 at ROW_SPLIT 4). After the main loop
+// the stages hold the splits' sums (SPLIT_K > 1: [SPLIT_K - 1][TILES][NMAT MT 4][32] floats, which
+// fit in them). No static shared memory.
 //
-// Work split. A thread block has TILES = WARPS / SPLIT_K output tiles of 16 rows, SPLIT_K warps
-// each. Thread block (y, z) owns output rows [16 TILES y, 16 TILES (y + 1)) (warp w the tile
-// 16 TILES y + 16 (w % TILES)) and activation rows [8 MT z, 8 MT (z + 1)) (rows past M are
-// zero-filled in shared memory and not written). Warp w takes every SPLIT_K-th block of 256
+// Work split. A thread block has TILES = WARPS / (SPLIT_K ROW_SPLIT) output tiles of 16 rows,
+// SPLIT_K (or ROW_SPLIT, below) warps each. Thread block (y, z) owns output rows
+// [16 TILES y, 16 TILES (y + 1)) (warp w the tile 16 TILES y + 16 (w % TILES)) and activation rows
+// [8 MT ROW_SPLIT z, 8 MT ROW_SPLIT (z + 1)) (rows past M are zero-filled in shared memory and
+// not written). Warp w takes every SPLIT_K-th block of 256
 // inputs from block w / TILES (its split), so that a layer has SPLIT_K times the warps of its
 // tiles: each warp's chain is shorter, and a grid of few tiles (9-32 rows on Qwen3-14B: 1,088
 // warps, under half a wave) fills more of the GPU. Each iteration stages SPLIT_K blocks, one a
@@ -42,17 +45,27 @@
 // rows past OUT read row OUT - 1 and are not written, and a warp whose whole tile is past OUT
 // only stages.
 //
+// Row split (ROW_SPLIT > 1, SPLIT_K 1). ROW_SPLIT warps share a 16-row output tile and a pass of
+// 8 MT ROW_SPLIT rows: warp part p = w / TILES multiplies rows [8 MT p, 8 MT (p + 1)) of the pass,
+// and each chunk's A fragment is decoded by one warp of the tile only (chunk c + p of each step of
+// CHUNKS chunks, a step ahead), handed to the others through shared memory (one STS.128 and
+// CHUNKS LDS.128 a matrix a lane per step, behind a named barrier of the tile's warps). So a pass
+// of 128 rows decodes each weight once, where two passes of 64 rows decode it twice, and a pass
+// of 64 rows has twice the warps, each with half the accumulators. Not planned: it measured
+// slower than the plan at 64 and 128 rows (docs/cuda-mlp.md, "A row split").
+//
 // With BIAS_FOLD the fragments carry y + 1534 (the dp4a result as it is: no HSUB2), and the
 // epilogue subtracts 1534 x_sum[m], the pre-pass's sum of row m's f16 activations (prescale.cu's
 // ROW_SUMS); products and sums are exact or f32 either way, so only the f32 roundings differ.
 //
-// Template ints: K, L, MT (1..8), WARPS, SPLIT_K (dividing WARPS), and in the fused variant KU.
+// Template ints: K, L, MT (1..8), WARPS, SPLIT_K and ROW_SPLIT (1, 2 or 4; one of them 1; their
+// product dividing WARPS), and in the fused variant KU.
 // Template bools: PREFETCH (the code words read one block ahead; see the main loop), BIAS_FOLD. Template type: Y (the
 // output dtype). Inputs: x [M, IN] f16, x_exp [M] f16, x_sum [M] f32 (read with BIAS_FOLD),
 // codes [OUT, IN K / 32], scales [OUT] (f16), in the fused
 // variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual
 // [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16 TILES)),
-// ceil(M / (8 MT))] threads (TILES = WARPS / SPLIT_K), blocks of 32 WARPS.
+// ceil(M / (8 MT ROW_SPLIT))] threads (TILES = WARPS / (SPLIT_K ROW_SPLIT)), blocks of 32 WARPS.
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
@@ -66,29 +79,38 @@
   // The lane's code words (axis_one.cuh): Lanes::k_of(a), matrix a's bits per weight (0: gate
   // or the only one, 1: up; constant once a is unrolled), and Lanes::RUN words a run.
   using Lanes = trellis_cuda::LaneRuns<NMAT, 1, K, K_UP>;
-  constexpr int ROWS = 8 * MT;             // activation rows of a pass
-  constexpr int ROW_HALVES = 288;          // a staged row: four quarters of 64 + 8 halves
-  constexpr int PART = ROWS * ROW_HALVES;  // halves of one split's block of a stage
-  constexpr int STAGE = SPLIT_K * PART;    // halves a stage
-  constexpr int TILES = WARPS / SPLIT_K;   // output tiles a thread block
+  constexpr int WARP_ROWS = 8 * MT;                      // activation rows a warp multiplies
+  constexpr int ROWS = WARP_ROWS * ROW_SPLIT;            // activation rows of a pass
+  constexpr int ROW_HALVES = 288;                        // a staged row: four quarters of 64 + 8 halves
+  constexpr int PART = ROWS * ROW_HALVES;                // halves of one split's block of a stage
+  constexpr int STAGE = SPLIT_K * PART;                  // halves a stage
+  constexpr int TILES = WARPS / (SPLIT_K * ROW_SPLIT);   // output tiles a thread block
+  constexpr int CHUNKS = ROW_SPLIT == 4 ? 4 : 2;         // chunks of 16 inputs a step
   static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
-  static_assert(MT >= 1 && MT <= 8, "1 to 8 tiles of 8 rows a pass");
+  static_assert(MT >= 1 && MT <= 8, "1 to 8 tiles of 8 rows a warp");
   static_assert(SPLIT_K >= 1 && WARPS % SPLIT_K == 0, "SPLIT_K warps a tile");
+  static_assert((ROW_SPLIT == 1 || ROW_SPLIT == 2 || ROW_SPLIT == 4) && (SPLIT_K == 1 || ROW_SPLIT == 1) &&
+                    WARPS % (SPLIT_K * ROW_SPLIT) == 0 && TILES <= 15,
+                "ROW_SPLIT warps a tile, each a named barrier");
   const int NB = IN / 256;                         // blocks per row
   const int STEPS = (NB + SPLIT_K - 1) / SPLIT_K;  // main-loop iterations: SPLIT_K blocks each
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, q = lane & 3;
-  // (Without a split the same code as before it: tile = warp, split = 0.)
-  const int tile = SPLIT_K == 1 ? warp : warp % TILES, split = SPLIT_K == 1 ? 0 : warp / TILES;
+  // (Without a split the same code as before it: tile = warp, split = part = 0.)
+  const int tile = SPLIT_K * ROW_SPLIT == 1 ? warp : warp % TILES;
+  const int split = SPLIT_K == 1 ? 0 : warp / TILES, part = ROW_SPLIT == 1 ? 0 : warp / TILES;
   const int row0 = (blockIdx.y * TILES + tile) * 16;  // this warp's output tile
-  const int m_base = blockIdx.z * ROWS;
+  const int m_base = blockIdx.z * ROWS;                // the pass's first row
+  const int w_base = part * WARP_ROWS;                 // this warp's first row of the pass
   const bool busy = row0 < OUT;
 
   extern __shared__ __align__(16) unsigned char shared_base[];
   __half* const stages = reinterpret_cast<__half*>(shared_base);     // [2][ROWS][ROW_HALVES]
   float* const unlift = reinterpret_cast<float*>(stages + 2 * STAGE);  // [ROWS]
   float* const row_bias = unlift + ROWS;                               // [ROWS], BIAS_FOLD
+  // [TILES][2][CHUNKS][NMAT][32], ROW_SPLIT > 1 (16-byte aligned: ROWS is a multiple of 8).
+  uint4* const handed = reinterpret_cast<uint4*>(row_bias + ROWS) + tile * (2 * CHUNKS * NMAT * 32);
 
 #if TRELLIS_FUSED
   const unsigned* const mats[NMAT] = {codes, up_codes};
@@ -123,6 +145,8 @@
   trellis_cuda::gemm_row_factors<BIAS_FOLD, 32 * WARPS>(unlift, row_bias, x_exp, x_sum, m_base, M, ROWS);
 
   float acc[NMAT][MT][4] = {};
+  // The tile's warps meet at barrier 1 + tile (0 is __syncthreads'), ROW_SPLIT warps of them.
+  auto tile_barrier = [&]() { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + tile), "n"(32 * ROW_SPLIT) : "memory"); };
 
   // With PREFETCH a block's code words are read one block ahead, into registers (w_next), and
   // arrive while the block before is multiplied; without it they are read in two halves where
@@ -152,27 +176,65 @@
     if (busy && has(kb)) {
       // Lane (g, q) reads row 8 t + g, quarter q: chunk c's B fragment is positions 64 q + 4 c
       // + 0..3 of the row, so one 16-byte load gives chunks c and c + 1.
-      const __half* const xs = stages + (b & 1) * STAGE + split * PART + g * ROW_HALVES + 72 * q;
+      const __half* const xs = stages + (b & 1) * STAGE + split * PART + (w_base + g) * ROW_HALVES + 72 * q;
 #pragma unroll
-      for (int c = 0; c < 16; c += 2) {
+      for (int c = 0; c < 16; c += CHUNKS) {
         // Without PREFETCH the next block's words are read in two halves, each where this
         // block's are done with: chunks 0-7 read bits from 32 k up (words k..2k), chunks 8-15
         // bits below 31 k + L <= 32 (k + 1) (words 0..k).
         if (!PREFETCH && c == 8 && b + 1 < STEPS && has(kb_next)) lane_runs.load_words(kb_next, w, 1, 1, 2, 0);
-        unsigned f[NMAT][2][4];
+        unsigned f[NMAT][CHUNKS][4];
+        if (ROW_SPLIT == 1) {
 #pragma unroll
-        for (int a = 0; a < NMAT; ++a)
+          for (int a = 0; a < NMAT; ++a)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            trellis_cuda::chunk_fragment<L, !BIAS_FOLD, false>(w[a][0][0], w[a][0][1], Lanes::k_of(a), c + h, 0u, f[a][h]);
+            for (int h = 0; h < CHUNKS; ++h)
+              trellis_cuda::chunk_fragment<L, !BIAS_FOLD, false>(w[a][0][0], w[a][0][1], Lanes::k_of(a), c + h, 0u,
+                                                                 f[a][h]);
+        } else {
+          // Step c's chunks from the slots of buffer (c / CHUNKS) & 1, where each warp of the tile
+          // put its own (chunk c + part) a step before (the first step's just before it); then
+          // this warp's chunk of the next step into the other buffer, its decode in flight with
+          // this step's MMAs. Two buffers, one barrier a step: a warp writes a buffer again only
+          // after the barrier of the step after its last reading, which every warp of the tile
+          // reaches done reading it.
+          auto decode_mine = [&](int step_chunk, uint4* slots) {
+            // (One branch a part: the chunk, and so every window's bit offset, a constant.)
+#pragma unroll
+            for (int p = 0; p < ROW_SPLIT; ++p) {
+              if (p != part) continue;
+#pragma unroll
+              for (int a = 0; a < NMAT; ++a) {
+                unsigned d[4];
+                trellis_cuda::chunk_fragment<L, !BIAS_FOLD, false>(w[a][0][0], w[a][0][1], Lanes::k_of(a),
+                                                                   step_chunk + p, 0u, d);
+                slots[(p * NMAT + a) * 32 + lane] = make_uint4(d[0], d[1], d[2], d[3]);
+              }
+            }
+          };
+          uint4* const slots = handed + ((c / CHUNKS) & 1) * (CHUNKS * NMAT * 32);
+          if (c == 0) decode_mine(0, slots);
+          tile_barrier();
+#pragma unroll
+          for (int h = 0; h < CHUNKS; ++h)
+#pragma unroll
+            for (int a = 0; a < NMAT; ++a) {
+              const uint4 d = slots[(h * NMAT + a) * 32 + lane];
+              f[a][h][0] = d.x, f[a][h][1] = d.y, f[a][h][2] = d.z, f[a][h][3] = d.w;
+            }
+          if (c + CHUNKS < 16) decode_mine(c + CHUNKS, handed + ((c / CHUNKS + 1) & 1) * (CHUNKS * NMAT * 32));
+        }
 #pragma unroll
         for (int t = 0; t < MT; ++t) {
-          const uint4 v = *reinterpret_cast<const uint4*>(xs + 8 * t * ROW_HALVES + 4 * c);
-          const unsigned b_lo[2] = {v.x, v.y}, b_hi[2] = {v.z, v.w};
 #pragma unroll
-          for (int a = 0; a < NMAT; ++a) {
-            trellis_cuda::mma_16816(acc[a][t], f[a][0], b_lo);
-            trellis_cuda::mma_16816(acc[a][t], f[a][1], b_hi);
+          for (int h = 0; h < CHUNKS; h += 2) {
+            const uint4 v = *reinterpret_cast<const uint4*>(xs + 8 * t * ROW_HALVES + 4 * (c + h));
+            const unsigned b_lo[2] = {v.x, v.y}, b_hi[2] = {v.z, v.w};
+#pragma unroll
+            for (int a = 0; a < NMAT; ++a) {
+              trellis_cuda::mma_16816(acc[a][t], f[a][h], b_lo);
+              trellis_cuda::mma_16816(acc[a][t], f[a][h + 1], b_hi);
+            }
           }
         }
       }
@@ -217,7 +279,7 @@
   if (!busy) return;
 
   trellis_cuda::gemm_outputs<NMAT, MT, BIAS_FOLD>(
-      acc, mat_scales, row0, OUT, m_base, M, unlift, row_bias, lane, [&](int m, int o, const float (&v)[NMAT]) {
+      acc, mat_scales, row0, OUT, m_base + w_base, M, unlift + w_base, row_bias + w_base, lane, [&](int m, int o, const float (&v)[NMAT]) {
 #if TRELLIS_FUSED
         const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
 #else

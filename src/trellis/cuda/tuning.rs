@@ -16,7 +16,9 @@ use crate::trellis::operands::LayerOperands;
 pub use super::down::config::CudaDownConfig;
 pub use super::down::plan::{plan, plan_for};
 pub use super::gate_up::linear_residual_with as axis_one_residual_with;
-pub use super::gate_up::plan::{plan as axis_one_plan, AxisOneConfig, AxisOneKernel, GEMM_MIN_ROWS, INT8_MAX_ROWS};
+pub use super::gate_up::plan::{
+    plan as axis_one_plan, split_pass_tiles, AxisOneConfig, AxisOneKernel, GEMM_MIN_ROWS, INT8_MAX_ROWS,
+};
 
 /// [`down_cuda`](super::down::down_cuda) with an explicit configuration and never the dense
 /// path (every valid configuration gives the same sums up to f32 rounding order).

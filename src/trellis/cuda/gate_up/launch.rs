@@ -192,7 +192,7 @@ pub(super) fn prepared_launch(
         cfg.check(dtype, fused)?;
         let outputs = g.out_features();
         let row_tiles = outputs.div_ceil(16 * cfg.rt as usize);
-        let passes = m.div_ceil(8 * cfg.mt as usize);
+        let passes = m.div_ceil(cfg.pass_rows());
         // Grid y holds the row tiles, z the passes (CUDA's y and z are at most 65535).
         if row_tiles > 65535 || passes > 65535 {
             invalid!("CUDA axis-1 kernel: {m} rows of {g} are too many for one launch grid ({row_tiles} row tiles by {passes} passes; at most 65535 each)");
@@ -244,7 +244,7 @@ fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool, wgmma_
 }
 
 /// The GEMMs' launch (`gate_up_gemm.cu`, `gate_up_wgmma.cu`): a thread block of
-/// `cfg.warps / cfg.split_k` 16-row output tiles per pass of `8 cfg.mt` rows, its dynamic shared
+/// `cfg.warps / (cfg.split_k cfg.row_split)` 16-row output tiles per pass of `cfg.pass_rows()` rows, its dynamic shared
 /// memory, and the pre-pass that hands the `m` rows of `dtype` activations over as f16 (in the
 /// warpgroup GEMM's order for it).
 fn prepared_gemm_launch(
@@ -255,8 +255,9 @@ fn prepared_gemm_launch(
     variant: Variant,
     passes: usize,
 ) -> Result<Prepared> {
-    // Output tiles a block: the GEMM's split_k warps share one (the warpgroup GEMM has none).
-    let tiles = (cfg.warps / cfg.split_k) as usize;
+    // Output tiles a block: the GEMM's split_k or row_split warps share one (the warpgroup GEMM
+    // has neither).
+    let tiles = (cfg.warps / (cfg.split_k * cfg.row_split)) as usize;
     let blocks = g.out_features().div_ceil(16 * tiles);
     let wgmma = cfg.kernel == AxisOneKernel::Wgmma;
     let launch = base_launch(g, cfg, m, dtype, variant, [blocks, passes])
@@ -266,8 +267,11 @@ fn prepared_gemm_launch(
         (launch, cfg.wgmma_shared_bytes())
     } else {
         (
-            launch.template_bool("PREFETCH", cfg.prefetch).template_int("SPLIT_K", cfg.split_k as i32),
-            cfg.gemm_shared_bytes(),
+            launch
+                .template_bool("PREFETCH", cfg.prefetch)
+                .template_int("SPLIT_K", cfg.split_k as i32)
+                .template_int("ROW_SPLIT", cfg.row_split as i32),
+            cfg.gemm_shared_bytes(matches!(variant, Variant::Fused { .. })),
         )
     };
     let kernel = kernel(variant, cfg.kernel, shared)?;

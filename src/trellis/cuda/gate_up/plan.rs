@@ -115,6 +115,13 @@ pub struct AxisOneConfig {
     /// layer then has `split_k` times the warps of its tiles (Qwen3-14B's gate·up at 9–32 rows:
     /// 1,088 tiles, under half a wave of the GEMM's resident warps).
     pub split_k: u32,
+    /// The GEMM only: warps a 16-row output tile (1, 2 or 4, dividing `warps`; with `split_k`
+    /// 1), each multiplying its own `8 mt` rows of a pass of `8 mt row_split`; each chunk of the
+    /// tile's weights is decoded by one of them and handed to the others in shared memory, so a
+    /// pass of up to 128 (or 256) rows decodes each weight once. Not planned: on an H200 in
+    /// Qwen3-14B's MLP chain it measured slower than the plan at 64 and 128 rows
+    /// (docs/cuda-mlp.md, "A row split").
+    pub row_split: u32,
     /// The fragment kernel only, 16-bit activations: each thread block first copies its pass's
     /// rows into shared memory as the f16 numbers its MMAs take, so the main loop reads them
     /// without a conversion or a global load. Where the rows do not fit
@@ -138,19 +145,28 @@ impl AxisOneConfig {
             kernel,
             prefetch: false,
             split_k: 1,
+            row_split: 1,
             stage: false,
         }
+    }
+
+    /// Activation rows a pass: `8 mt` for each of the GEMM's `row_split` warps a tile.
+    pub fn pass_rows(&self) -> usize {
+        8 * self.mt as usize * self.row_split as usize
     }
 
     /// An error naming the first reason this shape cannot run `dtype` activations in the single
     /// projection or (`fused`) the gate·up·SwiGLU kernel.
     pub fn check(&self, dtype: Dtype, fused: bool) -> Result<()> {
-        if !(1..=8).contains(&self.mt) || !(1..=4).contains(&self.rt) || !(1..=8).contains(&self.warps) {
+        // The GEMM's row split takes up to 16 warps a block (four tiles of four warps).
+        let most_warps = if self.kernel == AxisOneKernel::Gemm { 16 } else { 8 };
+        if !(1..=8).contains(&self.mt) || !(1..=4).contains(&self.rt) || !(1..=most_warps).contains(&self.warps) {
             invalid!(
-                "CUDA axis-1 kernel: mt = {} (1..=8), rt = {} (1..=4), warps = {} (1..=8) out of range",
+                "CUDA axis-1 kernel: mt = {} (1..=8), rt = {} (1..=4), warps = {} (1..={most_warps} for the {:?} kernel) out of range",
                 self.mt,
                 self.rt,
-                self.warps
+                self.warps,
+                self.kernel
             );
         }
         if self.pack_fma && !self.bias_fold {
@@ -167,6 +183,20 @@ impl AxisOneConfig {
                 "CUDA axis-1 kernel: split_k = {} is the GEMM's, 1 to 4 warps a tile dividing its {} warps (the {:?} kernel)",
                 self.split_k,
                 self.warps,
+                self.kernel
+            );
+        }
+        if self.row_split != 1
+            && (self.kernel != AxisOneKernel::Gemm
+                || !matches!(self.row_split, 2 | 4)
+                || self.split_k != 1
+                || self.warps % self.row_split != 0)
+        {
+            invalid!(
+                "CUDA axis-1 kernel: row_split = {} is the GEMM's, 1, 2 or 4 warps a tile dividing its {} warps, without split_k (got split_k = {}, the {:?} kernel)",
+                self.row_split,
+                self.warps,
+                self.split_k,
                 self.kernel
             );
         }
@@ -197,12 +227,13 @@ impl AxisOneConfig {
                 if self.rt != 1 || self.pack_fma {
                     invalid!("CUDA axis-1 GEMM: rt = 1 (a warp a row tile) and no pack_fma");
                 }
-                let shared = self.gemm_shared_bytes();
+                let shared = self.gemm_shared_bytes(fused);
                 if shared > DYNAMIC_SHARED_LIMIT {
                     invalid!(
-                        "CUDA axis-1 GEMM: {shared} bytes of shared memory (mt = {}, split_k = {}; at most {DYNAMIC_SHARED_LIMIT})",
+                        "CUDA axis-1 GEMM: {shared} bytes of shared memory (mt = {}, split_k = {}, row_split = {}; at most {DYNAMIC_SHARED_LIMIT})",
                         self.mt,
-                        self.split_k
+                        self.split_k,
+                        self.row_split
                     );
                 }
                 if dtype == Dtype::Float32 {
@@ -266,6 +297,9 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
             kernel: AxisOneKernel::Gemm,
             prefetch,
             split_k,
+            // No row split: it measured slower in the MLP chain at 64 and 128 rows
+            // (docs/cuda-mlp.md).
+            row_split: 1,
             stage: false,
         };
     }
@@ -278,11 +312,20 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         kernel: AxisOneKernel::Fragment,
         prefetch: false,
         split_k: 1,
+        row_split: 1,
         // Measured for the fused kernel with bf16 activations, which it also converts: the
         // single projection's two row tiles took 107 registers with it (96 without), and f16's
         // fused kernel 119 (101), unmeasured (docs/cuda-mlp.md).
         stage: fused && dtype == Dtype::Bfloat16 && m <= STAGE_MAX_ROWS,
     }
+}
+
+/// 8-row tiles a warp (`mt`) for `m` rows in passes of `row_split` warps a tile of up to 8 tiles
+/// each, as few passes as that allows, the tiles shared out as evenly as they go.
+pub fn split_pass_tiles(m: usize, row_split: u32) -> u32 {
+    let tiles = m.div_ceil(8).max(1);
+    let passes = tiles.div_ceil(8 * row_split as usize);
+    tiles.div_ceil(passes * row_split as usize) as u32
 }
 
 impl AxisOneConfig {
@@ -313,15 +356,24 @@ impl AxisOneConfig {
         rows.checked_mul(pitch)?.checked_mul(2).filter(|&bytes| bytes <= STAGE_MAX_BYTES)
     }
 
-    /// The GEMM's dynamic shared memory: two stages of `split_k` blocks of `8 mt` rows of 288
-    /// halves (a block of 256 inputs, padded so that the B loads hit distinct banks), then each
-    /// pass row's factor and bias (4 bytes each). After the main loop the stages hold the splits'
-    /// sums, which always fit in them: at most 8 warps of two matrices' accumulators, 1 KB a
-    /// warp for each 8-row tile, against the stages' 9.2 KB a tile for each split. At most
-    /// 74.2 KB without a split (`mt` 8).
-    pub fn gemm_shared_bytes(&self) -> usize {
-        let rows = 8 * self.mt as usize;
-        2 * self.split_k as usize * rows * 288 * 2 + 2 * rows * 4
+    /// The GEMM's dynamic shared memory: two stages of `split_k` blocks of a pass's rows
+    /// ([`pass_rows`](Self::pass_rows)) of 288 halves (a block of 256 inputs, padded so that the B
+    /// loads hit distinct banks), then each pass row's factor and bias (4 bytes each), then with
+    /// `row_split` the fragments its warps hand each other: two buffers of a step's chunks (2, or
+    /// 4 at `row_split` 4) of each matrix (two `fused`), 512 bytes each, for every tile. After the
+    /// main loop the stages hold the splits' sums, which always fit in them: at most 16 warps of
+    /// two matrices' accumulators, 1 KB a warp for each 8-row tile, against the stages' 9.2 KB a
+    /// tile for each split. 74.2 KB at 64 rows a pass unsplit.
+    pub fn gemm_shared_bytes(&self, fused: bool) -> usize {
+        let rows = self.pass_rows();
+        let handed = if self.row_split > 1 {
+            let tiles = (self.warps / self.row_split) as usize;
+            let chunks = (self.row_split as usize).max(2);
+            tiles * 2 * chunks * if fused { 2 } else { 1 } * 512
+        } else {
+            0
+        };
+        2 * self.split_k as usize * rows * 288 * 2 + 2 * rows * 4 + handed
     }
 
     /// The warpgroup GEMM's dynamic shared memory: two stages of `8 mt` rows of a block of 256
@@ -344,11 +396,12 @@ mod tests {
                 for m in 1..=300 {
                     let cfg = plan(m, dtype, fused, 17408);
                     cfg.check(dtype, fused).unwrap_or_else(|e| panic!("M {m} {dtype}: {e}"));
-                    let passes = m.div_ceil(8 * cfg.mt as usize);
+                    let passes = m.div_ceil(cfg.pass_rows());
                     // Passes of up to 64 rows, as few as that allows, whose tiles exceed the
-                    // call's 8-row tiles by less than one per pass.
+                    // call's 8-row tiles by less than one per pass; no row split.
                     assert_eq!(passes, m.div_ceil(64), "M {m}: {cfg:?}");
                     assert!((cfg.mt as usize) * passes < m.div_ceil(8) + passes, "M {m}: {cfg:?}");
+                    assert_eq!(cfg.row_split, 1, "M {m}: {cfg:?}");
                 }
             }
         }
@@ -384,9 +437,9 @@ mod tests {
         assert_eq!(plan(512, Dtype::Bfloat16, false, 576).warps, 1);
         assert_eq!(plan(1024, Dtype::Bfloat16, false, 576).warps, 2);
         // Two stages of 64 rows of 288 halves, and 64 row factors and 64 row biases.
-        let gemm = plan(64, Dtype::Bfloat16, true, 17408);
-        assert_eq!(gemm.gemm_shared_bytes(), 2 * 64 * 576 + 512);
-        assert_eq!(AxisOneConfig { mt: 1, ..gemm }.gemm_shared_bytes(), 2 * 8 * 576 + 64);
+        let gemm = plan(64, Dtype::Bfloat16, false, 17408);
+        assert_eq!(gemm.gemm_shared_bytes(false), 2 * 64 * 576 + 512);
+        assert_eq!(AxisOneConfig { mt: 1, ..gemm }.gemm_shared_bytes(true), 2 * 8 * 576 + 64);
     }
 
     #[test]
@@ -490,7 +543,7 @@ mod tests {
         let gemm = AxisOneConfig { mt: 2, warps: 6, split_k: 2, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
         gemm.check(Dtype::Bfloat16, true).unwrap();
         // Two stages of two blocks of 16 rows, and the rows' factors and biases.
-        assert_eq!(gemm.gemm_shared_bytes(), 2 * 2 * 16 * 576 + 2 * 16 * 4);
+        assert_eq!(gemm.gemm_shared_bytes(true), 2 * 2 * 16 * 576 + 2 * 16 * 4);
         for bad in [
             AxisOneConfig { warps: 4, split_k: 3, ..gemm },
             AxisOneConfig { warps: 8, split_k: 8, ..gemm },
@@ -508,6 +561,39 @@ mod tests {
     }
 
     #[test]
+    fn row_split_is_the_gemms_without_split_k_and_divides_its_warps() {
+        let gemm = AxisOneConfig { mt: 8, warps: 6, row_split: 2, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
+        gemm.check(Dtype::Bfloat16, true).unwrap();
+        assert_eq!(gemm.pass_rows(), 128);
+        // Two stages of 128 rows, their factors and biases, and three tiles' two buffers of two
+        // chunks of two matrices (one alone) of 512 bytes.
+        assert_eq!(gemm.gemm_shared_bytes(true), 2 * 128 * 576 + 2 * 128 * 4 + 3 * 2 * 2 * 2 * 512);
+        assert_eq!(gemm.gemm_shared_bytes(false), 2 * 128 * 576 + 2 * 128 * 4 + 3 * 2 * 2 * 512);
+        // Four warps a tile step four chunks at a time; sixteen warps a block are the GEMM's most.
+        let four = AxisOneConfig { mt: 4, warps: 16, row_split: 4, ..gemm };
+        four.check(Dtype::Float16, false).unwrap();
+        assert_eq!(four.gemm_shared_bytes(true), 2 * 128 * 576 + 2 * 128 * 4 + 4 * 2 * 4 * 2 * 512);
+        for bad in [
+            AxisOneConfig { row_split: 3, warps: 6, ..gemm },
+            AxisOneConfig { row_split: 0, ..gemm },
+            AxisOneConfig { row_split: 4, ..gemm },
+            AxisOneConfig { split_k: 2, warps: 4, ..gemm },
+            AxisOneConfig { kernel: AxisOneKernel::Fragment, warps: 4, ..gemm },
+            AxisOneConfig { kernel: AxisOneKernel::Wgmma, warps: 4, ..gemm },
+        ] {
+            let err = bad.check(Dtype::Bfloat16, true).unwrap_err().to_string();
+            assert!(err.contains("row_split"), "{bad:?}: {err}");
+        }
+        let err = AxisOneConfig { warps: 18, ..gemm }.check(Dtype::Bfloat16, true).unwrap_err().to_string();
+        assert!(err.contains("warps = 18 (1..=16 for the Gemm kernel)"), "{err}");
+        let err = AxisOneConfig { warps: 12, ..AxisOneConfig::plain(AxisOneKernel::Fragment) }.check(Dtype::Bfloat16, true);
+        assert!(err.unwrap_err().to_string().contains("(1..=8 for the Fragment kernel)"));
+        // Row split tiles: 33..=128 rows in one pass of two warps' tiles, shared out evenly.
+        assert_eq!([33, 64, 65, 128, 129, 200].map(|m| split_pass_tiles(m, 2)), [3, 4, 5, 8, 5, 7]);
+        assert_eq!([1, 8, 9, 64, 65].map(|m| split_pass_tiles(m, 1)), [1, 1, 2, 8, 5]);
+    }
+
+    #[test]
     fn too_much_static_shared_memory_is_an_error_that_says_so() {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
         let big = AxisOneConfig {
@@ -519,6 +605,7 @@ mod tests {
             kernel: AxisOneKernel::Fragment,
             prefetch: false,
             split_k: 1,
+            row_split: 1,
             stage: false,
         };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
