@@ -244,9 +244,9 @@ fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool, wgmma_
 }
 
 /// The GEMMs' launch (`gate_up_gemm.cu`, `gate_up_wgmma.cu`): a thread block of
-/// `cfg.warps / (cfg.split_k cfg.row_split)` 16-row output tiles per pass of `cfg.pass_rows()` rows, its dynamic shared
-/// memory, and the pre-pass that hands the `m` rows of `dtype` activations over as f16 (in the
-/// warpgroup GEMM's order for it).
+/// `cfg.warps / (cfg.split_k cfg.row_split)` 16-row output tiles per pass of `cfg.pass_rows()`
+/// rows, its dynamic shared memory, and the pre-pass that hands the `m` rows of `dtype`
+/// activations over as f16 (in the warpgroup GEMM's order for it).
 fn prepared_gemm_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,

@@ -321,11 +321,10 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
 }
 
 /// 8-row tiles a warp (`mt`) for `m` rows in passes of `row_split` warps a tile of up to 8 tiles
-/// each, as few passes as that allows, the tiles shared out as evenly as they go.
+/// each, as few passes as that allows, the tiles shared out as evenly as they go: [`pass_tiles`]
+/// of each warp's share of the rows (a ceiling of a ceiling is the ceiling of the whole).
 pub fn split_pass_tiles(m: usize, row_split: u32) -> u32 {
-    let tiles = m.div_ceil(8).max(1);
-    let passes = tiles.div_ceil(8 * row_split as usize);
-    tiles.div_ceil(passes * row_split as usize) as u32
+    pass_tiles(m.div_ceil(row_split.max(1) as usize))
 }
 
 impl AxisOneConfig {
