@@ -17,7 +17,8 @@ pub use super::down::config::CudaDownConfig;
 pub use super::down::plan::{plan, plan_for};
 pub use super::gate_up::linear_residual_with as axis_one_residual_with;
 pub use super::gate_up::plan::{
-    plan as axis_one_plan, split_pass_tiles, AxisOneConfig, AxisOneKernel, GEMM_MIN_ROWS, INT8_MAX_ROWS,
+    plan as axis_one_plan, split_pass_tiles, AxisOneConfig, AxisOneKernel, GEMM_FUSED_MIN_ROWS, GEMM_MIN_ROWS,
+    INT8_MAX_ROWS,
 };
 
 /// [`down_cuda`](super::down::down_cuda) with an explicit configuration and never the dense

@@ -26,8 +26,13 @@ pub const STAGE_MAX_ROWS: usize = 2;
 const STAGE_MAX_BYTES: usize = 38 * 1024;
 
 /// Rows of 16-bit activations from which the plan takes the decode-once GEMM
-/// ([`AxisOneKernel::Gemm`]) instead of the fragment kernel.
+/// ([`AxisOneKernel::Gemm`]) instead of the fragment kernel for one projection.
 pub const GEMM_MIN_ROWS: usize = 9;
+
+/// [`GEMM_MIN_ROWS`] of the fused gate·up·SwiGLU: in Qwen3-14B's MLP chain on an H200 the GEMM
+/// (one 8-row tile a warp, two warps a tile) took 8 rows in 120–121 µs a layer against the
+/// fragment kernel's 136–141 (docs/cuda-mlp.md); rows 5–7 run the same shape.
+pub const GEMM_FUSED_MIN_ROWS: usize = 5;
 
 /// Thread blocks the GEMM's grid should have at least: two on each of an H200's 132 SMs. The
 /// plan gives a block fewer output tiles (warps) until a layer's grid has them.
@@ -275,14 +280,15 @@ impl AxisOneConfig {
 /// The kernel and shape for `m` rows of `dtype` activations of a layer of `outputs` rows
 /// (`fused`: the gate·up·SwiGLU kernel, which holds two accumulator sets and so takes one row tile
 /// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
-/// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations (4 output tiles a block with the
-/// code-word prefetch, the fused one 3 without it and, up to 32 rows a pass, two warps a tile;
-/// fewer tiles where a layer's grid would not fill the GPU), the fragment kernel otherwise (never
-/// the int8 one: it measured no faster at one row).
+/// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations, fused from [`GEMM_FUSED_MIN_ROWS`] (4
+/// output tiles a block with the code-word prefetch, the fused one 3 without it and, up to 32 rows
+/// a pass, two warps a tile; fewer tiles where a layer's grid would not fill the GPU), the
+/// fragment kernel otherwise (never the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
-    if sixteen_bit && m >= GEMM_MIN_ROWS {
+    let gemm_min_rows = if fused { GEMM_FUSED_MIN_ROWS } else { GEMM_MIN_ROWS };
+    if sixteen_bit && m >= gemm_min_rows {
         let passes = m.div_ceil(8 * mt as usize);
         let blocks = |warps: usize| outputs.div_ceil(16 * warps).saturating_mul(passes);
         let (most, prefetch) = if fused { (GEMM_FUSED_WARPS, false) } else { (4, true) };
@@ -415,7 +421,8 @@ mod tests {
             for m in 1..=300 {
                 for dtype in [Dtype::Float16, Dtype::Bfloat16] {
                     let gemm = plan(m, dtype, fused, 17408).kernel == AxisOneKernel::Gemm;
-                    assert_eq!(gemm, m >= GEMM_MIN_ROWS, "M {m} {dtype}");
+                    let from = if fused { GEMM_FUSED_MIN_ROWS } else { GEMM_MIN_ROWS };
+                    assert_eq!(gemm, m >= from, "M {m} {dtype} fused {fused}");
                 }
                 assert_eq!(plan(m, Dtype::Float32, fused, 17408).kernel, AxisOneKernel::Fragment, "M {m} f32");
             }
