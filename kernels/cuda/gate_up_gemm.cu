@@ -66,9 +66,18 @@
 // variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual
 // [M, OUT] in Y. Output: y [M, OUT] in Y. Grid: [32 WARPS, ceil(OUT / (16 TILES)),
 // ceil(M / (8 MT ROW_SPLIT))] threads (TILES = WARPS / (SPLIT_K ROW_SPLIT)), blocks of 32 WARPS.
+// With the TRELLIS_FEED sections as well (the fused variant that feeds the down kernel, as
+// gate_up.cu's) the kernel also writes `counters` (u32 [COUNTERS], template int COUNTERS),
+// zeroed: the fold counters of the down kernel's launch that follows, whose BLOCK_EXP
+// configurations then need no pre-pass launch (down_mma.cu).
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
+#if TRELLIS_FEED
+  if (blockIdx.z == 0) {
+    for (int i = blockIdx.y * blockDim.x + threadIdx.x; i < COUNTERS; i += gridDim.y * blockDim.x) counters[i] = 0u;
+  }
+#endif
 #if TRELLIS_FUSED
   constexpr int NMAT = 2;  // gate, up
   constexpr int K_UP = KU;

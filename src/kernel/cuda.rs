@@ -14,6 +14,31 @@ use super::include::{mlx_body, mlx_header};
 use super::source::{fnv1a, KernelSource, LaunchConfig, TemplateArg};
 use crate::dtype::Dtype;
 
+/// CUDA's `__launch_bounds__(threads, min_blocks)` for a kernel: at most `threads` threads a
+/// block, and registers few enough for `min_blocks` such blocks on an SM (ptxas caps each thread's
+/// registers accordingly, spilling if it must). A launch of more threads fails, so the caller
+/// registers a kernel under the bounds of the blocks it launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct LaunchBounds {
+    /// Threads a block (the launch's, exactly).
+    pub threads: u32,
+    /// Blocks an SM the registers must leave room for.
+    pub min_blocks: u32,
+}
+
+impl LaunchBounds {
+    /// The header lines that give the kernel these bounds. MLX's `cuda_kernel` writes the
+    /// kernel's signature itself (`__global__ void name(...)`, after the header), so the header
+    /// redefines `__global__` (CUDA's `__location__(global)`) to carry them; MLX's own headers,
+    /// included before it, are not affected, and the kernel's text is the only one after it.
+    pub fn header(&self) -> String {
+        format!(
+            "\n#undef __global__\n#define __global__ __location__(global) __launch_bounds__({}, {})\n",
+            self.threads, self.min_blocks
+        )
+    }
+}
+
 /// A custom CUDA kernel (MLX's `mx.fast.cuda_kernel`), compiled by NVRTC at first use.
 pub struct CudaKernel {
     raw: sys::mlx_fast_cuda_kernel,
@@ -218,5 +243,13 @@ mod tests {
         assert_eq!((cuda_type(Dtype::Float16), cuda_type(Dtype::Uint32)), ("__half", "uint32_t"));
         // Different constants, different kernel names.
         assert_ne!(fnv1a(&[&constants(&args[..1])]), fnv1a(&[&constants(&args[..2])]));
+    }
+
+    /// The bounds reach the kernel through a `__global__` that carries them, on lines of their
+    /// own (the header may end without a newline).
+    #[test]
+    fn launch_bounds_redefine_global_for_the_kernel_after_them() {
+        let header = LaunchBounds { threads: 128, min_blocks: 5 }.header();
+        assert_eq!(header, "\n#undef __global__\n#define __global__ __location__(global) __launch_bounds__(128, 5)\n");
     }
 }

@@ -28,6 +28,7 @@ mod source;
 pub(crate) mod sources;
 pub(crate) mod variant;
 
+pub(crate) use cuda::LaunchBounds;
 pub use cuda::{CudaKernel, CudaLaunch};
 pub use metal::MetalKernel;
 pub use source::{KernelSource, LaunchConfig, OutputSpec, TemplateArg};

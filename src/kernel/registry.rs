@@ -14,14 +14,15 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError, RwLock};
 
 use crate::error::Result;
 
-use super::cuda::CudaKernel;
+use super::cuda::{CudaKernel, LaunchBounds};
 use super::metal::MetalKernel;
 use super::source::{fnv1a, KernelSource};
 
 /// What identifies one registered kernel. The caller guarantees that the same key always
 /// describes the same text: the family names a kernel file (or section), the variant the source
-/// variant cut from it, and `shared_memory` the dynamic shared memory a CUDA kernel is registered
-/// with (MLX takes it at registration; 0 for Metal kernels).
+/// variant cut from it, `shared_memory` the dynamic shared memory a CUDA kernel is registered
+/// with (MLX takes it at registration; 0 for Metal kernels), and `launch_bounds` the bounds a
+/// CUDA kernel is compiled with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct KernelKey {
     /// The kernel family (its file or section), e.g. `"down_factored_row"`.
@@ -30,12 +31,14 @@ pub(crate) struct KernelKey {
     pub variant: &'static str,
     /// Dynamic shared memory in bytes (CUDA); 0 for Metal.
     pub shared_memory: usize,
+    /// CUDA's `__launch_bounds__` of the kernel; `None` leaves ptxas its own register count.
+    pub launch_bounds: Option<LaunchBounds>,
 }
 
 impl KernelKey {
-    /// A key of a family with one source variant and no dynamic shared memory.
+    /// A key of a family with one source variant, no dynamic shared memory and no launch bounds.
     pub const fn of(family: &'static str) -> KernelKey {
-        KernelKey { family, variant: "", shared_memory: 0 }
+        KernelKey { family, variant: "", shared_memory: 0, launch_bounds: None }
     }
 
     /// The MLX kernel name of `text` under this key: MLX caches compiled kernels by name (plus
@@ -101,7 +104,13 @@ pub(crate) fn metal(key: KernelKey, text: impl FnOnce() -> Result<KernelText>) -
 /// The CUDA kernel of `key` (with `key.shared_memory` bytes of dynamic shared memory),
 /// registered from `text()` on first use. Fails on an MLX build without CUDA.
 pub(crate) fn cuda(key: KernelKey, text: impl FnOnce() -> Result<KernelText>) -> Result<&'static CudaKernel> {
-    get_or_build(&CUDA, key, || CudaKernel::new(text()?.source(&key), key.shared_memory))
+    get_or_build(&CUDA, key, || {
+        let mut text = text()?;
+        if let Some(bounds) = key.launch_bounds {
+            text.header.push_str(&bounds.header());
+        }
+        CudaKernel::new(text.source(&key), key.shared_memory)
+    })
 }
 
 /// A bounded cache of values built once per key (for example a launch configuration converted for

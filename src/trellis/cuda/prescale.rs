@@ -19,7 +19,7 @@ const THREADS: usize = 512;
 /// The pre-pass kernel, registered once per variant: one scale vector, or (`pair`) two, for the
 /// down kernel's pair of matrices (see `prescale.cu`).
 pub(crate) fn kernel(pair: bool) -> Result<&'static CudaKernel> {
-    let key = KernelKey { family: "prescale", variant: if pair { "pair" } else { "" }, shared_memory: 0 };
+    let key = KernelKey { variant: if pair { "pair" } else { "" }, ..KernelKey::of("prescale") };
     registry::cuda(key, || {
         Ok(KernelText {
             inputs: if pair { &["x", "scales", "scales_b"] } else { &["x", "scales"] },

@@ -105,7 +105,7 @@ impl Variant {
 /// variant (MLX takes the size when a kernel is registered; it is a function of the template
 /// arguments, so each compiled instantiation always launches with the same size).
 fn kernel(shared_memory: usize, variant: Variant) -> Result<&'static CudaKernel> {
-    let key = KernelKey { family: "down_mma", variant: variant.name(), shared_memory };
+    let key = KernelKey { family: "down_mma", variant: variant.name(), shared_memory, launch_bounds: None };
     registry::cuda(key, || {
         Ok(KernelText {
             inputs: variant.inputs(),

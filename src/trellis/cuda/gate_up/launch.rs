@@ -10,11 +10,11 @@ use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
-use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
+use crate::kernel::{CudaKernel, CudaLaunch, LaunchBounds, LaunchConfig};
 use crate::trellis::format::TrellisGeometry;
 
 use super::super::prescale::{self, PrePass, PrePassOutput};
-use super::plan::{AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};
+use super::plan::{AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS, STAGED_RESIDENT_WARPS};
 
 /// The variant of the kernel file a call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,8 +78,8 @@ impl Variant {
     fn source(self, kernel: AxisOneKernel) -> Result<String> {
         let (text, file) = kernel_file(kernel);
         let feed = matches!(self, Variant::Fused { feed: 1.., .. });
-        if feed && kernel != AxisOneKernel::Fragment {
-            invalid!("CUDA axis-1 kernel: only the fragment kernel zeroes the down kernel's counters (not {file})");
+        if feed && !matches!(kernel, AxisOneKernel::Fragment | AxisOneKernel::Gemm) {
+            invalid!("CUDA axis-1 kernel: only the fragment kernel and the GEMM zero the down kernel's counters (not {file})");
         }
         let fused = source_variant(text, "TRELLIS_FUSED", matches!(self, Variant::Fused { .. }));
         fused
@@ -101,14 +101,19 @@ fn kernel_file(kernel: AxisOneKernel) -> (&'static str, &'static str) {
 
 /// `kernel`'s `variant`, registered with `shared` bytes of dynamic shared memory (the int8
 /// kernel's, the GEMM's, and the fragment kernel's staged rows).
-fn kernel(variant: Variant, kernel: AxisOneKernel, shared: usize) -> Result<&'static CudaKernel> {
+fn kernel(
+    variant: Variant,
+    kernel: AxisOneKernel,
+    shared: usize,
+    launch_bounds: Option<LaunchBounds>,
+) -> Result<&'static CudaKernel> {
     let family = match kernel {
         AxisOneKernel::Fragment => "gate_up",
         AxisOneKernel::Int8 => "gate_up_int8",
         AxisOneKernel::Gemm => "gate_up_gemm",
         AxisOneKernel::Wgmma => "gate_up_wgmma",
     };
-    let key = KernelKey { family, variant: variant.name(), shared_memory: shared };
+    let key = KernelKey { family, variant: variant.name(), shared_memory: shared, launch_bounds };
     registry::cuda(key, || {
         let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
         match kernel {
@@ -217,10 +222,20 @@ pub(super) fn prepared_launch(
         // otherwise, the same numbers.
         let staged = cfg.stage_shared_bytes(m, g.in_features()).unwrap_or(0);
         let launch = launch.template_bool("STAGE", staged > 0);
-        let kernel = kernel(variant, AxisOneKernel::Fragment, staged)?;
+        let kernel = kernel(variant, AxisOneKernel::Fragment, staged, staged_bounds(cfg, staged))?;
         let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, false)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Fragment, hand_over })
     })
+}
+
+/// The staged fragment kernel's launch bounds (`staged` bytes of rows in shared memory, 0 where
+/// not staged): registers for [`STAGED_RESIDENT_WARPS`] warps an SM, in blocks of `cfg.warps`
+/// warps. Without them ptxas gave the 4-warp block 98 registers with the H200's NVRTC, which
+/// leaves room for four blocks an SM instead of five (docs/cuda-mlp.md). `None` where not staged
+/// or where [`STAGED_RESIDENT_WARPS`] is 0.
+fn staged_bounds(cfg: AxisOneConfig, staged: usize) -> Option<LaunchBounds> {
+    let min_blocks = (STAGED_RESIDENT_WARPS / cfg.warps).max(1);
+    (staged > 0 && STAGED_RESIDENT_WARPS > 0).then_some(LaunchBounds { threads: 32 * cfg.warps, min_blocks })
 }
 
 /// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
@@ -274,7 +289,7 @@ fn prepared_gemm_launch(
             cfg.gemm_shared_bytes(matches!(variant, Variant::Fused { .. })),
         )
     };
-    let kernel = kernel(variant, cfg.kernel, shared)?;
+    let kernel = kernel(variant, cfg.kernel, shared, None)?;
     // The rows' sums only where the kernel folds the bias: otherwise x_sum is a placeholder.
     let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, wgmma)?);
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
@@ -343,7 +358,7 @@ fn prepared_int8_launch(
         );
     };
     let launch = common_launch(g, cfg, m, dtype, dtype, variant, [row_tiles, 1]).template_int("R", m as i32);
-    let kernel = kernel(variant, AxisOneKernel::Int8, shared)?;
+    let kernel = kernel(variant, AxisOneKernel::Int8, shared, None)?;
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Int8, hand_over: None })
 }
 
@@ -375,20 +390,37 @@ mod tests {
                 assert_eq!(text.contains("x_exp"), !int8, "{kernel:?}");
                 assert!(!text.contains("counters"), "{kernel:?}");
             }
-            // The variant that zeroes the down kernel's counters is the fragment kernel's.
+            // The variant that zeroes the down kernel's counters is the fragment kernel's and the
+            // GEMM's.
             let feed = Variant::Fused { up_bits: 3, feed: 40 };
             match kernel {
-                AxisOneKernel::Fragment => {
+                AxisOneKernel::Fragment | AxisOneKernel::Gemm => {
                     let text = compact(feed);
                     assert!(text.contains("counters[") && text.contains("__expf") && !text.contains("TRELLIS_FEED"));
                     assert_eq!(feed.outputs(), ["y", "counters"]);
                 }
-                _ => assert!(feed.source(kernel).unwrap_err().to_string().contains("only the fragment kernel")),
+                _ => assert!(feed.source(kernel).unwrap_err().to_string().contains("only the fragment kernel and the GEMM")),
             }
             for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2, feed: 0 }] {
                 assert_eq!(v.inputs(kernel).contains(&"x_exp"), !int8);
             }
         }
+    }
+
+    #[test]
+    fn staged_kernels_are_bounded_for_the_warps_they_launch() {
+        let staged = plan(1, Dtype::Bfloat16, true, 17408);
+        assert!(staged.stage && staged.warps == 4, "{staged:?}");
+        // Five 4-warp blocks an SM: 20 warps of at most 96 registers.
+        assert_eq!(staged_bounds(staged, 20_000), Some(LaunchBounds { threads: 128, min_blocks: 5 }));
+        assert_eq!(STAGED_RESIDENT_WARPS, 20);
+        // Other warp counts keep the launch's threads; the same warps an SM where they divide it.
+        for (warps, min_blocks) in [(1, 20), (2, 10), (3, 6), (8, 2)] {
+            let bounds = staged_bounds(AxisOneConfig { warps, ..staged }, 20_000).unwrap();
+            assert_eq!((bounds.threads, bounds.min_blocks), (32 * warps, min_blocks));
+        }
+        // Rows read from global memory: no bounds, the kernel as before.
+        assert_eq!(staged_bounds(staged, 0), None);
     }
 
     #[test]

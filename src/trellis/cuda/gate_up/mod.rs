@@ -53,6 +53,11 @@ use plan::{plan, AxisOneConfig, AxisOneKernel};
 /// docs/cuda-mlp.md).
 pub const DENSE_MIN_ROWS: usize = 65;
 
+/// Whether the fused GEMM zeroes the down kernel's fold counters where the down kernel runs fed
+/// (up to `cuda::down::FED_MAX_ROWS` rows), as the fragment kernel does: the layer then has no
+/// down pre-pass launch there.
+const GEMM_FEEDS: bool = true;
+
 /// Whether `m` rows of `dtype` activations take the dense path.
 pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
     m >= DENSE_MIN_ROWS && dtype != Dtype::Float32
@@ -190,10 +195,10 @@ pub(crate) fn swiglu_with(
     Ok(swiglu_call(x2, gate, up, cfg, 0)?.remove(0))
 }
 
-/// [`swiglu`] where its plan takes the fragment kernel (up to `GEMM_MIN_ROWS` rows of 16-bit
-/// activations, f32 ones up to the dense path), whose launch then also zeroes `counters` fold
-/// counters for the down kernel's launch after it (`cuda::down`'s fed calls, which need no
-/// pre-pass): the SwiGLU and the zeroed counters. `None` where the plan takes another kernel.
+/// [`swiglu`] where its plan takes the fragment kernel or the GEMM (16-bit activations below the
+/// dense path, f32 ones up to it), whose launch then also zeroes `counters` fold counters for the
+/// down kernel's launch after it (`cuda::down`'s fed calls, which need no pre-pass): the SwiGLU
+/// and the zeroed counters. `None` where the plan takes another kernel.
 pub(crate) fn swiglu_feeding(
     x2: &MlxArray,
     gate: LayerOperands<'_>,
@@ -202,7 +207,12 @@ pub(crate) fn swiglu_feeding(
 ) -> Result<Option<(MlxArray, MlxArray)>> {
     let m = x2.shape().first().copied().unwrap_or(0);
     let cfg = plan(m, x2.dtype(), true, gate.geometry.out_features());
-    if uses_dense(m, x2.dtype()) || cfg.kernel != AxisOneKernel::Fragment || counters == 0 {
+    let feeds = match cfg.kernel {
+        AxisOneKernel::Fragment => true,
+        AxisOneKernel::Gemm => GEMM_FEEDS,
+        AxisOneKernel::Int8 | AxisOneKernel::Wgmma => false,
+    };
+    if uses_dense(m, x2.dtype()) || !feeds || counters == 0 {
         return Ok(None);
     }
     // The count is also the kernel's template int COUNTERS (an i32).

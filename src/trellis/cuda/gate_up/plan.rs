@@ -29,10 +29,9 @@ const STAGE_MAX_BYTES: usize = 38 * 1024;
 /// ([`AxisOneKernel::Gemm`]) instead of the fragment kernel for one projection.
 pub const GEMM_MIN_ROWS: usize = 9;
 
-/// [`GEMM_MIN_ROWS`] of the fused gate·up·SwiGLU: in Qwen3-14B's MLP chain on an H200 the GEMM
-/// (one 8-row tile a warp, two warps a tile) took 8 rows in 120–121 µs a layer against the
-/// fragment kernel's 136–141 (docs/cuda-mlp.md); rows 5–7 run the same shape.
-pub const GEMM_FUSED_MIN_ROWS: usize = 5;
+/// [`GEMM_MIN_ROWS`] of the fused gate·up·SwiGLU: 3 in this lead, unmeasured (main takes 5,
+/// measured at 8 rows in Qwen3-14B's MLP chain; docs/cuda-mlp.md).
+pub const GEMM_FUSED_MIN_ROWS: usize = 3;
 
 /// Thread blocks the GEMM's grid should have at least: two on each of an H200's 132 SMs. The
 /// plan gives a block fewer output tiles (warps) until a layer's grid has them.
@@ -64,6 +63,11 @@ const GEMM_SPLIT_MAX_TILES: u32 = 4;
 /// Whether the plan's GEMM carries y + 1534 in its fragments and subtracts each row's bias at the
 /// end ([`AxisOneConfig::bias_fold`]): one HSUB2 fewer a pair of weights.
 const GEMM_BIAS_FOLD: bool = true;
+
+/// Warps an SM the staged fragment kernel's registers leave room for (its launch bounds, in
+/// blocks of its warps; 0: no bounds): 20, five 4-warp blocks of at most 96 registers, as ptxas
+/// gives it without bounds with some NVRTC versions and not others (docs/cuda-mlp.md).
+pub const STAGED_RESIDENT_WARPS: u32 = 20;
 
 /// Which of the axis-1 kernels a call runs (each has the same variants: one projection, its
 /// residual variant, the fused gate·up·SwiGLU).
