@@ -267,10 +267,10 @@ impl TrellisMlp {
     }
 
     /// [`TrellisMlp::forward_with`] on MLX's CUDA back-end where gate and up fuse, the down
-    /// projection is stored along its outputs with no transform of them, and the fused kernel's
-    /// plan is the fragment kernel, up to `cuda::down::FED_MAX_ROWS` rows (16-bit activations
-    /// only below `GEMM_FUSED_MIN_ROWS`, from which the plan takes the GEMM): two launches, the fused
-    /// gate·up·SwiGLU, which also zeroes the down kernel's fold counters, then the down kernel,
+    /// projection is stored along its outputs with no transform of them, up to
+    /// `cuda::down::FED_MAX_ROWS` rows: the fused gate·up·SwiGLU (the fragment kernel, or from
+    /// `GEMM_FUSED_MIN_ROWS` rows of 16-bit activations the GEMM after its hand-over pre-pass),
+    /// which also zeroes the down kernel's fold counters, then the down kernel,
     /// which finds its rows' powers of two itself (no pre-pass launch between them; the residual
     /// added in its fold where given in `x`'s dtype). `None` where that does not apply, where
     /// the other paths then run the MLP as before.

@@ -399,7 +399,11 @@ mod tests {
                     assert!(text.contains("counters[") && text.contains("__expf") && !text.contains("TRELLIS_FEED"));
                     assert_eq!(feed.outputs(), ["y", "counters"]);
                 }
-                _ => assert!(feed.source(kernel).unwrap_err().to_string().contains("only the fragment kernel and the GEMM")),
+                _ => assert!(feed
+                    .source(kernel)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("only the fragment kernel and the GEMM")),
             }
             for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2, feed: 0 }] {
                 assert_eq!(v.inputs(kernel).contains(&"x_exp"), !int8);

@@ -55,7 +55,8 @@ pub const DENSE_MIN_ROWS: usize = 65;
 
 /// Whether the fused GEMM zeroes the down kernel's fold counters where the down kernel runs fed
 /// (up to `cuda::down::FED_MAX_ROWS` rows), as the fragment kernel does: the layer then has no
-/// down pre-pass launch there.
+/// down pre-pass launch there (one launch fewer at 3–8 rows; in Qwen3-14B's MLP chain on an
+/// H200 within the runs' spread of the unfed GEMM, docs/cuda-mlp.md).
 const GEMM_FEEDS: bool = true;
 
 /// Whether `m` rows of `dtype` activations take the dense path.

@@ -29,8 +29,10 @@ const STAGE_MAX_BYTES: usize = 38 * 1024;
 /// ([`AxisOneKernel::Gemm`]) instead of the fragment kernel for one projection.
 pub const GEMM_MIN_ROWS: usize = 9;
 
-/// [`GEMM_MIN_ROWS`] of the fused gate·up·SwiGLU: 3 in this lead, unmeasured (main takes 5,
-/// measured at 8 rows in Qwen3-14B's MLP chain; docs/cuda-mlp.md).
+/// [`GEMM_MIN_ROWS`] of the fused gate·up·SwiGLU: in Qwen3-14B's MLP chain on an H200 the GEMM
+/// (one 8-row tile a warp, two warps a tile) took 3 rows in 112–118 µs a layer against the
+/// fragment kernel's 122–134, 4 rows in 113–119 against 122–140, and 8 in 120–121 against
+/// 136–141 (docs/cuda-mlp.md); at 2 rows the fragment kernel's staged rows stay ahead.
 pub const GEMM_FUSED_MIN_ROWS: usize = 3;
 
 /// Thread blocks the GEMM's grid should have at least: two on each of an H200's 132 SMs. The
@@ -65,8 +67,11 @@ const GEMM_SPLIT_MAX_TILES: u32 = 4;
 const GEMM_BIAS_FOLD: bool = true;
 
 /// Warps an SM the staged fragment kernel's registers leave room for (its launch bounds, in
-/// blocks of its warps; 0: no bounds): 20, five 4-warp blocks of at most 96 registers, as ptxas
-/// gives it without bounds with some NVRTC versions and not others (docs/cuda-mlp.md).
+/// blocks of its warps; 0: no bounds): 20, five 4-warp blocks of at most 96 registers. Without
+/// bounds ptxas gives it 96 with some NVRTC versions and 98 (four blocks) with others, the
+/// H200's among them; bounded, 95 without spills. In the chain at 1–2 rows the bounded kernel
+/// measured within the runs' spread of the unbounded one (docs/cuda-mlp.md): the bounds keep
+/// the residency from depending on the NVRTC version, not a measured gain.
 pub const STAGED_RESIDENT_WARPS: u32 = 20;
 
 /// Which of the axis-1 kernels a call runs (each has the same variants: one projection, its
