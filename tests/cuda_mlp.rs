@@ -687,7 +687,8 @@ fn mixed_mlp(kg: u32, ku: u32) -> ((HostLayer, HostLayer, HostLayer), TrellisMlp
 /// Gate and up of bits `kg` and `ku` (artifacts that allocate bits per tensor): the fused kernel
 /// (one launch, `ForwardPath::Cuda`) at every kind of row count and dtype against the reference,
 /// the planned fused shape forced where the plan takes the dense path (16-bit, 65+ rows), and
-/// the whole MLP.
+/// the whole MLP (the fed fragment kernel at 1 row, the fed GEMM at 3 and 5, the GEMM and the
+/// down pre-pass at 17, the dense path at 65).
 fn mixed_widths_match_the_reference(kg: u32, ku: u32) {
     require_cuda();
     let (h, mlp) = mixed_mlp(kg, ku);
@@ -701,7 +702,7 @@ fn mixed_widths_match_the_reference(kg: u32, ku: u32) {
             let cfg = axis_one_plan(m, dtype, true, 200);
             let s = swiglu_with(&x, mlp.gate(), mlp.up(), cfg).unwrap();
             check(&format!("{what} {cfg:?}"), &s, &want, m, 200, dtype, gate(dtype));
-            if [1, 5, 17, 65].contains(&m) {
+            if [1, 3, 5, 17, 65].contains(&m) {
                 let want = mlp_forward_f64(&xr, m, &h.0, &h.1, &h.2).unwrap();
                 let y = mlp.forward_with(&x, ForwardPath::Cuda).unwrap();
                 check(&format!("MLP gate k{kg} up k{ku}"), &y, &want, m, 768, dtype, gate(dtype));
