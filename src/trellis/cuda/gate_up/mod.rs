@@ -53,12 +53,6 @@ use plan::{plan, AxisOneConfig, AxisOneKernel};
 /// docs/cuda-mlp.md).
 pub const DENSE_MIN_ROWS: usize = 65;
 
-/// Whether the fused GEMM zeroes the down kernel's fold counters where the down kernel runs fed
-/// (up to `cuda::down::FED_MAX_ROWS` rows), as the fragment kernel does: the layer then has no
-/// down pre-pass launch there (one launch fewer at 3–8 rows; in Qwen3-14B's MLP chain on an
-/// H200 within the runs' spread of the unfed GEMM, docs/cuda-mlp.md).
-const GEMM_FEEDS: bool = true;
-
 /// Whether `m` rows of `dtype` activations take the dense path.
 pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
     m >= DENSE_MIN_ROWS && dtype != Dtype::Float32
@@ -208,11 +202,10 @@ pub(crate) fn swiglu_feeding(
 ) -> Result<Option<(MlxArray, MlxArray)>> {
     let m = x2.shape().first().copied().unwrap_or(0);
     let cfg = plan(m, x2.dtype(), true, gate.geometry.out_features());
-    let feeds = match cfg.kernel {
-        AxisOneKernel::Fragment => true,
-        AxisOneKernel::Gemm => GEMM_FEEDS,
-        AxisOneKernel::Int8 | AxisOneKernel::Wgmma => false,
-    };
+    // The GEMM feeding down takes one launch off a layer at 3–8 rows (the down pre-pass); in
+    // Qwen3-14B's MLP chain on an H200 it measured within the runs' spread of the unfed GEMM
+    // (docs/cuda-mlp.md).
+    let feeds = matches!(cfg.kernel, AxisOneKernel::Fragment | AxisOneKernel::Gemm);
     if uses_dense(m, x2.dtype()) || !feeds || counters == 0 {
         return Ok(None);
     }
