@@ -386,6 +386,7 @@ fn sweep_axis_one(
         AxisOneConfig { mt, ..AxisOneConfig::plain(AxisOneKernel::Gemm) },
         AxisOneConfig { mt, bias_fold: true, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) },
         AxisOneConfig { mt, bias_fold: mt <= 2, ..AxisOneConfig::plain(AxisOneKernel::Fragment) },
+        AxisOneConfig::specialized(m, fused),
     ];
     for other in others {
         let serves = other.kernel != AxisOneKernel::Int8 || m <= INT8_MAX_ROWS;
@@ -396,7 +397,7 @@ fn sweep_axis_one(
     // The GEMM's shapes around its base: every warp count (its row tiles are one warp's), with and
     // without its code-word prefetch, two or four warps a tile over the inputs (split_k) or over
     // the pass's rows (row_split, each warp's tiles as the plan shares them out); the
-    // warpgroup GEMM's one and two warpgroups a block. The
+    // warpgroup GEMM's one and two warpgroups a block; the warp-specialized GEMM's stages. The
     // fragment kernel's warp counts (its warps split a row's blocks: fewer warps, more thread
     // blocks an SM, and the last wave moves). The int8 kernel's base shape as it is.
     let mut configs = vec![planned];
@@ -418,6 +419,7 @@ fn sweep_axis_one(
             }
             AxisOneKernel::Fragment => [base.warps, 1, 2, 5, 8].map(|warps| AxisOneConfig { warps, ..base }).to_vec(),
             AxisOneKernel::Wgmma => [4, 8].map(|warps| AxisOneConfig { warps, ..base }).to_vec(),
+            AxisOneKernel::Specialized => [4, 5, 6].map(|stages| AxisOneConfig { stages, ..base }).to_vec(),
             AxisOneKernel::Int8 => vec![base],
         };
         for cfg in around {

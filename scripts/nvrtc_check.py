@@ -97,7 +97,7 @@ def main():
     nvrtc.nvrtcGetProgramLog(prog, log)
     text_log = log.value.decode(errors="replace")
     lines = [l for l in text_log.splitlines() if "error" in l or "Used" in l or "spill" in l or "warning" in l]
-    print("\n".join(lines) if result == 0 else text_log)
+    print(text_log if os.environ.get("NVRTC_FULL_LOG") else ("\n".join(lines) if result == 0 else text_log))
     if result == 0 and args.cubin:
         nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
         cubin = ctypes.create_string_buffer(size.value)

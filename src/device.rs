@@ -7,6 +7,7 @@
 //! default stream of MLX's default device.
 
 use std::cell::RefCell;
+use std::ffi::CStr;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -115,11 +116,53 @@ impl Device {
         }
     }
 
+    /// The CUDA compute capability (major, minor) of this device, as MLX's CUDA back-end reports
+    /// it; `None` on other back-ends, for the CPU, or where MLX does not report it.
+    pub fn cuda_compute_capability(&self) -> Option<(usize, usize)> {
+        if backend() != Backend::Cuda || self.device_type() != DeviceType::Gpu {
+            return None;
+        }
+        let info = DeviceInfo::of(self)?;
+        Some((info.size(c"compute_capability_major")?, info.size(c"compute_capability_minor")?))
+    }
+
     /// Whether MLX can run operations on this device in this build.
     pub fn is_available(&self) -> bool {
         let mut avail = false;
         // SAFETY: `avail` is a valid out-pointer and `self.raw` a live handle.
         call(|| unsafe { sys::mlx_device_is_available(&mut avail, self.raw) }).is_ok() && avail
+    }
+}
+
+/// MLX's key-value description of a device (owns one `mlx_device_info` handle).
+struct DeviceInfo {
+    raw: sys::mlx_device_info,
+}
+
+impl DeviceInfo {
+    /// `device`'s description; `None` where MLX cannot give one.
+    fn of(device: &Device) -> Option<DeviceInfo> {
+        // SAFETY: creating an empty info object has no preconditions; it is freed in `Drop`.
+        let mut info = DeviceInfo { raw: unsafe { sys::mlx_device_info_new() } };
+        // SAFETY: `info.raw` is a valid handle to fill and `device.raw` a live device handle.
+        call(|| unsafe { sys::mlx_device_info_get(&mut info.raw, device.raw) }).ok()?;
+        Some(info)
+    }
+
+    /// The size value under `key`; `None` where there is none or it is a string.
+    fn size(&self, key: &CStr) -> Option<usize> {
+        let mut value = 0usize;
+        // SAFETY: `value` is a valid out-pointer, `self.raw` a live handle and `key` a
+        // NUL-terminated string; a missing key or a string value is a non-zero return.
+        call(|| unsafe { sys::mlx_device_info_get_size(&mut value, self.raw, key.as_ptr()) }).ok()?;
+        Some(value)
+    }
+}
+
+impl Drop for DeviceInfo {
+    fn drop(&mut self) {
+        // SAFETY: `self.raw` is owned by this value and freed exactly once.
+        unsafe { sys::mlx_device_info_free(self.raw) };
     }
 }
 

@@ -159,6 +159,7 @@ fn every_axis_one_shape_matches_the_reference() {
             split_k: 1,
             row_split: 1,
             stage,
+            ..AxisOneConfig::plain(fragment)
         };
         for dtype in [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32] {
             if cfg.check(dtype, false).is_err() {
@@ -519,6 +520,59 @@ fn every_row_split_gemm_swiglu_shape_matches_the_reference() {
     gemm_swiglu_shapes("row-split GEMM", &shapes, &poisoned);
 }
 
+/// The warp-specialized GEMM (`gate_up_ws.cu`) of one projection (`fused` false) or the fused
+/// gate·up·SwiGLU in a shape: `mt` 8-row tiles a pass, `stages` steps in its ring, `ctas` thread
+/// blocks a pass, with or without the bias fold.
+fn ws(mt: u32, stages: u32, ctas: u32, bias_fold: bool, fused: bool) -> AxisOneConfig {
+    let base = AxisOneConfig::plain(AxisOneKernel::Specialized);
+    AxisOneConfig { mt, stages, ctas, bias_fold, warps: if fused { 12 } else { 8 }, ..base }
+}
+
+/// The warp-specialized GEMM's shapes on one layer: passes of 1, 3, 8, 9, 13 and 16 tiles of 8
+/// rows (one wgmma of N 8–64, or two above 64), 4 to 7 stages, and grids of 1, 5, 7 and 132
+/// thread blocks a pass, so that tiles are whole in one block, split between two, or between
+/// many (every block holding under a tile: the fold of many parts), over outputs that are not a
+/// multiple of 64; with and without the bias fold; one and several input blocks.
+fn every_ws_shape_of(layer: (usize, usize, u32, u32)) {
+    let sweep: Vec<_> = [(1, 4, 132), (3, 5, 5), (8, 4, 1), (9, 7, 7), (13, 6, 132), (16, 4, 5)]
+        .into_iter()
+        .flat_map(|(mt, stages, ctas)| [false, true].map(|bias_fold| ws(mt, stages, ctas, bias_fold, false)))
+        .collect();
+    let residual = [ws(3, 4, 7, false, false), ws(16, 4, 132, true, false)];
+    gemm_shapes_of_one_layer("ws", layer, &sweep, |bias_fold| ws(3, 4, 7, bias_fold, false), &residual);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_ws_shape_k3_l12_matches_the_reference() {
+    every_ws_shape_of((200, 768, 3, 12));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_ws_shape_k2_l8_one_block_matches_the_reference() {
+    every_ws_shape_of((64, 256, 2, 8));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_ws_shape_k4_l16_matches_the_reference() {
+    every_ws_shape_of((136, 1280, 4, 16));
+}
+
+/// The warp-specialized GEMM's fused SwiGLU of equal and mixed widths at 1–200 rows (one and two
+/// passes), whole, split and many-part tiles, with and without the bias fold; zero and poisoned
+/// rows.
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn every_ws_swiglu_shape_matches_the_reference() {
+    let shapes: Vec<_> = [(1, (1, 132)), (21, (3, 5)), (64, (8, 132)), (70, (9, 7)), (128, (16, 132)), (200, (13, 3))]
+        .into_iter()
+        .flat_map(|(m, (mt, ctas))| [false, true].map(|bias_fold| (m, ws(mt, 4, ctas, bias_fold, true))))
+        .collect();
+    gemm_swiglu_shapes("ws", &shapes, &[ws(3, 4, 132, false, false), ws(3, 5, 5, true, false)]);
+}
+
 /// The warpgroup GEMM (`gate_up_wgmma.cu`) in a shape, with or without the bias fold.
 fn wgmma(mt: u32, warps: u32, bias_fold: bool) -> AxisOneConfig {
     AxisOneConfig { mt, warps, bias_fold, ..AxisOneConfig::plain(AxisOneKernel::Wgmma) }
@@ -628,6 +682,7 @@ fn fused_swiglu_and_mlp_match_the_reference(hidden: usize, inter: usize, k: u32,
             split_k: 1,
             row_split: 1,
             stage: true,
+            ..AxisOneConfig::plain(AxisOneKernel::Fragment)
         },
         axis_one_plan(40, Dtype::Bfloat16, true, inter),
     ] {

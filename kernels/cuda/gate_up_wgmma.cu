@@ -110,7 +110,7 @@
     trellis_cuda::cp_async_wait<1>();
     trellis_cuda::fence_proxy_async_shared();  // this block's copies, for the tensor cores
     __syncthreads();
-    const unsigned long long desc = trellis_cuda::b_descriptor(stages_addr + (b & 1) * STAGE_BYTES, K_STRIDE, N_STRIDE);
+    const unsigned long long desc = trellis_cuda::no_swizzle_descriptor(stages_addr + (b & 1) * STAGE_BYTES, K_STRIDE, N_STRIDE);
     // Two sets of A fragments: chunk c's are read by its wgmmas until the wait after chunk c + 1's
     // are issued, while chunk c + 1 is decoded into the other set. (Two chunks or four a commit
     // group, or two groups in flight, measured the same in the MLP chain: docs/cuda-mlp.md.)

@@ -1,8 +1,9 @@
 // Hopper's warpgroup MMA (wgmma, sm_90a: MLX compiles its CUDA kernels for sm_90a on sm_90
 // GPUs) with the A operand in registers and B read by the tensor cores from shared memory, for
-// the decode-once GEMM of many rows (gate_up_wgmma.cu). A warpgroup is four consecutive warps of
-// a thread block (warps 4 i .. 4 i + 3); every wgmma here is issued by all four together. Placed
-// after fragment.cuh, before MLX's `namespace mlx::core::cu`.
+// the decode-once GEMM of many rows (gate_up_wgmma.cu), or with both from shared memory, for
+// the warp-specialized GEMM (gate_up_ws.cu), and that kernel's named barriers. A warpgroup is
+// four consecutive warps of a thread block (warps 4 i .. 4 i + 3); every wgmma here is issued by
+// all four together. Placed after fragment.cuh, before MLX's `namespace mlx::core::cu`.
 #pragma once
 
 namespace trellis_cuda {
@@ -31,11 +32,12 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// The shared-memory descriptor of a B operand without swizzle: start at shared address `addr`,
-// core matrices (8 rows of 16 bytes, 128 contiguous bytes) `k_stride` bytes apart along K (the
-// leading-dimension offset) and `n_stride` bytes apart along N (the stride-dimension offset).
+// The shared-memory descriptor of a K-major operand without swizzle (B, or A where it is read
+// from shared memory too): start at shared address `addr`, core matrices (8 rows of 16 bytes, 128
+// contiguous bytes) `k_stride` bytes apart along K (the leading-dimension offset) and `n_stride`
+// bytes apart along N or M (the stride-dimension offset).
 // Bits 0-13: addr >> 4; 16-29: k_stride >> 4; 32-45: n_stride >> 4; 62-63: 0 (no swizzle).
-__device__ __forceinline__ unsigned long long b_descriptor(unsigned addr, unsigned k_stride, unsigned n_stride) {
+__device__ __forceinline__ unsigned long long no_swizzle_descriptor(unsigned addr, unsigned k_stride, unsigned n_stride) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (unsigned long long)((k_stride >> 4) & 0x3FFF) << 16 |
          (unsigned long long)((n_stride >> 4) & 0x3FFF) << 32;
 }
@@ -168,5 +170,149 @@ __device__ __forceinline__ void wgmma_rs<8>(float (&d)[8][4], const unsigned (&a
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 }
+
+// D += A * B, m64 n(8 N8) k16, f16 inputs, f32 accumulators, A and B both read by the tensor
+// cores from shared memory through their descriptors (K-major, no swizzle: no_swizzle_descriptor).
+// The accumulators are laid out as wgmma_rs's. PTX names the shape in the instruction, so each
+// N8 is written out.
+template <int N8>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N8][4], unsigned long long desc_a, unsigned long long desc_b);
+
+template <>
+__device__ __forceinline__ void wgmma_ss<1>(float (&d)[1][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+      "{%0, %1, %2, %3}, "
+      "%4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<2>(float (&d)[2][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, "
+      "%8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<3>(float (&d)[3][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n24k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11}, "
+      "%12, %13, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<4>(float (&d)[4][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<5>(float (&d)[5][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n40k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19}, "
+      "%20, %21, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<6>(float (&d)[6][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23}, "
+      "%24, %25, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<7>(float (&d)[7][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n56k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27}, "
+      "%28, %29, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_ss<8>(float (&d)[8][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps: bar.sync
+// waits until that many have arrived, bar.arrive counts this warp without waiting. They order
+// the generic proxy's shared-memory accesses of the warps that meet there.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// A compile-time int as a type, for the generic lambdas that take a matrix's bit width.
+template <int V>
+struct IntConstant {
+  static constexpr int value = V;
+};
 
 }  // namespace trellis_cuda

@@ -43,6 +43,9 @@ kernel_files! {
     CUDA_WGMMA = "cuda/wgmma.cuh";
     /// The decode-once GEMM on the warpgroup MMA (sm_90a).
     CUDA_GATE_UP_WGMMA = "cuda/gate_up_wgmma.cu";
+    /// The warp-specialized decode-once GEMM (sm_90a): producer warps decode into shared memory,
+    /// a consumer warpgroup multiplies.
+    CUDA_GATE_UP_WS = "cuda/gate_up_ws.cu";
     /// The decode of a stored matrix to dense weights.
     CUDA_EXPAND = "cuda/expand.cu";
     /// The block Hadamard transform's butterflies, shared by the two rotating kernels.

@@ -57,6 +57,15 @@ impl Variant {
                     Variant::Fused { .. } => &["x", "x_exp", "x_sum", "codes", "scales", "up_codes", "up_scales"],
                 }
             }
+            AxisOneKernel::Specialized => {
+                return match self {
+                    Variant::Single => &["x", "x_exp", "x_sum", "counters", "codes", "scales"],
+                    Variant::Residual => &["x", "x_exp", "x_sum", "counters", "codes", "scales", "residual"],
+                    Variant::Fused { .. } => {
+                        &["x", "x_exp", "x_sum", "counters", "codes", "scales", "up_codes", "up_scales"]
+                    }
+                }
+            }
             AxisOneKernel::Int8 => {}
         }
         match self {
@@ -66,9 +75,11 @@ impl Variant {
         }
     }
 
-    /// The kernel's outputs.
-    fn outputs(self) -> &'static [&'static str] {
+    /// The kernel's outputs (the warp-specialized GEMM's scratch for the parts of the tiles its
+    /// thread blocks share).
+    fn outputs(self, kernel: AxisOneKernel) -> &'static [&'static str] {
         match self {
+            _ if kernel == AxisOneKernel::Specialized => &["y", "partials"],
             Variant::Fused { feed: 1.., .. } => &["y", "counters"],
             _ => &["y"],
         }
@@ -96,6 +107,7 @@ fn kernel_file(kernel: AxisOneKernel) -> (&'static str, &'static str) {
         AxisOneKernel::Int8 => (sources::CUDA_GATE_UP_INT8, "gate_up_int8.cu"),
         AxisOneKernel::Gemm => (sources::CUDA_GATE_UP_GEMM, "gate_up_gemm.cu"),
         AxisOneKernel::Wgmma => (sources::CUDA_GATE_UP_WGMMA, "gate_up_wgmma.cu"),
+        AxisOneKernel::Specialized => (sources::CUDA_GATE_UP_WS, "gate_up_ws.cu"),
     }
 }
 
@@ -112,18 +124,19 @@ fn kernel(
         AxisOneKernel::Int8 => "gate_up_int8",
         AxisOneKernel::Gemm => "gate_up_gemm",
         AxisOneKernel::Wgmma => "gate_up_wgmma",
+        AxisOneKernel::Specialized => "gate_up_ws",
     };
     let key = KernelKey { family, variant: variant.name(), shared_memory: shared, launch_bounds };
     registry::cuda(key, || {
         let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
         match kernel {
             AxisOneKernel::Int8 => header.push(sources::CUDA_GATE_UP_INT8_HEADER),
-            AxisOneKernel::Wgmma => header.push(sources::CUDA_WGMMA),
+            AxisOneKernel::Wgmma | AxisOneKernel::Specialized => header.push(sources::CUDA_WGMMA),
             AxisOneKernel::Fragment | AxisOneKernel::Gemm => {}
         }
         Ok(KernelText {
             inputs: variant.inputs(kernel),
-            outputs: variant.outputs(),
+            outputs: variant.outputs(kernel),
             body: variant.source(kernel)?,
             header: header.join("\n"),
         })
@@ -142,7 +155,8 @@ pub(super) struct Prepared {
 
 impl Prepared {
     /// The kernel's activation inputs for `x2` in `apply` order: the pre-pass's f16 activations,
-    /// their rows' exponents and (the GEMM) their rows' sums, or `x2` itself with `placeholder`
+    /// their rows' exponents, (the GEMMs) their rows' sums and (the warp-specialized GEMM) the
+    /// fold counters it zeroed, or `x2` itself with `placeholder`
     /// (any f16 array) as `x_exp`, which the kernel then does not read (the int8 kernel takes
     /// `x2` alone).
     pub(super) fn kernel_inputs(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<Vec<MlxArray>> {
@@ -153,10 +167,13 @@ impl Prepared {
                     .context("CUDA axis-1 kernel: the activations handed over as f16")?;
                 let x_sum = outs.pop().expect("four outputs");
                 let x_exp = outs.pop().expect("four outputs");
-                outs.pop();
+                let counters = outs.pop().expect("four outputs");
                 let x = outs.pop().expect("four outputs");
-                let gemm = matches!(self.kernel_kind, AxisOneKernel::Gemm | AxisOneKernel::Wgmma);
-                Ok(if gemm { vec![x, x_exp, x_sum] } else { vec![x, x_exp] })
+                Ok(match self.kernel_kind {
+                    AxisOneKernel::Specialized => vec![x, x_exp, x_sum, counters],
+                    AxisOneKernel::Gemm | AxisOneKernel::Wgmma => vec![x, x_exp, x_sum],
+                    AxisOneKernel::Fragment | AxisOneKernel::Int8 => vec![x, x_exp],
+                })
             }
             None if self.kernel_kind == AxisOneKernel::Int8 => Ok(vec![x2.clone()]),
             None => Ok(vec![x2.clone(), placeholder.clone()]),
@@ -172,7 +189,7 @@ pub const CONVERT_MIN_ROWS: usize = 17;
 /// The dtype `kernel` reads `m` rows of `dtype` activations in: the GEMMs always the pre-pass's
 /// f16; the others bf16 as the pre-pass's f16 from [`CONVERT_MIN_ROWS`] rows, else as given.
 fn read_dtype(dtype: Dtype, m: usize, kernel: AxisOneKernel) -> Dtype {
-    if matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma)
+    if matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma | AxisOneKernel::Specialized)
         || (dtype == Dtype::Bfloat16 && m >= CONVERT_MIN_ROWS)
     {
         Dtype::Float16
@@ -205,6 +222,7 @@ pub(super) fn prepared_launch(
         match cfg.kernel {
             AxisOneKernel::Int8 => return prepared_int8_launch(g, cfg, m, dtype, variant, row_tiles),
             AxisOneKernel::Gemm | AxisOneKernel::Wgmma => return prepared_gemm_launch(g, cfg, m, dtype, variant, passes),
+            AxisOneKernel::Specialized => return prepared_ws_launch(g, cfg, m, dtype, variant, passes),
             AxisOneKernel::Fragment => {}
         }
         let sixteen_bit = dtype != Dtype::Float32;
@@ -223,7 +241,7 @@ pub(super) fn prepared_launch(
         let staged = cfg.stage_shared_bytes(m, g.in_features()).unwrap_or(0);
         let launch = launch.template_bool("STAGE", staged > 0);
         let kernel = kernel(variant, AxisOneKernel::Fragment, staged, staged_bounds(cfg, staged))?;
-        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, false)?) } else { None };
+        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, false, 0)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Fragment, hand_over })
     })
 }
@@ -240,15 +258,23 @@ fn staged_bounds(cfg: AxisOneConfig, staged: usize) -> Option<LaunchBounds> {
 
 /// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
 /// multiplied by its power of two (`prescale.cu`, no scales), with `row_sums` each converted
-/// row's sum, and with `wgmma_order` in the order the warpgroup GEMM reads.
-fn hand_over(g: &TrellisGeometry, m: usize, dtype: Dtype, row_sums: bool, wgmma_order: bool) -> Result<CudaLaunch> {
+/// row's sum, with `wgmma_order` in the order the warpgroup GEMM reads, and `counters` fold
+/// counters zeroed for the kernel after it.
+fn hand_over(
+    g: &TrellisGeometry,
+    m: usize,
+    dtype: Dtype,
+    row_sums: bool,
+    wgmma_order: bool,
+    counters: usize,
+) -> Result<CudaLaunch> {
     let (output, width) = (PrePassOutput::Activations, g.in_features());
     let pre_pass = PrePass {
         m,
         width,
         row_pad: width,
         dtype,
-        counters: 0,
+        counters,
         row_scales: false,
         output,
         pair: false,
@@ -291,7 +317,44 @@ fn prepared_gemm_launch(
     };
     let kernel = kernel(variant, cfg.kernel, shared, None)?;
     // The rows' sums only where the kernel folds the bias: otherwise x_sum is a placeholder.
-    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, wgmma)?);
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, wgmma, 0)?);
+    Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
+}
+
+/// The warp-specialized GEMM's launch (`gate_up_ws.cu`): `cfg.ctas` thread blocks of a consumer
+/// warpgroup and four producer warps a matrix for each of `passes` passes of `8 cfg.mt` rows,
+/// bounded to one block an SM, its dynamic shared memory, its scratch for the parts of tiles its
+/// blocks share, and the pre-pass that hands the `m` rows of `dtype` activations over as f16 and
+/// zeroes a fold counter for each 64-row tile of each pass.
+fn prepared_ws_launch(
+    g: &TrellisGeometry,
+    cfg: AxisOneConfig,
+    m: usize,
+    dtype: Dtype,
+    variant: Variant,
+    passes: usize,
+) -> Result<Prepared> {
+    let fused = matches!(variant, Variant::Fused { .. });
+    let what = "CUDA axis-1 warp-specialized GEMM";
+    let tiles = g.out_features().div_ceil(64);
+    let accumulators = if fused { 2 } else { 1 } * cfg.mt as usize * 4;
+    let (Some(counters), Some(partials)) = (
+        tiles.checked_mul(passes),
+        passes.checked_mul(cfg.ctas as usize).and_then(|n| n.checked_mul(2 * 128 * accumulators)),
+    ) else {
+        invalid!("{what}: {m} rows of {g} overflow the launch's sizes");
+    };
+    if i32::try_from(counters).is_err() || i32::try_from(partials).is_err() {
+        invalid!("{what}: {m} rows of {g} overflow the launch's sizes ({counters} counters, {partials} partial sums)");
+    }
+    let launch = base_launch(g, cfg, m, dtype, variant, [cfg.ctas as usize, passes])
+        .output(&[partials], Dtype::Float32)
+        .template_int("MT", cfg.mt as i32)
+        .template_int("STAGES", cfg.stages as i32)
+        .template_bool("BIAS_FOLD", cfg.bias_fold);
+    let bounds = LaunchBounds { threads: 32 * cfg.warps, min_blocks: 1 };
+    let kernel = kernel(variant, cfg.kernel, cfg.ws_shared_bytes(fused), Some(bounds))?;
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, false, counters)?);
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
 }
 
@@ -368,7 +431,14 @@ mod tests {
     use crate::trellis::cuda::gate_up::plan::plan;
     #[test]
     fn each_variant_registers_only_its_own_sections() {
-        for kernel in [AxisOneKernel::Fragment, AxisOneKernel::Int8, AxisOneKernel::Gemm, AxisOneKernel::Wgmma] {
+        let kernels = [
+            AxisOneKernel::Fragment,
+            AxisOneKernel::Int8,
+            AxisOneKernel::Gemm,
+            AxisOneKernel::Wgmma,
+            AxisOneKernel::Specialized,
+        ];
+        for kernel in kernels {
             let int8 = kernel == AxisOneKernel::Int8;
             // Registered compacted: comments (which name both variants) are gone.
             let compact = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source(kernel).unwrap()).unwrap();
@@ -383,12 +453,17 @@ mod tests {
                     "the flags' directives are cut"
                 );
                 assert_eq!(text.contains("mma_u8s8"), int8, "{kernel:?}");
-                let gemm = matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma);
+                let ws = kernel == AxisOneKernel::Specialized;
+                let gemm = matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma) || ws;
                 assert_eq!(text.contains("cp_async16_zfill"), gemm, "{kernel:?}");
                 assert_eq!(text.contains("wgmma_rs"), kernel == AxisOneKernel::Wgmma, "{kernel:?}");
+                assert_eq!(text.contains("wgmma_ss"), ws, "{kernel:?}");
                 // The int8 kernel reads no row exponents, and its inputs say so.
                 assert_eq!(text.contains("x_exp"), !int8, "{kernel:?}");
-                assert!(!text.contains("counters"), "{kernel:?}");
+                // Only the warp-specialized GEMM folds its own tiles' parts, on counters and
+                // partial sums of its inputs and outputs.
+                assert_eq!(text.contains("counters"), ws, "{kernel:?}");
+                assert_eq!(text.contains("partials"), ws, "{kernel:?}");
             }
             // The variant that zeroes the down kernel's counters is the fragment kernel's and the
             // GEMM's.
@@ -397,7 +472,7 @@ mod tests {
                 AxisOneKernel::Fragment | AxisOneKernel::Gemm => {
                     let text = compact(feed);
                     assert!(text.contains("counters[") && text.contains("__expf") && !text.contains("TRELLIS_FEED"));
-                    assert_eq!(feed.outputs(), ["y", "counters"]);
+                    assert_eq!(feed.outputs(kernel), ["y", "counters"]);
                 }
                 _ => assert!(feed
                     .source(kernel)
@@ -407,6 +482,9 @@ mod tests {
             }
             for v in [Variant::Single, Variant::Residual, Variant::Fused { up_bits: 2, feed: 0 }] {
                 assert_eq!(v.inputs(kernel).contains(&"x_exp"), !int8);
+                assert_eq!(v.inputs(kernel).contains(&"counters"), kernel == AxisOneKernel::Specialized);
+                let outputs: &[&str] = if kernel == AxisOneKernel::Specialized { &["y", "partials"] } else { &["y"] };
+                assert_eq!(v.outputs(kernel), outputs, "{kernel:?}");
             }
         }
     }

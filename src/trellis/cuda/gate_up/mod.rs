@@ -21,11 +21,17 @@
 //! - `gate_up_wgmma.cu` (the tuning feature only): the decode-once GEMM on Hopper's warpgroup
 //!   MMA (sm_90a), B read by the tensor cores from shared memory; not planned, as it measured
 //!   slower in the MLP chain.
+//! - `gate_up_ws.cu`, the warp-specialized GEMM (sm_90a): producer warps decode into shared
+//!   memory, a consumer warpgroup multiplies from there, one pass of up to 128 rows, its thread
+//!   blocks splitting the work evenly (stream-K). The fused gate·up·SwiGLU from
+//!   `WS_FUSED_MIN_ROWS` to `WS_FUSED_MAX_ROWS` rows of 16-bit activations on GPUs with the
+//!   warpgroup MMA.
 //!
 //! From [`CONVERT_MIN_ROWS`] rows, bf16 activations are handed to the fragment kernel as f16,
 //! each row multiplied by a power of two into f16's range (one pre-pass launch per call instead
 //! of a conversion per row tile of the layer); from [`DENSE_MIN_ROWS`] rows of 16-bit activations
-//! the layer is decoded once to dense weights for MLX's matmul instead.
+//! the layer is decoded once to dense weights for MLX's matmul instead, but where the plan takes
+//! the warp-specialized GEMM.
 
 // The shape and its plan (public with the `tuning` feature, for the sweeps and tests that call the
 // kernel with a shape of their own; crate-private otherwise), as Metal's families.
@@ -50,7 +56,8 @@ use plan::{plan, AxisOneConfig, AxisOneKernel};
 /// weights ([`expand_cuda`]) and run MLX's matmul: the GEMM decodes every weight once per pass of
 /// up to 64 rows, the dense path once per call. On an H200 in Qwen3-14B's MLP chain the GEMM's
 /// two passes at 128 rows lost to the dense path (407 against 372 µs a layer, 2026-12-03;
-/// docs/cuda-mlp.md).
+/// docs/cuda-mlp.md). On GPUs with Hopper's warpgroup MMA [`swiglu`] keeps the warp-specialized
+/// GEMM up to `WS_FUSED_MAX_ROWS` rows instead (`plan.rs`).
 pub const DENSE_MIN_ROWS: usize = 65;
 
 /// Whether `m` rows of `dtype` activations take the dense path.
@@ -172,12 +179,15 @@ pub fn swiglu<'g, 'u>(
 ) -> Result<MlxArray> {
     let (gate, up) = (gate.into(), up.into());
     let m = x2.shape().first().copied().unwrap_or(0);
-    if uses_dense(m, x2.dtype()) && fuses(gate.geometry, up.geometry) {
+    let cfg = plan(m, x2.dtype(), true, gate.geometry.out_features());
+    // The warp-specialized GEMM decodes once a pass of 128 rows, as the dense path once a call,
+    // and multiplies without writing the dense layer: it keeps every row count it is planned at.
+    if uses_dense(m, x2.dtype()) && cfg.kernel != AxisOneKernel::Specialized && fuses(gate.geometry, up.geometry) {
         let g = linear(x2, gate.codes, gate.scales, gate.geometry)?;
         let u = linear(x2, up.codes, up.scales, up.geometry)?;
         return g.silu()?.multiply(&u);
     }
-    swiglu_with(x2, gate, up, plan(m, x2.dtype(), true, gate.geometry.out_features()))
+    swiglu_with(x2, gate, up, cfg)
 }
 
 /// [`swiglu`] with an explicit shape (also the `tuning` feature's `swiglu_with`).

@@ -2,6 +2,9 @@
 //! `gate_up_int8.cu` or `gate_up_gemm.cu` under `kernels/cuda/`) and how it is shaped, its checks,
 //! and the plan that picks them for a row count.
 
+use std::sync::OnceLock;
+
+use crate::device::Device;
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 
@@ -66,6 +69,26 @@ const GEMM_SPLIT_MAX_TILES: u32 = 4;
 /// end ([`AxisOneConfig::bias_fold`]): one HSUB2 fewer a pair of weights.
 const GEMM_BIAS_FOLD: bool = true;
 
+/// Rows of 16-bit activations from which the plan takes the warp-specialized GEMM
+/// ([`AxisOneKernel::Specialized`]) for the fused gate·up·SwiGLU on GPUs with Hopper's warpgroup
+/// MMA, up to [`WS_FUSED_MAX_ROWS`] (one pass; no dense path). In Qwen3-14B's MLP chain on an
+/// H200 (docs/cuda-mlp.md) it took 96 rows in 309 µs a layer against the dense path's 366, and
+/// 128 rows in 374–386 against 376; at 48 and 64 rows it lost to the GEMM (204–215 against 200,
+/// 232–244 against 226).
+pub const WS_FUSED_MIN_ROWS: usize = 65;
+
+/// The most rows the plan gives the warp-specialized GEMM: one pass. Above it the dense path
+/// decodes once a call where the kernel would decode once a pass (not measured).
+pub const WS_FUSED_MAX_ROWS: usize = 128;
+
+/// Steps of 64 inputs in the warp-specialized GEMM's ring in the plan: 6 took Qwen3-14B's MLP
+/// layer at 48–128 rows in 2–8 % less time than 4 on an H200 (docs/cuda-mlp.md).
+const WS_STAGES: u32 = 6;
+
+/// Thread blocks a pass of the warp-specialized GEMM ([`AxisOneKernel::Specialized`]): one on
+/// each of an H200's 132 SMs (its shared memory and registers leave room for one).
+pub const WS_CTAS: u32 = 132;
+
 /// Warps an SM the staged fragment kernel's registers leave room for (its launch bounds, in
 /// blocks of its warps; 0: no bounds): 20, five 4-warp blocks of at most 96 registers. Without
 /// bounds ptxas gives it 96 with some NVRTC versions and 98 (four blocks) with others, the
@@ -99,6 +122,15 @@ pub enum AxisOneKernel {
     /// 1 and no `pack_fma`; the pre-pass hands the rows over in the order the tensor cores read
     /// them.
     Wgmma,
+    /// `gate_up_ws.cu`, the warp-specialized decode-once GEMM on Hopper's warpgroup MMA (sm_90a):
+    /// producer warps decode 64 output rows of each matrix into shared memory and copy the
+    /// activations there, a consumer warpgroup multiplies both from shared memory
+    /// (`wgmma.m64n(8 mt)k16`, `mt` 1 to 16: passes of up to 128 rows, each weight decoded once a
+    /// pass), through a ring of `stages` steps of 64 inputs. Its grid is `ctas` thread blocks a
+    /// pass, each taking an equal run of the pass's tiles' input blocks (stream-K; the tiles split
+    /// between blocks folded in the kernel). `warps` 8 for one projection and 12 fused (the
+    /// consumer warpgroup and four producers a matrix), `rt` 1 and no `pack_fma`.
+    Specialized,
 }
 
 /// How one call of the axis-1 kernel is shaped.
@@ -142,6 +174,13 @@ pub struct AxisOneConfig {
     /// ([`AxisOneConfig::stage_shared_bytes`]) the kernel reads them from global memory as
     /// without it: the same numbers, the same sums.
     pub stage: bool,
+    /// The warp-specialized GEMM only: steps of 64 inputs in its ring of shared memory (4 to 7:
+    /// the activations are copied two steps ahead of the decode, and the consumer frees a step
+    /// once it has issued the next).
+    pub stages: u32,
+    /// The warp-specialized GEMM only: thread blocks a pass (1 to 65535), one an SM: the
+    /// H200's 132 in the plan.
+    pub ctas: u32,
 }
 
 impl AxisOneConfig {
@@ -150,6 +189,11 @@ impl AxisOneConfig {
     /// benchmarks and tests vary.
     #[cfg(any(test, feature = "tuning"))]
     pub const fn plain(kernel: AxisOneKernel) -> AxisOneConfig {
+        Self::plain_of(kernel)
+    }
+
+    /// [`plain`](Self::plain), for the plan too.
+    const fn plain_of(kernel: AxisOneKernel) -> AxisOneConfig {
         AxisOneConfig {
             mt: 1,
             rt: 1,
@@ -161,6 +205,22 @@ impl AxisOneConfig {
             split_k: 1,
             row_split: 1,
             stage: false,
+            stages: 4,
+            ctas: WS_CTAS,
+        }
+    }
+
+    /// The warp-specialized GEMM ([`AxisOneKernel::Specialized`]) for `m` rows of the single
+    /// projection or (`fused`) the gate·up·SwiGLU: as few passes of up to 128 rows as hold them,
+    /// the rows shared out evenly, [`WS_STAGES`] stages, [`WS_CTAS`] thread blocks a pass, the bias fold.
+    pub fn specialized(m: usize, fused: bool) -> AxisOneConfig {
+        let passes = m.div_ceil(128).max(1);
+        AxisOneConfig {
+            mt: m.div_ceil(passes).div_ceil(8).clamp(1, 16) as u32,
+            warps: if fused { 12 } else { 8 },
+            bias_fold: true,
+            stages: WS_STAGES,
+            ..AxisOneConfig::plain_of(AxisOneKernel::Specialized)
         }
     }
 
@@ -173,10 +233,11 @@ impl AxisOneConfig {
     /// projection or (`fused`) the gate·up·SwiGLU kernel.
     pub fn check(&self, dtype: Dtype, fused: bool) -> Result<()> {
         // The GEMM's row split takes up to 16 warps a block (four tiles of four warps).
-        let most_warps = if self.kernel == AxisOneKernel::Gemm { 16 } else { 8 };
-        if !(1..=8).contains(&self.mt) || !(1..=4).contains(&self.rt) || !(1..=most_warps).contains(&self.warps) {
+        let most_warps = if matches!(self.kernel, AxisOneKernel::Gemm | AxisOneKernel::Specialized) { 16 } else { 8 };
+        let most_mt = if self.kernel == AxisOneKernel::Specialized { 16 } else { 8 };
+        if !(1..=most_mt).contains(&self.mt) || !(1..=4).contains(&self.rt) || !(1..=most_warps).contains(&self.warps) {
             invalid!(
-                "CUDA axis-1 kernel: mt = {} (1..=8), rt = {} (1..=4), warps = {} (1..={most_warps} for the {:?} kernel) out of range",
+                "CUDA axis-1 kernel: mt = {} (1..={most_mt}), rt = {} (1..=4), warps = {} (1..={most_warps} for the {:?} kernel) out of range",
                 self.mt,
                 self.rt,
                 self.warps,
@@ -237,6 +298,30 @@ impl AxisOneConfig {
                     invalid!("CUDA axis-1 warpgroup GEMM: for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
                 }
             }
+            AxisOneKernel::Specialized => {
+                let warps = if fused { 12 } else { 8 };
+                if self.rt != 1 || self.pack_fma || self.warps != warps {
+                    invalid!("CUDA axis-1 warp-specialized GEMM: warps = {warps} (a consumer warpgroup and four producers a matrix), rt = 1 and no pack_fma (got warps = {}, rt = {})", self.warps, self.rt);
+                }
+                if !(4..=7).contains(&self.stages) || !(1..=65535).contains(&self.ctas) {
+                    invalid!(
+                        "CUDA axis-1 warp-specialized GEMM: stages = {} (4..=7) and ctas = {} (1..=65535) out of range",
+                        self.stages,
+                        self.ctas
+                    );
+                }
+                let shared = self.ws_shared_bytes(fused);
+                if shared > DYNAMIC_SHARED_LIMIT {
+                    invalid!(
+                        "CUDA axis-1 warp-specialized GEMM: {shared} bytes of shared memory (mt = {}, stages = {}; at most {DYNAMIC_SHARED_LIMIT})",
+                        self.mt,
+                        self.stages
+                    );
+                }
+                if dtype == Dtype::Float32 {
+                    invalid!("CUDA axis-1 warp-specialized GEMM: for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
+                }
+            }
             AxisOneKernel::Gemm => {
                 if self.rt != 1 || self.pack_fma {
                     invalid!("CUDA axis-1 GEMM: rt = 1 (a warp a row tile) and no pack_fma");
@@ -294,8 +379,25 @@ impl AxisOneConfig {
 /// a pass, two warps a tile; fewer tiles where a layer's grid would not fill the GPU), the
 /// fragment kernel otherwise (never the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
+    plan_on(m, dtype, fused, outputs, warpgroup_mma())
+}
+
+/// Whether MLX's default GPU runs Hopper's warpgroup MMA (`wgmma`, sm_90a: compute capability
+/// 9.0 exactly; later GPUs have other MMAs), asked once.
+pub fn warpgroup_mma() -> bool {
+    static HOPPER: OnceLock<bool> = OnceLock::new();
+    *HOPPER.get_or_init(|| Device::gpu().cuda_compute_capability() == Some((9, 0)))
+}
+
+/// [`plan`] on a GPU with (`wgmma`) or without Hopper's warpgroup MMA: from
+/// [`WS_FUSED_MIN_ROWS`] to [`WS_FUSED_MAX_ROWS`] rows of 16-bit activations with it, the fused
+/// gate·up·SwiGLU takes the warp-specialized GEMM ([`AxisOneConfig::specialized`]).
+pub fn plan_on(m: usize, dtype: Dtype, fused: bool, outputs: usize, wgmma: bool) -> AxisOneConfig {
     let mt = pass_tiles(m);
     let sixteen_bit = dtype != Dtype::Float32;
+    if wgmma && fused && sixteen_bit && (WS_FUSED_MIN_ROWS..=WS_FUSED_MAX_ROWS).contains(&m) {
+        return AxisOneConfig::specialized(m, true);
+    }
     let gemm_min_rows = if fused { GEMM_FUSED_MIN_ROWS } else { GEMM_MIN_ROWS };
     if sixteen_bit && m >= gemm_min_rows {
         let passes = m.div_ceil(8 * mt as usize);
@@ -316,6 +418,8 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
             // (docs/cuda-mlp.md).
             row_split: 1,
             stage: false,
+            stages: 4,
+            ctas: WS_CTAS,
         };
     }
     AxisOneConfig {
@@ -332,6 +436,8 @@ pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfi
         // single projection's two row tiles took 107 registers with it (96 without), and f16's
         // fused kernel 119 (101), unmeasured (docs/cuda-mlp.md).
         stage: fused && dtype == Dtype::Bfloat16 && m <= STAGE_MAX_ROWS,
+        stages: 4,
+        ctas: WS_CTAS,
     }
 }
 
@@ -396,6 +502,15 @@ impl AxisOneConfig {
     pub fn wgmma_shared_bytes(&self) -> usize {
         let rows = 8 * self.mt as usize;
         2 * rows * 512 + 2 * rows * 4
+    }
+
+    /// The warp-specialized GEMM's dynamic shared memory: `stages` steps, each 64 output rows of
+    /// each matrix (two `fused`) and the pass's `8 mt` rows of 64 inputs (8 KB and 128 bytes a
+    /// row), then each pass row's factor and bias and the fold's flag. 129 KB fused at 128 rows
+    /// and 4 stages.
+    pub fn ws_shared_bytes(&self, fused: bool) -> usize {
+        let (rows, mats) = (8 * self.mt as usize, if fused { 2 } else { 1 });
+        self.stages as usize * (mats * 64 * 64 * 2 + rows * 64 * 2) + 2 * rows * 4 + 16
     }
 }
 
@@ -622,6 +737,8 @@ mod tests {
             split_k: 1,
             row_split: 1,
             stage: false,
+            stages: 4,
+            ctas: WS_CTAS,
         };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
         assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
@@ -631,5 +748,61 @@ mod tests {
         single.check(Dtype::Bfloat16, false).unwrap();
         assert!(single.check(Dtype::Bfloat16, true).is_err());
         assert!(AxisOneConfig { warps: 4, ..big }.check(Dtype::Bfloat16, false).is_err());
+    }
+
+    #[test]
+    fn the_warp_specialized_gemm_is_planned_in_its_rows_on_hopper_only() {
+        for m in [WS_FUSED_MIN_ROWS, 96, WS_FUSED_MAX_ROWS] {
+            for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+                let cfg = plan_on(m, dtype, true, 17408, true);
+                assert_eq!(cfg, AxisOneConfig::specialized(m, true), "{m} {dtype}");
+                cfg.check(dtype, true).unwrap();
+                // Without the warpgroup MMA, and for the single projection or f32, as before.
+                assert_ne!(plan_on(m, dtype, true, 17408, false).kernel, AxisOneKernel::Specialized);
+                assert_ne!(plan_on(m, dtype, false, 17408, true).kernel, AxisOneKernel::Specialized);
+            }
+            assert_ne!(plan_on(m, Dtype::Float32, true, 17408, true).kernel, AxisOneKernel::Specialized);
+        }
+        for m in [1, WS_FUSED_MIN_ROWS - 1, WS_FUSED_MAX_ROWS + 1, 4096] {
+            let outside = plan_on(m, Dtype::Bfloat16, true, 17408, true);
+            assert_eq!(outside, plan_on(m, Dtype::Bfloat16, true, 17408, false), "{m}");
+        }
+    }
+
+    #[test]
+    fn warp_specialized_passes_hold_up_to_128_rows_shared_out_evenly() {
+        // (rows, 8-row tiles a pass): one pass up to 128 rows, then as few as hold them.
+        for (m, mt) in [(1, 1), (33, 5), (64, 8), (65, 9), (128, 16), (129, 9), (200, 13), (256, 16), (257, 11)] {
+            let cfg = AxisOneConfig::specialized(m, true);
+            assert_eq!(cfg.mt, mt, "{m}");
+            assert!(m.div_ceil(cfg.pass_rows()) == m.div_ceil(128), "{m}: as few passes as hold the rows");
+            assert_eq!((cfg.warps, AxisOneConfig::specialized(m, false).warps), (12, 8));
+        }
+        // The stages of two matrices' 64 rows and 128 activation rows of 64 inputs, the rows'
+        // factors and biases, the flag.
+        let cfg = AxisOneConfig { stages: 4, ..AxisOneConfig::specialized(128, true) };
+        assert_eq!(cfg.ws_shared_bytes(true), 4 * (2 * 8192 + 128 * 128) + 2 * 128 * 4 + 16);
+        assert_eq!(cfg.ws_shared_bytes(false), 4 * (8192 + 128 * 128) + 2 * 128 * 4 + 16);
+        assert_eq!(AxisOneConfig::specialized(128, true).stages, WS_STAGES);
+    }
+
+    #[test]
+    fn warp_specialized_shapes_outside_its_kernel_are_errors_that_say_so() {
+        let fused = AxisOneConfig::specialized(128, true);
+        let cases: [(AxisOneConfig, bool, Dtype, &str); 7] = [
+            (AxisOneConfig { warps: 8, ..fused }, true, Dtype::Bfloat16, "warps = 12"),
+            (fused, false, Dtype::Bfloat16, "warps = 8"),
+            (AxisOneConfig { rt: 2, ..fused }, true, Dtype::Bfloat16, "rt = 1"),
+            (AxisOneConfig { stages: 3, ..fused }, true, Dtype::Bfloat16, "stages = 3 (4..=7)"),
+            (AxisOneConfig { ctas: 0, ..fused }, true, Dtype::Bfloat16, "ctas = 0"),
+            (AxisOneConfig { mt: 17, ..fused }, true, Dtype::Bfloat16, "mt = 17 (1..=16)"),
+            (AxisOneConfig { bias_fold: false, ..fused }, true, Dtype::Float32, "f32 keeps the fragment kernel"),
+        ];
+        for (cfg, fused, dtype, says) in cases {
+            let err = cfg.check(dtype, fused).unwrap_err().to_string();
+            assert!(err.contains(says), "{cfg:?}: {err}");
+        }
+        // The most stages of the most rows fit in a block's shared memory (225 KB).
+        AxisOneConfig { stages: 7, ..fused }.check(Dtype::Float16, true).unwrap();
     }
 }
