@@ -8,10 +8,10 @@
 // passes of more rows need more accumulators still. gate_up_wgmma.cu's warpgroups decode into
 // their own A registers, so each wgmma waits for the slowest of four warps' code words. Here the
 // two jobs are different warps: producer warps decode code values into shared memory (and copy
-// the activations there), a consumer warpgroup only issues wgmmas with both operands read from
-// shared memory by the tensor cores, and a ring of STAGES stages between them lets the decode of
-// one step run while the tensor cores multiply the one before. Each weight is decoded once per
-// pass of up to 128 rows.
+// the activations there, two steps ahead), a consumer warpgroup only issues wgmmas with both
+// operands read from shared memory by the tensor cores, and a ring of STAGES stages between them
+// lets the decode of one step run while the tensor cores multiply the ones before. Each weight
+// is decoded once per pass of up to 128 rows.
 //
 // Activations: f16 [M, IN] from the pre-pass (prescale.cu's hand-over in the natural order: each
 // row brought into f16's range by its power of two 2^e, e in x_exp [M]); the outputs are
@@ -49,13 +49,14 @@
 // Output rows past OUT read row OUT - 1 and are not written; activation rows past M are
 // zero-filled in shared memory and not written.
 //
-// Template ints: K, L, MT (1..16: wgmma's N is 8 MT, as two wgmmas above 8), STAGES (4..7), and in the
-// fused variant KU. Template bool: BIAS_FOLD. Template type: Y (the output dtype). Inputs: x
-// [M, IN] f16, x_exp [M] f16, x_sum [M] f32 (read with BIAS_FOLD), counters [passes tiles] u32,
-// codes [OUT, IN K / 32], scales [OUT] (f16), in the fused variant up_codes [OUT, IN KU / 32] and
-// up_scales [OUT], in the residual variant residual [M, OUT] in Y. Outputs: y [M, OUT] in Y,
-// partials [passes, G, 2, 128 NMAT MT 4] f32 (scratch). Grid: [32 (4 + 4 NMAT), G, ceil(M / (8
-// MT))] threads, blocks of 32 (4 + 4 NMAT).
+// Template ints: K, L, MT (1..16: wgmma's N is 8 MT, as two wgmmas above 8), STAGES (4..7),
+// and in the fused variant KU (WARPS, which the launch passes to every axis-1 kernel, is
+// 4 + 4 NMAT here and not read). Template bool: BIAS_FOLD. Template type: Y (the output dtype).
+// Inputs: x [M, IN] f16, x_exp [M] f16, x_sum [M] f32 (read with BIAS_FOLD), counters
+// [passes tiles] u32, codes [OUT, IN K / 32], scales [OUT] (f16), in the fused variant up_codes
+// [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual [M, OUT] in Y.
+// Outputs: y [M, OUT] in Y, partials [passes, G, 2, 128 NMAT MT 4] f32 (scratch). Grid:
+// [32 (4 + 4 NMAT), G, ceil(M / (8 MT))] threads, blocks of 32 (4 + 4 NMAT).
   const int M = x_shape[0];
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];

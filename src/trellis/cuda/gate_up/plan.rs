@@ -1,6 +1,7 @@
 //! [`AxisOneConfig`]: which CUDA axis-1 kernel one call runs ([`AxisOneKernel`]: `gate_up.cu`,
-//! `gate_up_int8.cu` or `gate_up_gemm.cu` under `kernels/cuda/`) and how it is shaped, its checks,
-//! and the plan that picks them for a row count.
+//! `gate_up_int8.cu`, `gate_up_gemm.cu`, `gate_up_wgmma.cu` or `gate_up_ws.cu` under
+//! `kernels/cuda/`) and how it is shaped, its checks, and the plan that picks them for a row
+//! count.
 
 use std::sync::OnceLock;
 
@@ -212,7 +213,8 @@ impl AxisOneConfig {
 
     /// The warp-specialized GEMM ([`AxisOneKernel::Specialized`]) for `m` rows of the single
     /// projection or (`fused`) the gate·up·SwiGLU: as few passes of up to 128 rows as hold them,
-    /// the rows shared out evenly, [`WS_STAGES`] stages, [`WS_CTAS`] thread blocks a pass, the bias fold.
+    /// the rows shared out evenly, `WS_STAGES` stages, [`WS_CTAS`] thread blocks a pass, the
+    /// bias fold.
     pub fn specialized(m: usize, fused: bool) -> AxisOneConfig {
         let passes = m.div_ceil(128).max(1);
         AxisOneConfig {
@@ -376,8 +378,10 @@ impl AxisOneConfig {
 /// a block); docs/cuda-mlp.md says how the work is split and holds the kernels' measurements. The
 /// GEMM from [`GEMM_MIN_ROWS`] rows of 16-bit activations, fused from [`GEMM_FUSED_MIN_ROWS`] (4
 /// output tiles a block with the code-word prefetch, the fused one 3 without it and, up to 32 rows
-/// a pass, two warps a tile; fewer tiles where a layer's grid would not fill the GPU), the
-/// fragment kernel otherwise (never the int8 one: it measured no faster at one row).
+/// a pass, two warps a tile; fewer tiles where a layer's grid would not fill the GPU), on GPUs
+/// with Hopper's warpgroup MMA the warp-specialized GEMM for the fused kernel at
+/// [`WS_FUSED_MIN_ROWS`]–[`WS_FUSED_MAX_ROWS`] rows ([`plan_on`]), the fragment kernel otherwise
+/// (never the int8 one: it measured no faster at one row).
 pub fn plan(m: usize, dtype: Dtype, fused: bool, outputs: usize) -> AxisOneConfig {
     plan_on(m, dtype, fused, outputs, warpgroup_mma())
 }
