@@ -13,6 +13,9 @@ from MLX's sources of the linked version, in --mlx-src).
       --inputs x:bfloat16 codes:uint32 scales:float16 --outputs y:bfloat16 --shape x scales \\
       --define TRELLIS_FUSED=0 --template T=bfloat16 Y=bfloat16 K=3 L=12 MT=1 RT=2 WARPS=4 \\
       SPLIT_X=false BIAS_FOLD=true PACK_FMA=true
+
+NVRTC_FULL_LOG=1 prints NVRTC's whole log (ptxas's per-function report) instead of its errors,
+warnings, register and spill lines.
 """
 import argparse
 import ctypes

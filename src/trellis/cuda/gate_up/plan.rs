@@ -510,8 +510,8 @@ impl AxisOneConfig {
 
     /// The warp-specialized GEMM's dynamic shared memory: `stages` steps, each 64 output rows of
     /// each matrix (two `fused`) and the pass's `8 mt` rows of 64 inputs (8 KB and 128 bytes a
-    /// row), then each pass row's factor and bias and the fold's flag. 129 KB fused at 128 rows
-    /// and 4 stages.
+    /// row), then each pass row's factor and bias and the fold's flag. 193 KB fused at 128 rows
+    /// and the plan's 6 stages.
     pub fn ws_shared_bytes(&self, fused: bool) -> usize {
         let (rows, mats) = (8 * self.mt as usize, if fused { 2 } else { 1 });
         self.stages as usize * (mats * 64 * 64 * 2 + rows * 64 * 2) + 2 * rows * 4 + 16
