@@ -459,7 +459,7 @@ profile() {
   axis1)
     # The axis-1 kernels, fused, at M rows (default 1) on Qwen3-14B's gate and up (bench_mlp's
     # alone rows): up to 2 rows the fragment kernel the plan takes and the int8 one, from 3 rows
-    # the planned GEMM (and the int8 one up to 8), at 65-128 rows the warp-specialized GEMM
+    # the planned GEMM (and the int8 one up to 8), at 49-128 rows the warp-specialized GEMM
     # (sm_90); a full report of one launch each with the
     # warps' stall reasons, for what bounds them (docs/cuda-mlp.md).
     m="${1:-1}"
@@ -467,7 +467,7 @@ profile() {
     local kind kinds="fragment:gate_up_fused int8:gate_up_int8_fused"
     [ "$m" -ge 3 ] && kinds="gemm:gate_up_gemm_fused int8:gate_up_int8_fused"
     [ "$m" -ge 9 ] && kinds="gemm:gate_up_gemm_fused"
-    [ "$m" -ge 65 ] && [ "$m" -le 128 ] && kinds="ws:gate_up_ws_fused"
+    [ "$m" -ge 49 ] && [ "$m" -le 128 ] && kinds="ws:gate_up_ws_fused"
     local name
     for kind in $kinds; do
       name="axis1_${kind%%:*}_m$m"

@@ -7,14 +7,16 @@
 // rows run 1.5 warps a scheduler (174 registers of accumulators and code words), latency-bound;
 // passes of more rows need more accumulators still. gate_up_wgmma.cu's warpgroups decode into
 // their own A registers, so each wgmma waits for the slowest of four warps' code words. Here the
-// two jobs are different warps: producer warps decode code values into shared memory (and copy
-// the activations there, two steps ahead), a consumer warpgroup only issues wgmmas with both
-// operands read from shared memory by the tensor cores, and a ring of STAGES stages between them
-// lets the decode of one step run while the tensor cores multiply the ones before. Each weight
-// is decoded once per pass of up to 128 rows.
+// two jobs are different warps: producer warps decode code values into shared memory, a consumer
+// warpgroup only issues wgmmas with both operands read from shared memory by the tensor cores
+// (and has the copy engine bring each step's activations), and a ring of STAGES stages between
+// them lets the decode of one step run while the tensor cores multiply the ones before. Each
+// weight is decoded once per pass of up to 128 rows.
 //
-// Activations: f16 [M, IN] from the pre-pass (prescale.cu's hand-over in the natural order: each
-// row brought into f16's range by its power of two 2^e, e in x_exp [M]); the outputs are
+// Activations: f16 from the pre-pass (prescale.cu's hand-over in the image order: each row
+// brought into f16's range by its power of two 2^e, e in x_exp [M]; each step's 8 MT rows of 64
+// inputs stored as the stage holds them, 16 MT contiguous KB, so that one bulk copy brings a
+// step; rows past M of the last pass are zeros, multiplied and not written). The outputs are
 // multiplied by 2^-e, exactly. With BIAS_FOLD the code values carry y + 1534 and the epilogue
 // subtracts 1534 x_sum[m] (the pre-pass's row sums), as in gate_up_gemm.cu.
 //
@@ -22,19 +24,33 @@
 // block b, sub 0..3. Its K order: slice q (one wgmma's k16), half h (one core matrix's 8 K) at
 // i = 8 h + j. Both operands are K-major core matrices (8 rows of 16 bytes, 128 contiguous bytes)
 // without swizzle, [q][row group][h]: K-halves 128 bytes apart, row groups 256. So a row's 8
-// values of a half are 16 contiguous bytes in the activations (one cp.async) and 8 consecutive
-// positions of one lane's run of code words (one STS.128).
+// values of a half are 8 consecutive positions of one lane's run of code words (one STS.128).
+//
+// Why the copy engine brings the activations. When the producers copied them with cp.async,
+// each producer waited every step for its copies' shared-memory writes before its proxy fence
+// and for its copy instructions to release their address registers, and a warp's decode stalled
+// behind them (Nsight Compute: docs/cuda-mlp.md). A bulk copy is issued by one thread, holds no
+// registers, writes through the async proxy that the tensor cores read (no proxy fence) and
+// completes on the stage's mbarrier, on which the consumer waits.
+//
+// The consumer's step is short: the copies free the producers, so the consumer's own
+// instructions bound a step. Its descriptors are stage 0's plus constant offsets (uniform
+// registers, no per-step encoding), 128 rows are one m64n128k16 wgmma a slice and matrix, and in
+// the fused variant the producers hand 16 registers each to the consumer (setmaxnreg), whose 128
+// accumulators otherwise spill its loop counters.
 //
 // Shared memory (dynamic; the host's ws_shared_bytes): STAGES stages, each NMAT matrices' 64
 // output rows of the step (8 KB each), then the pass's 8 MT rows of it (128 bytes a row); then
-// the rows' factors 2^-e and biases (4 bytes each), then one word for the fold's flag.
+// the rows' factors 2^-e and biases (4 bytes each), the stages' mbarriers (8 bytes each), then
+// one word for the fold's flag.
 //
 // Warps. Warps 0-3 are the consumer warpgroup; warps 4 .. 4 + 4 NMAT - 1 the producers, warp
 // 4 + 4 a + t decoding rows [16 t, 16 t + 16) of matrix a's 64-row tile (lane l: rows g and
 // g + 8, g = l % 8, positions 64 (l / 8) + 16 sub .. + 15 of its run: lanes 0-7 fill one core
-// matrix, conflict-free) and copying its share of the step's activations. Named barriers: FULL
-// (1 + s) and EMPTY (1 + STAGES + s) of stage s, all the block's threads (producers arrive on
-// FULL and wait on EMPTY, the consumer the other way round); 15, the consumer warpgroup's own.
+// matrix, conflict-free). Named barriers: FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s,
+// all the block's threads (producers arrive on FULL and wait on EMPTY, the consumer the other way
+// round); 15, the consumer warpgroup's own. The activations' mbarrier of stage s: the consumer's
+// thread 0 arrives with the copy's byte count, the copy engine completes it.
 //
 // Work split: stream-K. A pass's work is its tiles of 64 output rows times the NB blocks of
 // inputs, tile-major; thread block c of gridDim.y takes units [c U / G, (c + 1) U / G) (U units, G
@@ -46,18 +62,19 @@
 // arrives last) and writes the tile. The counters ([passes][tiles] u32) come zeroed from the
 // pre-pass.
 //
-// Output rows past OUT read row OUT - 1 and are not written; activation rows past M are
-// zero-filled in shared memory and not written.
+// Output rows past OUT read row OUT - 1 and are not written; activation rows past M are the
+// pre-pass's zeros and not written.
 //
-// Template ints: K, L, MT (1..16: wgmma's N is 8 MT, as two wgmmas above 8), STAGES (4..7),
-// and in the fused variant KU (WARPS, which the launch passes to every axis-1 kernel, is
+// Template ints: K, L, MT (1..16: wgmma's N is 8 MT, as two wgmmas from 9 to 15), STAGES
+// (4..7), and in the fused variant KU (WARPS, which the launch passes to every axis-1 kernel, is
 // 4 + 4 NMAT here and not read). Template bool: BIAS_FOLD. Template type: Y (the output dtype).
-// Inputs: x [M, IN] f16, x_exp [M] f16, x_sum [M] f32 (read with BIAS_FOLD), counters
-// [passes tiles] u32, codes [OUT, IN K / 32], scales [OUT] (f16), in the fused variant up_codes
-// [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual [M, OUT] in Y.
+// Inputs: x [passes 8 MT, IN] f16 (the image order), x_exp [M] f16, x_sum [M] f32 (read with
+// BIAS_FOLD), counters [passes tiles] u32, codes [OUT, IN K / 32], scales [OUT] (f16), in the
+// fused variant up_codes [OUT, IN KU / 32] and up_scales [OUT], in the residual variant residual
+// [M, OUT] in Y.
 // Outputs: y [M, OUT] in Y, partials [passes, G, 2, 128 NMAT MT 4] f32 (scratch). Grid:
 // [32 (4 + 4 NMAT), G, ceil(M / (8 MT))] threads, blocks of 32 (4 + 4 NMAT).
-  const int M = x_shape[0];
+  const int M = x_exp_shape[0];  // x holds whole passes
   const int IN = x_shape[1];
   const int OUT = scales_shape[0];
 #if TRELLIS_FUSED
@@ -73,15 +90,22 @@
   constexpr int A_BYTES = 64 * 64 * 2;       // one matrix's 64 rows of a step's 64 inputs
   constexpr int STAGE_BYTES = NMAT * A_BYTES + ROWS * 64 * 2;
   constexpr int NREG = NMAT * MT * 4;        // a consumer thread's accumulators
-  constexpr int N_LO = MT < 8 ? MT : 8;      // 8-row tiles of the first wgmma, the rest the second's
-  constexpr int N_HI = MT > 8 ? MT - 8 : 1;  // (1 where there is no second: its code is cut)
+  // 8-row tiles of the first wgmma (all of them up to 8 and at 16), the rest the second's (1 where
+  // there is no second: its code is cut).
+  constexpr int N_LO = MT <= 8 || MT == 16 ? MT : 8;
+  constexpr int N_HI = MT > N_LO ? MT - N_LO : 1;
   constexpr int CONSUMER_BARRIER = 15;
+  // Registers a thread after the fused variant's hand-over (setmaxnreg): the launch bounds give
+  // each of its 12 warps 168, the eight producers keep 152 for their decode and the consumer's
+  // four take the rest, 200 (the single projection's 8 warps have all they need at launch).
+  constexpr int LAUNCH_REGISTERS = 168, PRODUCER_REGISTERS = 152;
+  constexpr int CONSUMER_REGISTERS = LAUNCH_REGISTERS + (LAUNCH_REGISTERS - PRODUCER_REGISTERS) * PRODUCERS / 4;
   static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
   static_assert(MT >= 1 && MT <= 16, "1 to 16 tiles of 8 rows a pass");
-  constexpr int COPY_AHEAD = 2;              // steps the activation copies run ahead of the decode
-  // A producer waits for stage j + COPY_AHEAD as it starts step j; the consumer frees step i once
-  // it has issued step i + 1: so STAGES - COPY_AHEAD >= 2, or each waits for the other.
-  static_assert(STAGES >= COPY_AHEAD + 2 && 2 * STAGES < CONSUMER_BARRIER, "two named barriers a stage");
+  constexpr int X_BYTES = ROWS * 64 * 2;      // a step's activations: one bulk copy
+  // The consumer frees step i once it has issued step i + 1, and copies step i + STAGES - 1's
+  // activations into step i - 1's stage then.
+  static_assert(STAGES >= 3 && 2 * STAGES < CONSUMER_BARRIER, "two named barriers a stage");
   const int NB = IN / 256;  // blocks per row
   const int tiles = (OUT + 63) / 64;
   const long long units = (long long)tiles * NB;
@@ -101,57 +125,24 @@
   extern __shared__ __align__(128) unsigned char shared_base[];
   float* const unlift = reinterpret_cast<float*>(shared_base + STAGES * STAGE_BYTES);  // [ROWS]
   float* const row_bias = unlift + ROWS;                                                // [ROWS]
-  unsigned* const last_flag = reinterpret_cast<unsigned*>(row_bias + ROWS);
+  // The stages' mbarriers, on which each step's activations land (8-byte aligned: ROWS is even).
+  const unsigned x_full_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_bias + ROWS));
+  unsigned* const last_flag = reinterpret_cast<unsigned*>(row_bias + ROWS + 2 * STAGES);
   const unsigned stages_addr = static_cast<unsigned>(__cvta_generic_to_shared(shared_base));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   if (warp >= 4) {
-    // A producer: matrix a's rows [16 t, 16 t + 16) of each tile, and a share of the activations.
-    const int a = (warp - 4) >> 2, t = (warp - 4) & 3, ptid = threadIdx.x - 128;
+    // A producer: matrix a's rows [16 t, 16 t + 16) of each tile. It hands registers it does not
+    // need to the consumer (which holds 128 accumulators at 128 rows).
+    if constexpr (NMAT == 2) trellis_cuda::set_max_registers<PRODUCER_REGISTERS, false>();
+    const int a = (warp - 4) >> 2, t = (warp - 4) & 3;
     const int g = lane & 7, q = lane >> 3;
-    // This thread's pieces of each step's activations, the same every step but for the inputs'
-    // offset: piece i is row 8 rg + (i >> 1) % 8 of the pass, half i % 2, slice (i >> 4) / MT and
-    // row group rg = (i >> 4) % MT (consecutive threads fill a core matrix).
-    constexpr int PIECES = (ROWS * 8 + 32 * PRODUCERS - 1) / (32 * PRODUCERS);
-    const __half* piece_src[PIECES];
-    unsigned piece_dst[PIECES];
-    bool piece_live[PIECES];
-#pragma unroll
-    for (int k = 0; k < PIECES; ++k) {
-      const int i = ptid + k * 32 * PRODUCERS;
-      const int h = i & 1, r8 = (i >> 1) & 7, rg = (i >> 4) % MT, qb = (i >> 4) / MT;
-      const int r = 8 * rg + r8;
-      piece_live[k] = i < ROWS * 8 && m_base + r < M;
-      piece_src[k] = x + (size_t)(piece_live[k] ? m_base + r : 0) * IN + 64 * qb + 8 * h;
-      piece_dst[k] = NMAT * A_BYTES + qb * (MT * 256) + rg * 256 + h * 128 + r8 * 16;
-    }
-    // The next step's activations into its stage, one cp.async group (rows past M zero-filled,
-    // nothing read): issued COPY_AHEAD steps before the step is decoded, so that their latency is
-    // spent on the decode of the steps between. Steps run over the block's units in order: step j
-    // is quarter j % 4 of block (u_begin + j / 4) % NB of whichever tile, counted here without a
-    // division.
-    int copy_j = 0, copy_b = (int)(u_begin % NB), copy_sub = 0;
-    auto copy_next = [&]() {
-      if (copy_j < steps_total) {
-        if (copy_j >= STAGES) trellis_cuda::named_sync(1 + STAGES + copy_j % STAGES, THREADS);  // EMPTY
-        unsigned char* const stage = shared_base + (copy_j % STAGES) * STAGE_BYTES;
-        const int offset = 256 * copy_b + 16 * copy_sub;
-#pragma unroll
-        for (int k = 0; k < PIECES; ++k)
-          if (PIECES * 32 * PRODUCERS == ROWS * 8 || ptid + k * 32 * PRODUCERS < ROWS * 8)
-            trellis_cuda::cp_async16_zfill(stage + piece_dst[k], piece_src[k] + offset, piece_live[k]);
-      }
-      trellis_cuda::cp_async_commit();  // empty past the last step: the waits count groups
-      ++copy_j;
-      if (++copy_sub == 4) copy_sub = 0, copy_b = copy_b + 1 == NB ? 0 : copy_b + 1;
-    };
     auto produce = [&](auto width, const unsigned* mat) {
       constexpr int KA = decltype(width)::value;
       using Lanes = trellis_cuda::LaneRuns<1, 1, KA, KA>;
       using Runs = typename Lanes::Runs;
       const unsigned* const mats[1] = {mat};
       int step = 0;
-      for (int j = 0; j < COPY_AHEAD; ++j) copy_next();
       for (long long u = u_begin; u < u_end;) {
         const int tile = (int)(u / NB), kb0 = (int)(u % NB);
         const int kb1 = (int)min((long long)NB, kb0 + (u_end - u));
@@ -163,8 +154,8 @@
           if (b + 1 < kb1) lanes.load(b + 1, next);  // in flight across this block's steps
 #pragma unroll
           for (int sub = 0; sub < 4; ++sub, ++step) {
-            // The stage is free: its EMPTY barrier was met when its copies were issued.
-            copy_next();  // step + COPY_AHEAD's
+            // The stage is free once the consumer's wgmmas of step - STAGES are done.
+            if (step >= STAGES) trellis_cuda::named_sync(1 + STAGES + step % STAGES, THREADS);  // EMPTY
             unsigned char* const stage = shared_base + (step % STAGES) * STAGE_BYTES;
             // The step's code values: rows g (run 0) and g + 8 (run 1), halves h of slice q.
 #pragma unroll
@@ -181,8 +172,7 @@
                 *reinterpret_cast<uint4*>(stage + a * A_BYTES + q * 2048 + (2 * t + half) * 256 + h * 128 + g * 16) =
                     make_uint4(v[0], v[1], v[2], v[3]);
               }
-            trellis_cuda::cp_async_wait<COPY_AHEAD>();  // this step's copies (the later ones in flight)
-            trellis_cuda::fence_proxy_async_shared();    // the step's writes, for the tensor cores
+            trellis_cuda::fence_proxy_async_shared();  // the step's writes, for the tensor cores
             trellis_cuda::named_arrive(1 + step % STAGES, THREADS);  // FULL
           }
 #pragma unroll
@@ -201,6 +191,7 @@
   }
 
   // The consumer warpgroup.
+  if constexpr (NMAT == 2) trellis_cuda::set_max_registers<CONSUMER_REGISTERS, true>();
   const int tid = threadIdx.x;
 #if TRELLIS_FUSED
   const __half* mat_scales[NMAT] = {scales, up_scales};
@@ -208,7 +199,32 @@
   const __half* mat_scales[NMAT] = {scales};
 #endif
   trellis_cuda::gemm_row_factors<BIAS_FOLD, 128>(unlift, row_bias, x_exp, x_sum, m_base, M, ROWS);
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) trellis_cuda::mbarrier_init(x_full_addr + 8 * s, 1);
+    trellis_cuda::fence_mbarrier_init();
+  }
   trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
+  // The activations of step j: one bulk copy of the pre-pass's image of the step (its 8 MT rows
+  // of 64 inputs as the stage holds them), issued by thread 0 into stage `s` once it is free.
+  // Steps run over the block's units in order: step j is quarter j % 4 of block
+  // (u_begin + j / 4) % NB of whichever tile.
+  auto copy_step = [&](int j, int block, int sub, int s) {
+    if (tid == 0 && j < steps_total) {
+      while (block >= NB) block -= NB;
+      const __half* const src = x + (((size_t)pass * NB + block) * 4 + sub) * (X_BYTES / 2);
+      trellis_cuda::mbarrier_arrive_expect_bytes(x_full_addr + 8 * s, X_BYTES);
+      trellis_cuda::bulk_copy_to_shared(stages_addr + s * STAGE_BYTES + NMAT * A_BYTES, src, X_BYTES, x_full_addr + 8 * s);
+    }
+  };
+  {
+    const int b0 = (int)(u_begin % NB);
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j) copy_step(j, b0 + j / 4, j % 4, j);
+  }
+  // The operands' descriptors at stage 0; a step adds its stage's offset and its slice's (the
+  // address field is the descriptor's low 14 bits, and shared addresses stay below 2^18 bytes).
+  const unsigned long long desc_a0 = trellis_cuda::no_swizzle_descriptor(stages_addr, 128, 256);
+  const unsigned long long desc_b0 = trellis_cuda::no_swizzle_descriptor(stages_addr + NMAT * A_BYTES, 128, 256);
 
   auto write_tile = [&](const float (&acc)[NMAT][MT][4], int row0) {
     trellis_cuda::gemm_outputs<NMAT, MT, BIAS_FOLD>(
@@ -225,11 +241,16 @@
 #endif
         });
   };
-  // Stage i is free again once its wgmmas are done: the producers wait for it STAGES steps on.
-  int step = 0, released = 0;
-  auto release_before = [&](int end) {
-    for (; released < end; ++released)
-      if (released + STAGES < steps_total) trellis_cuda::named_arrive(1 + STAGES + released % STAGES, THREADS);
+  // Stage i is free again once its wgmmas are done: the producers wait for it STAGES steps on,
+  // and the activations of step i + STAGES go into it.
+  int step = 0, s = 0, released = 0;  // steps begun, the current step's stage, steps released
+  unsigned parity = 0;                  // of the stage's mbarrier phase: its use count % 2
+  // Step `step` - 1 (of stage `s_prev`) is done: the producers may write its stage again.
+  auto release_previous = [&](int s_prev) {
+    if (released < step) {
+      if (step - 1 + STAGES < steps_total) trellis_cuda::named_arrive(1 + STAGES + s_prev, THREADS);
+      released = step;
+    }
   };
   for (long long u = u_begin; u < u_end;) {
     const int tile = (int)(u / NB), kb0 = (int)(u % NB);
@@ -242,29 +263,32 @@
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[a][i][e] = 0.0f;
     for (int j = 0; j < 4 * (kb1 - kb0); ++j, ++step) {
-      const int s = step % STAGES;
-      trellis_cuda::named_sync(1 + s, THREADS);  // FULL
+      trellis_cuda::mbarrier_wait(x_full_addr + 8 * s, parity);  // the step's activations
+      trellis_cuda::named_sync(1 + s, THREADS);                  // FULL: the step's code values
       trellis_cuda::wgmma_fence();
-      const unsigned stage = stages_addr + s * STAGE_BYTES;
+      const unsigned stage_offset = s * (STAGE_BYTES >> 4);
 #pragma unroll
       for (int qb = 0; qb < 4; ++qb) {
-        const unsigned long long desc_b =
-            trellis_cuda::no_swizzle_descriptor(stage + NMAT * A_BYTES + qb * (MT * 256), 128, 256);
+        const unsigned long long desc_b = desc_b0 + (stage_offset + ((qb * MT * 256) >> 4));
 #pragma unroll
         for (int a = 0; a < NMAT; ++a) {
-          const unsigned long long desc_a = trellis_cuda::no_swizzle_descriptor(stage + a * A_BYTES + qb * 2048, 128, 256);
+          const unsigned long long desc_a = desc_a0 + (stage_offset + ((a * A_BYTES + qb * 2048) >> 4));
           trellis_cuda::wgmma_ss<N_LO>(reinterpret_cast<float(&)[N_LO][4]>(acc[a][0]), desc_a, desc_b);
-          if constexpr (MT > 8)
+          if constexpr (MT > N_LO)
             trellis_cuda::wgmma_ss<N_HI>(reinterpret_cast<float(&)[N_HI][4]>(acc[a][N_LO % MT]), desc_a,
-                                         desc_b + ((8 * 256) >> 4));
+                                         desc_b + ((N_LO * 256) >> 4));
         }
       }
       trellis_cuda::wgmma_commit();
       trellis_cuda::wgmma_wait<1>();
-      release_before(step);
+      // Step - 1 is done: its stage takes step + STAGES - 1's activations.
+      const int ahead = (j & 3) + STAGES - 1, s_prev = s == 0 ? STAGES - 1 : s - 1;
+      release_previous(s_prev);
+      copy_step(step + STAGES - 1, kb0 + (j >> 2) + (ahead >> 2), ahead & 3, s_prev);
+      if (++s == STAGES) s = 0, parity ^= 1;
     }
     trellis_cuda::wgmma_wait<0>();
-    release_before(step);
+    release_previous(s == 0 ? STAGES - 1 : s - 1);  // the tile's last step, step - 1 now
 
     const int row0 = 64 * tile + 16 * warp;
     if (kb0 == 0 && kb1 == NB) {

@@ -30,10 +30,18 @@
 // the block at index 16 c + 8 h + 2 q + e (c < 16, h, e < 2, q < 4), so that the 8 values of chunk
 // c's K-half h are 16 contiguous bytes; 8 consecutive positions are then four pairs, stored 4
 // bytes each.
-// Template ints: R, R_PAD, COUNTERS. Template bools: SPLIT_X, ROW_SCALES (multiply by scales;
-// false: `scales` is not read), WRITE_X, ROW_SUMS, WGMMA_ORDER. Template type: T (activation dtype).
-// Grid [blockDim.x, min(M, 65535), ceil(M / 65535)] threads (row m = blockIdx.y + gridDim.y
-// blockIdx.z: grid y holds at most 65535), any whole number of warps a block (at most 32).
+// With IMAGE_ROWS (16-bit rows, R = R_PAD a multiple of 256; 0: off) the converted rows are
+// stored as the warp-specialized GEMM's stages hold them (gate_up_ws.cu), so that one bulk copy
+// brings a step: for each pass of IMAGE_ROWS rows, each block b of 256 inputs and each quarter
+// sub, the pass's rows' positions 64 q + 16 sub + 8 h + j of the block (q < 4, h < 2, j < 8) at
+// q (IMAGE_ROWS 16) + (row / 8) 128 + h 64 + (row % 8) 8 + j halves into the step's 64 IMAGE_ROWS:
+// 8 consecutive positions are one 16-byte store. The grid then also runs the last pass's rows
+// past M, which store zeros (and nothing else).
+// Template ints: R, R_PAD, COUNTERS, IMAGE_ROWS. Template bools: SPLIT_X, ROW_SCALES (multiply
+// by scales; false: `scales` is not read), WRITE_X, ROW_SUMS, WGMMA_ORDER. Template type: T
+// (activation dtype). Grid [blockDim.x, min(G, 65535), ceil(G / 65535)] threads, G = M (with
+// IMAGE_ROWS, M rounded up to a whole pass) (row m = blockIdx.y + gridDim.y blockIdx.z: grid y
+// holds at most 65535), any whole number of warps a block (at most 32).
 // The pair variant (sections under TRELLIS_PAIR; the down kernel's pair of matrices) takes a
 // second scale vector, scales_b, and runs 2 M grid rows: rows M..2M - 1 are the activations
 // again times scales_b, whose exponents and converted rows follow the first set's (x_exp [2 M],
@@ -50,7 +58,7 @@
   float* const mat_x_sum = second ? x_sum + M : x_sum;
 #else
   const int m = grid_row;
-  if (m >= M) return;
+  if (m >= (IMAGE_ROWS > 0 ? (M + IMAGE_ROWS - 1) / IMAGE_ROWS * IMAGE_ROWS : M)) return;
   const __half* const mat_scales = scales;
   __half* const mat_x_scaled = x_scaled;
   __half* const mat_x_exp = x_exp;
@@ -60,6 +68,23 @@
   if (grid_row == 0) {
     for (int i = tid; i < COUNTERS; i += threads) counters[i] = 0u;
   }
+  static_assert(IMAGE_ROWS == 0 ||
+                    (IMAGE_ROWS % 8 == 0 && WRITE_X && !SPLIT_X && !WGMMA_ORDER && R == R_PAD && R % 256 == 0),
+                "the image order is of 16-bit rows of whole 256-input blocks");
+  // Where positions [r0, r0 + 8) of row `row` go in the image order (halves).
+  auto image = [](int row, int r0) {
+    constexpr int PASS = IMAGE_ROWS > 0 ? IMAGE_ROWS : 1;
+    const int p = row / PASS, r = row % PASS, p0 = r0 & 255;
+    return (((size_t)p * (R / 256) + (r0 >> 8)) * 4 + ((p0 >> 4) & 3)) * (PASS * 64) + (p0 >> 6) * (PASS * 16) +
+           (r >> 3) * 128 + ((p0 >> 3) & 1) * 64 + (r & 7) * 8;
+  };
+#if !TRELLIS_PAIR
+  if (IMAGE_ROWS > 0 && m >= M) {
+    for (int r0 = 8 * tid; r0 < R; r0 += 8 * threads)
+      *reinterpret_cast<uint4*>(x_scaled + image(m, r0)) = make_uint4(0u, 0u, 0u, 0u);
+    return;
+  }
+#endif
   constexpr int X_WORDS = 8 * (int)sizeof(T) / 16;  // 16-byte words of 8 activations
   const bool vector_loads =
       R % 8 == 0 && ((reinterpret_cast<size_t>(x) | (ROW_SCALES ? reinterpret_cast<size_t>(mat_scales) : 0)) & 15) == 0;
@@ -122,6 +147,8 @@
       for (int j = 0; j < 8; j += 2)
         *reinterpret_cast<unsigned*>(block + 16 * (c0 + (j >> 2)) + 8 * ((j >> 1) & 1) + 2 * q) =
             *reinterpret_cast<const unsigned*>(hi + j);
+    } else if (IMAGE_ROWS > 0) {
+      *reinterpret_cast<uint4*>(mat_x_scaled + image(m, r0)) = *reinterpret_cast<const uint4*>(hi);
     } else {
       *reinterpret_cast<uint4*>(mat_x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
     }

@@ -26,8 +26,9 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Makes this thread's writes to shared memory (its cp.async copies, once waited for) visible to
-// the tensor cores' reads, which go through the async proxy; a barrier after it covers the block.
+// Makes this thread's writes to shared memory (its stores, or its cp.async copies once waited
+// for) visible to the tensor cores' reads, which go through the async proxy; a barrier after it
+// covers the block.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
@@ -298,6 +299,37 @@ __device__ __forceinline__ void wgmma_ss<8>(float (&d)[8][4], unsigned long long
       : "l"(desc_a), "l"(desc_b));
 }
 
+// m64n128k16: the 128-row pass in one instruction (half the descriptors and issue slots of two
+// m64n64k16).
+template <>
+__device__ __forceinline__ void wgmma_ss<16>(float (&d)[16][4], unsigned long long desc_a, unsigned long long desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+        "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+        "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
+        "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+        "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
+        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(desc_a), "l"(desc_b));
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads') of `threads` threads, whole warps: bar.sync
 // waits until that many have arrived, bar.arrive counts this warp without waiting. They order
 // the generic proxy's shared-memory accesses of the warps that meet there.
@@ -307,6 +339,53 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// An mbarrier (8 bytes of shared memory at shared address `addr`) that the copy engine completes:
+// the warp-specialized GEMM's activation steps arrive by bulk copy (the async proxy, like the
+// tensor cores' reads, so no proxy fence between them) and the consumer waits on the stage's
+// mbarrier. Initialised by one thread for `count` arrivals, then fenced for the copy engine.
+__device__ __forceinline__ void mbarrier_init(unsigned addr, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// This thread's arrival on the mbarrier, which then also waits for `bytes` of copies to land.
+__device__ __forceinline__ void mbarrier_arrive_expect_bytes(unsigned addr, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(addr), "r"(bytes) : "memory");
+}
+
+// One bulk copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global memory
+// to shared address `dst`, counted on the mbarrier at `mbar` as it lands.
+__device__ __forceinline__ void bulk_copy_to_shared(unsigned dst, const void* src, unsigned bytes, unsigned mbar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(mbar)
+               : "memory");
+}
+
+// Waits until the mbarrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned addr, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+
+// Sets the registers each thread of this warpgroup owns to N (a multiple of 8, 24..256): down
+// (INCREASE false) hands registers back to the SM's pool, up takes them from it, waiting until
+// other warps have handed back enough. All four warps of the warpgroup run it together.
+template <int N, bool INCREASE>
+__device__ __forceinline__ void set_max_registers() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg's range");
+  if constexpr (INCREASE)
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+  else
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // A compile-time int as a type, for the generic lambdas that take a matrix's bit width.

@@ -74,17 +74,27 @@ pub(crate) struct PrePass {
     /// read it (`gate_up_wgmma.cu`; 16-bit activations written out, unpadded rows of whole
     /// blocks).
     pub wgmma_order: bool,
+    /// Store the converted rows as the warp-specialized GEMM's stages hold them, in passes of
+    /// this many rows (`gate_up_ws.cu`; 16-bit activations written out, unpadded rows of whole
+    /// blocks; the last pass's rows past `m` are zeros); 0: off.
+    pub image_rows: usize,
 }
 
 impl PrePass {
     /// The launch, checked and prepared for the kernel of its variant.
     pub(crate) fn prepare(&self) -> Result<CudaLaunch> {
-        let PrePass { m, width, row_pad, dtype, counters, row_scales, output, pair, row_sums, wgmma_order } = *self;
+        let PrePass { m, width, row_pad, dtype, counters, row_scales, output, pair, row_sums, wgmma_order, image_rows } =
+            *self;
         let sets = if dtype == Dtype::Float32 { 2 } else { 1 };
         let what = "CUDA prescale kernel";
         let mats = if pair { 2 } else { 1 };
         let write_x = output == PrePassOutput::Activations;
-        let (Some(grid_rows), Some(x_rows)) = (m.checked_mul(mats), m.checked_mul(mats * sets)) else {
+        // With the image order the grid also runs the last pass's rows past `m` (zeros).
+        let padded = if image_rows > 0 { m.div_ceil(image_rows).checked_mul(image_rows) } else { Some(m) };
+        let (Some(rows), Some(padded)) = (m.checked_mul(mats), padded) else {
+            invalid!("{what}: {m} activation rows overflow the launch's sizes");
+        };
+        let (Some(grid_rows), Some(x_rows)) = (padded.checked_mul(mats), padded.checked_mul(mats * sets)) else {
             invalid!("{what}: {m} activation rows overflow the launch's sizes");
         };
         let x_shape = if write_x { [x_rows, row_pad] } else { [1, 8] };
@@ -94,6 +104,17 @@ impl PrePass {
         if wgmma_order && (!write_x || dtype == Dtype::Float32 || row_pad != width || width % 256 != 0) {
             invalid!("{what}: the warpgroup GEMM's order is for 16-bit rows of whole 256-input blocks, unpadded (got {dtype}, {width} of {row_pad}, {output:?})");
         }
+        if image_rows > 0
+            && (!write_x
+                || dtype == Dtype::Float32
+                || row_pad != width
+                || width % 256 != 0
+                || pair
+                || wgmma_order
+                || image_rows % 8 != 0)
+        {
+            invalid!("{what}: the warp-specialized GEMM's image order is for 16-bit rows of whole 256-input blocks, unpadded, in passes of whole 8-row groups (got {dtype}, {width} of {row_pad}, {output:?}, passes of {image_rows})");
+        }
         // One block a row, the rows over grid y and z (CUDA's y and z hold at most 65535 each).
         let (grid_y, grid_z) = (grid_rows.min(65535), grid_rows.div_ceil(65535));
         if grid_z > 65535 {
@@ -102,8 +123,8 @@ impl PrePass {
         let launch = LaunchConfig::new([THREADS, grid_y, grid_z], [THREADS, 1, 1])
             .output(&x_shape, Dtype::Float16)
             .output(&[counters.max(1)], Dtype::Uint32)
-            .output(&[grid_rows], Dtype::Float16)
-            .output(&[if row_sums { grid_rows } else { 1 }], Dtype::Float32)
+            .output(&[rows], Dtype::Float16)
+            .output(&[if row_sums { rows } else { 1 }], Dtype::Float32)
             .template_dtype("T", dtype)
             .template_int("R", int(what, width)?)
             .template_int("R_PAD", int(what, row_pad)?)
@@ -112,7 +133,8 @@ impl PrePass {
             .template_bool("ROW_SCALES", row_scales)
             .template_bool("WRITE_X", write_x)
             .template_bool("ROW_SUMS", row_sums)
-            .template_bool("WGMMA_ORDER", wgmma_order);
+            .template_bool("WGMMA_ORDER", wgmma_order)
+            .template_int("IMAGE_ROWS", int(what, image_rows)?);
         kernel(pair)?.prepare(&launch)
     }
 }
@@ -134,6 +156,7 @@ mod tests {
             pair: false,
             row_sums: true,
             wgmma_order: true,
+            image_rows: 0,
         };
         // Refused before anything is registered or launched, so on every back-end.
         for bad in [
@@ -149,5 +172,39 @@ mod tests {
                 "{bad:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn the_image_order_outside_its_rows_is_an_error_that_says_so() {
+        let base = PrePass {
+            m: 70,
+            width: 512,
+            row_pad: 512,
+            dtype: Dtype::Bfloat16,
+            counters: 0,
+            row_scales: false,
+            output: PrePassOutput::Activations,
+            pair: false,
+            row_sums: true,
+            wgmma_order: false,
+            image_rows: 72,
+        };
+        // Refused before anything is registered or launched, so on every back-end.
+        for bad in [
+            PrePass { dtype: Dtype::Float32, row_sums: false, ..base },
+            PrePass { width: 500, row_pad: 512, ..base },
+            PrePass { width: 640, row_pad: 640, ..base },
+            PrePass { output: PrePassOutput::ExponentsOnly, row_sums: false, ..base },
+            PrePass { pair: true, ..base },
+            PrePass { wgmma_order: true, ..base },
+            PrePass { image_rows: 68, ..base },
+        ] {
+            let Err(err) = bad.prepare() else { panic!("{bad:?}: prepared") };
+            let err = err.to_string();
+            assert!(err.contains("the warp-specialized GEMM's image order is for 16-bit rows"), "{bad:?}: {err}");
+        }
+        // Rows whose last pass overflows the sizes.
+        let Err(err) = (PrePass { m: usize::MAX - 3, ..base }).prepare() else { panic!("prepared") };
+        assert!(err.to_string().contains("overflow the launch's sizes"), "{err}");
     }
 }

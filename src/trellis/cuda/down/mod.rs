@@ -407,6 +407,7 @@ fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown
         pair,
         row_sums: false,
         wgmma_order: false,
+        image_rows: 0,
     }
     .prepare()?;
     Ok(PreparedDown { kernel, launch, pre_pass })

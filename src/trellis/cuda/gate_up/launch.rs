@@ -241,7 +241,7 @@ pub(super) fn prepared_launch(
         let staged = cfg.stage_shared_bytes(m, g.in_features()).unwrap_or(0);
         let launch = launch.template_bool("STAGE", staged > 0);
         let kernel = kernel(variant, AxisOneKernel::Fragment, staged, staged_bounds(cfg, staged))?;
-        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, false, 0)?) } else { None };
+        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, false, 0, 0)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Fragment, hand_over })
     })
 }
@@ -258,7 +258,8 @@ fn staged_bounds(cfg: AxisOneConfig, staged: usize) -> Option<LaunchBounds> {
 
 /// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
 /// multiplied by its power of two (`prescale.cu`, no scales), with `row_sums` each converted
-/// row's sum, with `wgmma_order` in the order the warpgroup GEMM reads, and `counters` fold
+/// row's sum, with `wgmma_order` in the order the warpgroup GEMM reads, with `image_rows` (not 0)
+/// in the warp-specialized GEMM's image order of passes of that many rows, and `counters` fold
 /// counters zeroed for the kernel after it.
 fn hand_over(
     g: &TrellisGeometry,
@@ -266,6 +267,7 @@ fn hand_over(
     dtype: Dtype,
     row_sums: bool,
     wgmma_order: bool,
+    image_rows: usize,
     counters: usize,
 ) -> Result<CudaLaunch> {
     let (output, width) = (PrePassOutput::Activations, g.in_features());
@@ -280,6 +282,7 @@ fn hand_over(
         pair: false,
         row_sums,
         wgmma_order,
+        image_rows,
     };
     pre_pass.prepare()
 }
@@ -317,15 +320,15 @@ fn prepared_gemm_launch(
     };
     let kernel = kernel(variant, cfg.kernel, shared, None)?;
     // The rows' sums only where the kernel folds the bias: otherwise x_sum is a placeholder.
-    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, wgmma, 0)?);
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, wgmma, 0, 0)?);
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
 }
 
 /// The warp-specialized GEMM's launch (`gate_up_ws.cu`): `cfg.ctas` thread blocks of a consumer
 /// warpgroup and four producer warps a matrix for each of `passes` passes of `8 cfg.mt` rows,
 /// bounded to one block an SM, its dynamic shared memory, its scratch for the parts of tiles its
-/// blocks share, and the pre-pass that hands the `m` rows of `dtype` activations over as f16 and
-/// zeroes a fold counter for each 64-row tile of each pass.
+/// blocks share, and the pre-pass that hands the `m` rows of `dtype` activations over as f16 in
+/// the image order of its stages and zeroes a fold counter for each 64-row tile of each pass.
 fn prepared_ws_launch(
     g: &TrellisGeometry,
     cfg: AxisOneConfig,
@@ -354,7 +357,7 @@ fn prepared_ws_launch(
         .template_bool("BIAS_FOLD", cfg.bias_fold);
     let bounds = LaunchBounds { threads: 32 * cfg.warps, min_blocks: 1 };
     let kernel = kernel(variant, cfg.kernel, cfg.ws_shared_bytes(fused), Some(bounds))?;
-    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, false, counters)?);
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, false, cfg.pass_rows(), counters)?);
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
 }
 
@@ -454,8 +457,11 @@ mod tests {
                 );
                 assert_eq!(text.contains("mma_u8s8"), int8, "{kernel:?}");
                 let ws = kernel == AxisOneKernel::Specialized;
-                let gemm = matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma) || ws;
+                // The GEMMs stage their activations with cp.async, the warp-specialized GEMM
+                // with bulk copies.
+                let gemm = matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma);
                 assert_eq!(text.contains("cp_async16_zfill"), gemm, "{kernel:?}");
+                assert_eq!(text.contains("bulk_copy_to_shared"), ws, "{kernel:?}");
                 assert_eq!(text.contains("wgmma_rs"), kernel == AxisOneKernel::Wgmma, "{kernel:?}");
                 assert_eq!(text.contains("wgmma_ss"), ws, "{kernel:?}");
                 // The int8 kernel reads no row exponents, and its inputs say so.

@@ -73,10 +73,10 @@ const GEMM_BIAS_FOLD: bool = true;
 /// Rows of 16-bit activations from which the plan takes the warp-specialized GEMM
 /// ([`AxisOneKernel::Specialized`]) for the fused gate·up·SwiGLU on GPUs with Hopper's warpgroup
 /// MMA, up to [`WS_FUSED_MAX_ROWS`] (one pass; no dense path). In Qwen3-14B's MLP chain on an
-/// H200 (docs/cuda-mlp.md) it took 96 rows in 309 µs a layer against the dense path's 366, and
-/// 128 rows in 374–386 against 376; at 48 and 64 rows it lost to the GEMM (204–215 against 200,
-/// 232–244 against 226).
-pub const WS_FUSED_MIN_ROWS: usize = 65;
+/// H200 (docs/cuda-mlp.md, activations by bulk copy) it took 64 rows in 208–217 µs a layer against
+/// the GEMM's 232, 96 rows in 279–285 against the dense path's 313 and 128 rows in 317–324
+/// against 389; at 48 rows it was level with the GEMM (188–193 against 192).
+pub const WS_FUSED_MIN_ROWS: usize = 49;
 
 /// The most rows the plan gives the warp-specialized GEMM: one pass. Above it the dense path
 /// decodes once a call where the kernel would decode once a pass (not measured).
@@ -510,11 +510,11 @@ impl AxisOneConfig {
 
     /// The warp-specialized GEMM's dynamic shared memory: `stages` steps, each 64 output rows of
     /// each matrix (two `fused`) and the pass's `8 mt` rows of 64 inputs (8 KB and 128 bytes a
-    /// row), then each pass row's factor and bias and the fold's flag. 193 KB fused at 128 rows
-    /// and the plan's 6 stages.
+    /// row), then each pass row's factor and bias, each stage's mbarrier and the fold's flag. 193
+    /// KB fused at 128 rows and the plan's 6 stages.
     pub fn ws_shared_bytes(&self, fused: bool) -> usize {
-        let (rows, mats) = (8 * self.mt as usize, if fused { 2 } else { 1 });
-        self.stages as usize * (mats * 64 * 64 * 2 + rows * 64 * 2) + 2 * rows * 4 + 16
+        let (rows, mats, stages) = (8 * self.mt as usize, if fused { 2 } else { 1 }, self.stages as usize);
+        stages * (mats * 64 * 64 * 2 + rows * 64 * 2) + 2 * rows * 4 + 8 * stages + 16
     }
 }
 
@@ -783,10 +783,10 @@ mod tests {
             assert_eq!((cfg.warps, AxisOneConfig::specialized(m, false).warps), (12, 8));
         }
         // The stages of two matrices' 64 rows and 128 activation rows of 64 inputs, the rows'
-        // factors and biases, the flag.
+        // factors and biases, the stages' mbarriers, the flag.
         let cfg = AxisOneConfig { stages: 4, ..AxisOneConfig::specialized(128, true) };
-        assert_eq!(cfg.ws_shared_bytes(true), 4 * (2 * 8192 + 128 * 128) + 2 * 128 * 4 + 16);
-        assert_eq!(cfg.ws_shared_bytes(false), 4 * (8192 + 128 * 128) + 2 * 128 * 4 + 16);
+        assert_eq!(cfg.ws_shared_bytes(true), 4 * (2 * 8192 + 128 * 128) + 2 * 128 * 4 + 4 * 8 + 16);
+        assert_eq!(cfg.ws_shared_bytes(false), 4 * (8192 + 128 * 128) + 2 * 128 * 4 + 4 * 8 + 16);
         assert_eq!(AxisOneConfig::specialized(128, true).stages, WS_STAGES);
     }
 
