@@ -143,10 +143,11 @@ impl PrePass {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_warpgroup_order_outside_its_rows_is_an_error_that_says_so() {
-        let base = PrePass {
-            m: 4,
+    /// A hand-over of `m` bf16 rows of 512 inputs with their sums, in the warpgroup GEMM's order
+    /// or (`image_rows` not 0) the warp-specialized GEMM's image order.
+    fn ordered_hand_over(m: usize, wgmma_order: bool, image_rows: usize) -> PrePass {
+        PrePass {
+            m,
             width: 512,
             row_pad: 512,
             dtype: Dtype::Bfloat16,
@@ -155,54 +156,40 @@ mod tests {
             output: PrePassOutput::Activations,
             pair: false,
             row_sums: true,
-            wgmma_order: true,
-            image_rows: 0,
-        };
-        // Refused before anything is registered or launched, so on every back-end.
-        for bad in [
+            wgmma_order,
+            image_rows,
+        }
+    }
+
+    /// The hand-overs outside an order's rows: f32, padded rows, rows of a part block, no rows
+    /// written out. Each is refused before anything is registered or launched, so on every
+    /// back-end, with an error that says `why`.
+    fn refused(base: PrePass, more: &[PrePass], why: &str) {
+        let common = [
             PrePass { dtype: Dtype::Float32, row_sums: false, ..base },
             PrePass { width: 500, row_pad: 512, ..base },
             PrePass { width: 640, row_pad: 640, ..base },
             PrePass { output: PrePassOutput::ExponentsOnly, row_sums: false, ..base },
-        ] {
+        ];
+        for bad in common.iter().chain(more) {
             let Err(err) = bad.prepare() else { panic!("{bad:?}: prepared") };
             let err = err.to_string();
-            assert!(
-                err.contains("the warpgroup GEMM's order is for 16-bit rows of whole 256-input blocks"),
-                "{bad:?}: {err}"
-            );
+            assert!(err.contains(why), "{bad:?}: {err}");
         }
     }
 
     #[test]
+    fn the_warpgroup_order_outside_its_rows_is_an_error_that_says_so() {
+        let why = "the warpgroup GEMM's order is for 16-bit rows of whole 256-input blocks";
+        refused(ordered_hand_over(4, true, 0), &[], why);
+    }
+
+    #[test]
     fn the_image_order_outside_its_rows_is_an_error_that_says_so() {
-        let base = PrePass {
-            m: 70,
-            width: 512,
-            row_pad: 512,
-            dtype: Dtype::Bfloat16,
-            counters: 0,
-            row_scales: false,
-            output: PrePassOutput::Activations,
-            pair: false,
-            row_sums: true,
-            wgmma_order: false,
-            image_rows: 72,
-        };
-        // Refused before anything is registered or launched, so on every back-end.
-        for bad in [
-            PrePass { dtype: Dtype::Float32, row_sums: false, ..base },
-            PrePass { width: 500, row_pad: 512, ..base },
-            PrePass { width: 640, row_pad: 640, ..base },
-            PrePass { output: PrePassOutput::ExponentsOnly, row_sums: false, ..base },
-            PrePass { pair: true, ..base },
-            PrePass { wgmma_order: true, ..base },
-            PrePass { image_rows: 68, ..base },
-        ] {
-            let Err(err) = bad.prepare() else { panic!("{bad:?}: prepared") };
-            let err = err.to_string();
-            assert!(err.contains("the warp-specialized GEMM's image order is for 16-bit rows"), "{bad:?}: {err}");
-        }
+        let base = ordered_hand_over(70, false, 72);
+        let more =
+            [PrePass { pair: true, ..base }, PrePass { wgmma_order: true, ..base }, PrePass { image_rows: 68, ..base }];
+        refused(base, &more, "the warp-specialized GEMM's image order is for 16-bit rows");
         // Rows whose last pass overflows the sizes.
         let Err(err) = (PrePass { m: usize::MAX - 3, ..base }).prepare() else { panic!("prepared") };
         assert!(err.to_string().contains("overflow the launch's sizes"), "{err}");
