@@ -96,8 +96,10 @@
   constexpr int N_HI = MT > N_LO ? MT - N_LO : 1;
   constexpr int CONSUMER_BARRIER = 15;
   // Registers a thread after the fused variant's hand-over (setmaxnreg): the launch bounds give
-  // each of its 12 warps 168, the eight producers keep 152 for their decode and the consumer's
-  // four take the rest, 200 (the single projection's 8 warps have all they need at launch).
+  // each of its 12 warps 168 (ptxas allocates a kernel with setmaxnreg its bound's maximum: 168
+  // at every MT, NVRTC 13.0.88), the eight producers keep 152 for their decode and the consumer's
+  // four take what they hand back, 200 (the single projection's 8 warps have all they need at
+  // launch).
   constexpr int LAUNCH_REGISTERS = 168, PRODUCER_REGISTERS = 152;
   constexpr int CONSUMER_REGISTERS = LAUNCH_REGISTERS + (LAUNCH_REGISTERS - PRODUCER_REGISTERS) * PRODUCERS / 4;
   static_assert(L <= 16 && L >= K && L >= K_UP, "L-bit windows");
