@@ -54,10 +54,10 @@ use plan::{plan, AxisOneConfig, AxisOneKernel};
 
 /// Rows of 16-bit activations from which [`linear`] and [`swiglu`] decode the layer to dense
 /// weights ([`expand_cuda`]) and run MLX's matmul: the GEMM decodes every weight once per pass of
-/// up to 64 rows, the dense path once per call. On an H200 in Qwen3-14B's MLP chain the GEMM's
-/// two passes at 128 rows lost to the dense path (407 against 372 µs a layer, 2026-12-03;
-/// docs/cuda-mlp.md). On GPUs with Hopper's warpgroup MMA [`swiglu`] keeps the warp-specialized
-/// GEMM up to `WS_FUSED_MAX_ROWS` rows instead (`plan.rs`).
+/// up to 64 rows, the dense path once per call; on an H200 in Qwen3-14B's MLP chain the GEMM's
+/// two passes at 128 rows lost to the dense path (docs/cuda-mlp.md, "Where the warps wait"). On
+/// GPUs with Hopper's warpgroup MMA [`swiglu`] keeps the warp-specialized GEMM up to
+/// `WS_FUSED_MAX_ROWS` rows instead (`plan.rs`).
 pub const DENSE_MIN_ROWS: usize = 65;
 
 /// Whether `m` rows of `dtype` activations take the dense path.

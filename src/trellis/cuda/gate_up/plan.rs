@@ -33,10 +33,10 @@ const STAGE_MAX_BYTES: usize = 38 * 1024;
 /// ([`AxisOneKernel::Gemm`]) instead of the fragment kernel for one projection.
 pub const GEMM_MIN_ROWS: usize = 9;
 
-/// [`GEMM_MIN_ROWS`] of the fused gate·up·SwiGLU: in Qwen3-14B's MLP chain on an H200 the GEMM
-/// (one 8-row tile a warp, two warps a tile) took 3 rows in 112–118 µs a layer against the
-/// fragment kernel's 122–134, 4 rows in 113–119 against 122–140, and 8 in 120–121 against
-/// 136–141 (docs/cuda-mlp.md); at 2 rows the fragment kernel's staged rows stay ahead.
+/// [`GEMM_MIN_ROWS`] of the fused gate·up·SwiGLU: from 3 rows the GEMM (one 8-row tile a warp,
+/// two warps a tile) is faster than the fragment kernel in Qwen3-14B's MLP chain on an H200; at
+/// 2 rows the fragment kernel's staged rows stay ahead (docs/cuda-mlp.md, "The GEMM from 3
+/// rows").
 pub const GEMM_FUSED_MIN_ROWS: usize = 3;
 
 /// Thread blocks the GEMM's grid should have at least: two on each of an H200's 132 SMs. The
@@ -44,26 +44,21 @@ pub const GEMM_FUSED_MIN_ROWS: usize = 3;
 const GEMM_FILL_BLOCKS: usize = 2 * 132;
 
 /// The fused GEMM's warps (16-row output tiles) a thread block in the plan, which also leaves out
-/// the code-word prefetch. Three, not four: in the MLP chain on an H200 (docs/cuda-mlp.md)
-/// Qwen3-14B's gate·up took 1,088 tiles as 272 blocks of four with the prefetch, two an SM: one
-/// wave and 8 blocks, the SMs idle 41 % of the kernel's time in that last partial wave. Three
-/// tiles a block without the prefetch (then 159 registers, not 176) fit three blocks an SM: 363
-/// blocks, one wave. The code words in two halves and the bias fold since take 174 registers, two
-/// blocks an SM (1.38 waves), and measured faster all the same; a 163-register build of three
-/// blocks an SM was no faster (docs/cuda-mlp.md, "Occupancy, measured"). The single projection's
-/// GEMM keeps four warps and the prefetch (not measured in a chain).
+/// the code-word prefetch. Three, not four: four tiles a block with the prefetch left Qwen3-14B's
+/// gate·up a last partial wave in which the SMs mostly idled (docs/cuda-mlp.md, "Waves in the
+/// chain"); the registers and occupancy of three are measured in "Occupancy, measured". The
+/// single projection's GEMM keeps four warps and the prefetch (not measured in a chain).
 const GEMM_FUSED_WARPS: u32 = 3;
 
 /// The fused GEMM's warps a tile (`split_k`) in passes of up to [`GEMM_SPLIT_MAX_TILES`] 8-row
-/// tiles, where a layer's tiles alone leave the GPU half empty: Qwen3-14B's gate·up at 16 rows
-/// ran 0.46 waves of its resident warps. Two warps a tile (six a block) measured 2–5 µs a layer
-/// faster in the MLP chain at 16 rows and 2–7 µs at 32; four tiles a block split in two were no
-/// faster than none (docs/cuda-mlp.md, "Split-K").
+/// tiles, where a layer's tiles alone leave the GPU half empty. Two warps a tile (six a block)
+/// were faster in the MLP chain at 16 and 32 rows; four were no faster than two
+/// (docs/cuda-mlp.md, "Where the warps wait, and split-K").
 const GEMM_SPLIT_K: u32 = 2;
 
 /// The most 8-row tiles a pass of the fused GEMM splits its warps over the inputs at. At 64-row
-/// passes a split block (about 176 registers, 148 KB of stages) runs one to an SM, the same warps
-/// as two unsplit ones, and measured 20 µs a layer slower in the chain (docs/cuda-mlp.md).
+/// passes a split block runs one to an SM, the same warps as two unsplit ones, and was slower in
+/// the chain (docs/cuda-mlp.md, "Where the warps wait, and split-K").
 const GEMM_SPLIT_MAX_TILES: u32 = 4;
 
 /// Whether the plan's GEMM carries y + 1534 in its fragments and subtracts each row's bias at the
@@ -73,17 +68,16 @@ const GEMM_BIAS_FOLD: bool = true;
 /// Rows of 16-bit activations from which the plan takes the warp-specialized GEMM
 /// ([`AxisOneKernel::Specialized`]) for the fused gate·up·SwiGLU on GPUs with Hopper's warpgroup
 /// MMA, up to [`WS_FUSED_MAX_ROWS`] (one pass; no dense path). In Qwen3-14B's MLP chain on an
-/// H200 (docs/cuda-mlp.md, activations by bulk copy) it took 64 rows in 208–217 µs a layer against
-/// the GEMM's 232, 96 rows in 279–285 against the dense path's 313 and 128 rows in 317–324
-/// against 389; at 48 rows it was level with the GEMM (188–193 against 192).
+/// H200 it was faster than the GEMM at 64 rows and than the dense path at 96 and 128, and level
+/// with the GEMM at 48 (docs/cuda-mlp.md, "Where it waited, and the activations by bulk copy").
 pub const WS_FUSED_MIN_ROWS: usize = 49;
 
 /// The most rows the plan gives the warp-specialized GEMM: one pass. Above it the dense path
 /// decodes once a call where the kernel would decode once a pass (not measured).
 pub const WS_FUSED_MAX_ROWS: usize = 128;
 
-/// Steps of 64 inputs in the warp-specialized GEMM's ring in the plan: 6 took Qwen3-14B's MLP
-/// layer at 48–128 rows in 2–8 % less time than 4 on an H200 (docs/cuda-mlp.md).
+/// Steps of 64 inputs in the warp-specialized GEMM's ring in the plan: 6 were faster than 4 in
+/// Qwen3-14B's MLP chain on an H200 (docs/cuda-mlp.md, "The warp-specialized GEMM").
 const WS_STAGES: u32 = 6;
 
 /// Thread blocks a pass of the warp-specialized GEMM ([`AxisOneKernel::Specialized`]): one on
@@ -124,10 +118,11 @@ pub enum AxisOneKernel {
     /// them.
     Wgmma,
     /// `gate_up_ws.cu`, the warp-specialized decode-once GEMM on Hopper's warpgroup MMA (sm_90a):
-    /// producer warps decode 64 output rows of each matrix into shared memory and copy the
-    /// activations there, a consumer warpgroup multiplies both from shared memory
-    /// (`wgmma.m64n(8 mt)k16`, `mt` 1 to 16: passes of up to 128 rows, each weight decoded once a
-    /// pass), through a ring of `stages` steps of 64 inputs. Its grid is `ctas` thread blocks a
+    /// producer warps decode 64 output rows of each matrix into shared memory, the copy engine
+    /// brings the activations (handed over by the pre-pass in the stages' image order), a
+    /// consumer warpgroup multiplies both from shared memory (`wgmma.m64n(8 mt)k16`, `mt` 1 to
+    /// 16: passes of up to 128 rows, each weight decoded once a pass), through a ring of
+    /// `stages` steps of 64 inputs. Its grid is `ctas` thread blocks a
     /// pass, each taking an equal run of the pass's tiles' input blocks (stream-K; the tiles split
     /// between blocks folded in the kernel). `warps` 8 for one projection and 12 fused (the
     /// consumer warpgroup and four producers a matrix), `rt` 1 and no `pack_fma`.
@@ -446,8 +441,9 @@ pub fn plan_on(m: usize, dtype: Dtype, fused: bool, outputs: usize, wgmma: bool)
 }
 
 /// 8-row tiles a warp (`mt`) for `m` rows in passes of `row_split` warps a tile of up to 8 tiles
-/// each, as few passes as that allows, the tiles shared out as evenly as they go: [`pass_tiles`]
-/// of each warp's share of the rows (a ceiling of a ceiling is the ceiling of the whole).
+/// each, as few passes as that allows, the tiles shared out as evenly as they go: the down plan's
+/// `pass_tiles` of each warp's share of the rows (a ceiling of a ceiling is the ceiling of the
+/// whole).
 pub fn split_pass_tiles(m: usize, row_split: u32) -> u32 {
     pass_tiles(m.div_ceil(row_split.max(1) as usize))
 }
