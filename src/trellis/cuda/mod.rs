@@ -34,9 +34,8 @@ pub const MAX_OPS_PER_GRAPH_VAR: &str = "MLX_MAX_OPS_PER_BUFFER";
 /// its inputs reach 1,000 MB. Coded weights are about a fifth of bf16's, so the second bound
 /// rarely applies, and the GPU idles until the host has recorded 100 operations. That is about
 /// 20 of our MLP layers (4–5 launches each). With 24 operations to a graph, the host records the
-/// next graph while the GPU runs this one. Measured on an H200: Qwen3-14B's coded MLP at one row
-/// went from 131.0 to 121.3 µs a layer, at 16 rows from 175.8 to 152.6. MLX's bf16 MLP held
-/// its time. (docs/cuda-mlp.md, "CUDA graphs".)
+/// next graph while the GPU runs this one. On an H200 Qwen3-14B's coded MLP chain was faster at
+/// 1 and 16 rows with it, and MLX's bf16 MLP held its time (docs/cuda-mlp.md, "CUDA graphs").
 ///
 /// MLX reads the variable once, when it first uses the GPU. Set it in the environment, or at
 /// the start of `main` before any other thread runs:
