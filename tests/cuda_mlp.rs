@@ -529,7 +529,7 @@ fn ws(mt: u32, stages: u32, ctas: u32, bias_fold: bool, fused: bool) -> AxisOneC
 }
 
 /// The warp-specialized GEMM's shapes on one layer: passes of 1, 3, 8, 9, 13 and 16 tiles of 8
-/// rows (one wgmma of N 8–64, or two above 64), 4 to 7 stages, and grids of 1, 5, 7 and 132
+/// rows (one wgmma of N 8–64 or 128, two between), 4 to 7 stages, and grids of 1, 5, 7 and 132
 /// thread blocks a pass, so that tiles are whole in one block, split between two, or between
 /// many (every block holding under a tile: the fold of many parts), over outputs that are not a
 /// multiple of 64; with and without the bias fold; one and several input blocks.

@@ -241,7 +241,7 @@ pub(super) fn prepared_launch(
         let staged = cfg.stage_shared_bytes(m, g.in_features()).unwrap_or(0);
         let launch = launch.template_bool("STAGE", staged > 0);
         let kernel = kernel(variant, AxisOneKernel::Fragment, staged, staged_bounds(cfg, staged))?;
-        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, false, 0, 0)?) } else { None };
+        let hand_over = if read != dtype { Some(hand_over(g, m, dtype, false, HandOverOrder::Natural, 0)?) } else { None };
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Fragment, hand_over })
     })
 }
@@ -256,21 +256,32 @@ fn staged_bounds(cfg: AxisOneConfig, staged: usize) -> Option<LaunchBounds> {
     (staged > 0 && STAGED_RESIDENT_WARPS > 0).then_some(LaunchBounds { threads: 32 * cfg.warps, min_blocks })
 }
 
+/// The order in which the pre-pass stores the activations it hands over.
+#[derive(Debug, Clone, Copy)]
+enum HandOverOrder {
+    /// Row-major, as given.
+    Natural,
+    /// The order the warpgroup GEMM's tensor cores read (`gate_up_wgmma.cu`).
+    Wgmma,
+    /// The warp-specialized GEMM's image of its stages, in passes of this many rows
+    /// (`gate_up_ws.cu`).
+    Image(usize),
+}
+
 /// The pre-pass that hands `m` rows of `dtype` activations of `g`'s inputs over as f16, each row
 /// multiplied by its power of two (`prescale.cu`, no scales), with `row_sums` each converted
-/// row's sum, with `wgmma_order` in the order the warpgroup GEMM reads, with `image_rows` (not 0)
-/// in the warp-specialized GEMM's image order of passes of that many rows, and `counters` fold
-/// counters zeroed for the kernel after it.
+/// row's sum, in `order`, and with `counters` fold counters zeroed for the kernel after it.
 fn hand_over(
     g: &TrellisGeometry,
     m: usize,
     dtype: Dtype,
     row_sums: bool,
-    wgmma_order: bool,
-    image_rows: usize,
+    order: HandOverOrder,
     counters: usize,
 ) -> Result<CudaLaunch> {
     let (output, width) = (PrePassOutput::Activations, g.in_features());
+    let wgmma_order = matches!(order, HandOverOrder::Wgmma);
+    let image_rows = if let HandOverOrder::Image(rows) = order { rows } else { 0 };
     let pre_pass = PrePass {
         m,
         width,
@@ -320,7 +331,8 @@ fn prepared_gemm_launch(
     };
     let kernel = kernel(variant, cfg.kernel, shared, None)?;
     // The rows' sums only where the kernel folds the bias: otherwise x_sum is a placeholder.
-    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, wgmma, 0, 0)?);
+    let order = if wgmma { HandOverOrder::Wgmma } else { HandOverOrder::Natural };
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, order, 0)?);
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
 }
 
@@ -357,7 +369,7 @@ fn prepared_ws_launch(
         .template_bool("BIAS_FOLD", cfg.bias_fold);
     let bounds = LaunchBounds { threads: 32 * cfg.warps, min_blocks: 1 };
     let kernel = kernel(variant, cfg.kernel, cfg.ws_shared_bytes(fused), Some(bounds))?;
-    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, false, cfg.pass_rows(), counters)?);
+    let hand_over = Some(hand_over(g, m, dtype, cfg.bias_fold, HandOverOrder::Image(cfg.pass_rows()), counters)?);
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: cfg.kernel, hand_over })
 }
 

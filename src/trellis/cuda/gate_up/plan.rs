@@ -171,8 +171,8 @@ pub struct AxisOneConfig {
     /// without it: the same numbers, the same sums.
     pub stage: bool,
     /// The warp-specialized GEMM only: steps of 64 inputs in its ring of shared memory (4 to 7:
-    /// the activations are copied two steps ahead of the decode, and the consumer frees a step
-    /// once it has issued the next).
+    /// the consumer frees a step once it has issued the next, and has the activations of the
+    /// step `stages - 1` ahead copied into it then).
     pub stages: u32,
     /// The warp-specialized GEMM only: thread blocks a pass (1 to 65535), one an SM: the
     /// H200's 132 in the plan.
