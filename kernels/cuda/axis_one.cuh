@@ -1,6 +1,6 @@
-// What the axis-1 kernels (gate_up.cu, gate_up_int8.cu, gate_up_gemm.cu, gate_up_wgmma.cu) share:
-// the code words a lane reads, their decode into an MMA's A fragment (all but the int8 kernel),
-// and the two GEMMs' outputs. Placed after codebook.cuh and fragment.cuh, before MLX's
+// What the axis-1 kernels (gate_up.cu, gate_up_int8.cu, gate_up_gemm.cu, gate_up_wgmma.cu,
+// gate_up_ws.cu) share: the code words a lane reads, their decode into an MMA's A fragment (all but
+// the int8 kernel), the GEMMs' outputs and the fused MLP's SwiGLU. Placed after codebook.cuh and fragment.cuh, before MLX's
 // `namespace mlx::core::cu`.
 #pragma once
 
@@ -135,6 +135,16 @@ __device__ __forceinline__ void gemm_outputs(const float (&acc)[NMAT][MT][4], co
       write(m, o, v);
     }
   }
+}
+
+// One output of the fused MLP, silu(gate) * up in f32. __fdividef is one reciprocal and a
+// multiply; `/` is IEEE division, whose range check sent nearly every warp's outputs to its slow
+// path (a call): that subroutine alone took 38 % of the warp-specialized GEMM's epilogue samples
+// at 128 rows (docs/cuda-mlp.md). Its 2 ulp are far inside the gates. Where the denominator
+// passes 2^126 (gate below about -87.3, where |silu| < 1e-36) the quotient is 0; a non-finite
+// gate gives what `/` gives.
+__device__ __forceinline__ float silu_times(float gate, float up) {
+  return __fdividef(gate, 1.0f + __expf(-gate)) * up;
 }
 
 }  // namespace trellis_cuda

@@ -338,7 +338,7 @@
 #pragma unroll
         for (int a = 0; a < NMAT; ++a) v[a] = (acc[a][r][t][e] - (BIAS_FOLD ? 1534.0f * bias[t][e] : 0.0f)) * s[a] * unlift;
 #if TRELLIS_FUSED
-        const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
+        const float out = trellis_cuda::silu_times(v[0], v[1]);
 #else
         const float out = v[0];
 #endif

@@ -290,7 +290,7 @@
   trellis_cuda::gemm_outputs<NMAT, MT, BIAS_FOLD>(
       acc, mat_scales, row0, OUT, m_base + w_base, M, unlift + w_base, row_bias + w_base, lane, [&](int m, int o, const float (&v)[NMAT]) {
 #if TRELLIS_FUSED
-        const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
+        const float out = trellis_cuda::silu_times(v[0], v[1]);
 #else
         const float out = v[0];
 #endif

@@ -249,7 +249,7 @@
 #pragma unroll
       for (int a = 0; a < NMAT; ++a) v[a] = acc[a][t][e] * (__half2float(mat_scales[a][o]) * TRELLIS_RCP);
 #if TRELLIS_FUSED
-      const float out = v[0] / (1.0f + __expf(-v[0])) * v[1];
+      const float out = trellis_cuda::silu_times(v[0], v[1]);
 #else
       const float out = v[0];
 #endif
