@@ -460,7 +460,9 @@ mod tests {
             let (single, fused) = (compact(Variant::Single), compact(Variant::Fused { up_bits: 3, feed: 0 }));
             let residual = compact(Variant::Residual);
             assert!(fused.contains("up_codes") && !single.contains("up_codes") && !residual.contains("up_codes"));
-            assert!(fused.contains("silu_times(") && !single.contains("silu_times(") && !residual.contains("silu_times("));
+            assert!(
+                fused.contains("silu_times(") && !single.contains("silu_times(") && !residual.contains("silu_times(")
+            );
             assert!(residual.contains("residual[") && !single.contains("residual[") && !fused.contains("residual["));
             for text in [&single, &fused, &residual] {
                 assert!(
@@ -489,7 +491,9 @@ mod tests {
             match kernel {
                 AxisOneKernel::Fragment | AxisOneKernel::Gemm => {
                     let text = compact(feed);
-                    assert!(text.contains("counters[") && text.contains("silu_times(") && !text.contains("TRELLIS_FEED"));
+                    assert!(
+                        text.contains("counters[") && text.contains("silu_times(") && !text.contains("TRELLIS_FEED")
+                    );
                     assert_eq!(feed.outputs(kernel), ["y", "counters"]);
                 }
                 _ => assert!(feed
