@@ -1,0 +1,291 @@
+// The down projection as a warp-specialized decode-once GEMM on Hopper's warpgroup MMA (the design
+// of gate_up_ws.cu, for axis 0): y[m, c] = 1 / 147.8 sum_r x[m, r] scale[r] y(state(r, c)) for
+// codes of either layout (T = 256 positions a block, 8 K words, L <= 16; INTERLEAVE: the 3-bit
+// block interleave), up to 128 activation rows a pass, each weight decoded once a pass.
+//
+// The GEMM. D[c, m] += A[c, r] B[r, m]: A is the weights transposed (the GEMM's M is the outputs c,
+// its K the code rows r), B the activations times the row scales. Code values come from a run of
+// consecutive positions of one code row, which here are consecutive outputs: each 16-byte group of
+// 8 positions is one row of an MN-major core matrix (8 K rows of 8 M values, 128 contiguous
+// bytes), which wgmma reads with A's transpose bit. The row scales are in B: the pre-pass
+// (prescale.cu, ROW_SCALES) hands over f16(x[m, r] scale[r] 2^e[m]) in the image order of the
+// stages (IMAGE_ROWS), as for gate_up_ws.cu, and the outputs are multiplied by 2^-e / 147.8.
+// With BIAS_FOLD the code values carry y + 1534 and the epilogue subtracts 1534 x_sum[m] (the
+// pre-pass's sums of the converted rows).
+//
+// A step is 64 code rows of one block of 256 rows: rows 256 b + 64 q + 16 sub + 8 h + j (slice q,
+// one wgmma's k16; K-half h; j < 8), the order of the pre-pass's image, whose step (b, sub) holds
+// the same inputs of the pass's rows. A tile is 64 consecutive outputs, a quarter of a block
+// column: A of a step is [q][8-output group][h][j][8 outputs], core matrices 256 bytes apart
+// along M and 128 along K.
+//
+// Warps. Warps 0-3 are the consumer warpgroup, warps 4-7 the producers: warp 4 + q decodes slice q
+// of every step, lane l code rows 16 sub + j and 16 sub + 8 + j (j = l % 8) of it, outputs
+// 16 (l / 8) .. + 15 of the tile: two runs of 16 positions, read from global memory (L2: the four
+// tiles of a block column read each row's block) one step ahead, realigned (CodeRun) and decoded
+// into four 16-byte stores. Named barriers FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s and
+// the consumer's own (15); the stage's mbarrier for the activations' bulk copy; the producers
+// hand a step over once the next is decoded (see gate_up_ws.cu). Two blocks an SM (the host's
+// launch bounds): each holds one consumer warpgroup, so one block's epilogue runs while the
+// other's multiplies.
+//
+// Work split: stream-K over a pass's tiles of 64 outputs times the NB blocks of input rows,
+// tile-major, and the fold of split tiles (partials, counters zeroed by the pre-pass), exactly as
+// gate_up_ws.cu. With TRELLIS_RESIDUAL the outputs are residual + x W, added in f32 before the
+// one rounding.
+//
+// Shared memory (dynamic; the host's shared_bytes): STAGES stages of the step's A (8 KB) then the
+// pass's 8 MT rows of it (128 bytes a row); the rows' factors 2^-e / 147.8 and biases (4 bytes
+// each), the stages' mbarriers (8 bytes each), one word for the fold's flag.
+//
+// Template ints: R (input rows, a multiple of 256), C (outputs, a multiple of 256), K, L, MT
+// (1..16), STAGES (3..7). Template bools: INTERLEAVE, BIAS_FOLD. Template type: Y.
+// Inputs: x [passes 8 MT, R] f16 (the image order), x_exp [M] f16, x_sum [M] f32 (read with
+// BIAS_FOLD), counters [passes tiles] u32, codes, in the residual variant residual [M, C] in Y.
+// Outputs: y [M, C] in Y, partials [passes, G, 2, 128 MT 4] f32 (scratch). Grid:
+// [256, G, ceil(M / (8 MT))] threads, blocks of 256.
+  const int M = x_exp_shape[0];  // x holds whole passes
+  constexpr int ROWS = 8 * MT;    // activation rows of a pass
+  constexpr int THREADS = 256;
+  constexpr int WPB = 8 * K;      // words per coded block
+  constexpr int A_BYTES = 64 * 64 * 2;
+  constexpr int X_BYTES = ROWS * 64 * 2;  // a step's activations: one bulk copy
+  constexpr int STAGE_BYTES = A_BYTES + X_BYTES;
+  constexpr int NREG = MT * 4;    // a consumer thread's accumulators
+  constexpr int N_LO = MT <= 8 || MT == 16 ? MT : 8;
+  constexpr int N_HI = MT > N_LO ? MT - N_LO : 1;
+  constexpr int CONSUMER_BARRIER = 15;
+  constexpr int NB = R / 256;     // blocks of input rows
+  constexpr int TILES = C / 64;
+  static_assert(R % 256 == 0 && C % 256 == 0, "whole blocks of rows and columns");
+  static_assert(L <= 16 && L >= K, "L-bit windows");
+  static_assert(!INTERLEAVE || (K == 3 && C % 512 == 0), "the 3-bit interleave pairs blocks");
+  static_assert(MT >= 1 && MT <= 16, "1 to 16 tiles of 8 rows a pass");
+  static_assert(STAGES >= 3 && 2 * STAGES < CONSUMER_BARRIER, "two named barriers a stage");
+  using Run = trellis_cuda::CodeRun<K, L, 16>;
+  constexpr long long UNITS = (long long)TILES * NB;
+  const int G = gridDim.y, cta = blockIdx.y, pass = blockIdx.z;
+  const int m_base = pass * ROWS;
+  auto range_start = [&](int c) { return (long long)c * UNITS / G; };
+  auto block_of = [&](long long u) {
+    int c = (int)(u * G / UNITS);
+    while (c + 1 < G && range_start(c + 1) <= u) ++c;
+    while (c > 0 && range_start(c) > u) --c;
+    return c;
+  };
+  const long long u_begin = range_start(cta), u_end = range_start(cta + 1);
+  const int steps_total = (int)(u_end - u_begin) * 4;
+
+  extern __shared__ __align__(128) unsigned char shared_base[];
+  float* const row_factor = reinterpret_cast<float*>(shared_base + STAGES * STAGE_BYTES);  // [ROWS]
+  float* const row_bias = row_factor + ROWS;                                               // [ROWS]
+  const unsigned x_full_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_bias + ROWS));
+  unsigned* const last_flag = reinterpret_cast<unsigned*>(row_bias + ROWS + 2 * STAGES);
+  const unsigned stages_addr = static_cast<unsigned>(__cvta_generic_to_shared(shared_base));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  if (warp >= 4) {
+    const int q = warp - 4, j = lane & 7, group = lane >> 3;
+    // The words of code row r's block column cb (either layout), the run's first word at run.word_at.
+    auto block_words = [&](int r, int cb) {
+      return INTERLEAVE ? codes + ((size_t)(cb >> 1) * R + r) * 48 + (cb & 1) * 24 : codes + ((size_t)r * (C / 256) + cb) * WPB;
+    };
+    int step = 0;
+    bool stored = false;  // step - 1's code values are stored and not yet handed over
+    auto hand_over = [&](int s) {
+      trellis_cuda::fence_proxy_async_shared();
+      trellis_cuda::named_arrive(1 + s % STAGES, THREADS);  // FULL
+      stored = false;
+    };
+    for (long long u = u_begin; u < u_end;) {
+      const int tile = (int)(u / NB), kb0 = (int)(u % NB);
+      const int kb1 = (int)min((long long)NB, kb0 + (u_end - u));
+      const int cb = tile >> 2;
+      const Run run(0, 64 * (tile & 3) + 16 * group);
+      // The raw words of step (b, sub)'s two rows.
+      auto load = [&](int b, int sub, unsigned (&raw)[2][Run::NWL]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) run.load(block_words(256 * b + 64 * q + 16 * sub + 8 * h + j, cb), raw[h]);
+      };
+      unsigned raw[2][Run::NWL], next[2][Run::NWL];
+      load(kb0, 0, raw);
+      for (int b = kb0; b < kb1; ++b) {
+#pragma unroll
+        for (int sub = 0; sub < 4; ++sub, ++step) {
+          // The next step's words, in flight while this one decodes.
+          if (sub < 3) load(b, sub + 1, next);
+          else if (b + 1 < kb1) load(b + 1, 0, next);
+          uint4 v[2][2];  // [h][8-output group of the lane's two]
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            unsigned w[Run::NWR];
+            run.realign(raw[h], w);
+            // Position 16 group + i's window starts at bit (15 - i) K.
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              unsigned pair[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const int i = 8 * half + 2 * e;
+                pair[e] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w, (15 - i) * K),
+                                                                   trellis_cuda::window<L>(w, (14 - i) * K));
+              }
+              v[h][half] = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+            }
+          }
+          if (stored) hand_over(step - 1);
+          if (step >= STAGES) trellis_cuda::named_sync(1 + STAGES + step % STAGES, THREADS);  // EMPTY
+          unsigned char* const a_stage = shared_base + (step % STAGES) * STAGE_BYTES + q * 2048;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+              *reinterpret_cast<uint4*>(a_stage + (2 * group + half) * 256 + h * 128 + j * 16) = v[h][half];
+          stored = true;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int i = 0; i < Run::NWL; ++i) raw[h][i] = next[h][i];
+        }
+      }
+      hand_over(step - 1);
+      u += kb1 - kb0;
+    }
+    return;
+  }
+
+  // The consumer warpgroup.
+  const int tid = threadIdx.x;
+  for (int i = tid; i < ROWS; i += 128) {
+    const bool in = m_base + i < M;
+    row_factor[i] = in ? trellis_cuda::pow2(-(int)__half2float(x_exp[m_base + i])) * TRELLIS_RCP : 0.0f;
+    if (BIAS_FOLD) row_bias[i] = in ? 1534.0f * x_sum[m_base + i] : 0.0f;
+  }
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) trellis_cuda::mbarrier_init(x_full_addr + 8 * s, 1);
+    trellis_cuda::fence_mbarrier_init();
+  }
+  trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
+  auto copy_step = [&](int jstep, int block, int sub, int s) {
+    if (tid == 0 && jstep < steps_total) {
+      while (block >= NB) block -= NB;
+      const __half* const src = x + (((size_t)pass * NB + block) * 4 + sub) * (X_BYTES / 2);
+      trellis_cuda::mbarrier_arrive_expect_bytes(x_full_addr + 8 * s, X_BYTES);
+      trellis_cuda::bulk_copy_to_shared(stages_addr + s * STAGE_BYTES + A_BYTES, src, X_BYTES, x_full_addr + 8 * s);
+    }
+  };
+  {
+    const int b0 = (int)(u_begin % NB);
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) copy_step(i, b0 + i / 4, i % 4, i);
+  }
+  const unsigned long long desc_a0 = trellis_cuda::no_swizzle_descriptor(stages_addr, 128, 256);
+  const unsigned long long desc_b0 = trellis_cuda::no_swizzle_descriptor(stages_addr + A_BYTES, 128, 256);
+
+  // Output c0 + g + 8 (e >> 1), activation row m_base + 8 t + 2 q + (e & 1) of d[t][e].
+  auto write_tile = [&](const float (&acc)[MT][4], int c0) {
+    const int g = lane >> 2, qq = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = c0 + g + 8 * (e >> 1);
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        const int i = 8 * t + 2 * qq + (e & 1), m = m_base + i;
+        if (m >= M) continue;
+        const float out = (acc[t][e] - (BIAS_FOLD ? row_bias[i] : 0.0f)) * row_factor[i];
+#if TRELLIS_RESIDUAL
+        y[(size_t)m * C + c] = Y(out + float(residual[(size_t)m * C + c]));
+#else
+        y[(size_t)m * C + c] = Y(out);
+#endif
+      }
+    }
+  };
+  int step = 0, s = 0, released = 0;
+  unsigned parity = 0;
+  auto release_previous = [&](int s_prev) {
+    if (released < step) {
+      if (step - 1 + STAGES < steps_total) trellis_cuda::named_arrive(1 + STAGES + s_prev, THREADS);
+      released = step;
+    }
+  };
+  for (long long u = u_begin; u < u_end;) {
+    const int tile = (int)(u / NB), kb0 = (int)(u % NB);
+    const int kb1 = (int)min((long long)NB, kb0 + (u_end - u));
+    float acc[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+    for (int jj = 0; jj < 4 * (kb1 - kb0); ++jj, ++step) {
+      trellis_cuda::mbarrier_wait(x_full_addr + 8 * s, parity);  // the step's activations
+      trellis_cuda::named_sync(1 + s, THREADS);                  // FULL: the step's code values
+      trellis_cuda::wgmma_fence();
+      const unsigned stage_offset = s * (STAGE_BYTES >> 4);
+#pragma unroll
+      for (int qb = 0; qb < 4; ++qb) {
+        const unsigned long long desc_a = desc_a0 + (stage_offset + ((qb * 2048) >> 4));
+        const unsigned long long desc_b = desc_b0 + (stage_offset + ((qb * MT * 256) >> 4));
+        trellis_cuda::wgmma_ss<N_LO, true>(reinterpret_cast<float(&)[N_LO][4]>(acc[0]), desc_a, desc_b);
+        if constexpr (MT > N_LO)
+          trellis_cuda::wgmma_ss<N_HI, true>(reinterpret_cast<float(&)[N_HI][4]>(acc[N_LO % MT]), desc_a,
+                                             desc_b + ((N_LO * 256) >> 4));
+      }
+      trellis_cuda::wgmma_commit();
+      trellis_cuda::wgmma_wait<1>();
+      const int ahead = (jj & 3) + STAGES - 1, s_prev = s == 0 ? STAGES - 1 : s - 1;
+      release_previous(s_prev);
+      copy_step(step + STAGES - 1, kb0 + (jj >> 2) + (ahead >> 2), ahead & 3, s_prev);
+      if (++s == STAGES) s = 0, parity ^= 1;
+    }
+    trellis_cuda::wgmma_wait<0>();
+    release_previous(s == 0 ? STAGES - 1 : s - 1);
+
+    const int c0 = 64 * tile + 16 * warp;
+    if (kb0 == 0 && kb1 == NB) {
+      write_tile(acc, c0);
+    } else {
+      const int slot = u == u_begin ? 0 : 1;
+      float* const mine = partials + (((size_t)pass * G + cta) * 2 + slot) * (NREG * 128);
+#pragma unroll
+      for (int r = 0; r < MT; ++r) reinterpret_cast<float4*>(mine)[r * 128 + tid] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      __threadfence();
+      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
+      unsigned* const counter = const_cast<unsigned*>(counters) + (size_t)pass * TILES + tile;
+      if (tid == 0) *last_flag = atomicAdd(counter, 1u);
+      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
+      const long long t0 = (long long)tile * NB;
+      const int first = block_of(t0), last = block_of(t0 + NB - 1);
+      unsigned parts = 0;
+      for (int c = first; c <= last; ++c) parts += range_start(c + 1) > range_start(c);
+      if (*last_flag == parts - 1) {
+        __threadfence();
+        // The parts' sums in block order, FOLD_LOADS float4 of every part in flight at once (see
+        // gate_up_ws.cu).
+        constexpr int FOLD_LOADS = MT < 8 ? MT : 8;
+#pragma unroll
+        for (int r0 = 0; r0 < MT; r0 += FOLD_LOADS) {
+#pragma unroll
+          for (int r = r0; r < r0 + FOLD_LOADS && r < MT; ++r)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[r][e] = 0.0f;
+          for (int c = first; c <= last; ++c) {
+            const long long start = range_start(c);
+            if (range_start(c + 1) == start) continue;
+            const int their_slot = start >= t0 ? 0 : 1;
+            const float4* part = reinterpret_cast<const float4*>(partials + (((size_t)pass * G + c) * 2 + their_slot) * (NREG * 128));
+            float4 v[FOLD_LOADS];
+#pragma unroll
+            for (int i = 0; i < FOLD_LOADS; ++i)
+              if (r0 + i < MT) v[i] = __ldcg(part + (r0 + i) * 128 + tid);
+#pragma unroll
+            for (int i = 0; i < FOLD_LOADS; ++i)
+              if (r0 + i < MT) acc[r0 + i][0] += v[i].x, acc[r0 + i][1] += v[i].y, acc[r0 + i][2] += v[i].z, acc[r0 + i][3] += v[i].w;
+          }
+        }
+        write_tile(acc, c0);
+      }
+      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
+    }
+    u += kb1 - kb0;
+  }

@@ -1,0 +1,311 @@
+//! The down projection as a warp-specialized decode-once GEMM on Hopper's warpgroup MMA
+//! (`kernels/cuda/down_ws.cu`): producer warps decode each step's 64 code rows of a 64-output tile
+//! into shared memory, a consumer warpgroup multiplies them (transposed) with `wgmma` against the
+//! pre-pass's activations times the row scales, brought by the copy engine. Each weight is decoded
+//! once a pass of up to 128 rows, where the fragment kernel (`down_mma.cu`) decodes once a pass of
+//! up to 64. Its plan ([`plan`]) and its call ([`run`]).
+
+use std::sync::Arc;
+
+use crate::array::MlxArray;
+use crate::dtype::Dtype;
+use crate::error::{invalid, ErrorContext, Result};
+use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
+use crate::kernel::sources;
+use crate::kernel::variant::source_variant;
+use crate::kernel::{CudaKernel, CudaLaunch, LaunchBounds, LaunchConfig};
+use crate::trellis::checks::{check_operands, int};
+use crate::trellis::cuda::gate_up::plan::warpgroup_mma;
+use crate::trellis::cuda::prescale::{self, PrePass, PrePassOutput};
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
+
+/// Rows of 16-bit activations from which [`plan`] takes this kernel on GPUs with Hopper's
+/// warpgroup MMA, up to [`WS_MAX_ROWS`]: where the fragment kernel needs a second pass.
+pub const WS_MIN_ROWS: usize = 65;
+
+/// The most rows [`plan`] gives this kernel: one pass; above it the dense path.
+pub const WS_MAX_ROWS: usize = 128;
+
+/// Thread blocks a pass: two on each of an H200's 132 SMs (the launch bounds hold a block to 128
+/// registers a thread, and [`WS_SHARED_BUDGET`] keeps two blocks' shared memory within an SM's).
+pub const WS_CTAS: u32 = 264;
+
+/// Shared memory a block of the plan keeps to: two blocks (and the 1 KB the GPU reserves each)
+/// in Hopper's 228 KB.
+const WS_SHARED_BUDGET: usize = 112 * 1024;
+
+/// The most dynamic shared memory a block may take (Hopper's opt-in limit).
+const DYNAMIC_SHARED_LIMIT: usize = 227 * 1024;
+
+/// The threads of a block: a consumer warpgroup and four producer warps.
+const THREADS: u32 = 256;
+
+/// The section flag of the residual variant.
+const RESIDUAL_FLAG: &str = "TRELLIS_RESIDUAL";
+
+/// How one call of the kernel is shaped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CudaDownWsConfig {
+    /// 8-row tiles of a pass (1..=16): the `wgmma`'s N is `8 mt`.
+    pub mt: u32,
+    /// Steps of 64 input rows in the shared-memory ring (3..=7).
+    pub stages: u32,
+    /// Thread blocks a pass (stream-K over the pass's tiles and input blocks).
+    pub ctas: u32,
+    /// Carry y + 1534 in the code values and subtract 1534 times each row's sum at the end.
+    pub bias_fold: bool,
+}
+
+impl CudaDownWsConfig {
+    /// `m` rows: as few passes of up to 128 rows as hold them, the rows shared out evenly, as
+    /// many stages as [`WS_SHARED_BUDGET`] allows (at most 7), [`WS_CTAS`] blocks, the bias fold.
+    pub fn for_rows(m: usize) -> CudaDownWsConfig {
+        let passes = m.div_ceil(128).max(1);
+        let mt = m.div_ceil(passes).div_ceil(8).clamp(1, 16) as u32;
+        let base = CudaDownWsConfig { mt, stages: 3, ctas: WS_CTAS, bias_fold: true };
+        let stages = (3..=7).rev().find(|&s| CudaDownWsConfig { stages: s, ..base }.shared_bytes() <= WS_SHARED_BUDGET);
+        CudaDownWsConfig { stages: stages.unwrap_or(3), ..base }
+    }
+
+    /// Activation rows a pass.
+    pub fn pass_rows(&self) -> usize {
+        8 * self.mt as usize
+    }
+
+    /// The kernel's dynamic shared memory: the stages (8 KB of code values and the pass's rows of
+    /// 64 inputs each), the rows' factors and biases, the stages' mbarriers and the fold's flag.
+    pub fn shared_bytes(&self) -> usize {
+        let (rows, stages) = (self.pass_rows(), self.stages as usize);
+        stages * (64 * 64 * 2 + rows * 64 * 2) + 2 * rows * 4 + 8 * stages + 16
+    }
+
+    /// An error naming the first reason this shape cannot run `g` with `dtype` activations.
+    pub fn check(&self, g: &TrellisGeometry, dtype: Dtype) -> Result<()> {
+        let what = "CUDA down warp-specialized GEMM";
+        if dtype == Dtype::Float32 {
+            invalid!("{what}: for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
+        }
+        if !(1..=16).contains(&self.mt) || !(3..=7).contains(&self.stages) || !(1..=65535).contains(&self.ctas) {
+            invalid!("{what}: mt = {} (1..=16), stages = {} (3..=7) or ctas = {} (1..=65535) out of range", self.mt, self.stages, self.ctas);
+        }
+        if !serves(g) {
+            invalid!("{what}: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=4, rows and columns multiples of 256)");
+        }
+        let shared = self.shared_bytes();
+        if shared > DYNAMIC_SHARED_LIMIT {
+            invalid!("{what}: {shared} bytes of shared memory (mt = {}, stages = {}; at most {DYNAMIC_SHARED_LIMIT})", self.mt, self.stages);
+        }
+        Ok(())
+    }
+}
+
+/// Whether the kernel serves `g`: the down kernel's geometries (`super::supports`) whose input
+/// rows are whole blocks of 256 (a step is 64 of a block's rows, and the pre-pass's image is of
+/// whole blocks).
+pub fn serves(g: &TrellisGeometry) -> bool {
+    super::supports(g) && g.rows % 256 == 0
+}
+
+/// The configuration for `m` rows of `dtype` activations of `g` where the plan takes this kernel:
+/// [`WS_MIN_ROWS`]–[`WS_MAX_ROWS`] rows of 16-bit activations of a geometry it serves, on a GPU
+/// with Hopper's warpgroup MMA.
+pub fn plan(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<CudaDownWsConfig> {
+    plan_on(g, m, dtype, warpgroup_mma())
+}
+
+/// [`plan`] on a GPU with (`wgmma`) or without Hopper's warpgroup MMA.
+pub fn plan_on(g: &TrellisGeometry, m: usize, dtype: Dtype, wgmma: bool) -> Option<CudaDownWsConfig> {
+    let sixteen_bit = matches!(dtype, Dtype::Float16 | Dtype::Bfloat16);
+    (wgmma && sixteen_bit && serves(g) && (WS_MIN_ROWS..=WS_MAX_ROWS).contains(&m)).then(|| CudaDownWsConfig::for_rows(m))
+}
+
+/// The kernel, registered once per variant and shared-memory size.
+fn kernel(residual: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
+    let bounds = LaunchBounds { threads: THREADS, min_blocks: 2 };
+    let key = KernelKey {
+        family: "down_ws",
+        variant: if residual { "residual" } else { "" },
+        shared_memory,
+        launch_bounds: Some(bounds),
+    };
+    registry::cuda(key, || {
+        Ok(KernelText {
+            inputs: if residual {
+                &["x", "x_exp", "x_sum", "counters", "codes", "residual"]
+            } else {
+                &["x", "x_exp", "x_sum", "counters", "codes"]
+            },
+            outputs: &["y", "partials"],
+            body: source_variant(sources::CUDA_DOWN_WS, RESIDUAL_FLAG, residual)
+                .context("CUDA down kernel source down_ws.cu")?,
+            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_DOWN_MMA_HEADER, sources::CUDA_WGMMA]
+                .join("\n"),
+        })
+    })
+}
+
+/// `x2 [M, in] · W` (plus `residual`, added before the one rounding, where given) with `cfg`: the
+/// pre-pass (the rows times the scales as f16 in the image order, their exponents and sums, the
+/// zeroed fold counters), then the kernel. Returns the output and the kernel's partial sums.
+pub(crate) fn run(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownWsConfig,
+    residual: Option<&MlxArray>,
+) -> Result<(MlxArray, MlxArray)> {
+    let m = check_operands("CUDA down warp-specialized GEMM", x2, codes, scales, g)?;
+    if let Some(r) = residual {
+        super::check_down_residual(x2, g, r)?;
+    }
+    let prepared = prepared_launch(g, cfg, m, x2.dtype(), residual.is_some())?;
+    let mut outs = prescale::kernel(false)?
+        .apply_prepared(&[x2, scales], &prepared.pre_pass)
+        .context("CUDA down warp-specialized GEMM: the activations' pre-pass")?;
+    let x_sum = outs.pop().expect("four outputs");
+    let x_exp = outs.pop().expect("four outputs");
+    let counters = outs.pop().expect("four outputs");
+    let x_image = outs.pop().expect("four outputs");
+    let mut inputs = vec![&x_image, &x_exp, &x_sum, &counters, codes];
+    inputs.extend(residual);
+    let mut ys = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
+    let partials = ys.pop().expect("an output and the partials");
+    Ok((ys.remove(0), partials))
+}
+
+/// One call's launches, prepared once per shape.
+struct Prepared {
+    kernel: &'static CudaKernel,
+    launch: CudaLaunch,
+    pre_pass: CudaLaunch,
+}
+
+/// One call's shape: what its launches are prepared for, and their cache's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Call {
+    g: TrellisGeometry,
+    cfg: CudaDownWsConfig,
+    m: usize,
+    dtype: Dtype,
+    residual: bool,
+}
+
+fn prepared_launch(
+    g: &TrellisGeometry,
+    cfg: CudaDownWsConfig,
+    m: usize,
+    dtype: Dtype,
+    residual: bool,
+) -> Result<Arc<Prepared>> {
+    static LAUNCHES: LaunchCache<Call, Prepared> = LaunchCache::new(256);
+    let call = Call { g: *g, cfg, m, dtype, residual };
+    LAUNCHES.get_or_build(call, || prepare(call))
+}
+
+/// [`prepared_launch`]'s work on a miss: `cfg.ctas` blocks of a consumer warpgroup and four
+/// producer warps for each pass of `8 cfg.mt` rows, bounded to two blocks an SM; its scratch for
+/// the parts of tiles its blocks share; the pre-pass with a fold counter for each 64-output tile
+/// of each pass.
+fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<Prepared> {
+    let what = "CUDA down warp-specialized GEMM";
+    cfg.check(&g, dtype)?;
+    let passes = m.div_ceil(cfg.pass_rows()).max(1);
+    let tiles = g.cols / 64;
+    let (Some(counters), Some(partials), Some(image)) = (
+        tiles.checked_mul(passes),
+        passes.checked_mul(cfg.ctas as usize).and_then(|n| n.checked_mul(2 * 128 * 4 * cfg.mt as usize)),
+        passes.checked_mul(cfg.pass_rows()).and_then(|n| n.checked_mul(g.rows)),
+    ) else {
+        invalid!("{what}: {m} rows of {g} overflow the launch's sizes");
+    };
+    if [counters, partials, image].iter().any(|&n| i32::try_from(n).is_err()) || passes > 65535 {
+        invalid!("{what}: {m} rows of {g} overflow the launch's sizes ({counters} counters, {partials} partial sums, {image} activations, {passes} passes)");
+    }
+    let kernel = kernel(residual, cfg.shared_bytes())?;
+    let threads = THREADS as usize;
+    let launch = LaunchConfig::new([threads, cfg.ctas as usize, passes], [threads, 1, 1])
+        .output(&[m, g.cols], dtype)
+        .output(&[partials], Dtype::Float32)
+        .template_dtype("Y", dtype)
+        .template_int("R", int(what, g.rows)?)
+        .template_int("C", int(what, g.cols)?)
+        .template_int("K", g.k as i32)
+        .template_int("L", g.l as i32)
+        .template_int("MT", cfg.mt as i32)
+        .template_int("STAGES", cfg.stages as i32)
+        .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
+        .template_bool("BIAS_FOLD", cfg.bias_fold);
+    let launch = kernel.prepare(&launch)?;
+    let pre_pass = PrePass {
+        m,
+        width: g.rows,
+        row_pad: g.rows,
+        dtype,
+        counters,
+        row_scales: true,
+        output: PrePassOutput::Activations,
+        pair: false,
+        row_sums: cfg.bias_fold,
+        wgmma_order: false,
+        image_rows: cfg.pass_rows(),
+    }
+    .prepare()?;
+    Ok(Prepared { kernel, launch, pre_pass })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen_down(k: u32) -> TrellisGeometry {
+        TrellisGeometry::row_major(17408, 5120, k, 256, 12.max(k), 0).unwrap()
+    }
+
+    #[test]
+    fn the_plan_takes_it_at_65_to_128_rows_of_16_bit_activations_on_hopper_only() {
+        for g in [qwen_down(2), qwen_down(3), qwen_down(3).interleaved().unwrap(), qwen_down(4)] {
+            for m in 1..=300 {
+                for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                    let want = dtype != Dtype::Float32 && (65..=128).contains(&m);
+                    assert_eq!(plan_on(&g, m, dtype, true).is_some(), want, "{g} M {m} {dtype}");
+                    assert!(plan_on(&g, m, dtype, false).is_none());
+                    if let Some(cfg) = plan_on(&g, m, dtype, true) {
+                        cfg.check(&g, dtype).unwrap();
+                        // One pass holds the call's rows, in whole 8-row tiles.
+                        assert_eq!(cfg.pass_rows(), m.next_multiple_of(8), "M {m}");
+                        assert!(cfg.shared_bytes() <= WS_SHARED_BUDGET);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stages_fill_the_budget_and_passes_share_the_rows() {
+        // 128 rows: 24 KB a stage, four stages; 64 rows: 16 KB, six.
+        assert_eq!(CudaDownWsConfig::for_rows(128).stages, 4);
+        assert_eq!(CudaDownWsConfig::for_rows(64).stages, 6);
+        assert_eq!(CudaDownWsConfig::for_rows(8).stages, 7);
+        // 200 rows: two passes of 104.
+        let two = CudaDownWsConfig::for_rows(200);
+        assert_eq!((two.mt, two.pass_rows()), (13, 104));
+        assert_eq!(CudaDownWsConfig::for_rows(128).shared_bytes(), 4 * (8192 + 16384) + 1024 + 32 + 16);
+    }
+
+    #[test]
+    fn shapes_and_geometries_it_cannot_run_are_errors_that_say_so() {
+        let g = qwen_down(3);
+        let ok = CudaDownWsConfig::for_rows(128);
+        let err = |cfg: CudaDownWsConfig, g: &TrellisGeometry, dtype: Dtype| cfg.check(g, dtype).unwrap_err().to_string();
+        assert!(err(ok, &g, Dtype::Float32).contains("16-bit activations"));
+        assert!(err(CudaDownWsConfig { mt: 17, ..ok }, &g, Dtype::Bfloat16).contains("mt = 17"));
+        assert!(err(CudaDownWsConfig { stages: 2, ..ok }, &g, Dtype::Bfloat16).contains("stages = 2"));
+        assert!(err(CudaDownWsConfig { ctas: 0, ..ok }, &g, Dtype::Bfloat16).contains("ctas = 0"));
+        // Input rows not a multiple of 256, and an axis-1 geometry.
+        let ragged = TrellisGeometry::row_major(17400, 5120, 3, 256, 12, 0).unwrap();
+        assert!(!serves(&ragged) && err(ok, &ragged, Dtype::Bfloat16).contains("unsupported geometry"));
+        let axis1 = TrellisGeometry::row_major(5120, 17408, 3, 256, 12, 1).unwrap();
+        assert!(!serves(&axis1) && plan_on(&axis1, 128, Dtype::Bfloat16, true).is_none());
+    }
+}
