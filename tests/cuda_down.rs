@@ -720,9 +720,10 @@ fn a_pair_of_matrices_of_different_geometries_is_refused() {
 }
 
 /// The warp-specialized down GEMM (`down_ws.cu`) in a shape: `mt` 8-row tiles a pass, `stages`
-/// steps in its ring, `ctas` thread blocks a pass, with or without the bias fold.
+/// steps in its ring, `ctas` thread blocks a pass, with or without the bias fold, its code words
+/// two steps ahead where `mt` is odd, one where it is even.
 fn down_ws(mt: u32, stages: u32, ctas: u32, bias_fold: bool) -> CudaDownWsConfig {
-    CudaDownWsConfig { mt, stages, ctas, bias_fold }
+    CudaDownWsConfig { mt, stages, ctas, bias_fold, lookahead: 1 + mt % 2 }
 }
 
 /// The warp-specialized down GEMM against the reference on one layer whose input rows are whole

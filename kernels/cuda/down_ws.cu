@@ -22,7 +22,7 @@
 // Warps. Warps 0-3 are the consumer warpgroup, warps 4-7 the producers: warp 4 + q decodes slice q
 // of every step, lane l code rows 16 sub + j and 16 sub + 8 + j (j = l % 8) of it, outputs
 // 16 (l / 8) .. + 15 of the tile: two runs of 16 positions, read from global memory (L2: the four
-// tiles of a block column read each row's block) one step ahead, realigned (CodeRun) and decoded
+// tiles of a block column read each row's block) LOOKAHEAD steps ahead, realigned (CodeRun) and decoded
 // into four 16-byte stores. Named barriers FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s and
 // the consumer's own (15); the stage's mbarrier for the activations' bulk copy; the producers
 // hand a step over once the next is decoded (see gate_up_ws.cu). Two blocks an SM (the host's
@@ -39,7 +39,8 @@
 // each), the stages' mbarriers (8 bytes each), one word for the fold's flag.
 //
 // Template ints: R (input rows, a multiple of 256), C (outputs, a multiple of 256), K, L, MT
-// (1..16), STAGES (3..7). Template bools: INTERLEAVE, BIAS_FOLD. Template type: Y.
+// (1..16), STAGES (3..7), LOOKAHEAD (1 or 2: steps of code words in flight beyond the one
+// decoding). Template bools: INTERLEAVE, BIAS_FOLD. Template type: Y.
 // Inputs: x [passes 8 MT, R] f16 (the image order), x_exp [M] f16, x_sum [M] f32 (read with
 // BIAS_FOLD), counters [passes tiles] u32, codes, in the residual variant residual [M, C] in Y.
 // Outputs: y [M, C] in Y, partials [passes, G, 2, 128 MT 4] f32 (scratch). Grid:
@@ -62,6 +63,7 @@
   static_assert(!INTERLEAVE || (K == 3 && C % 512 == 0), "the 3-bit interleave pairs blocks");
   static_assert(MT >= 1 && MT <= 16, "1 to 16 tiles of 8 rows a pass");
   static_assert(STAGES >= 3 && 2 * STAGES < CONSUMER_BARRIER, "two named barriers a stage");
+  static_assert(LOOKAHEAD == 1 || LOOKAHEAD == 2, "code words one or two steps ahead");
   using Run = trellis_cuda::CodeRun<K, L, 16>;
   constexpr long long UNITS = (long long)TILES * NB;
   const int G = gridDim.y, cta = blockIdx.y, pass = blockIdx.z;
@@ -107,19 +109,24 @@
 #pragma unroll
         for (int h = 0; h < 2; ++h) run.load(block_words(256 * b + 64 * q + 16 * sub + 8 * h + j, cb), raw[h]);
       };
-      unsigned raw[2][Run::NWL], next[2][Run::NWL];
-      load(kb0, 0, raw);
+      // The words of the step being decoded and of the LOOKAHEAD steps after it, in flight.
+      unsigned raw[LOOKAHEAD + 1][2][Run::NWL];
+      // Step (b, sub) + d of the segment, if it is in it: its words into raw[d].
+      auto load_ahead = [&](int b, int sub, int d) {
+        const int later = sub + d, bb = b + later / 4;
+        if (bb < kb1) load(bb, later % 4, raw[d]);
+      };
+#pragma unroll
+      for (int d = 0; d < LOOKAHEAD; ++d) load_ahead(kb0, 0, d);
       for (int b = kb0; b < kb1; ++b) {
 #pragma unroll
         for (int sub = 0; sub < 4; ++sub, ++step) {
-          // The next step's words, in flight while this one decodes.
-          if (sub < 3) load(b, sub + 1, next);
-          else if (b + 1 < kb1) load(b + 1, 0, next);
+          load_ahead(b, sub, LOOKAHEAD);
           uint4 v[2][2];  // [h][8-output group of the lane's two]
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             unsigned w[Run::NWR];
-            run.realign(raw[h], w);
+            run.realign(raw[0][h], w);
             // Position 16 group + i's window starts at bit (15 - i) K.
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -143,9 +150,11 @@
               *reinterpret_cast<uint4*>(a_stage + (2 * group + half) * 256 + h * 128 + j * 16) = v[h][half];
           stored = true;
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
+          for (int d = 0; d < LOOKAHEAD; ++d)
 #pragma unroll
-            for (int i = 0; i < Run::NWL; ++i) raw[h][i] = next[h][i];
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int i = 0; i < Run::NWL; ++i) raw[d][h][i] = raw[d + 1][h][i];
         }
       }
       hand_over(step - 1);

@@ -26,6 +26,11 @@ pub const WS_MIN_ROWS: usize = 65;
 /// The most rows [`plan`] gives this kernel: one pass; above it the dense path.
 pub const WS_MAX_ROWS: usize = 128;
 
+/// Steps of code words a producer of the plan has in flight ahead of its decode: the words come
+/// from L2 (the four tiles of a block column each read a quarter of every row's block), whose
+/// latency one step's decode may not cover (not measured).
+const WS_LOOKAHEAD: u32 = 2;
+
 /// Thread blocks a pass: two on each of an H200's 132 SMs (the launch bounds hold a block to 128
 /// registers a thread, and [`WS_SHARED_BUDGET`] keeps two blocks' shared memory within an SM's).
 pub const WS_CTAS: u32 = 264;
@@ -54,6 +59,8 @@ pub struct CudaDownWsConfig {
     pub ctas: u32,
     /// Carry y + 1534 in the code values and subtract 1534 times each row's sum at the end.
     pub bias_fold: bool,
+    /// Steps whose code words a producer has in flight beyond the one it decodes (1 or 2).
+    pub lookahead: u32,
 }
 
 impl CudaDownWsConfig {
@@ -62,7 +69,7 @@ impl CudaDownWsConfig {
     pub fn for_rows(m: usize) -> CudaDownWsConfig {
         let passes = m.div_ceil(128).max(1);
         let mt = m.div_ceil(passes).div_ceil(8).clamp(1, 16) as u32;
-        let base = CudaDownWsConfig { mt, stages: 3, ctas: WS_CTAS, bias_fold: true };
+        let base = CudaDownWsConfig { mt, stages: 3, ctas: WS_CTAS, bias_fold: true, lookahead: WS_LOOKAHEAD };
         let stages = (3..=7).rev().find(|&s| CudaDownWsConfig { stages: s, ..base }.shared_bytes() <= WS_SHARED_BUDGET);
         CudaDownWsConfig { stages: stages.unwrap_or(3), ..base }
     }
@@ -85,8 +92,18 @@ impl CudaDownWsConfig {
         if dtype == Dtype::Float32 {
             invalid!("{what}: for 16-bit activations (got {dtype}); f32 keeps the fragment kernel");
         }
-        if !(1..=16).contains(&self.mt) || !(3..=7).contains(&self.stages) || !(1..=65535).contains(&self.ctas) {
-            invalid!("{what}: mt = {} (1..=16), stages = {} (3..=7) or ctas = {} (1..=65535) out of range", self.mt, self.stages, self.ctas);
+        if !(1..=16).contains(&self.mt)
+            || !(3..=7).contains(&self.stages)
+            || !(1..=65535).contains(&self.ctas)
+            || !(1..=2).contains(&self.lookahead)
+        {
+            invalid!(
+                "{what}: mt = {} (1..=16), stages = {} (3..=7), ctas = {} (1..=65535) or lookahead = {} (1..=2) out of range",
+                self.mt,
+                self.stages,
+                self.ctas,
+                self.lookahead
+            );
         }
         if !serves(g) {
             invalid!("{what}: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=4, rows and columns multiples of 256)");
@@ -234,6 +251,7 @@ fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<Prepared> {
         .template_int("L", g.l as i32)
         .template_int("MT", cfg.mt as i32)
         .template_int("STAGES", cfg.stages as i32)
+        .template_int("LOOKAHEAD", cfg.lookahead as i32)
         .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
         .template_bool("BIAS_FOLD", cfg.bias_fold);
     let launch = kernel.prepare(&launch)?;
@@ -302,6 +320,7 @@ mod tests {
         assert!(err(CudaDownWsConfig { mt: 17, ..ok }, &g, Dtype::Bfloat16).contains("mt = 17"));
         assert!(err(CudaDownWsConfig { stages: 2, ..ok }, &g, Dtype::Bfloat16).contains("stages = 2"));
         assert!(err(CudaDownWsConfig { ctas: 0, ..ok }, &g, Dtype::Bfloat16).contains("ctas = 0"));
+        assert!(err(CudaDownWsConfig { lookahead: 3, ..ok }, &g, Dtype::Bfloat16).contains("lookahead = 3"));
         // Input rows not a multiple of 256, and an axis-1 geometry.
         let ragged = TrellisGeometry::row_major(17400, 5120, 3, 256, 12, 0).unwrap();
         assert!(!serves(&ragged) && err(ok, &ragged, Dtype::Bfloat16).contains("unsupported geometry"));
