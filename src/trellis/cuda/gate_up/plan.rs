@@ -443,7 +443,8 @@ pub fn plan_on(m: usize, dtype: Dtype, fused: bool, outputs: usize, wgmma: bool)
 /// 8-row tiles a warp (`mt`) for `m` rows in passes of `row_split` warps a tile of up to 8 tiles
 /// each, as few passes as that allows, the tiles shared out as evenly as they go: the down plan's
 /// `pass_tiles` of each warp's share of the rows (a ceiling of a ceiling is the ceiling of the
-/// whole).
+/// whole). For the sweeps of row-split shapes (the plan takes none).
+#[cfg(any(test, feature = "tuning"))]
 pub fn split_pass_tiles(m: usize, row_split: u32) -> u32 {
     pass_tiles(m.div_ceil(row_split.max(1) as usize))
 }
