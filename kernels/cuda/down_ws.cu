@@ -30,8 +30,8 @@
 // other's multiplies.
 //
 // Work split: stream-K over a pass's tiles of 64 outputs times the NB blocks of input rows,
-// tile-major, and the fold of split tiles (partials, counters zeroed by the pre-pass), exactly as
-// gate_up_ws.cu. With TRELLIS_RESIDUAL the outputs are residual + x W, added in f32 before the
+// tile-major, and the fold of split tiles (partials, counters zeroed by the pre-pass): stream_k.cuh,
+// as gate_up_ws.cu. With TRELLIS_RESIDUAL the outputs are residual + x W, added in f32 before the
 // one rounding.
 //
 // Shared memory (dynamic; the host's shared_bytes): STAGES stages of the step's A (8 KB) then the
@@ -65,17 +65,10 @@
   static_assert(STAGES >= 3 && 2 * STAGES < CONSUMER_BARRIER, "two named barriers a stage");
   static_assert(LOOKAHEAD == 1 || LOOKAHEAD == 2, "code words one or two steps ahead");
   using Run = trellis_cuda::CodeRun<K, L, 16>;
-  constexpr long long UNITS = (long long)TILES * NB;
-  const int G = gridDim.y, cta = blockIdx.y, pass = blockIdx.z;
+  const int cta = blockIdx.y, pass = blockIdx.z;
+  const trellis_cuda::StreamK sk{(long long)TILES * NB, (int)gridDim.y};
   const int m_base = pass * ROWS;
-  auto range_start = [&](int c) { return (long long)c * UNITS / G; };
-  auto block_of = [&](long long u) {
-    int c = (int)(u * G / UNITS);
-    while (c + 1 < G && range_start(c + 1) <= u) ++c;
-    while (c > 0 && range_start(c) > u) --c;
-    return c;
-  };
-  const long long u_begin = range_start(cta), u_end = range_start(cta + 1);
+  const long long u_begin = sk.start(cta), u_end = sk.start(cta + 1);
   const int steps_total = (int)(u_end - u_begin) * 4;
 
   extern __shared__ __align__(128) unsigned char shared_base[];
@@ -254,47 +247,9 @@
     if (kb0 == 0 && kb1 == NB) {
       write_tile(acc, c0);
     } else {
-      const int slot = u == u_begin ? 0 : 1;
-      float* const mine = partials + (((size_t)pass * G + cta) * 2 + slot) * (NREG * 128);
-#pragma unroll
-      for (int r = 0; r < MT; ++r) reinterpret_cast<float4*>(mine)[r * 128 + tid] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-      __threadfence();
-      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
-      unsigned* const counter = const_cast<unsigned*>(counters) + (size_t)pass * TILES + tile;
-      if (tid == 0) *last_flag = atomicAdd(counter, 1u);
-      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
-      const long long t0 = (long long)tile * NB;
-      const int first = block_of(t0), last = block_of(t0 + NB - 1);
-      unsigned parts = 0;
-      for (int c = first; c <= last; ++c) parts += range_start(c + 1) > range_start(c);
-      if (*last_flag == parts - 1) {
-        __threadfence();
-        // The parts' sums in block order, FOLD_LOADS float4 of every part in flight at once (see
-        // gate_up_ws.cu).
-        constexpr int FOLD_LOADS = MT < 8 ? MT : 8;
-#pragma unroll
-        for (int r0 = 0; r0 < MT; r0 += FOLD_LOADS) {
-#pragma unroll
-          for (int r = r0; r < r0 + FOLD_LOADS && r < MT; ++r)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r][e] = 0.0f;
-          for (int c = first; c <= last; ++c) {
-            const long long start = range_start(c);
-            if (range_start(c + 1) == start) continue;
-            const int their_slot = start >= t0 ? 0 : 1;
-            const float4* part = reinterpret_cast<const float4*>(partials + (((size_t)pass * G + c) * 2 + their_slot) * (NREG * 128));
-            float4 v[FOLD_LOADS];
-#pragma unroll
-            for (int i = 0; i < FOLD_LOADS; ++i)
-              if (r0 + i < MT) v[i] = __ldcg(part + (r0 + i) * 128 + tid);
-#pragma unroll
-            for (int i = 0; i < FOLD_LOADS; ++i)
-              if (r0 + i < MT) acc[r0 + i][0] += v[i].x, acc[r0 + i][1] += v[i].y, acc[r0 + i][2] += v[i].z, acc[r0 + i][3] += v[i].w;
-          }
-        }
-        write_tile(acc, c0);
-      }
-      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
+      trellis_cuda::fold_split_tile<MT>(
+          sk, [&](int r) -> float(&)[4] { return acc[r]; }, partials, counters, last_flag, pass, cta, tile, TILES, NB,
+          u == u_begin, tid, CONSUMER_BARRIER, [&] { write_tile(acc, c0); });
     }
     u += kb1 - kb0;
   }

@@ -155,8 +155,14 @@ fn kernel(residual: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
             outputs: &["y", "partials"],
             body: source_variant(sources::CUDA_DOWN_WS, RESIDUAL_FLAG, residual)
                 .context("CUDA down kernel source down_ws.cu")?,
-            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_DOWN_MMA_HEADER, sources::CUDA_WGMMA]
-                .join("\n"),
+            header: [
+                sources::CUDA_CODEBOOK,
+                sources::CUDA_FRAGMENT,
+                sources::CUDA_DOWN_MMA_HEADER,
+                sources::CUDA_WGMMA,
+                sources::CUDA_STREAM_K,
+            ]
+            .join("\n"),
         })
     })
 }

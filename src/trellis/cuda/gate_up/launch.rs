@@ -131,7 +131,8 @@ fn kernel(
         let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
         match kernel {
             AxisOneKernel::Int8 => header.push(sources::CUDA_GATE_UP_INT8_HEADER),
-            AxisOneKernel::Wgmma | AxisOneKernel::Specialized => header.push(sources::CUDA_WGMMA),
+            AxisOneKernel::Wgmma => header.push(sources::CUDA_WGMMA),
+            AxisOneKernel::Specialized => header.extend([sources::CUDA_WGMMA, sources::CUDA_STREAM_K]),
             AxisOneKernel::Fragment | AxisOneKernel::Gemm => {}
         }
         Ok(KernelText {
