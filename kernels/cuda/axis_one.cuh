@@ -1,7 +1,7 @@
 // What the axis-1 kernels (gate_up.cu, gate_up_int8.cu, gate_up_gemm.cu, gate_up_wgmma.cu,
 // gate_up_ws.cu) share: the code words a lane reads, their decode into an MMA's A fragment (all but
-// the int8 kernel), the GEMMs' outputs and the fused MLP's SwiGLU. Placed after codebook.cuh and fragment.cuh, before MLX's
-// `namespace mlx::core::cu`.
+// the int8 kernel), the GEMMs' outputs and the fused MLP's SwiGLU. Placed after codebook.cuh and
+// fragment.cuh, before MLX's `namespace mlx::core::cu`.
 #pragma once
 
 namespace trellis_cuda {
