@@ -163,24 +163,11 @@
     row_factor[i] = in ? trellis_cuda::pow2(-(int)__half2float(x_exp[m_base + i])) * TRELLIS_RCP : 0.0f;
     if (BIAS_FOLD) row_bias[i] = in ? 1534.0f * x_sum[m_base + i] : 0.0f;
   }
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) trellis_cuda::mbarrier_init(x_full_addr + 8 * s, 1);
-    trellis_cuda::fence_mbarrier_init();
-  }
+  const trellis_cuda::ActivationRing<STAGES, STAGE_BYTES, A_BYTES, X_BYTES> activations{
+      x, stages_addr, x_full_addr, NB, pass, steps_total, tid};
+  activations.init();
   trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
-  auto copy_step = [&](int jstep, int block, int sub, int s) {
-    if (tid == 0 && jstep < steps_total) {
-      while (block >= NB) block -= NB;
-      const __half* const src = x + (((size_t)pass * NB + block) * 4 + sub) * (X_BYTES / 2);
-      trellis_cuda::mbarrier_arrive_expect_bytes(x_full_addr + 8 * s, X_BYTES);
-      trellis_cuda::bulk_copy_to_shared(stages_addr + s * STAGE_BYTES + A_BYTES, src, X_BYTES, x_full_addr + 8 * s);
-    }
-  };
-  {
-    const int b0 = (int)(u_begin % NB);
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) copy_step(i, b0 + i / 4, i % 4, i);
-  }
+  activations.prologue((int)(u_begin % NB));
   const unsigned long long desc_a0 = trellis_cuda::no_swizzle_descriptor(stages_addr, 128, 256);
   const unsigned long long desc_b0 = trellis_cuda::no_swizzle_descriptor(stages_addr + A_BYTES, 128, 256);
 
@@ -237,7 +224,7 @@
       trellis_cuda::wgmma_wait<1>();
       const int ahead = (jj & 3) + STAGES - 1, s_prev = s == 0 ? STAGES - 1 : s - 1;
       release_previous(s_prev);
-      copy_step(step + STAGES - 1, kb0 + (jj >> 2) + (ahead >> 2), ahead & 3, s_prev);
+      activations.copy_step(step + STAGES - 1, kb0 + (jj >> 2) + (ahead >> 2), ahead & 3, s_prev);
       if (++s == STAGES) s = 0, parity ^= 1;
     }
     trellis_cuda::wgmma_wait<0>();

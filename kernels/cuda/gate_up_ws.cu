@@ -205,28 +205,13 @@
   const __half* mat_scales[NMAT] = {scales};
 #endif
   trellis_cuda::gemm_row_factors<BIAS_FOLD, 128>(unlift, row_bias, x_exp, x_sum, m_base, M, ROWS);
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) trellis_cuda::mbarrier_init(x_full_addr + 8 * s, 1);
-    trellis_cuda::fence_mbarrier_init();
-  }
+  // The activations of each step: one bulk copy of the pre-pass's image of the step (its 8 MT
+  // rows of 64 inputs as the stage holds them) into its stage once it is free.
+  const trellis_cuda::ActivationRing<STAGES, STAGE_BYTES, NMAT * A_BYTES, X_BYTES> activations{
+      x, stages_addr, x_full_addr, NB, pass, steps_total, tid};
+  activations.init();
   trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
-  // The activations of step j: one bulk copy of the pre-pass's image of the step (its 8 MT rows
-  // of 64 inputs as the stage holds them), issued by thread 0 into stage `s` once it is free.
-  // Steps run over the block's units in order: step j is quarter j % 4 of block
-  // (u_begin + j / 4) % NB of whichever tile.
-  auto copy_step = [&](int j, int block, int sub, int s) {
-    if (tid == 0 && j < steps_total) {
-      while (block >= NB) block -= NB;
-      const __half* const src = x + (((size_t)pass * NB + block) * 4 + sub) * (X_BYTES / 2);
-      trellis_cuda::mbarrier_arrive_expect_bytes(x_full_addr + 8 * s, X_BYTES);
-      trellis_cuda::bulk_copy_to_shared(stages_addr + s * STAGE_BYTES + NMAT * A_BYTES, src, X_BYTES, x_full_addr + 8 * s);
-    }
-  };
-  {
-    const int b0 = (int)(u_begin % NB);
-#pragma unroll
-    for (int j = 0; j < STAGES - 1; ++j) copy_step(j, b0 + j / 4, j % 4, j);
-  }
+  activations.prologue((int)(u_begin % NB));
   // The operands' descriptors at stage 0; a step adds its stage's offset and its slice's (the
   // address field is the descriptor's low 14 bits, and shared addresses stay below 2^18 bytes).
   const unsigned long long desc_a0 = trellis_cuda::no_swizzle_descriptor(stages_addr, 128, 256);
@@ -290,7 +275,7 @@
       // Step - 1 is done: its stage takes step + STAGES - 1's activations.
       const int ahead = (j & 3) + STAGES - 1, s_prev = s == 0 ? STAGES - 1 : s - 1;
       release_previous(s_prev);
-      copy_step(step + STAGES - 1, kb0 + (j >> 2) + (ahead >> 2), ahead & 3, s_prev);
+      activations.copy_step(step + STAGES - 1, kb0 + (j >> 2) + (ahead >> 2), ahead & 3, s_prev);
       if (++s == STAGES) s = 0, parity ^= 1;
     }
     trellis_cuda::wgmma_wait<0>();

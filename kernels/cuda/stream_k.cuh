@@ -1,6 +1,6 @@
-// The stream-K work split of the warp-specialized GEMMs (gate_up_ws.cu, down_ws.cu) and the fold
-// of the tiles it splits. Placed after fragment.cuh and wgmma.cuh, before MLX's
-// `namespace mlx::core::cu`.
+// The stream-K work split of the warp-specialized GEMMs (gate_up_ws.cu, down_ws.cu), the fold of
+// the tiles it splits, and the activations' side of their rings. Placed after fragment.cuh and
+// wgmma.cuh, before MLX's `namespace mlx::core::cu`.
 //
 // A pass's work is `units` = its tiles of 64 outputs times the input blocks of each, tile-major;
 // thread block c of `blocks` takes units [c U / G, (c + 1) U / G), so that every SM gets the same
@@ -12,6 +12,42 @@
 #pragma once
 
 namespace trellis_cuda {
+
+// The activations' side of a warp-specialized GEMM's ring: STAGES stages of STAGE_BYTES from
+// shared address `stages_addr`, each holding its step's activations at X_OFFSET (X_BYTES, one
+// bulk copy of the pre-pass's image of the step, issued by the consumer's thread `tid` 0) and
+// landing on the stage's mbarrier (x_full_addr + 8 s). Steps run over the block's units in order:
+// step j is quarter j % 4 of input block (u_begin + j / 4) % nb of whichever tile.
+template <int STAGES, int STAGE_BYTES, int X_OFFSET, int X_BYTES>
+struct ActivationRing {
+  const __half* x;  // the pre-pass's image
+  unsigned stages_addr, x_full_addr;
+  int nb, pass, steps_total, tid;
+
+  // The stages' mbarriers, one arrival each, fenced for the copy engine.
+  __device__ __forceinline__ void init() const {
+    if (tid == 0) {
+      for (int i = 0; i < STAGES; ++i) mbarrier_init(x_full_addr + 8 * i, 1);
+      fence_mbarrier_init();
+    }
+  }
+
+  // Step j's activations (quarter `sub` of input block `block`, wrapped) into stage `into`.
+  __device__ __forceinline__ void copy_step(int j, int block, int sub, int into) const {
+    if (tid == 0 && j < steps_total) {
+      while (block >= nb) block -= nb;
+      const __half* const src = x + (((size_t)pass * nb + block) * 4 + sub) * (X_BYTES / 2);
+      mbarrier_arrive_expect_bytes(x_full_addr + 8 * into, X_BYTES);
+      bulk_copy_to_shared(stages_addr + into * STAGE_BYTES + X_OFFSET, src, X_BYTES, x_full_addr + 8 * into);
+    }
+  }
+
+  // The first STAGES - 1 steps', the block's range starting at input block b0.
+  __device__ __forceinline__ void prologue(int b0) const {
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j) copy_step(j, b0 + j / 4, j % 4, j);
+  }
+};
 
 struct StreamK {
   long long units;

@@ -473,10 +473,10 @@ mod tests {
                 assert_eq!(text.contains("mma_u8s8"), int8, "{kernel:?}");
                 let ws = kernel == AxisOneKernel::Specialized;
                 // The GEMMs stage their activations with cp.async, the warp-specialized GEMM
-                // with bulk copies.
+                // with bulk copies (stream_k.cuh's ActivationRing).
                 let gemm = matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma);
                 assert_eq!(text.contains("cp_async16_zfill"), gemm, "{kernel:?}");
-                assert_eq!(text.contains("bulk_copy_to_shared"), ws, "{kernel:?}");
+                assert_eq!(text.contains("ActivationRing<"), ws, "{kernel:?}");
                 assert_eq!(text.contains("wgmma_rs"), kernel == AxisOneKernel::Wgmma, "{kernel:?}");
                 assert_eq!(text.contains("wgmma_ss"), ws, "{kernel:?}");
                 // The int8 kernel reads no row exponents, and its inputs say so.
