@@ -417,8 +417,8 @@ pub fn plan_on(m: usize, dtype: Dtype, fused: bool, outputs: usize, wgmma: bool)
             // (docs/cuda-mlp.md).
             row_split: 1,
             stage: false,
-            stages: 4,
-            ctas: WS_CTAS,
+            // The warp-specialized GEMM's own fields, unread here.
+            ..AxisOneConfig::plain_of(AxisOneKernel::Gemm)
         };
     }
     AxisOneConfig {
@@ -435,8 +435,7 @@ pub fn plan_on(m: usize, dtype: Dtype, fused: bool, outputs: usize, wgmma: bool)
         // single projection's two row tiles took 107 registers with it (96 without), and f16's
         // fused kernel 119 (101), unmeasured (docs/cuda-mlp.md).
         stage: fused && dtype == Dtype::Bfloat16 && m <= STAGE_MAX_ROWS,
-        stages: 4,
-        ctas: WS_CTAS,
+        ..AxisOneConfig::plain_of(AxisOneKernel::Fragment)
     }
 }
 
@@ -738,8 +737,7 @@ mod tests {
             split_k: 1,
             row_split: 1,
             stage: false,
-            stages: 4,
-            ctas: WS_CTAS,
+            ..AxisOneConfig::plain(AxisOneKernel::Fragment)
         };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
         assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
