@@ -21,13 +21,13 @@
 //
 // Warps. Warps 0-3 are the consumer warpgroup, warps 4-7 the producers: warp 4 + q decodes slice q
 // of every step, lane l code rows 16 sub + j and 16 sub + 8 + j (j = l % 8) of it, outputs
-// 16 (l / 8) .. + 15 of the tile: two runs of 16 positions, read from global memory (L2: the four
-// tiles of a block column read each row's block) LOOKAHEAD steps ahead, realigned (CodeRun) and decoded
-// into four 16-byte stores. Named barriers FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s and
-// the consumer's own (15); the stage's mbarrier for the activations' bulk copy; the producers
-// hand a step over once the next is decoded (see gate_up_ws.cu). Two blocks an SM (the host's
-// launch bounds): each holds one consumer warpgroup, so one block's epilogue runs while the
-// other's multiplies.
+// 16 (l / 8) .. + 15 of the tile: two runs of 16 positions, copied from global memory (L2: the
+// four tiles of a block column read each row's block) into the thread's own slots of the word
+// ring LOOKAHEAD steps ahead (cp.async), realigned (CodeRun) and decoded into four 16-byte
+// stores. Named barriers FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s and the consumer's
+// own (15); the stage's mbarrier for the activations' bulk copy; the producers hand a step over
+// once the next is decoded (see gate_up_ws.cu). Two blocks an SM (the host's launch bounds): each
+// holds one consumer warpgroup, so one block's epilogue runs while the other's multiplies.
 //
 // Work split: stream-K over a pass's tiles of 64 outputs times the NB blocks of input rows,
 // tile-major, and the fold of split tiles (partials, counters zeroed by the pre-pass): stream_k.cuh,
@@ -35,11 +35,12 @@
 // one rounding.
 //
 // Shared memory (dynamic; the host's shared_bytes): STAGES stages of the step's A (8 KB) then the
-// pass's 8 MT rows of it (128 bytes a row); the rows' factors 2^-e / 147.8 and biases (4 bytes
+// pass's 8 MT rows of it (128 bytes a row); the producers' code-word ring (LOOKAHEAD + 1 slots of
+// 2 x 3 words a producer thread, 3072 bytes a slot); the rows' factors 2^-e / 147.8 and biases (4 bytes
 // each), the stages' mbarriers (8 bytes each), one word for the fold's flag.
 //
 // Template ints: R (input rows, a multiple of 256), C (outputs, a multiple of 256), K, L, MT
-// (1..16), STAGES (3..7), LOOKAHEAD (1 or 2: steps of code words in flight beyond the one
+// (1..16), STAGES (3..7), LOOKAHEAD (1..4: steps of code words in flight beyond the one
 // decoding). Template bools: INTERLEAVE, BIAS_FOLD. Template type: Y.
 // Inputs: x [passes 8 MT, R] f16 (the image order), x_exp [M] f16, x_sum [M] f32 (read with
 // BIAS_FOLD), counters [passes tiles] u32, codes, in the residual variant residual [M, C] in Y.
@@ -52,7 +53,6 @@
   constexpr int A_BYTES = 64 * 64 * 2;
   constexpr int X_BYTES = ROWS * 64 * 2;  // a step's activations: one bulk copy
   constexpr int STAGE_BYTES = A_BYTES + X_BYTES;
-  constexpr int NREG = MT * 4;    // a consumer thread's accumulators
   constexpr int N_LO = MT <= 8 || MT == 16 ? MT : 8;
   constexpr int N_HI = MT > N_LO ? MT - N_LO : 1;
   constexpr int CONSUMER_BARRIER = 15;
@@ -63,8 +63,9 @@
   static_assert(!INTERLEAVE || (K == 3 && C % 512 == 0), "the 3-bit interleave pairs blocks");
   static_assert(MT >= 1 && MT <= 16, "1 to 16 tiles of 8 rows a pass");
   static_assert(STAGES >= 3 && 2 * STAGES < CONSUMER_BARRIER, "two named barriers a stage");
-  static_assert(LOOKAHEAD == 1 || LOOKAHEAD == 2, "code words one or two steps ahead");
+  static_assert(LOOKAHEAD >= 1 && LOOKAHEAD <= 4, "code words one to four steps ahead");
   using Run = trellis_cuda::CodeRun<K, L, 16>;
+  static_assert(Run::NWL <= 3, "the word ring holds three words a run");
   const int cta = blockIdx.y, pass = blockIdx.z;
   const trellis_cuda::StreamK sk{(long long)TILES * NB, (int)gridDim.y};
   const int m_base = pass * ROWS;
@@ -72,7 +73,10 @@
   const int steps_total = (int)(u_end - u_begin) * 4;
 
   extern __shared__ __align__(128) unsigned char shared_base[];
-  float* const row_factor = reinterpret_cast<float*>(shared_base + STAGES * STAGE_BYTES);  // [ROWS]
+  // [LOOKAHEAD + 1][2][3][128]: each producer thread's code words, word-major (no bank conflicts).
+  unsigned* const word_ring = reinterpret_cast<unsigned*>(shared_base + STAGES * STAGE_BYTES);
+  constexpr int WORD_SLOT = 2 * 3 * 128;
+  float* const row_factor = reinterpret_cast<float*>(word_ring + (LOOKAHEAD + 1) * WORD_SLOT);  // [ROWS]
   float* const row_bias = row_factor + ROWS;                                               // [ROWS]
   const unsigned x_full_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_bias + ROWS));
   unsigned* const last_flag = reinterpret_cast<unsigned*>(row_bias + ROWS + 2 * STAGES);
@@ -80,7 +84,7 @@
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   if (warp >= 4) {
-    const int q = warp - 4, j = lane & 7, group = lane >> 3;
+    const int q = warp - 4, j = lane & 7, group = lane >> 3, ptid = threadIdx.x - 128;
     // The words of code row r's block column cb (either layout), the run's first word at run.word_at.
     auto block_words = [&](int r, int cb) {
       return INTERLEAVE ? codes + ((size_t)(cb >> 1) * R + r) * 48 + (cb & 1) * 24 : codes + ((size_t)r * (C / 256) + cb) * WPB;
@@ -97,29 +101,43 @@
       const int kb1 = (int)min((long long)NB, kb0 + (u_end - u));
       const int cb = tile >> 2;
       const Run run(0, 64 * (tile & 3) + 16 * group);
-      // The raw words of step (b, sub)'s two rows.
-      auto load = [&](int b, int sub, unsigned (&raw)[2][Run::NWL]) {
+      // Step (b, sub)'s two runs, copied into `slot` of the word ring. Code words travel by
+      // cp.async: a register load would hold the proxy fence and the barriers after it until its
+      // word arrived (a scoreboard wait), which left each step at L2's latency
+      // (docs/cuda-down.md §8).
+      auto copy = [&](int b, int sub, int slot) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) run.load(block_words(256 * b + 64 * q + 16 * sub + 8 * h + j, cb), raw[h]);
+        for (int h = 0; h < 2; ++h) {
+          const unsigned* const row = block_words(256 * b + 64 * q + 16 * sub + 8 * h + j, cb);
+#pragma unroll
+          for (int i = 0; i < Run::NWL; ++i)
+            trellis_cuda::cp_async4(word_ring + slot * WORD_SLOT + (h * 3 + i) * 128 + ptid, row + run.word_at[i]);
+        }
       };
-      // The words of the step being decoded and of the LOOKAHEAD steps after it, in flight.
-      unsigned raw[LOOKAHEAD + 1][2][Run::NWL];
-      // Step (b, sub) + d of the segment, if it is in it: its words into raw[d].
-      auto load_ahead = [&](int b, int sub, int d) {
-        const int later = sub + d, bb = b + later / 4;
-        if (bb < kb1) load(bb, later % 4, raw[d]);
+      // Step `ahead` of the segment (from its first, step0), if it is in it, then a commit: one
+      // group a step, empty past the segment's end, so that a wait for all but the last
+      // LOOKAHEAD groups is a wait for the step being decoded.
+      const int step0 = step;
+      auto copy_ahead = [&](int ahead) {
+        const int sub_total = ahead - step0, bb = kb0 + sub_total / 4;
+        if (bb < kb1) copy(bb, sub_total % 4, ahead % (LOOKAHEAD + 1));
+        trellis_cuda::cp_async_commit();
       };
 #pragma unroll
-      for (int d = 0; d < LOOKAHEAD; ++d) load_ahead(kb0, 0, d);
+      for (int d = 0; d < LOOKAHEAD; ++d) copy_ahead(step0 + d);
       for (int b = kb0; b < kb1; ++b) {
 #pragma unroll
         for (int sub = 0; sub < 4; ++sub, ++step) {
-          load_ahead(b, sub, LOOKAHEAD);
+          copy_ahead(step + LOOKAHEAD);
+          trellis_cuda::cp_async_wait_own<LOOKAHEAD>();
+          const unsigned* const slot_words = word_ring + (step % (LOOKAHEAD + 1)) * WORD_SLOT + ptid;
           uint4 v[2][2];  // [h][8-output group of the lane's two]
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            unsigned w[Run::NWR];
-            run.realign(raw[0][h], w);
+            unsigned raw[Run::NWL], w[Run::NWR];
+#pragma unroll
+            for (int i = 0; i < Run::NWL; ++i) raw[i] = slot_words[(h * 3 + i) * 128];
+            run.realign(raw, w);
             // Position 16 group + i's window starts at bit (15 - i) K.
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -142,12 +160,6 @@
             for (int half = 0; half < 2; ++half)
               *reinterpret_cast<uint4*>(a_stage + (2 * group + half) * 256 + h * 128 + j * 16) = v[h][half];
           stored = true;
-#pragma unroll
-          for (int d = 0; d < LOOKAHEAD; ++d)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int i = 0; i < Run::NWL; ++i) raw[d][h][i] = raw[d + 1][h][i];
         }
       }
       hand_over(step - 1);
@@ -177,13 +189,23 @@
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = c0 + g + 8 * (e >> 1);
+#if TRELLIS_RESIDUAL
+      // The column's residuals, all loaded before its first store: loaded beside their stores
+      // (which the compiler cannot tell apart from them), each waited a round trip to L2.
+      float res[MT];
+#pragma unroll
+      for (int t = 0; t < MT; ++t) {
+        const int m = m_base + 8 * t + 2 * qq + (e & 1);
+        res[t] = m < M ? float(residual[(size_t)m * C + c]) : 0.0f;
+      }
+#endif
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
         const int i = 8 * t + 2 * qq + (e & 1), m = m_base + i;
         if (m >= M) continue;
         const float out = (acc[t][e] - (BIAS_FOLD ? row_bias[i] : 0.0f)) * row_factor[i];
 #if TRELLIS_RESIDUAL
-        y[(size_t)m * C + c] = Y(out + float(residual[(size_t)m * C + c]));
+        y[(size_t)m * C + c] = Y(out + res[t]);
 #else
         y[(size_t)m * C + c] = Y(out);
 #endif

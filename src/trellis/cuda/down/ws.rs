@@ -59,7 +59,7 @@ pub struct CudaDownWsConfig {
     pub ctas: u32,
     /// Carry y + 1534 in the code values and subtract 1534 times each row's sum at the end.
     pub bias_fold: bool,
-    /// Steps whose code words a producer has in flight beyond the one it decodes (1 or 2).
+    /// Steps whose code words a producer has in flight beyond the one it decodes (1 to 4).
     pub lookahead: u32,
 }
 
@@ -80,10 +80,13 @@ impl CudaDownWsConfig {
     }
 
     /// The kernel's dynamic shared memory: the stages (8 KB of code values and the pass's rows of
-    /// 64 inputs each), the rows' factors and biases, the stages' mbarriers and the fold's flag.
+    /// 64 inputs each), the producers' code-word ring (`lookahead + 1` slots of 2 x 3 words for
+    /// each of 128 threads), the rows' factors and biases, the stages' mbarriers and the fold's
+    /// flag.
     pub fn shared_bytes(&self) -> usize {
         let (rows, stages) = (self.pass_rows(), self.stages as usize);
-        stages * (64 * 64 * 2 + rows * 64 * 2) + 2 * rows * 4 + 8 * stages + 16
+        let word_ring = (self.lookahead as usize + 1) * 2 * 3 * 128 * 4;
+        stages * (64 * 64 * 2 + rows * 64 * 2) + word_ring + 2 * rows * 4 + 8 * stages + 16
     }
 
     /// An error naming the first reason this shape cannot run `g` with `dtype` activations.
@@ -95,10 +98,10 @@ impl CudaDownWsConfig {
         if !(1..=16).contains(&self.mt)
             || !(3..=7).contains(&self.stages)
             || !(1..=65535).contains(&self.ctas)
-            || !(1..=2).contains(&self.lookahead)
+            || !(1..=4).contains(&self.lookahead)
         {
             invalid!(
-                "{what}: mt = {} (1..=16), stages = {} (3..=7), ctas = {} (1..=65535) or lookahead = {} (1..=2) out of range",
+                "{what}: mt = {} (1..=16), stages = {} (3..=7), ctas = {} (1..=65535) or lookahead = {} (1..=4) out of range",
                 self.mt,
                 self.stages,
                 self.ctas,
@@ -314,7 +317,8 @@ mod tests {
         // 200 rows: two passes of 104.
         let two = CudaDownWsConfig::for_rows(200);
         assert_eq!((two.mt, two.pass_rows()), (13, 104));
-        assert_eq!(CudaDownWsConfig::for_rows(128).shared_bytes(), 4 * (8192 + 16384) + 1024 + 32 + 16);
+        assert_eq!(CudaDownWsConfig::for_rows(128).lookahead, 2);
+        assert_eq!(CudaDownWsConfig::for_rows(128).shared_bytes(), 4 * (8192 + 16384) + 3 * 3072 + 1024 + 32 + 16);
     }
 
     #[test]
@@ -326,7 +330,7 @@ mod tests {
         assert!(err(CudaDownWsConfig { mt: 17, ..ok }, &g, Dtype::Bfloat16).contains("mt = 17"));
         assert!(err(CudaDownWsConfig { stages: 2, ..ok }, &g, Dtype::Bfloat16).contains("stages = 2"));
         assert!(err(CudaDownWsConfig { ctas: 0, ..ok }, &g, Dtype::Bfloat16).contains("ctas = 0"));
-        assert!(err(CudaDownWsConfig { lookahead: 3, ..ok }, &g, Dtype::Bfloat16).contains("lookahead = 3"));
+        assert!(err(CudaDownWsConfig { lookahead: 5, ..ok }, &g, Dtype::Bfloat16).contains("lookahead = 5"));
         // Input rows not a multiple of 256, and an axis-1 geometry.
         let ragged = TrellisGeometry::row_major(17400, 5120, 3, 256, 12, 0).unwrap();
         assert!(!serves(&ragged) && err(ok, &ragged, Dtype::Bfloat16).contains("unsupported geometry"));
