@@ -721,17 +721,19 @@ fn a_pair_of_matrices_of_different_geometries_is_refused() {
 
 /// The warp-specialized down GEMM (`down_ws.cu`) in a shape: `mt` 8-row tiles a pass, `stages`
 /// steps in its ring, `ctas` thread blocks a pass, with or without the bias fold, its code words
-/// 1 + `mt` % 4 steps ahead (1 to 4 over the tests' shapes).
+/// 1 + `mt` % 4 steps ahead (1 to 4 over the tests' shapes), three producer teams where
+/// `stages` is a multiple of 3, else one.
 fn down_ws(mt: u32, stages: u32, ctas: u32, bias_fold: bool) -> CudaDownWsConfig {
-    CudaDownWsConfig { mt, stages, ctas, bias_fold, lookahead: 1 + mt % 4 }
+    let teams = if stages % 3 == 0 { 3 } else { 1 };
+    CudaDownWsConfig { mt, stages, ctas, bias_fold, lookahead: 1 + mt % 4, teams }
 }
 
 /// The warp-specialized down GEMM against the reference on one layer whose input rows are whole
 /// blocks of 256: passes of 1, 3, 8, 9, 13 and 16 tiles of 8 rows (one wgmma of N 8-64 or 128, two
 /// between), rows not a multiple of 8, two passes (200 rows), 3 to 7 stages, grids of 1, 5, 7
 /// and 264 blocks a pass (tiles whole in one block, split between two, or between many, and
-/// blocks with no work), with and without the bias fold, f16 and bf16; the residual variant; the
-/// planned dispatch at 65, 100 and 128 rows (this kernel on an sm_90 GPU); a zero row.
+/// blocks with no work), one and three producer teams, with and without the bias fold, f16 and
+/// bf16; the residual variant; the default shapes at 65, 100 and 128 rows; a zero row.
 fn down_ws_matches_the_reference(c: &Case) {
     require_cuda();
     let g = *c.g();
@@ -755,7 +757,8 @@ fn down_ws_matches_the_reference(c: &Case) {
             }
         }
     }
-    for (m, cfg) in [(21, down_ws(3, 5, 5, true)), (128, down_ws(16, 4, 264, false))] {
+    for (m, cfg) in [(21, down_ws(3, 5, 5, true)), (128, down_ws(16, 4, 264, false)), (128, down_ws(16, 6, 132, false))]
+    {
         for dtype in [Dtype::Float16, Dtype::Bfloat16] {
             let (x, xr) = c.x(m, dtype);
             let xw = c.reference(&xr, m);
@@ -768,7 +771,10 @@ fn down_ws_matches_the_reference(c: &Case) {
         }
     }
     for m in [65, 100, 128] {
-        check(c, m, Dtype::Bfloat16, "ws dispatch", &|x| c.lin.forward_with(x, ForwardPath::Auto));
+        let cfg = CudaDownWsConfig::for_rows(m);
+        check(c, m, Dtype::Bfloat16, "ws default shape", &|x| {
+            down_ws_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, None)
+        });
     }
     // A zero row among seeded ones: its exponent is 0 and its outputs are 0.
     let m = 40;

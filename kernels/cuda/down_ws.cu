@@ -19,15 +19,16 @@
 // column: A of a step is [q][8-output group][h][j][8 outputs], core matrices 256 bytes apart
 // along M and 128 along K.
 //
-// Warps. Warps 0-3 are the consumer warpgroup, warps 4-7 the producers: warp 4 + q decodes slice q
-// of every step, lane l code rows 16 sub + j and 16 sub + 8 + j (j = l % 8) of it, outputs
+// Warps. Warps 0-3 are the consumer warpgroup, then TEAMS producer teams of four warps; team t
+// decodes the steps s with s % TEAMS == t. Its warp q decodes slice q of the step, lane l code rows 16 sub + j and 16 sub + 8 + j (j = l % 8) of it, outputs
 // 16 (l / 8) .. + 15 of the tile: two runs of 16 positions, copied from global memory (L2: the
 // four tiles of a block column read each row's block) into the thread's own slots of the word
 // ring LOOKAHEAD steps ahead (cp.async), realigned (CodeRun) and decoded into four 16-byte
 // stores. Named barriers FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s and the consumer's
 // own (15); the stage's mbarrier for the activations' bulk copy; the producers hand a step over
-// once the next is decoded (see gate_up_ws.cu). Two blocks an SM (the host's launch bounds): each
-// holds one consumer warpgroup, so one block's epilogue runs while the other's multiplies.
+// once the next is decoded (see gate_up_ws.cu), or with three teams at once. With one team, two
+// blocks an SM (the host's launch bounds): each holds one consumer warpgroup, so one block's
+// epilogue runs while the other's multiplies; with three, one block of 512 threads an SM.
 //
 // Work split: stream-K over a pass's tiles of 64 outputs times the NB blocks of input rows,
 // tile-major, and the fold of split tiles (partials, counters zeroed by the pre-pass): stream_k.cuh,
@@ -35,20 +36,27 @@
 // one rounding.
 //
 // Shared memory (dynamic; the host's shared_bytes): STAGES stages of the step's A (8 KB) then the
-// pass's 8 MT rows of it (128 bytes a row); the producers' code-word ring (LOOKAHEAD + 1 slots of
-// 2 x 3 words a producer thread, 3072 bytes a slot); the rows' factors 2^-e / 147.8 and biases (4 bytes
-// each), the stages' mbarriers (8 bytes each), one word for the fold's flag.
+// pass's 8 MT rows of it (128 bytes a row); each team's code-word ring (LOOKAHEAD + 1 slots of
+// 2 x 3 words a producer thread, 3072 bytes a slot); the rows' factors 2^-e / 147.8 and biases
+// (4 bytes each), the stages' mbarriers (8 bytes each), one word for the fold's flag.
 //
 // Template ints: R (input rows, a multiple of 256), C (outputs, a multiple of 256), K, L, MT
 // (1..16), STAGES (3..7), LOOKAHEAD (1..4: steps of code words in flight beyond the one
-// decoding). Template bools: INTERLEAVE, BIAS_FOLD. Template type: Y.
+// decoding), TEAMS (1 or 3; STAGES a multiple of it). Template bools: INTERLEAVE, BIAS_FOLD.
+// Template type: Y.
 // Inputs: x [passes 8 MT, R] f16 (the image order), x_exp [M] f16, x_sum [M] f32 (read with
 // BIAS_FOLD), counters [passes tiles] u32, codes, in the residual variant residual [M, C] in Y.
 // Outputs: y [M, C] in Y, partials [passes, G, 2, 128 MT 4] f32 (scratch). Grid:
-// [256, G, ceil(M / (8 MT))] threads, blocks of 256.
+// [128 (1 + TEAMS), G, ceil(M / (8 MT))] threads, blocks of 128 (1 + TEAMS).
   const int M = x_exp_shape[0];  // x holds whole passes
   constexpr int ROWS = 8 * MT;    // activation rows of a pass
-  constexpr int THREADS = 256;
+  // Producer teams of four warps, each for every TEAMS-th step: with three (one block an SM), each
+  // producer warp has three times as long for a step as with one (two blocks an SM, whose four
+  // producer warps issued one instruction in 3.7 cycles of a scheduler, latency-bound at two
+  // warps a scheduler; docs/cuda-down.md §7, lead 5).
+  constexpr int STEP_THREADS = 256;  // a step's barriers: the consumer and one team
+  static_assert(TEAMS == 1 || TEAMS == 3, "one or three producer teams");
+  static_assert(STAGES % TEAMS == 0, "each stage always filled by the same team");
   constexpr int WPB = 8 * K;      // words per coded block
   constexpr int A_BYTES = 64 * 64 * 2;
   constexpr int X_BYTES = ROWS * 64 * 2;  // a step's activations: one bulk copy
@@ -73,10 +81,11 @@
   const int steps_total = (int)(u_end - u_begin) * 4;
 
   extern __shared__ __align__(128) unsigned char shared_base[];
-  // [LOOKAHEAD + 1][2][3][128]: each producer thread's code words, word-major (no bank conflicts).
+  // [TEAMS][LOOKAHEAD + 1][2][3][128]: each producer thread's code words, word-major (no bank
+  // conflicts).
   unsigned* const word_ring = reinterpret_cast<unsigned*>(shared_base + STAGES * STAGE_BYTES);
   constexpr int WORD_SLOT = 2 * 3 * 128;
-  float* const row_factor = reinterpret_cast<float*>(word_ring + (LOOKAHEAD + 1) * WORD_SLOT);  // [ROWS]
+  float* const row_factor = reinterpret_cast<float*>(word_ring + TEAMS * (LOOKAHEAD + 1) * WORD_SLOT);  // [ROWS]
   float* const row_bias = row_factor + ROWS;                                               // [ROWS]
   const unsigned x_full_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_bias + ROWS));
   unsigned* const last_flag = reinterpret_cast<unsigned*>(row_bias + ROWS + 2 * STAGES);
@@ -84,85 +93,90 @@
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
   if (warp >= 4) {
-    const int q = warp - 4, j = lane & 7, group = lane >> 3, ptid = threadIdx.x - 128;
+    // Team `team` produces the steps s with s % TEAMS == team.
+    const int team = (warp - 4) >> 2, q = (warp - 4) & 3, j = lane & 7, group = lane >> 3;
+    const int ptid = (threadIdx.x - 128) & 127;
+    unsigned* const team_ring = word_ring + team * (LOOKAHEAD + 1) * WORD_SLOT;
     // The words of code row r's block column cb (either layout), the run's first word at run.word_at.
     auto block_words = [&](int r, int cb) {
       return INTERLEAVE ? codes + ((size_t)(cb >> 1) * R + r) * 48 + (cb & 1) * 24 : codes + ((size_t)r * (C / 256) + cb) * WPB;
     };
-    int step = 0;
-    bool stored = false;  // step - 1's code values are stored and not yet handed over
-    auto hand_over = [&](int s) {
+    int step0 = 0;        // the segment's first step
+    int last = -1;        // the team's last step whose values are stored and not yet handed over
+    auto hand_over = [&]() {
       trellis_cuda::fence_proxy_async_shared();
-      trellis_cuda::named_arrive(1 + s % STAGES, THREADS);  // FULL
-      stored = false;
+      trellis_cuda::named_arrive(1 + last % STAGES, STEP_THREADS);  // FULL
+      last = -1;
     };
     for (long long u = u_begin; u < u_end;) {
       const int tile = (int)(u / NB), kb0 = (int)(u % NB);
       const int kb1 = (int)min((long long)NB, kb0 + (u_end - u));
-      const int cb = tile >> 2;
+      const int cb = tile >> 2, step_end = step0 + 4 * (kb1 - kb0);
       const Run run(0, 64 * (tile & 3) + 16 * group);
-      // Step (b, sub)'s two runs, copied into `slot` of the word ring. Code words travel by
+      // Step s's two runs, copied into its slot of the team's word ring. Code words travel by
       // cp.async: a register load would hold the proxy fence and the barriers after it until its
       // word arrived (a scoreboard wait), which left each step at L2's latency
-      // (docs/cuda-down.md §8).
-      auto copy = [&](int b, int sub, int slot) {
+      // (docs/cuda-down.md §7, lead 5).
+      auto copy = [&](int s) {
+        const int b = kb0 + (s - step0) / 4, sub = (s - step0) % 4;
+        unsigned* const slot = team_ring + (s / TEAMS) % (LOOKAHEAD + 1) * WORD_SLOT + ptid;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const unsigned* const row = block_words(256 * b + 64 * q + 16 * sub + 8 * h + j, cb);
 #pragma unroll
-          for (int i = 0; i < Run::NWL; ++i)
-            trellis_cuda::cp_async4(word_ring + slot * WORD_SLOT + (h * 3 + i) * 128 + ptid, row + run.word_at[i]);
+          for (int i = 0; i < Run::NWL; ++i) trellis_cuda::cp_async4(slot + (h * 3 + i) * 128, row + run.word_at[i]);
         }
       };
-      // Step `ahead` of the segment (from its first, step0), if it is in it, then a commit: one
-      // group a step, empty past the segment's end, so that a wait for all but the last
-      // LOOKAHEAD groups is a wait for the step being decoded.
-      const int step0 = step;
-      auto copy_ahead = [&](int ahead) {
-        const int sub_total = ahead - step0, bb = kb0 + sub_total / 4;
-        if (bb < kb1) copy(bb, sub_total % 4, ahead % (LOOKAHEAD + 1));
+      // Step s if it is in the segment, then a commit: one group a team step, empty past the
+      // segment's end, so that a wait for all but the last LOOKAHEAD groups is a wait for the
+      // step being decoded.
+      auto copy_if_in = [&](int s) {
+        if (s < step_end) copy(s);
         trellis_cuda::cp_async_commit();
       };
+      const int first = step0 + (team - step0 % TEAMS + TEAMS) % TEAMS;  // the team's first step
 #pragma unroll
-      for (int d = 0; d < LOOKAHEAD; ++d) copy_ahead(step0 + d);
-      for (int b = kb0; b < kb1; ++b) {
+      for (int d = 0; d < LOOKAHEAD; ++d) copy_if_in(first + d * TEAMS);
+      for (int s = first; s < step_end; s += TEAMS) {
+        copy_if_in(s + LOOKAHEAD * TEAMS);
+        trellis_cuda::cp_async_wait_own<LOOKAHEAD>();
+        const unsigned* const slot_words = team_ring + (s / TEAMS) % (LOOKAHEAD + 1) * WORD_SLOT + ptid;
+        uint4 v[2][2];  // [h][8-output group of the lane's two]
 #pragma unroll
-        for (int sub = 0; sub < 4; ++sub, ++step) {
-          copy_ahead(step + LOOKAHEAD);
-          trellis_cuda::cp_async_wait_own<LOOKAHEAD>();
-          const unsigned* const slot_words = word_ring + (step % (LOOKAHEAD + 1)) * WORD_SLOT + ptid;
-          uint4 v[2][2];  // [h][8-output group of the lane's two]
+        for (int h = 0; h < 2; ++h) {
+          unsigned raw[Run::NWL], w[Run::NWR];
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            unsigned raw[Run::NWL], w[Run::NWR];
+          for (int i = 0; i < Run::NWL; ++i) raw[i] = slot_words[(h * 3 + i) * 128];
+          run.realign(raw, w);
+          // Position 16 group + i's window starts at bit (15 - i) K.
 #pragma unroll
-            for (int i = 0; i < Run::NWL; ++i) raw[i] = slot_words[(h * 3 + i) * 128];
-            run.realign(raw, w);
-            // Position 16 group + i's window starts at bit (15 - i) K.
+          for (int half = 0; half < 2; ++half) {
+            unsigned pair[4];
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              unsigned pair[4];
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-                const int i = 8 * half + 2 * e;
-                pair[e] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w, (15 - i) * K),
-                                                                   trellis_cuda::window<L>(w, (14 - i) * K));
-              }
-              v[h][half] = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+            for (int e = 0; e < 4; ++e) {
+              const int i = 8 * half + 2 * e;
+              pair[e] = trellis_cuda::code_pair_dp4a<!BIAS_FOLD>(trellis_cuda::window<L>(w, (15 - i) * K),
+                                                                 trellis_cuda::window<L>(w, (14 - i) * K));
             }
+            v[h][half] = make_uint4(pair[0], pair[1], pair[2], pair[3]);
           }
-          if (stored) hand_over(step - 1);
-          if (step >= STAGES) trellis_cuda::named_sync(1 + STAGES + step % STAGES, THREADS);  // EMPTY
-          unsigned char* const a_stage = shared_base + (step % STAGES) * STAGE_BYTES + q * 2048;
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int half = 0; half < 2; ++half)
-              *reinterpret_cast<uint4*>(a_stage + (2 * group + half) * 256 + h * 128 + j * 16) = v[h][half];
-          stored = true;
         }
+        if (last >= 0) hand_over();
+        if (s >= STAGES) trellis_cuda::named_sync(1 + STAGES + s % STAGES, STEP_THREADS);  // EMPTY
+        unsigned char* const a_stage = shared_base + (s % STAGES) * STAGE_BYTES + q * 2048;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            *reinterpret_cast<uint4*>(a_stage + (2 * group + half) * 256 + h * 128 + j * 16) = v[h][half];
+        last = s;
+        // One team hands a step over once it has decoded its next (above); with three, each team's
+        // next step is three steps later, so the step goes at once.
+        if (TEAMS > 1) hand_over();
       }
-      hand_over(step - 1);
+      // A segment's last step at once (the consumer's epilogue waits for it).
+      if (last >= 0) hand_over();
+      step0 = step_end;
       u += kb1 - kb0;
     }
     return;
@@ -216,7 +230,7 @@
   unsigned parity = 0;
   auto release_previous = [&](int s_prev) {
     if (released < step) {
-      if (step - 1 + STAGES < steps_total) trellis_cuda::named_arrive(1 + STAGES + s_prev, THREADS);
+      if (step - 1 + STAGES < steps_total) trellis_cuda::named_arrive(1 + STAGES + s_prev, STEP_THREADS);
       released = step;
     }
   };
@@ -230,7 +244,7 @@
       for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
     for (int jj = 0; jj < 4 * (kb1 - kb0); ++jj, ++step) {
       trellis_cuda::mbarrier_wait(x_full_addr + 8 * s, parity);  // the step's activations
-      trellis_cuda::named_sync(1 + s, THREADS);                  // FULL: the step's code values
+      trellis_cuda::named_sync(1 + s, STEP_THREADS);             // FULL: the step's code values
       trellis_cuda::wgmma_fence();
       const unsigned stage_offset = s * (STAGE_BYTES >> 4);
 #pragma unroll

@@ -15,7 +15,7 @@ use crate::trellis::operands::LayerOperands;
 
 pub use super::down::config::CudaDownConfig;
 pub use super::down::plan::{plan, plan_for};
-pub use super::down::ws::{plan as down_ws_plan, CudaDownWsConfig};
+pub use super::down::ws::CudaDownWsConfig;
 pub use super::gate_up::linear_residual_with as axis_one_residual_with;
 pub use super::gate_up::plan::{
     plan as axis_one_plan, split_pass_tiles, AxisOneConfig, AxisOneKernel, GEMM_FUSED_MIN_ROWS, GEMM_MIN_ROWS,

@@ -34,8 +34,13 @@
 crate::tuning_mods! {
     config;
     plan;
-    ws;
 }
+
+/// The warp-specialized decode-once GEMM (`down_ws.cu`): not in the plan yet, whose layers it
+/// runs level with the fragment kernel (docs/cuda-down.md §7); with `tuning`, for the tests and
+/// the measurements that may put it there.
+#[cfg(feature = "tuning")]
+pub mod ws;
 
 use std::sync::Arc;
 
@@ -131,9 +136,6 @@ pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trellis
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);
     }
-    if let Some(cfg) = ws::plan(g, m, x2.dtype()) {
-        return Ok(ws::run(x2, codes, scales, g, cfg, None)?.0);
-    }
     Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), None, None)?.0.remove(0))
 }
 
@@ -198,9 +200,6 @@ pub fn down_residual_cuda(
     if uses_dense(m, x2.dtype()) {
         check_down_residual(x2, g, residual)?;
         return residual.add(&down_cuda_dense(x2, codes, scales, g)?);
-    }
-    if let Some(cfg) = ws::plan(g, m, x2.dtype()) {
-        return Ok(ws::run(x2, codes, scales, g, cfg, Some(residual))?.0);
     }
     Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), Some(residual), None)?.0.remove(0))
 }

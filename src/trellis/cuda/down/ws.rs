@@ -3,7 +3,11 @@
 //! into shared memory, a consumer warpgroup multiplies them (transposed) with `wgmma` against the
 //! pre-pass's activations times the row scales, brought by the copy engine. Each weight is decoded
 //! once a pass of up to 128 rows, where the fragment kernel (`down_mma.cu`) decodes once a pass of
-//! up to 64. Its plan ([`plan`]) and its call ([`run`]).
+//! up to 64. Its shapes ([`CudaDownWsConfig`]) and its call ([`run`]).
+//!
+//! Not in the plan yet: at 96 and 128 rows it runs Qwen3-14B's MLP chain level with the fragment
+//! kernel's two passes on an H200, though alone (Nsight Compute) it takes 112 µs where that takes
+//! 140 (docs/cuda-down.md §7).
 
 use std::sync::Arc;
 
@@ -19,31 +23,26 @@ use crate::trellis::cuda::gate_up::plan::warpgroup_mma;
 use crate::trellis::cuda::prescale::{self, PrePass, PrePassOutput};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
-/// Rows of 16-bit activations from which [`plan`] takes this kernel on GPUs with Hopper's
-/// warpgroup MMA, up to [`WS_MAX_ROWS`]: where the fragment kernel needs a second pass.
-pub const WS_MIN_ROWS: usize = 65;
-
-/// The most rows [`plan`] gives this kernel: one pass; above it the dense path.
-pub const WS_MAX_ROWS: usize = 128;
-
-/// Steps of code words a producer of the plan has in flight ahead of its decode: the words come
-/// from L2 (the four tiles of a block column each read a quarter of every row's block), whose
-/// latency one step's decode may not cover (not measured).
+/// Steps of code words a producer of [`CudaDownWsConfig::for_rows`] has in flight ahead of its
+/// decode: the words come from L2 (the four tiles of a block column each read a quarter of every
+/// row's block), whose latency one step's decode may not cover (not measured).
 const WS_LOOKAHEAD: u32 = 2;
 
-/// Thread blocks a pass: two on each of an H200's 132 SMs (the launch bounds hold a block to 128
-/// registers a thread, and [`WS_SHARED_BUDGET`] keeps two blocks' shared memory within an SM's).
+/// Producer teams of four warps [`CudaDownWsConfig::for_rows`] gives a block: with three, one
+/// block an SM, each team decodes every third step.
+pub const WS_TEAMS: u32 = 3;
+
+/// Thread blocks a pass with one producer team: two on each of an H200's 132 SMs (the launch
+/// bounds hold a block to 128 registers a thread, and [`WS_SHARED_BUDGET`] keeps two blocks'
+/// shared memory within an SM's); with three teams, one on each.
 pub const WS_CTAS: u32 = 264;
 
-/// Shared memory a block of the plan keeps to: two blocks (and the 1 KB the GPU reserves each)
-/// in Hopper's 228 KB.
+/// Shared memory a block of one producer team keeps to: two blocks (and the 1 KB the GPU
+/// reserves each) in Hopper's 228 KB.
 const WS_SHARED_BUDGET: usize = 112 * 1024;
 
 /// The most dynamic shared memory a block may take (Hopper's opt-in limit).
 const DYNAMIC_SHARED_LIMIT: usize = 227 * 1024;
-
-/// The threads of a block: a consumer warpgroup and four producer warps.
-const THREADS: u32 = 256;
 
 /// The section flag of the residual variant.
 const RESIDUAL_FLAG: &str = "TRELLIS_RESIDUAL";
@@ -61,17 +60,35 @@ pub struct CudaDownWsConfig {
     pub bias_fold: bool,
     /// Steps whose code words a producer has in flight beyond the one it decodes (1 to 4).
     pub lookahead: u32,
+    /// Producer teams of four warps (1 or 3), each decoding every `teams`-th step; `stages` a
+    /// multiple of it.
+    pub teams: u32,
 }
 
 impl CudaDownWsConfig {
-    /// `m` rows: as few passes of up to 128 rows as hold them, the rows shared out evenly, as
-    /// many stages as [`WS_SHARED_BUDGET`] allows (at most 7), [`WS_CTAS`] blocks, the bias fold.
+    /// `m` rows: as few passes of up to 128 rows as hold them, the rows shared out evenly,
+    /// [`WS_TEAMS`] producer teams, the bias fold. With one team, as many stages as
+    /// [`WS_SHARED_BUDGET`] allows (at most 7) and [`WS_CTAS`] blocks; with three, six stages and
+    /// one block an SM.
     pub fn for_rows(m: usize) -> CudaDownWsConfig {
+        CudaDownWsConfig::with_teams(m, WS_TEAMS)
+    }
+
+    /// [`CudaDownWsConfig::for_rows`] with `teams` producer teams (1 or 3).
+    pub fn with_teams(m: usize, teams: u32) -> CudaDownWsConfig {
         let passes = m.div_ceil(128).max(1);
         let mt = m.div_ceil(passes).div_ceil(8).clamp(1, 16) as u32;
-        let base = CudaDownWsConfig { mt, stages: 3, ctas: WS_CTAS, bias_fold: true, lookahead: WS_LOOKAHEAD };
+        let base = CudaDownWsConfig { mt, stages: 3, ctas: WS_CTAS, bias_fold: true, lookahead: WS_LOOKAHEAD, teams };
+        if teams > 1 {
+            return CudaDownWsConfig { stages: 6, ctas: WS_CTAS / 2, ..base };
+        }
         let stages = (3..=7).rev().find(|&s| CudaDownWsConfig { stages: s, ..base }.shared_bytes() <= WS_SHARED_BUDGET);
         CudaDownWsConfig { stages: stages.unwrap_or(3), ..base }
+    }
+
+    /// The threads of a block: a consumer warpgroup and `teams` producer teams of four warps.
+    pub fn threads(&self) -> usize {
+        128 * (1 + self.teams as usize)
     }
 
     /// Activation rows a pass.
@@ -80,12 +97,12 @@ impl CudaDownWsConfig {
     }
 
     /// The kernel's dynamic shared memory: the stages (8 KB of code values and the pass's rows of
-    /// 64 inputs each), the producers' code-word ring (`lookahead + 1` slots of 2 x 3 words for
-    /// each of 128 threads), the rows' factors and biases, the stages' mbarriers and the fold's
+    /// 64 inputs each), each producer team's code-word ring (`lookahead + 1` slots of 2 x 3 words
+    /// for each of its 128 threads), the rows' factors and biases, the stages' mbarriers and the fold's
     /// flag.
     pub fn shared_bytes(&self) -> usize {
         let (rows, stages) = (self.pass_rows(), self.stages as usize);
-        let word_ring = (self.lookahead as usize + 1) * 2 * 3 * 128 * 4;
+        let word_ring = self.teams as usize * (self.lookahead as usize + 1) * 2 * 3 * 128 * 4;
         stages * (64 * 64 * 2 + rows * 64 * 2) + word_ring + 2 * rows * 4 + 8 * stages + 16
     }
 
@@ -99,13 +116,22 @@ impl CudaDownWsConfig {
             || !(3..=7).contains(&self.stages)
             || !(1..=65535).contains(&self.ctas)
             || !(1..=4).contains(&self.lookahead)
+            || !matches!(self.teams, 1 | 3)
         {
             invalid!(
-                "{what}: mt = {} (1..=16), stages = {} (3..=7), ctas = {} (1..=65535) or lookahead = {} (1..=4) out of range",
+                "{what}: mt = {} (1..=16), stages = {} (3..=7), ctas = {} (1..=65535), lookahead = {} (1..=4) or teams = {} (1 or 3) out of range",
                 self.mt,
                 self.stages,
                 self.ctas,
-                self.lookahead
+                self.lookahead,
+                self.teams
+            );
+        }
+        if self.stages % self.teams != 0 {
+            invalid!(
+                "{what}: stages = {} is not a multiple of teams = {} (each stage is filled by one team)",
+                self.stages,
+                self.teams
             );
         }
         if !serves(g) {
@@ -113,7 +139,11 @@ impl CudaDownWsConfig {
         }
         let shared = self.shared_bytes();
         if shared > DYNAMIC_SHARED_LIMIT {
-            invalid!("{what}: {shared} bytes of shared memory (mt = {}, stages = {}; at most {DYNAMIC_SHARED_LIMIT})", self.mt, self.stages);
+            invalid!(
+                "{what}: {shared} bytes of shared memory (mt = {}, stages = {}; at most {DYNAMIC_SHARED_LIMIT})",
+                self.mt,
+                self.stages
+            );
         }
         Ok(())
     }
@@ -126,22 +156,10 @@ pub fn serves(g: &TrellisGeometry) -> bool {
     super::supports(g) && g.rows % 256 == 0
 }
 
-/// The configuration for `m` rows of `dtype` activations of `g` where the plan takes this kernel:
-/// [`WS_MIN_ROWS`]–[`WS_MAX_ROWS`] rows of 16-bit activations of a geometry it serves, on a GPU
-/// with Hopper's warpgroup MMA.
-pub fn plan(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<CudaDownWsConfig> {
-    plan_on(g, m, dtype, warpgroup_mma())
-}
-
-/// [`plan`] on a GPU with (`wgmma`) or without Hopper's warpgroup MMA.
-pub fn plan_on(g: &TrellisGeometry, m: usize, dtype: Dtype, wgmma: bool) -> Option<CudaDownWsConfig> {
-    let sixteen_bit = matches!(dtype, Dtype::Float16 | Dtype::Bfloat16);
-    (wgmma && sixteen_bit && serves(g) && (WS_MIN_ROWS..=WS_MAX_ROWS).contains(&m)).then(|| CudaDownWsConfig::for_rows(m))
-}
-
-/// The kernel, registered once per variant and shared-memory size.
-fn kernel(residual: bool, shared_memory: usize) -> Result<&'static CudaKernel> {
-    let bounds = LaunchBounds { threads: THREADS, min_blocks: 2 };
+/// The kernel, registered once per variant, shared-memory size and block size: blocks of 256
+/// threads (one producer team) two an SM, of 512 (three) one.
+fn kernel(residual: bool, shared_memory: usize, threads: usize) -> Result<&'static CudaKernel> {
+    let bounds = LaunchBounds { threads: threads as u32, min_blocks: if threads > 256 { 1 } else { 2 } };
     let key = KernelKey {
         family: "down_ws",
         variant: if residual { "residual" } else { "" },
@@ -236,6 +254,9 @@ fn prepared_launch(
 fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<Prepared> {
     let what = "CUDA down warp-specialized GEMM";
     cfg.check(&g, dtype)?;
+    if !warpgroup_mma() {
+        invalid!("{what}: needs a GPU with Hopper's warpgroup MMA (compute capability 9.0)");
+    }
     let passes = m.div_ceil(cfg.pass_rows()).max(1);
     let tiles = g.cols / 64;
     let (Some(counters), Some(partials), Some(image)) = (
@@ -248,8 +269,8 @@ fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<Prepared> {
     if [counters, partials, image].iter().any(|&n| i32::try_from(n).is_err()) || passes > 65535 {
         invalid!("{what}: {m} rows of {g} overflow the launch's sizes ({counters} counters, {partials} partial sums, {image} activations, {passes} passes)");
     }
-    let kernel = kernel(residual, cfg.shared_bytes())?;
-    let threads = THREADS as usize;
+    let threads = cfg.threads();
+    let kernel = kernel(residual, cfg.shared_bytes(), threads)?;
     let launch = LaunchConfig::new([threads, cfg.ctas as usize, passes], [threads, 1, 1])
         .output(&[m, g.cols], dtype)
         .output(&[partials], Dtype::Float32)
@@ -261,6 +282,7 @@ fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<Prepared> {
         .template_int("MT", cfg.mt as i32)
         .template_int("STAGES", cfg.stages as i32)
         .template_int("LOOKAHEAD", cfg.lookahead as i32)
+        .template_int("TEAMS", cfg.teams as i32)
         .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved)
         .template_bool("BIAS_FOLD", cfg.bias_fold);
     let launch = kernel.prepare(&launch)?;
@@ -290,19 +312,19 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_takes_it_at_65_to_128_rows_of_16_bit_activations_on_hopper_only() {
+    fn every_row_count_gets_a_shape_that_runs_in_whole_passes() {
         for g in [qwen_down(2), qwen_down(3), qwen_down(3).interleaved().unwrap(), qwen_down(4)] {
+            assert!(serves(&g));
             for m in 1..=300 {
-                for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                    let want = dtype != Dtype::Float32 && (65..=128).contains(&m);
-                    assert_eq!(plan_on(&g, m, dtype, true).is_some(), want, "{g} M {m} {dtype}");
-                    assert!(plan_on(&g, m, dtype, false).is_none());
-                    if let Some(cfg) = plan_on(&g, m, dtype, true) {
-                        cfg.check(&g, dtype).unwrap();
-                        // One pass holds the call's rows, in whole 8-row tiles.
-                        assert_eq!(cfg.pass_rows(), m.next_multiple_of(8), "M {m}");
-                        assert!(cfg.shared_bytes() <= WS_SHARED_BUDGET);
-                    }
+                for teams in [1, 3] {
+                    let cfg = CudaDownWsConfig::with_teams(m, teams);
+                    cfg.check(&g, Dtype::Bfloat16).unwrap();
+                    // As few passes as hold the rows, in whole 8-row tiles.
+                    let passes = m.div_ceil(cfg.pass_rows());
+                    assert_eq!(passes, m.div_ceil(128), "M {m}");
+                    assert!(passes * cfg.pass_rows() < m + 8 * passes, "M {m}");
+                    let budget = if teams == 1 { WS_SHARED_BUDGET } else { DYNAMIC_SHARED_LIMIT };
+                    assert!(cfg.shared_bytes() <= budget);
                 }
             }
         }
@@ -310,31 +332,38 @@ mod tests {
 
     #[test]
     fn stages_fill_the_budget_and_passes_share_the_rows() {
-        // 128 rows: 24 KB a stage, four stages; 64 rows: 16 KB, six.
-        assert_eq!(CudaDownWsConfig::for_rows(128).stages, 4);
-        assert_eq!(CudaDownWsConfig::for_rows(64).stages, 6);
-        assert_eq!(CudaDownWsConfig::for_rows(8).stages, 7);
+        // One team, 128 rows: 24 KB a stage, four stages; 64 rows: 16 KB, six.
+        let one = |m| CudaDownWsConfig::with_teams(m, 1);
+        assert_eq!((one(128).stages, one(64).stages, one(8).stages), (4, 6, 7));
+        assert_eq!(one(128).shared_bytes(), 4 * (8192 + 16384) + 3 * 3072 + 1024 + 32 + 16);
+        // Three teams: six stages, a word ring each, one block an SM.
+        let three = CudaDownWsConfig::with_teams(128, 3);
+        assert_eq!((three.stages, three.ctas, three.threads()), (6, WS_CTAS / 2, 512));
+        assert_eq!(three.shared_bytes(), 6 * (8192 + 16384) + 3 * 3 * 3072 + 1024 + 48 + 16);
         // 200 rows: two passes of 104.
         let two = CudaDownWsConfig::for_rows(200);
         assert_eq!((two.mt, two.pass_rows()), (13, 104));
         assert_eq!(CudaDownWsConfig::for_rows(128).lookahead, 2);
-        assert_eq!(CudaDownWsConfig::for_rows(128).shared_bytes(), 4 * (8192 + 16384) + 3 * 3072 + 1024 + 32 + 16);
     }
 
     #[test]
     fn shapes_and_geometries_it_cannot_run_are_errors_that_say_so() {
         let g = qwen_down(3);
         let ok = CudaDownWsConfig::for_rows(128);
-        let err = |cfg: CudaDownWsConfig, g: &TrellisGeometry, dtype: Dtype| cfg.check(g, dtype).unwrap_err().to_string();
+        let err =
+            |cfg: CudaDownWsConfig, g: &TrellisGeometry, dtype: Dtype| cfg.check(g, dtype).unwrap_err().to_string();
         assert!(err(ok, &g, Dtype::Float32).contains("16-bit activations"));
         assert!(err(CudaDownWsConfig { mt: 17, ..ok }, &g, Dtype::Bfloat16).contains("mt = 17"));
         assert!(err(CudaDownWsConfig { stages: 2, ..ok }, &g, Dtype::Bfloat16).contains("stages = 2"));
         assert!(err(CudaDownWsConfig { ctas: 0, ..ok }, &g, Dtype::Bfloat16).contains("ctas = 0"));
         assert!(err(CudaDownWsConfig { lookahead: 5, ..ok }, &g, Dtype::Bfloat16).contains("lookahead = 5"));
+        assert!(err(CudaDownWsConfig { teams: 2, ..ok }, &g, Dtype::Bfloat16).contains("teams = 2"));
+        let three = CudaDownWsConfig::with_teams(128, 3);
+        assert!(err(CudaDownWsConfig { stages: 4, ..three }, &g, Dtype::Bfloat16).contains("not a multiple of teams"));
         // Input rows not a multiple of 256, and an axis-1 geometry.
         let ragged = TrellisGeometry::row_major(17400, 5120, 3, 256, 12, 0).unwrap();
         assert!(!serves(&ragged) && err(ok, &ragged, Dtype::Bfloat16).contains("unsupported geometry"));
         let axis1 = TrellisGeometry::row_major(5120, 17408, 3, 256, 12, 1).unwrap();
-        assert!(!serves(&axis1) && plan_on(&axis1, 128, Dtype::Bfloat16, true).is_none());
+        assert!(!serves(&axis1) && err(ok, &axis1, Dtype::Bfloat16).contains("unsupported geometry"));
     }
 }
