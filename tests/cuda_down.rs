@@ -5,7 +5,8 @@
 use mlx_trellis::trellis::cuda::down::{down_cuda, down_pair_cuda, down_residual_cuda, uses_dense, DENSE_MIN_ROWS};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{
-    down_cuda_with, down_pair_cuda_with, down_residual_cuda_with, plan, CudaDownConfig,
+    down_cuda_with, down_pair_cuda_with, down_residual_cuda_with, down_ws_cuda_with, plan, CudaDownConfig,
+    CudaDownWsConfig,
 };
 mod common;
 
@@ -716,4 +717,97 @@ fn a_pair_of_matrices_of_different_geometries_is_refused() {
         let text = format!("{err:#}");
         assert!(text.contains("codes") && text.contains("CUDA down kernel"), "{text}");
     }
+}
+
+/// The warp-specialized down GEMM (`down_ws.cu`) in a shape: `mt` 8-row tiles a pass, `stages`
+/// steps in its ring, `ctas` thread blocks a pass, with or without the bias fold, its code words
+/// 1 + `mt` % 4 steps ahead (1 to 4 over the tests' shapes), three producer teams where
+/// `stages` is a multiple of 3, else one.
+fn down_ws(mt: u32, stages: u32, ctas: u32, bias_fold: bool) -> CudaDownWsConfig {
+    let teams = if stages % 3 == 0 { 3 } else { 1 };
+    CudaDownWsConfig { mt, stages, ctas, bias_fold, lookahead: 1 + mt % 4, teams }
+}
+
+/// The warp-specialized down GEMM against the reference on one layer whose input rows are whole
+/// blocks of 256: passes of 1, 3, 8, 9, 13 and 16 tiles of 8 rows (one wgmma of N 8-64 or 128, two
+/// between), rows not a multiple of 8, two passes (200 rows), 3 to 7 stages, grids of 1, 5, 7
+/// and 264 blocks a pass (tiles whole in one block, split between two, or between many, and
+/// blocks with no work), one and three producer teams, with and without the bias fold, f16 and
+/// bf16; the residual variant; the default shapes at 65, 100 and 128 rows; a zero row.
+fn down_ws_matches_the_reference(c: &Case) {
+    require_cuda();
+    let g = *c.g();
+    let shapes = [
+        (1, down_ws(1, 4, 264, true)),
+        (21, down_ws(3, 5, 5, false)),
+        (64, down_ws(8, 3, 1, true)),
+        (70, down_ws(9, 7, 7, false)),
+        (100, down_ws(13, 6, 264, true)),
+        (128, down_ws(16, 4, 5, false)),
+        (128, down_ws(16, 4, 264, true)),
+        (200, down_ws(13, 3, 7, true)),
+    ];
+    for (m, cfg) in shapes {
+        for cfg in [cfg, CudaDownWsConfig { bias_fold: !cfg.bias_fold, ..cfg }] {
+            for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+                cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} on {g} {dtype}: {e:#}"));
+                check(c, m, dtype, &format!("ws {cfg:?}"), &|x| {
+                    down_ws_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, None)
+                });
+            }
+        }
+    }
+    for (m, cfg) in [(21, down_ws(3, 5, 5, true)), (128, down_ws(16, 4, 264, false)), (128, down_ws(16, 6, 132, false))]
+    {
+        for dtype in [Dtype::Float16, Dtype::Bfloat16] {
+            let (x, xr) = c.x(m, dtype);
+            let xw = c.reference(&xr, m);
+            let (r, rr) = residual_for(&xw, m, g.cols, dtype);
+            let want = plus(&xw, &rr);
+            let f: Forward = &|x| down_ws_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, Some(&r));
+            let err = rel_err(&c.run("ws residual", &x, f), &want).unwrap();
+            println!("ws residual {cfg:?} {g} M {m} {dtype}: relErr {err:.2e}");
+            assert!(err < gate(dtype), "ws residual {cfg:?} {g} M {m} {dtype}: relErr {err:.3e}");
+        }
+    }
+    for m in [65, 100, 128] {
+        let cfg = CudaDownWsConfig::for_rows(m);
+        check(c, m, Dtype::Bfloat16, "ws default shape", &|x| {
+            down_ws_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, None)
+        });
+    }
+    // A zero row among seeded ones: its exponent is 0 and its outputs are 0.
+    let m = 40;
+    let (x, mut xr) = c.x(m, Dtype::Bfloat16);
+    xr[..g.rows].iter_mut().for_each(|v| *v = 0.0);
+    let zeroed: Vec<f32> = xr.iter().map(|&v| v as f32).collect();
+    let x = MlxArray::from_slice(&zeroed, x.shape().as_slice()).unwrap().astype(Dtype::Bfloat16).unwrap();
+    let cfg = down_ws(5, 4, 7, true);
+    check_on(c, &x, &xr, gate(Dtype::Bfloat16), "ws zero row", &|x| {
+        down_ws_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, None)
+    });
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn down_ws_k3_interleaved_matches_the_reference() {
+    down_ws_matches_the_reference(&Case::new(512, 1024, 3, CodeLayout::K3Interleaved));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn down_ws_k3_row_major_matches_the_reference() {
+    down_ws_matches_the_reference(&Case::new(768, 512, 3, CodeLayout::RowMajor));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn down_ws_k2_one_block_matches_the_reference() {
+    down_ws_matches_the_reference(&Case::new(256, 256, 2, CodeLayout::RowMajor));
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
+fn down_ws_k4_l16_matches_the_reference() {
+    down_ws_matches_the_reference(&Case::with_state_bits(512, 768, 4, 16, CodeLayout::RowMajor));
 }

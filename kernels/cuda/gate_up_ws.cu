@@ -52,15 +52,10 @@
 // round); 15, the consumer warpgroup's own. The activations' mbarrier of stage s: the consumer's
 // thread 0 arrives with the copy's byte count, the copy engine completes it.
 //
-// Work split: stream-K. A pass's work is its tiles of 64 output rows times the NB blocks of
-// inputs, tile-major; thread block c of gridDim.y takes units [c U / G, (c + 1) U / G) (U units, G
-// blocks), so that every SM gets the same number of weights to decode whatever the tile count.
-// A tile whose units one block holds entirely is written directly. A tile split between blocks
-// is folded: each part stores its accumulators in `partials` (slot 0 of its block: the part at
-// the start of the block's range; slot 1: the one at its end), counts itself on the tile's
-// counter, and the last to arrive adds the parts in block order (the same f32 sums whichever
-// arrives last) and writes the tile. The counters ([passes][tiles] u32) come zeroed from the
-// pre-pass.
+// Work split: stream-K (stream_k.cuh). A pass's work is its tiles of 64 output rows times the NB
+// blocks of inputs, tile-major, shared evenly by the gridDim.y thread blocks; a tile split between
+// blocks is folded by the last of its parts to finish. The counters ([passes][tiles] u32) come
+// zeroed from the pre-pass.
 //
 // Output rows past OUT read row OUT - 1 and are not written; activation rows past M are the
 // pre-pass's zeros and not written.
@@ -110,18 +105,10 @@
   static_assert(STAGES >= 3 && 2 * STAGES < CONSUMER_BARRIER, "two named barriers a stage");
   const int NB = IN / 256;  // blocks per row
   const int tiles = (OUT + 63) / 64;
-  const long long units = (long long)tiles * NB;
-  const int G = gridDim.y, cta = blockIdx.y, pass = blockIdx.z;
+  const int cta = blockIdx.y, pass = blockIdx.z;
+  const trellis_cuda::StreamK sk{(long long)tiles * NB, (int)gridDim.y};
   const int m_base = pass * ROWS;
-  auto range_start = [&](int c) { return (long long)c * units / G; };
-  // The block whose range holds unit u.
-  auto block_of = [&](long long u) {
-    int c = (int)(u * G / units);
-    while (c + 1 < G && range_start(c + 1) <= u) ++c;
-    while (c > 0 && range_start(c) > u) --c;
-    return c;
-  };
-  const long long u_begin = range_start(cta), u_end = range_start(cta + 1);
+  const long long u_begin = sk.start(cta), u_end = sk.start(cta + 1);
   const int steps_total = (int)(u_end - u_begin) * 4;
 
   extern __shared__ __align__(128) unsigned char shared_base[];
@@ -218,28 +205,13 @@
   const __half* mat_scales[NMAT] = {scales};
 #endif
   trellis_cuda::gemm_row_factors<BIAS_FOLD, 128>(unlift, row_bias, x_exp, x_sum, m_base, M, ROWS);
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) trellis_cuda::mbarrier_init(x_full_addr + 8 * s, 1);
-    trellis_cuda::fence_mbarrier_init();
-  }
+  // The activations of each step: one bulk copy of the pre-pass's image of the step (its 8 MT
+  // rows of 64 inputs as the stage holds them) into its stage once it is free.
+  const trellis_cuda::ActivationRing<STAGES, STAGE_BYTES, NMAT * A_BYTES, X_BYTES> activations{
+      x, stages_addr, x_full_addr, NB, pass, steps_total, tid};
+  activations.init();
   trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
-  // The activations of step j: one bulk copy of the pre-pass's image of the step (its 8 MT rows
-  // of 64 inputs as the stage holds them), issued by thread 0 into stage `s` once it is free.
-  // Steps run over the block's units in order: step j is quarter j % 4 of block
-  // (u_begin + j / 4) % NB of whichever tile.
-  auto copy_step = [&](int j, int block, int sub, int s) {
-    if (tid == 0 && j < steps_total) {
-      while (block >= NB) block -= NB;
-      const __half* const src = x + (((size_t)pass * NB + block) * 4 + sub) * (X_BYTES / 2);
-      trellis_cuda::mbarrier_arrive_expect_bytes(x_full_addr + 8 * s, X_BYTES);
-      trellis_cuda::bulk_copy_to_shared(stages_addr + s * STAGE_BYTES + NMAT * A_BYTES, src, X_BYTES, x_full_addr + 8 * s);
-    }
-  };
-  {
-    const int b0 = (int)(u_begin % NB);
-#pragma unroll
-    for (int j = 0; j < STAGES - 1; ++j) copy_step(j, b0 + j / 4, j % 4, j);
-  }
+  activations.prologue((int)(u_begin % NB));
   // The operands' descriptors at stage 0; a step adds its stage's offset and its slice's (the
   // address field is the descriptor's low 14 bits, and shared addresses stay below 2^18 bytes).
   const unsigned long long desc_a0 = trellis_cuda::no_swizzle_descriptor(stages_addr, 128, 256);
@@ -303,7 +275,7 @@
       // Step - 1 is done: its stage takes step + STAGES - 1's activations.
       const int ahead = (j & 3) + STAGES - 1, s_prev = s == 0 ? STAGES - 1 : s - 1;
       release_previous(s_prev);
-      copy_step(step + STAGES - 1, kb0 + (j >> 2) + (ahead >> 2), ahead & 3, s_prev);
+      activations.copy_step(step + STAGES - 1, kb0 + (j >> 2) + (ahead >> 2), ahead & 3, s_prev);
       if (++s == STAGES) s = 0, parity ^= 1;
     }
     trellis_cuda::wgmma_wait<0>();
@@ -313,58 +285,9 @@
     if (kb0 == 0 && kb1 == NB) {
       write_tile(acc, row0);
     } else {
-      // Fold: this part's accumulators into its slot, then the last part of the tile adds all.
-      const int slot = u == u_begin ? 0 : 1;
-      float* const mine = partials + (((size_t)pass * G + cta) * 2 + slot) * (NREG * 128);
-#pragma unroll
-      for (int r = 0; r < NREG / 4; ++r) {
-        const float (&part)[4] = acc[r / MT][r % MT];
-        reinterpret_cast<float4*>(mine)[r * 128 + tid] = make_float4(part[0], part[1], part[2], part[3]);
-      }
-      __threadfence();
-      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
-      unsigned* const counter = const_cast<unsigned*>(counters) + (size_t)pass * tiles + tile;
-      if (tid == 0) *last_flag = atomicAdd(counter, 1u);
-      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);
-      // The tile's parts: the blocks from the one holding its first unit to the one holding its
-      // last, less those with no units (a grid of more blocks than units).
-      const long long t0 = (long long)tile * NB;
-      const int first = block_of(t0), last = block_of(t0 + NB - 1);
-      unsigned parts = 0;
-      for (int c = first; c <= last; ++c) parts += range_start(c + 1) > range_start(c);
-      if (*last_flag == parts - 1) {
-        __threadfence();
-        // The parts' sums in block order, FOLD_LOADS float4 of every part in flight at once and
-        // the sums in the accumulators' registers (a pointer walk over them put the sums in local
-        // memory, and each load then waited for the one before: an eighth of the consumer's time
-        // at 128 rows, docs/cuda-mlp.md).
-        constexpr int FOLD_LOADS = NREG / 4 < 8 ? NREG / 4 : 8;
-#pragma unroll
-        for (int r0 = 0; r0 < NREG / 4; r0 += FOLD_LOADS) {
-#pragma unroll
-          for (int r = r0; r < r0 + FOLD_LOADS && r < NREG / 4; ++r)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[r / MT][r % MT][e] = 0.0f;
-          for (int c = first; c <= last; ++c) {
-            const long long start = range_start(c);
-            if (range_start(c + 1) == start) continue;
-            const int their_slot = start >= t0 ? 0 : 1;  // their range's first part, or its last
-            const float4* part = reinterpret_cast<const float4*>(partials + (((size_t)pass * G + c) * 2 + their_slot) * (NREG * 128));
-            float4 v[FOLD_LOADS];
-#pragma unroll
-            for (int i = 0; i < FOLD_LOADS; ++i)
-              if (r0 + i < NREG / 4) v[i] = __ldcg(part + (r0 + i) * 128 + tid);
-#pragma unroll
-            for (int i = 0; i < FOLD_LOADS; ++i)
-              if (r0 + i < NREG / 4) {
-                float (&sum)[4] = acc[(r0 + i) / MT][(r0 + i) % MT];
-                sum[0] += v[i].x, sum[1] += v[i].y, sum[2] += v[i].z, sum[3] += v[i].w;
-              }
-          }
-        }
-        write_tile(acc, row0);
-      }
-      trellis_cuda::named_sync(CONSUMER_BARRIER, 128);  // the flag is read before the next fold writes it
+      trellis_cuda::fold_split_tile<NREG / 4>(
+          sk, [&](int r) -> float(&)[4] { return acc[r / MT][r % MT]; }, partials, counters, last_flag, pass, cta, tile,
+          tiles, NB, u == u_begin, tid, CONSUMER_BARRIER, [&] { write_tile(acc, row0); });
     }
     u += kb1 - kb0;
   }

@@ -46,6 +46,10 @@ kernel_files! {
     /// The warp-specialized decode-once GEMM (sm_90a): producer warps decode into shared memory,
     /// a consumer warpgroup multiplies.
     CUDA_GATE_UP_WS = "cuda/gate_up_ws.cu";
+    /// The down projection as the same warp-specialized GEMM (sm_90a), the weights transposed.
+    CUDA_DOWN_WS = "cuda/down_ws.cu";
+    /// The warp-specialized GEMMs' stream-K split and the fold of the tiles it splits.
+    CUDA_STREAM_K = "cuda/stream_k.cuh";
     /// The decode of a stored matrix to dense weights.
     CUDA_EXPAND = "cuda/expand.cu";
     /// The block Hadamard transform's butterflies, shared by the two rotating kernels.

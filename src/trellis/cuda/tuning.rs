@@ -15,6 +15,7 @@ use crate::trellis::operands::LayerOperands;
 
 pub use super::down::config::CudaDownConfig;
 pub use super::down::plan::{plan, plan_for};
+pub use super::down::ws::CudaDownWsConfig;
 pub use super::gate_up::linear_residual_with as axis_one_residual_with;
 pub use super::gate_up::plan::{
     plan as axis_one_plan, split_pass_tiles, AxisOneConfig, AxisOneKernel, GEMM_FUSED_MIN_ROWS, GEMM_MIN_ROWS,
@@ -44,6 +45,20 @@ pub fn down_residual_cuda_with(
     residual: &MlxArray,
 ) -> Result<MlxArray> {
     Ok(super::down::run(x2, &[(codes, scales)], g, cfg, Some(residual), None)?.0.remove(0))
+}
+
+/// The down projection on the warp-specialized GEMM (`down_ws.cu`, sm_90a) with an explicit
+/// configuration, plus `residual` where given: the output and the kernel's partial sums (scratch
+/// of the tiles its blocks share).
+pub fn down_ws_cuda_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownWsConfig,
+    residual: Option<&MlxArray>,
+) -> Result<MlxArray> {
+    Ok(super::down::ws::run(x2, codes, scales, g, cfg, residual)?.0)
 }
 
 /// The kernel's f32 partial sums `[M, SPLITS, C]` of [`down_cuda_with`]'s call, which it also

@@ -36,6 +36,12 @@ crate::tuning_mods! {
     plan;
 }
 
+/// The warp-specialized decode-once GEMM (`down_ws.cu`): not in the plan yet, whose layers it
+/// runs level with the fragment kernel (docs/cuda-down.md §7); with `tuning`, for the tests and
+/// the measurements that may put it there.
+#[cfg(feature = "tuning")]
+pub mod ws;
+
 use std::sync::Arc;
 
 use crate::array::MlxArray;

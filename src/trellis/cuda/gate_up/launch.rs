@@ -131,7 +131,8 @@ fn kernel(
         let mut header = vec![sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_AXIS_ONE];
         match kernel {
             AxisOneKernel::Int8 => header.push(sources::CUDA_GATE_UP_INT8_HEADER),
-            AxisOneKernel::Wgmma | AxisOneKernel::Specialized => header.push(sources::CUDA_WGMMA),
+            AxisOneKernel::Wgmma => header.push(sources::CUDA_WGMMA),
+            AxisOneKernel::Specialized => header.extend([sources::CUDA_WGMMA, sources::CUDA_STREAM_K]),
             AxisOneKernel::Fragment | AxisOneKernel::Gemm => {}
         }
         Ok(KernelText {
@@ -472,10 +473,10 @@ mod tests {
                 assert_eq!(text.contains("mma_u8s8"), int8, "{kernel:?}");
                 let ws = kernel == AxisOneKernel::Specialized;
                 // The GEMMs stage their activations with cp.async, the warp-specialized GEMM
-                // with bulk copies.
+                // with bulk copies (stream_k.cuh's ActivationRing).
                 let gemm = matches!(kernel, AxisOneKernel::Gemm | AxisOneKernel::Wgmma);
                 assert_eq!(text.contains("cp_async16_zfill"), gemm, "{kernel:?}");
-                assert_eq!(text.contains("bulk_copy_to_shared"), ws, "{kernel:?}");
+                assert_eq!(text.contains("ActivationRing<"), ws, "{kernel:?}");
                 assert_eq!(text.contains("wgmma_rs"), kernel == AxisOneKernel::Wgmma, "{kernel:?}");
                 assert_eq!(text.contains("wgmma_ss"), ws, "{kernel:?}");
                 // The int8 kernel reads no row exponents, and its inputs say so.
