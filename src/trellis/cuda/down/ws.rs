@@ -98,8 +98,8 @@ impl CudaDownWsConfig {
 
     /// The kernel's dynamic shared memory: the stages (8 KB of code values and the pass's rows of
     /// 64 inputs each), each producer team's code-word ring (`lookahead + 1` slots of 2 x 3 words
-    /// for each of its 128 threads), the rows' factors and biases, the stages' mbarriers and the fold's
-    /// flag.
+    /// for each of its 128 threads), the rows' factors and biases, the stages' mbarriers and the
+    /// fold's flag.
     pub fn shared_bytes(&self) -> usize {
         let (rows, stages) = (self.pass_rows(), self.stages as usize);
         let word_ring = self.teams as usize * (self.lookahead as usize + 1) * 2 * 3 * 128 * 4;
