@@ -16,6 +16,10 @@
 //! affine 4-bit matmuls; and the host's part of the trellis and bf16 chains (MLX's `async_eval`,
 //! which records and launches an evaluation and returns without waiting for the GPU).
 //!
+//! With `--ws-down` it also times the chain with the down projection on the warp-specialized
+//! GEMM (`down_ws.cu`, which the plan does not take), one and three producer teams, each checked
+//! against the f64 reference first: the A/B that decides whether the plan should.
+//!
 //! `--help` lists every option, with examples.
 
 use std::fmt::Write as _;
@@ -25,7 +29,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::expand::expand_cuda;
-use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};
+use mlx_trellis::trellis::cuda::tuning::{
+    axis_one_plan, down_ws_cuda_with, swiglu_with, AxisOneConfig, AxisOneKernel, CudaDownWsConfig, INT8_MAX_ROWS,
+};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
@@ -66,6 +72,7 @@ const LAYERS: usize = 8;
   cargo build --release --features tuning --example bench_mlp
   target/release/examples/bench_mlp --bits 3 --evals 8 --rounds 2 --json out.json
   target/release/examples/bench_mlp --plot out.json docs/bench_mlp_h200.svg     # the plot of a JSON table
+  target/release/examples/bench_mlp --bits 3 --rows 65,96,128 --ws-down          # the down kernels' A/B
   target/release/examples/bench_mlp --tp 1 --backend nccl                       # one GPU: the sharded path's overhead
   target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
   target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3")]
@@ -88,6 +95,10 @@ struct Cli {
     /// Skip timing each projection alone
     #[arg(long = "no-alone", conflicts_with = "tp")]
     no_alone: bool,
+    /// Also time the first bit width's chain with its down projection on the warp-specialized
+    /// GEMM (`down_ws.cu`, not planned; Hopper only), with one and with three producer teams
+    #[arg(long = "ws-down", conflicts_with = "tp")]
+    ws_down: bool,
     /// Draw the plot of a JSON table (from --json) as SVG, and exit
     #[arg(long, num_args = 2, value_names = ["JSON", "SVG"], conflicts_with = "tp")]
     plot: Option<Vec<String>>,
@@ -122,6 +133,7 @@ struct Args {
     json: Option<String>,
     plot: Option<(String, String)>,
     alone: bool,
+    ws_down: bool,
 }
 
 fn parse(c: &Cli) -> Args {
@@ -133,6 +145,7 @@ fn parse(c: &Cli) -> Args {
         json: c.json.clone(),
         plot: c.plot.as_ref().map(|p| (p[0].clone(), p[1].clone())),
         alone: !c.no_alone,
+        ws_down: c.ws_down,
     }
 }
 
@@ -210,6 +223,51 @@ fn host_time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec
     let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
     v.sort_by(f64::total_cmp);
     Ok(v[v.len() / 2])
+}
+
+/// The first bit width's chain with each layer's down projection (and the residual add) on the
+/// warp-specialized GEMM (`down_ws.cu`), one and three producer teams: the first layer against
+/// the f64 reference (`want_residual`), then the chain, and with `args.alone` the down
+/// projection alone.
+fn ws_down_rows(
+    layers: &[TrellisMlp],
+    x: &MlxArray,
+    m: usize,
+    want_residual: &[f64],
+    args: &Args,
+    rows: &mut Vec<Row>,
+    checks: &mut String,
+) -> Result<()> {
+    let auto = mlx_trellis::trellis::ForwardPath::Auto;
+    for teams in [1, 3] {
+        let cfg = CudaDownWsConfig::with_teams(m, teams);
+        let down = |l: &TrellisMlp, h: &MlxArray, residual: Option<&MlxArray>| {
+            let d = l.down();
+            down_ws_cuda_with(h, d.codes(), d.scales(), d.geometry(), cfg, residual)
+        };
+        let step = |l: &TrellisMlp, x: &MlxArray| down(l, &l.swiglu_with(x, auto)?, Some(x));
+        let name = format!("ws down, {teams} team{}", if teams == 1 { "" } else { "s" });
+        let got = to_f64(&step(&layers[0], x)?)?;
+        let e = rel_err(&got, want_residual)?;
+        if !got.iter().all(|v| v.is_finite()) || e >= 1e-2 {
+            let _ = writeln!(checks, "| {name} with the residual | {m} | {e:.1e} | FAILED |");
+            let miss =
+                format!("M {m}: the trellis MLP, {name}, with the residual: relErr against the f64 reference {e:.3e}");
+            return Err(exit::GateMissed(miss).into());
+        }
+        let _ = writeln!(checks, "| {name} with the residual | {m} | {e:.1e} | ok |");
+        let steps = args.rounds * LAYERS;
+        let (med, best) = time(args.evals, steps, &|| chain(layers, args.rounds, x, &step))?;
+        rows.push(Row { m, name: format!("trellis {name}"), median: med, best });
+        eprintln!("[bench] trellis, {name}, M={m}: {med:.1} us per MLP layer, relErr {e:.1e}");
+        if args.alone {
+            let h = layers[0].swiglu_with(x, auto)?;
+            h.eval()?;
+            let (med, best) = time(args.evals, steps, &|| alone(layers, args.rounds, &|l| down(l, &h, None)))?;
+            rows.push(Row { m, name: format!("trellis {name} alone"), median: med, best });
+        }
+    }
+    Ok(())
 }
 
 /// The residual chain over `layers`, `rounds` times: `x <- step(layer, x)`, each step giving
@@ -342,6 +400,9 @@ fn bench(cli: &Cli) -> Result<()> {
             let host = host_time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
             rows.push(Row { m, name: format!("trellis k{k} host"), median: host, best: host });
             eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer ({host:.1} of them the host's), relErr {err:.1e}");
+            if args.ws_down && bi == 0 {
+                ws_down_rows(&layers, &x, m, &want_residual, &args, &mut rows, &mut checks)?;
+            }
             // Each projection alone for the first bit width only (the 3-bit layers by default).
             if args.alone && bi == 0 {
                 let (med, best) = time(args.evals, steps, &|| {
@@ -448,6 +509,26 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
             }
         }
         println!("{line}");
+    }
+    if args.ws_down {
+        let k = args.bits[0];
+        println!("\nThe k{k} chain with the down projection on the warp-specialized GEMM (not planned), µs per MLP layer, median (best), and against the planned path");
+        println!(
+            "| M | planned | ws down, 1 team | vs planned | ws down, 3 teams | vs planned |\n|---|---|---|---|---|---|"
+        );
+        for &m in &args.rows {
+            let Some(planned) = get(m, &format!("trellis k{k}")) else { continue };
+            let mut line = format!("| {m} | {:.1} ({:.1}) |", planned.median, planned.best);
+            for name in ["trellis ws down, 1 team", "trellis ws down, 3 teams"] {
+                match get(m, name) {
+                    Some(t) => {
+                        let _ = write!(line, " {:.1} ({:.1}) | {:.2}x |", t.median, t.best, planned.median / t.median);
+                    }
+                    None => line.push_str(" - | - |"),
+                }
+            }
+            println!("{line}");
+        }
     }
     if args.alone {
         println!("\nEach projection alone, independent calls over the {LAYERS} layers in turn (cold in L2), per call, median µs");
