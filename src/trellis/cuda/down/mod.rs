@@ -308,9 +308,10 @@ pub(crate) fn run(
     Ok((ys, partials))
 }
 
-/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel and the
-/// pre-pass before it (`prescale.cu`: the rows' exponents, the zeroed fold counters and, for
-/// prescaled configurations, the converted activations), which a fed call does not run.
+/// One call's launches, prepared once (see [`prepared_launch`]): the down kernel (or, in `ws`,
+/// the warp-specialized GEMM) and the pre-pass before it (`prescale.cu`: the rows' exponents, the
+/// zeroed fold counters and, for prescaled configurations, the converted activations), which a
+/// fed call does not run.
 struct PreparedDown {
     kernel: &'static CudaKernel,
     launch: CudaLaunch,

@@ -17,11 +17,13 @@ use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
-use crate::kernel::{CudaKernel, CudaLaunch, LaunchBounds, LaunchConfig};
+use crate::kernel::{CudaKernel, LaunchBounds, LaunchConfig};
 use crate::trellis::checks::{check_operands, int};
 use crate::trellis::cuda::gate_up::plan::warpgroup_mma;
 use crate::trellis::cuda::prescale::{self, PrePass, PrePassOutput};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
+
+use super::PreparedDown;
 
 /// Steps of code words a producer of [`CudaDownWsConfig::for_rows`] has in flight ahead of its
 /// decode: the words come from L2 (the four tiles of a block column each read a quarter of every
@@ -218,13 +220,6 @@ pub(crate) fn run(
     Ok((ys.remove(0), partials))
 }
 
-/// One call's launches, prepared once per shape.
-struct Prepared {
-    kernel: &'static CudaKernel,
-    launch: CudaLaunch,
-    pre_pass: CudaLaunch,
-}
-
 /// One call's shape: what its launches are prepared for, and their cache's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Call {
@@ -241,8 +236,8 @@ fn prepared_launch(
     m: usize,
     dtype: Dtype,
     residual: bool,
-) -> Result<Arc<Prepared>> {
-    static LAUNCHES: LaunchCache<Call, Prepared> = LaunchCache::new(256);
+) -> Result<Arc<PreparedDown>> {
+    static LAUNCHES: LaunchCache<Call, PreparedDown> = LaunchCache::new(256);
     let call = Call { g: *g, cfg, m, dtype, residual };
     LAUNCHES.get_or_build(call, || prepare(call))
 }
@@ -251,7 +246,7 @@ fn prepared_launch(
 /// producer warps for each pass of `8 cfg.mt` rows, bounded to two blocks an SM; its scratch for
 /// the parts of tiles its blocks share; the pre-pass with a fold counter for each 64-output tile
 /// of each pass.
-fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<Prepared> {
+fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<PreparedDown> {
     let what = "CUDA down warp-specialized GEMM";
     cfg.check(&g, dtype)?;
     if !warpgroup_mma() {
@@ -300,7 +295,7 @@ fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<Prepared> {
         image_rows: cfg.pass_rows(),
     }
     .prepare()?;
-    Ok(Prepared { kernel, launch, pre_pass })
+    Ok(PreparedDown { kernel, launch, pre_pass })
 }
 
 #[cfg(test)]
