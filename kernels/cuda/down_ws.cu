@@ -20,15 +20,16 @@
 // along M and 128 along K.
 //
 // Warps. Warps 0-3 are the consumer warpgroup, then TEAMS producer teams of four warps; team t
-// decodes the steps s with s % TEAMS == t. Its warp q decodes slice q of the step, lane l code rows 16 sub + j and 16 sub + 8 + j (j = l % 8) of it, outputs
-// 16 (l / 8) .. + 15 of the tile: two runs of 16 positions, copied from global memory (L2: the
-// four tiles of a block column read each row's block) into the thread's own slots of the word
-// ring LOOKAHEAD steps ahead (cp.async), realigned (CodeRun) and decoded into four 16-byte
-// stores. Named barriers FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s and the consumer's
-// own (15); the stage's mbarrier for the activations' bulk copy; the producers hand a step over
-// once the next is decoded (see gate_up_ws.cu), or with three teams at once. With one team, two
-// blocks an SM (the host's launch bounds): each holds one consumer warpgroup, so one block's
-// epilogue runs while the other's multiplies; with three, one block of 512 threads an SM.
+// decodes the steps s with s % TEAMS == t. Its warp q decodes slice q of the step, lane l code
+// rows 16 sub + j and 16 sub + 8 + j (j = l % 8) of it, outputs 16 (l / 8) .. + 15 of the tile:
+// two runs of 16 positions, copied from global memory (L2: the four tiles of a block column read
+// each row's block) into the thread's own slots of its team's word ring LOOKAHEAD of the team's
+// steps ahead (cp.async), realigned (CodeRun) and decoded into four 16-byte stores. Named
+// barriers FULL (1 + s) and EMPTY (1 + STAGES + s) of stage s and the consumer's own (15); the
+// stage's mbarrier for the activations' bulk copy; the producers hand a step over once the next
+// is decoded (see gate_up_ws.cu), or with three teams at once. With one team, two blocks an SM
+// (the host's launch bounds): each holds one consumer warpgroup, so one block's epilogue runs
+// while the other's multiplies; with three, one block of 512 threads an SM.
 //
 // Work split: stream-K over a pass's tiles of 64 outputs times the NB blocks of input rows,
 // tile-major, and the fold of split tiles (partials, counters zeroed by the pre-pass): stream_k.cuh,
