@@ -3,7 +3,7 @@
 //! into shared memory, a consumer warpgroup multiplies them (transposed) with `wgmma` against the
 //! pre-pass's activations times the row scales, brought by the copy engine. Each weight is decoded
 //! once a pass of up to 128 rows, where the fragment kernel (`down_mma.cu`) decodes once a pass of
-//! up to 64. Its shapes ([`CudaDownWsConfig`]) and its call ([`run`]).
+//! up to 64. Its shapes (`CudaDownWsConfig`) and its call (`run`).
 //!
 //! Not in the plan yet: at 96 and 128 rows it runs Qwen3-14B's MLP chain level with the fragment
 //! kernel's two passes on an H200, though alone (Nsight Compute) it takes 112 µs where that takes
@@ -35,7 +35,7 @@ const WS_LOOKAHEAD: u32 = 2;
 pub const WS_TEAMS: u32 = 3;
 
 /// Thread blocks a pass with one producer team: two on each of an H200's 132 SMs (the launch
-/// bounds hold a block to 128 registers a thread, and [`WS_SHARED_BUDGET`] keeps two blocks'
+/// bounds hold a block to 128 registers a thread, and `WS_SHARED_BUDGET` keeps two blocks'
 /// shared memory within an SM's); with three teams, one on each.
 pub const WS_CTAS: u32 = 264;
 
@@ -70,7 +70,7 @@ pub struct CudaDownWsConfig {
 impl CudaDownWsConfig {
     /// `m` rows: as few passes of up to 128 rows as hold them, the rows shared out evenly,
     /// [`WS_TEAMS`] producer teams, the bias fold. With one team, as many stages as
-    /// [`WS_SHARED_BUDGET`] allows (at most 7) and [`WS_CTAS`] blocks; with three, six stages and
+    /// `WS_SHARED_BUDGET` allows (at most 7) and [`WS_CTAS`] blocks; with three, six stages and
     /// one block an SM.
     pub fn for_rows(m: usize) -> CudaDownWsConfig {
         CudaDownWsConfig::with_teams(m, WS_TEAMS)
