@@ -93,19 +93,6 @@ __device__ __forceinline__ void chunk_fragment(const unsigned (&lo)[RUN], const 
                   : code_pair_dp4a<UNBIAS>(window<L>(hi, b2), window<L>(hi, b3));
 }
 
-// The decode-once GEMMs' factors of their pass's `rows` activation rows from `m_base` (of M) into
-// shared memory, by the thread block's THREADS threads: each row's 2^-e (e in x_exp, the pre-pass's
-// power of two) and, with BIAS_FOLD, its bias 1534 x_sum (the pre-pass's row sum); rows past M get
-// 1 and 0.
-template <bool BIAS_FOLD, int THREADS>
-__device__ __forceinline__ void gemm_row_factors(float* unlift, float* row_bias, const __half* x_exp, const float* x_sum,
-                                                 int m_base, int m_rows, int rows) {
-  for (int i = threadIdx.x; i < rows; i += THREADS) {
-    unlift[i] = m_base + i < m_rows ? pow2(-(int)__half2float(x_exp[m_base + i])) : 1.0f;
-    if (BIAS_FOLD) row_bias[i] = m_base + i < m_rows ? 1534.0f * x_sum[m_base + i] : 0.0f;
-  }
-}
-
 // The decode-once GEMMs' outputs (gate_up_gemm.cu, gate_up_wgmma.cu) from a warp's accumulators
 // of its 16-row output tile from `row0` and the pass's 8 MT activation rows from `m_base`: d[e] of
 // tile t is output row row0 + g + 8 (e >> 1), activation row m_base + 8 t + 2 q + (e & 1). Each is

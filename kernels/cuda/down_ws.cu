@@ -87,7 +87,7 @@
   unsigned* const word_ring = reinterpret_cast<unsigned*>(shared_base + STAGES * STAGE_BYTES);
   constexpr int WORD_SLOT = 2 * 3 * 128;
   float* const row_factor = reinterpret_cast<float*>(word_ring + TEAMS * (LOOKAHEAD + 1) * WORD_SLOT);  // [ROWS]
-  float* const row_bias = row_factor + ROWS;                                               // [ROWS]
+  float* const row_bias = row_factor + ROWS;  // [ROWS]
   const unsigned x_full_addr = static_cast<unsigned>(__cvta_generic_to_shared(row_bias + ROWS));
   unsigned* const last_flag = reinterpret_cast<unsigned*>(row_bias + ROWS + 2 * STAGES);
   const unsigned stages_addr = static_cast<unsigned>(__cvta_generic_to_shared(shared_base));
@@ -185,11 +185,7 @@
 
   // The consumer warpgroup.
   const int tid = threadIdx.x;
-  for (int i = tid; i < ROWS; i += 128) {
-    const bool in = m_base + i < M;
-    row_factor[i] = in ? trellis_cuda::pow2(-(int)__half2float(x_exp[m_base + i])) * TRELLIS_RCP : 0.0f;
-    if (BIAS_FOLD) row_bias[i] = in ? 1534.0f * x_sum[m_base + i] : 0.0f;
-  }
+  trellis_cuda::gemm_row_factors<BIAS_FOLD, 128>(row_factor, row_bias, x_exp, x_sum, m_base, M, ROWS, TRELLIS_RCP);
   const trellis_cuda::ActivationRing<STAGES, STAGE_BYTES, A_BYTES, X_BYTES> activations{
       x, stages_addr, x_full_addr, NB, pass, steps_total, tid};
   activations.init();

@@ -1,7 +1,7 @@
 // Code values decoded straight into tensor-core fragments, shared by the CUDA kernels that
-// multiply trellis weights on the tensor cores (down_mma.cu, gate_up.cu, gate_up_gemm.cu), and
-// the asynchronous copies of those that stage activations in shared memory. Placed after
-// codebook.cuh, before MLX's `namespace mlx::core::cu`.
+// multiply trellis weights on the tensor cores (down_mma.cu, gate_up.cu, gate_up_gemm.cu), the
+// asynchronous copies of those that stage activations in shared memory, and the decode-once
+// GEMMs' row factors. Placed after codebook.cuh, before MLX's `namespace mlx::core::cu`.
 #pragma once
 
 namespace trellis_cuda {
@@ -86,6 +86,19 @@ __device__ __forceinline__ int row_exponent(float amax) {
 // 2^e as an f32, exactly (|e| <= 126).
 __device__ __forceinline__ float pow2(int e) {
   return __int_as_float((127 + e) << 23);
+}
+
+// The decode-once GEMMs' factors of their pass's `rows` activation rows from `m_base` (of M) into
+// shared memory, by the thread block's THREADS threads (0 .. THREADS - 1): each row's
+// 2^-e `factor` (e in x_exp, the pre-pass's power of two) and, with BIAS_FOLD, its bias 1534 x_sum
+// (the pre-pass's row sum); rows past M get `factor` and 0.
+template <bool BIAS_FOLD, int THREADS>
+__device__ __forceinline__ void gemm_row_factors(float* unlift, float* row_bias, const __half* x_exp, const float* x_sum,
+                                                 int m_base, int m_rows, int rows, float factor = 1.0f) {
+  for (int i = threadIdx.x; i < rows; i += THREADS) {
+    unlift[i] = m_base + i < m_rows ? pow2(-(int)__half2float(x_exp[m_base + i])) * factor : factor;
+    if (BIAS_FOLD) row_bias[i] = m_base + i < m_rows ? 1534.0f * x_sum[m_base + i] : 0.0f;
+  }
 }
 
 // The largest value of `v` over the 32 lanes of a warp.
