@@ -450,6 +450,25 @@ fn residual_for(xw: &[f64], m: usize, cols: usize, dtype: Dtype) -> (MlxArray, V
     seeded(m, cols, dtype, (largest_abs(xw) / 2.0) as f32, 5_000_003 + 17 * m as u64 + cols as u64)
 }
 
+/// Checks `f` (x, residual -> residual + x W) against the f64 sum for `m` rows of `dtype`
+/// activations and a seeded residual stream ([`residual_for`]).
+fn check_residual(
+    c: &Case,
+    m: usize,
+    dtype: Dtype,
+    what: &str,
+    f: &dyn Fn(&MlxArray, &MlxArray) -> mlx_trellis::Result<MlxArray>,
+) {
+    let g = c.g();
+    let (x, xr) = c.x(m, dtype);
+    let xw = c.reference(&xr, m);
+    let (r, rr) = residual_for(&xw, m, g.cols, dtype);
+    let want = plus(&xw, &rr);
+    let err = rel_err(&c.run(what, &x, &|x| f(x, &r)), &want).unwrap();
+    println!("{what} {g} M {m} {dtype}: relErr {err:.2e}");
+    assert!(err < gate(dtype), "{what} {g} M {m} {dtype}: relErr {err:.3e}");
+}
+
 /// The residual variant (the add in the kernel's fold, in f32 before the output's one rounding)
 /// against the f64 `residual + x W`: `down_residual_cuda` and `TrellisLinear::forward_residual`
 /// at every planned row bucket (the IMAD pack at one row, 2-8, 9-16, prescaled from 17, two
@@ -462,20 +481,10 @@ fn residual_variant_matches_the_reference(layers: &[Case]) {
         let g = *c.g();
         for m in [1, 5, 16, 17, 65, DENSE_MIN_ROWS] {
             for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-                let (x, xr) = c.x(m, dtype);
-                let xw = c.reference(&xr, m);
-                let (r, rr) = residual_for(&xw, m, g.cols, dtype);
-                let want = plus(&xw, &rr);
-                let calls: [(&str, Forward); 2] = [
-                    ("down_residual_cuda", &|x| down_residual_cuda(x, c.lin.codes(), c.lin.scales(), &g, &r)),
-                    ("forward_residual", &|x| c.lin.forward_residual(x, &r)),
-                ];
-                for (what, f) in calls {
-                    let got = c.run(what, &x, f);
-                    let err = rel_err(&got, &want).unwrap();
-                    println!("{what} {g} M {m} {dtype}: relErr {err:.2e}");
-                    assert!(err < gate(dtype), "{what} {g} M {m} {dtype}: relErr {err:.3e}");
-                }
+                check_residual(c, m, dtype, "down_residual_cuda", &|x, r| {
+                    down_residual_cuda(x, c.lin.codes(), c.lin.scales(), &g, r)
+                });
+                check_residual(c, m, dtype, "forward_residual", &|x, r| c.lin.forward_residual(x, r));
             }
         }
         let parts = CudaDownConfig { nc: 2, mt: 1, ks: 1, warps: 2, splits: 5, ..Default::default() };
@@ -493,14 +502,9 @@ fn residual_variant_matches_the_reference(layers: &[Case]) {
         for (m, dtype, cfg) in [(3, Dtype::Bfloat16, parts), (20, Dtype::Float16, ring), (9, Dtype::Float32, parts)] {
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} on {g} {dtype}: {e:#}"));
-            let (x, xr) = c.x(m, dtype);
-            let xw = c.reference(&xr, m);
-            let (r, rr) = residual_for(&xw, m, g.cols, dtype);
-            let want = plus(&xw, &rr);
-            let f: Forward = &|x| down_residual_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, &r);
-            let err = rel_err(&c.run("residual variant", &x, f), &want).unwrap();
-            println!("residual variant {cfg:?} {g} M {m} {dtype}: relErr {err:.2e}");
-            assert!(err < gate(dtype), "{cfg:?} {g} M {m} {dtype}: relErr {err:.3e}");
+            check_residual(c, m, dtype, &format!("residual variant {cfg:?}"), &|x, r| {
+                down_residual_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, r)
+            });
         }
     }
 }
@@ -760,14 +764,9 @@ fn down_ws_matches_the_reference(c: &Case) {
     for (m, cfg) in [(21, down_ws(3, 5, 5, true)), (128, down_ws(16, 4, 264, false)), (128, down_ws(16, 6, 132, false))]
     {
         for dtype in [Dtype::Float16, Dtype::Bfloat16] {
-            let (x, xr) = c.x(m, dtype);
-            let xw = c.reference(&xr, m);
-            let (r, rr) = residual_for(&xw, m, g.cols, dtype);
-            let want = plus(&xw, &rr);
-            let f: Forward = &|x| down_ws_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, Some(&r));
-            let err = rel_err(&c.run("ws residual", &x, f), &want).unwrap();
-            println!("ws residual {cfg:?} {g} M {m} {dtype}: relErr {err:.2e}");
-            assert!(err < gate(dtype), "ws residual {cfg:?} {g} M {m} {dtype}: relErr {err:.3e}");
+            check_residual(c, m, dtype, &format!("ws residual {cfg:?}"), &|x, r| {
+                down_ws_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg, Some(r))
+            });
         }
     }
     for m in [65, 100, 128] {

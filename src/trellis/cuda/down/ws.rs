@@ -242,10 +242,10 @@ fn prepared_launch(
     LAUNCHES.get_or_build(call, || prepare(call))
 }
 
-/// [`prepared_launch`]'s work on a miss: `cfg.ctas` blocks of a consumer warpgroup and four
-/// producer warps for each pass of `8 cfg.mt` rows, bounded to two blocks an SM; its scratch for
-/// the parts of tiles its blocks share; the pre-pass with a fold counter for each 64-output tile
-/// of each pass.
+/// [`prepared_launch`]'s work on a miss: `cfg.ctas` blocks of a consumer warpgroup and
+/// `cfg.teams` producer teams for each pass of `8 cfg.mt` rows (two blocks an SM with one team,
+/// one with three); its scratch for the parts of tiles its blocks share; the pre-pass with a fold
+/// counter for each 64-output tile of each pass.
 fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<PreparedDown> {
     let what = "CUDA down warp-specialized GEMM";
     cfg.check(&g, dtype)?;
