@@ -225,6 +225,21 @@ fn host_time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec
     Ok(v[v.len() / 2])
 }
 
+/// The first layer's output `y` against the f64 reference `want` at `m` rows: its line in
+/// `checks` (`what` names the contender) and its relErr, or the gate's miss where an output is
+/// not finite or the relErr reaches 1e-2.
+fn gate_first_layer(checks: &mut String, what: &str, m: usize, y: &MlxArray, want: &[f64]) -> Result<f64> {
+    let got = to_f64(y)?;
+    let e = rel_err(&got, want)?;
+    if !got.iter().all(|v| v.is_finite()) || e >= 1e-2 {
+        let _ = writeln!(checks, "| {what} | {m} | {e:.1e} | FAILED |");
+        let miss = format!("{what} M {m}: the trellis MLP's relErr against the f64 reference {e:.3e}");
+        return Err(exit::GateMissed(miss).into());
+    }
+    let _ = writeln!(checks, "| {what} | {m} | {e:.1e} | ok |");
+    Ok(e)
+}
+
 /// The first bit width's chain with each layer's down projection (and the residual add) on the
 /// warp-specialized GEMM (`down_ws.cu`), one and three producer teams: the first layer against
 /// the f64 reference (`want_residual`), then the chain, and with `args.alone` the down
@@ -239,6 +254,8 @@ fn ws_down_rows(
     checks: &mut String,
 ) -> Result<()> {
     let auto = mlx_trellis::trellis::ForwardPath::Auto;
+    let h = layers[0].swiglu_with(x, auto)?;
+    h.eval()?;
     for teams in [1, 3] {
         let cfg = CudaDownWsConfig::with_teams(m, teams);
         let down = |l: &TrellisMlp, h: &MlxArray, residual: Option<&MlxArray>| {
@@ -247,22 +264,13 @@ fn ws_down_rows(
         };
         let step = |l: &TrellisMlp, x: &MlxArray| down(l, &l.swiglu_with(x, auto)?, Some(x));
         let name = format!("ws down, {teams} team{}", if teams == 1 { "" } else { "s" });
-        let got = to_f64(&step(&layers[0], x)?)?;
-        let e = rel_err(&got, want_residual)?;
-        if !got.iter().all(|v| v.is_finite()) || e >= 1e-2 {
-            let _ = writeln!(checks, "| {name} with the residual | {m} | {e:.1e} | FAILED |");
-            let miss =
-                format!("M {m}: the trellis MLP, {name}, with the residual: relErr against the f64 reference {e:.3e}");
-            return Err(exit::GateMissed(miss).into());
-        }
-        let _ = writeln!(checks, "| {name} with the residual | {m} | {e:.1e} | ok |");
+        let e =
+            gate_first_layer(checks, &format!("{name} with the residual"), m, &step(&layers[0], x)?, want_residual)?;
         let steps = args.rounds * LAYERS;
         let (med, best) = time(args.evals, steps, &|| chain(layers, args.rounds, x, &step))?;
         rows.push(Row { m, name: format!("trellis {name}"), median: med, best });
         eprintln!("[bench] trellis, {name}, M={m}: {med:.1} us per MLP layer, relErr {e:.1e}");
         if args.alone {
-            let h = layers[0].swiglu_with(x, auto)?;
-            h.eval()?;
             let (med, best) = time(args.evals, steps, &|| alone(layers, args.rounds, &|l| down(l, &h, None)))?;
             rows.push(Row { m, name: format!("trellis {name} alone"), median: med, best });
         }
@@ -383,15 +391,7 @@ fn bench(cli: &Cli) -> Result<()> {
                 ("", layers[0].forward(&x)?, &want[..m * HIDDEN]),
                 (" with the residual", layers[0].forward_residual(&x, &x)?, &want_residual[..]),
             ] {
-                let got = to_f64(&y)?;
-                let e = rel_err(&got, want)?;
-                if !got.iter().all(|v| v.is_finite()) || e >= 1e-2 {
-                    let _ = writeln!(checks, "| k{k}{what} | {m} | {e:.1e} | FAILED |");
-                    let miss = format!("k{k} M {m}: the trellis MLP{what}: relErr against the f64 reference {e:.3e}");
-                    return Err(exit::GateMissed(miss).into());
-                }
-                let _ = writeln!(checks, "| k{k}{what} | {m} | {e:.1e} | ok |");
-                err = err.max(e);
+                err = err.max(gate_first_layer(&mut checks, &format!("k{k}{what}"), m, &y, want)?);
             }
             let steps = args.rounds * LAYERS;
             let step = |l: &TrellisMlp, x: &MlxArray| l.forward_residual(x, x);
