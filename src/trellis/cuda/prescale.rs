@@ -5,6 +5,7 @@
 //! kernel's other configurations take only the exponents and the zeroed fold counters from it.
 //! One thread block a row.
 
+use crate::array::MlxArray;
 use crate::dtype::Dtype;
 use crate::error::{invalid, ErrorContext, Result};
 use crate::kernel::registry::{self, KernelKey, KernelText};
@@ -29,6 +30,29 @@ pub(crate) fn kernel(pair: bool) -> Result<&'static CudaKernel> {
             header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT].join("\n"),
         })
     })
+}
+
+/// The pre-pass's four outputs, in the kernel's order (see [`PrePass`] for their shapes).
+pub(crate) struct PrePassArrays {
+    /// The converted activations (a placeholder with [`PrePassOutput::ExponentsOnly`]).
+    pub x_scaled: MlxArray,
+    /// The fold counters, zeroed.
+    pub counters: MlxArray,
+    /// The rows' exponents.
+    pub x_exp: MlxArray,
+    /// The converted rows' sums (a placeholder without `row_sums`).
+    pub x_sum: MlxArray,
+}
+
+/// Runs the pre-pass (`pair`: the two-vector variant) of `launch` on `inputs`; `what` names the
+/// caller in its error.
+pub(crate) fn run(pair: bool, inputs: &[&MlxArray], launch: &CudaLaunch, what: &str) -> Result<PrePassArrays> {
+    let outs =
+        kernel(pair)?.apply_prepared(inputs, launch).with_context(|| format!("{what}: the activations' pre-pass"))?;
+    let Ok([x_scaled, counters, x_exp, x_sum]) = <[MlxArray; 4]>::try_from(outs) else {
+        unreachable!("the pre-pass kernel registers four outputs (`kernel`)");
+    };
+    Ok(PrePassArrays { x_scaled, counters, x_exp, x_sum })
 }
 
 /// The section flag of the pair variants of `prescale.cu` and `down_mma.cu`.

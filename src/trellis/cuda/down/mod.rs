@@ -285,13 +285,9 @@ pub(crate) fn run(
         None => {
             let mut pre_inputs = vec![x2];
             pre_inputs.extend(mats.iter().map(|(_, scales)| *scales));
-            let mut outs = prescale::kernel(pair)?
-                .apply_prepared(&pre_inputs, &prepared.pre_pass)
-                .context("CUDA down kernel: the activations' pre-pass")?;
-            outs.pop(); // x_sum: none asked for
-            let x_exp = outs.pop().expect("four outputs");
-            let counters = outs.pop().expect("four outputs");
-            (outs.pop(), counters, x_exp)
+            // x_sum: none asked for.
+            let out = prescale::run(pair, &pre_inputs, &prepared.pre_pass, "CUDA down kernel")?;
+            (Some(out.x_scaled), out.counters, out.x_exp)
         }
     };
     let b = match &x_scaled {

@@ -206,13 +206,8 @@ pub(crate) fn run(
         super::check_down_residual(x2, g, r)?;
     }
     let prepared = prepared_launch(g, cfg, m, x2.dtype(), residual.is_some())?;
-    let mut outs = prescale::kernel(false)?
-        .apply_prepared(&[x2, scales], &prepared.pre_pass)
-        .context("CUDA down warp-specialized GEMM: the activations' pre-pass")?;
-    let x_sum = outs.pop().expect("four outputs");
-    let x_exp = outs.pop().expect("four outputs");
-    let counters = outs.pop().expect("four outputs");
-    let x_image = outs.pop().expect("four outputs");
+    let prescale::PrePassArrays { x_scaled: x_image, counters, x_exp, x_sum } =
+        prescale::run(false, &[x2, scales], &prepared.pre_pass, "CUDA down warp-specialized GEMM")?;
     let mut inputs = vec![&x_image, &x_exp, &x_sum, &counters, codes];
     inputs.extend(residual);
     let mut ys = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;

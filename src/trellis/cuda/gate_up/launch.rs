@@ -163,13 +163,8 @@ impl Prepared {
     pub(super) fn kernel_inputs(&self, x2: &MlxArray, placeholder: &MlxArray) -> Result<Vec<MlxArray>> {
         match &self.hand_over {
             Some(launch) => {
-                let mut outs = prescale::kernel(false)?
-                    .apply_prepared(&[x2, placeholder], launch)
-                    .context("CUDA axis-1 kernel: the activations handed over as f16")?;
-                let x_sum = outs.pop().expect("four outputs");
-                let x_exp = outs.pop().expect("four outputs");
-                let counters = outs.pop().expect("four outputs");
-                let x = outs.pop().expect("four outputs");
+                let prescale::PrePassArrays { x_scaled: x, counters, x_exp, x_sum } =
+                    prescale::run(false, &[x2, placeholder], launch, "CUDA axis-1 kernel")?;
                 Ok(match self.kernel_kind {
                     AxisOneKernel::Specialized => vec![x, x_exp, x_sum, counters],
                     AxisOneKernel::Gemm | AxisOneKernel::Wgmma => vec![x, x_exp, x_sum],
