@@ -426,9 +426,11 @@ durations() {
 # stalls NAME: the SASS of the report $out/NAME.ncu-rep with its warp stall samples (CSV), and
 # scripts/ncu_stalls.py's summary of it: the instructions the warps wait at, and each opcode's share.
 stalls() {
-  local name=$1
+  local name=$1 roles=()
+  # The warp-specialized kernels' samples by role too (producers, the consumer's steps, its tiles).
+  case "$name" in *_ws_*) roles=(--roles) ;; esac
   step "ncu_${name}_sass" 120 "$ncu" --import "$out/$name.ncu-rep" --page source --csv --print-source sass >/dev/null &&
-    "$python" scripts/ncu_stalls.py "$out/ncu_${name}_sass.txt" | tee "$out/${name}_stalls.txt"
+    "$python" scripts/ncu_stalls.py "$out/ncu_${name}_sass.txt" ${roles[@]+"${roles[@]}"} | tee "$out/${name}_stalls.txt"
 }
 
 profile() {

@@ -9,7 +9,7 @@ sampling's answer to "which instructions does this kernel wait at". The column n
 CSV it read are printed too, so that a reason's own column (where the report has them) can be
 picked with --column.
 
-    python3 scripts/ncu_stalls.py out/axis1_gemm_m64_sass.csv [--top 40] [--column NAME]
+    python3 scripts/ncu_stalls.py out/axis1_gemm_m64_sass.csv [--top 40] [--column NAME] [--roles]
 """
 import argparse
 import collections
@@ -49,6 +49,15 @@ def main():
     parser.add_argument("csv", help="the source page as CSV (--page source --csv --print-source sass)")
     parser.add_argument("--top", type=int, default=40, help="instructions to list (default 40)")
     parser.add_argument("--column", help="the samples column (default: Warp Stall Sampling (All Samples))")
+    parser.add_argument(
+        "--roles",
+        action="store_true",
+        help="also split the samples of a warp-specialized kernel by role: the producers (the code "
+        "from the first IDP, their decode, on), the consumer's per-step code (executed at least "
+        "--per-step times) and its per-tile code (the epilogue and the fold), each with its main "
+        "stall reasons",
+    )
+    parser.add_argument("--per-step", type=float, default=15000, help="--roles: executions of a per-step instruction")
     args = parser.parse_args()
     header, body = table(args.csv)
     print("columns: " + " | ".join(header))
@@ -79,6 +88,44 @@ def main():
     print(f"\n{'samples':>8} {'share':>6}  opcode")
     for op, v in per_opcode.most_common(25):
         print(f"{v:8.0f} {100 * v / total:5.1f}%  {op}")
+    if args.roles:
+        roles(header, body, samples, source, total, args.per_step)
+
+
+def roles(header, body, samples, source, total, per_step):
+    """The samples of the warp-specialized GEMMs (gate_up_ws.cu, down_ws.cu) by role. Their code is
+    laid out consumer first, producers after: the producers are the instructions from a little before
+    the first IDP (the decode's byte sum), and the consumer's instructions split by how often they
+    ran. The stall reasons are the report's per-instruction stall_* columns."""
+    address = header.index("Address") if "Address" in header else 0
+    executed = next((i for i, c in enumerate(header) if c == "Instructions Executed"), None)
+    reasons = [(c[len("stall_") :], i) for i, c in enumerate(header) if c.startswith("stall_") and "Not Issued" not in c]
+    if executed is None or not reasons:
+        print("\n--roles: the report has no Instructions Executed or stall_* columns (--set full)")
+        return
+    decode = [int(r[address], 16) for r in body if "IDP" in r[source]]
+    if not decode:
+        print("\n--roles: no IDP in the kernel: not a trellis producer/consumer kernel")
+        return
+    # The producer loop's head (the code words' addresses, the first windows) precedes its first IDP.
+    producers_from = min(decode) - 0x800
+    groups = collections.defaultdict(collections.Counter)
+    for r in body:
+        if int(r[address], 16) >= producers_from:
+            role = "producers"
+        elif number(r[executed]) >= per_step:
+            role = "consumer, per step"
+        else:
+            role = "consumer, per tile"
+        groups[role]["samples"] += number(r[samples])
+        for name, i in reasons:
+            groups[role][name] += number(r[i])
+    print(f"\n{'samples':>8} {'share':>6}  role: main stall reasons (share of the role's stall samples)")
+    for role in ("producers", "consumer, per step", "consumer, per tile"):
+        g = groups[role]
+        stalls = sum(v for k, v in g.items() if k != "samples") or 1.0
+        top = ", ".join(f"{k} {100 * v / stalls:.0f} %" for k, v in g.most_common() if k != "samples" and v > 0)
+        print(f"{g['samples']:8.0f} {100 * g['samples'] / total:5.1f}%  {role}: {top[:150]}")
 
 
 if __name__ == "__main__":
