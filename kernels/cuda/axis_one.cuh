@@ -124,6 +124,45 @@ __device__ __forceinline__ void gemm_outputs(const float (&acc)[NMAT][MT][4], co
   }
 }
 
+// gemm_outputs for a warp that runs alone on its scheduler (the warp-specialized GEMM's consumer,
+// gate_up_ws.cu): every output's value first, without a branch, in place of its first matrix's
+// accumulator (`value(v)`: the variant's SwiGLU), then the stores of those inside [M, OUT]
+// (`store(m, o, y)`). Outputs past OUT read row OUT - 1's scale and rows past M the pass's zeros,
+// and neither is stored. With a branch around each output, as gemm_outputs has, each output's
+// chain of about 14 dependent instructions (two MUFU among them) ran on its own, and the tile's
+// writes took half of the consumer's epilogue samples at 128 rows (docs/cuda-mlp.md).
+template <int NMAT, int MT, bool BIAS_FOLD, typename Value, typename Store>
+__device__ __forceinline__ void gemm_outputs_batched(float (&acc)[NMAT][MT][4], const __half* const (&scales)[NMAT],
+                                                     int row0, int out, int m_base, int m_rows, const float* unlift,
+                                                     const float* row_bias, int lane, Value value, Store store) {
+  const int g = lane >> 2, q = lane & 3;
+  float s[2][NMAT];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int a = 0; a < NMAT; ++a) s[h][a] = __half2float(scales[a][min(row0 + g + 8 * h, out - 1)]) * TRELLIS_RCP;
+#pragma unroll
+  for (int t = 0; t < MT; ++t) {
+    const float2 lift = *reinterpret_cast<const float2*>(unlift + 8 * t + 2 * q);
+    const float2 bias = BIAS_FOLD ? *reinterpret_cast<const float2*>(row_bias + 8 * t + 2 * q) : make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float v[NMAT];
+#pragma unroll
+      for (int a = 0; a < NMAT; ++a)
+        v[a] = (acc[a][t][e] - ((e & 1) ? bias.y : bias.x)) * s[e >> 1][a] * ((e & 1) ? lift.y : lift.x);
+      acc[0][t][e] = value(v);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < MT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int o = row0 + g + 8 * (e >> 1), m = m_base + 8 * t + 2 * q + (e & 1);
+      if (o < out && m < m_rows) store(m, o, acc[0][t][e]);
+    }
+}
+
 // One output of the fused MLP, silu(gate) * up in f32. __fdividef is one reciprocal and a
 // multiply; `/` is IEEE division, whose range check sent nearly every warp's outputs to its slow
 // path (a call): that subroutine alone took 38 % of the warp-specialized GEMM's epilogue samples

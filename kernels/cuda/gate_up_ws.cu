@@ -217,14 +217,17 @@
   const unsigned long long desc_a0 = trellis_cuda::no_swizzle_descriptor(stages_addr, 128, 256);
   const unsigned long long desc_b0 = trellis_cuda::no_swizzle_descriptor(stages_addr + NMAT * A_BYTES, 128, 256);
 
-  auto write_tile = [&](const float (&acc)[NMAT][MT][4], int row0) {
-    trellis_cuda::gemm_outputs<NMAT, MT, BIAS_FOLD>(
-        acc, mat_scales, row0, OUT, m_base, M, unlift, row_bias, lane, [&](int m, int o, const float (&v)[NMAT]) {
+  auto write_tile = [&](float (&acc)[NMAT][MT][4], int row0) {
+    trellis_cuda::gemm_outputs_batched<NMAT, MT, BIAS_FOLD>(
+        acc, mat_scales, row0, OUT, m_base, M, unlift, row_bias, lane,
+        [&](const float (&v)[NMAT]) {
 #if TRELLIS_FUSED
-          const float out = trellis_cuda::silu_times(v[0], v[1]);
+          return trellis_cuda::silu_times(v[0], v[1]);
 #else
-          const float out = v[0];
+          return v[0];
 #endif
+        },
+        [&](int m, int o, float out) {
 #if TRELLIS_RESIDUAL
           y[(size_t)m * OUT + o] = Y(out + float(residual[(size_t)m * OUT + o]));
 #else
