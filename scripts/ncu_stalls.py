@@ -54,10 +54,9 @@ def main():
         action="store_true",
         help="also split the samples of a warp-specialized kernel by role: the producers (the code "
         "from the first IDP, their decode, on), the consumer's per-step code (executed at least "
-        "--per-step times) and its per-tile code (the epilogue and the fold), each with its main "
-        "stall reasons",
+        "a sixteenth as often as its wgmmas) and its per-tile code (the epilogue and the fold), each with "
+        "its main stall reasons",
     )
-    parser.add_argument("--per-step", type=float, default=15000, help="--roles: executions of a per-step instruction")
     args = parser.parse_args()
     header, body = table(args.csv)
     print("columns: " + " | ".join(header))
@@ -89,14 +88,16 @@ def main():
     for op, v in per_opcode.most_common(25):
         print(f"{v:8.0f} {100 * v / total:5.1f}%  {op}")
     if args.roles:
-        roles(header, body, samples, source, total, args.per_step)
+        roles(header, body, samples, source, total)
 
 
-def roles(header, body, samples, source, total, per_step):
+def roles(header, body, samples, source, total):
     """The samples of the warp-specialized GEMMs (gate_up_ws.cu, down_ws.cu) by role. Their code is
     laid out consumer first, producers after: the producers are the instructions from a little before
     the first IDP (the decode's byte sum), and the consumer's instructions split by how often they
-    ran. The stall reasons are the report's per-instruction stall_* columns."""
+    ran: per step at least a sixteenth as often as its wgmmas (HGMMA, one set a step; the copies
+    are issued by one warp of four), per tile less (a tile is tens of steps).
+    The stall reasons are the report's per-instruction stall_* columns."""
     address = header.index("Address") if "Address" in header else 0
     executed = next((i for i, c in enumerate(header) if c == "Instructions Executed"), None)
     reasons = [(c[len("stall_") :], i) for i, c in enumerate(header) if c.startswith("stall_") and "Not Issued" not in c]
@@ -109,6 +110,10 @@ def roles(header, body, samples, source, total, per_step):
         return
     # The producer loop's head (the code words' addresses, the first windows) precedes its first IDP.
     producers_from = min(decode) - 0x800
+    per_step = max((number(r[executed]) for r in body if "HGMMA" in r[source]), default=0.0) / 16
+    if per_step == 0:
+        print("\n--roles: no wgmma (HGMMA) in the kernel: not a warp-specialized GEMM")
+        return
     groups = collections.defaultdict(collections.Counter)
     for r in body:
         if int(r[address], 16) >= producers_from:
