@@ -20,6 +20,9 @@
 //! GEMM (`down_ws.cu`, which the plan does not take), one and three producer teams, each checked
 //! against the f64 reference first: the A/B that decides whether the plan should.
 //!
+//! With `--ws-stages N,...` it times the chain with the fused gate·up·SwiGLU on the
+//! warp-specialized GEMM at each of those ring depths too, where the plan takes that GEMM.
+//!
 //! `--help` lists every option, with examples.
 
 use std::fmt::Write as _;
@@ -73,6 +76,7 @@ const LAYERS: usize = 8;
   target/release/examples/bench_mlp --bits 3 --evals 8 --rounds 2 --json out.json
   target/release/examples/bench_mlp --plot out.json docs/bench_mlp_h200.svg     # the plot of a JSON table
   target/release/examples/bench_mlp --bits 3 --rows 65,96,128 --ws-down          # the down kernels' A/B
+  target/release/examples/bench_mlp --bits 3 --rows 64,128 --ws-stages 5,7 --no-alone  # ring depths' A/B
   target/release/examples/bench_mlp --tp 1 --backend nccl                       # one GPU: the sharded path's overhead
   target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
   target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3")]
@@ -99,6 +103,11 @@ struct Cli {
     /// GEMM (`down_ws.cu`, not planned; Hopper only), with one and with three producer teams
     #[arg(long = "ws-down", conflicts_with = "tp")]
     ws_down: bool,
+    /// Also time the first bit width's chain with the fused gate·up·SwiGLU on the
+    /// warp-specialized GEMM at each of these ring depths (4..=7 steps), at the rows whose plan
+    /// takes that GEMM
+    #[arg(long = "ws-stages", value_delimiter = ',', conflicts_with = "tp")]
+    ws_stages: Vec<u32>,
     /// Draw the plot of a JSON table (from --json) as SVG, and exit
     #[arg(long, num_args = 2, value_names = ["JSON", "SVG"], conflicts_with = "tp")]
     plot: Option<Vec<String>>,
@@ -134,6 +143,7 @@ struct Args {
     plot: Option<(String, String)>,
     alone: bool,
     ws_down: bool,
+    ws_stages: Vec<u32>,
 }
 
 fn parse(c: &Cli) -> Args {
@@ -146,6 +156,7 @@ fn parse(c: &Cli) -> Args {
         plot: c.plot.as_ref().map(|p| (p[0].clone(), p[1].clone())),
         alone: !c.no_alone,
         ws_down: c.ws_down,
+        ws_stages: c.ws_stages.clone(),
     }
 }
 
@@ -278,6 +289,41 @@ fn ws_down_rows(
     Ok(())
 }
 
+/// The first bit width's chain with the fused gate·up·SwiGLU on the warp-specialized GEMM at
+/// each of `args.ws_stages` ring depths (the plan's configuration otherwise), where the plan
+/// takes that GEMM: the first layer against the f64 reference, then the chain.
+fn ws_stages_rows(
+    layers: &[TrellisMlp],
+    x: &MlxArray,
+    m: usize,
+    want_residual: &[f64],
+    args: &Args,
+    rows: &mut Vec<Row>,
+    checks: &mut String,
+) -> Result<()> {
+    let planned = axis_one_plan(m, Dtype::Bfloat16, true, INTER);
+    if planned.kernel != AxisOneKernel::Specialized {
+        eprintln!("[bench] --ws-stages: the plan at {m} rows is not the warp-specialized GEMM");
+        return Ok(());
+    }
+    for &stages in &args.ws_stages {
+        let cfg = AxisOneConfig { stages, ..planned };
+        if let Err(e) = cfg.check(Dtype::Bfloat16, true) {
+            eprintln!("[bench] --ws-stages {stages} at {m} rows: {e}");
+            continue;
+        }
+        let step = |l: &TrellisMlp, x: &MlxArray| l.down().forward_residual(&swiglu_with(x, l.gate(), l.up(), cfg)?, x);
+        let name = format!("ws, {stages} stages");
+        let e =
+            gate_first_layer(checks, &format!("{name} with the residual"), m, &step(&layers[0], x)?, want_residual)?;
+        let steps = args.rounds * LAYERS;
+        let (med, best) = time(args.evals, steps, &|| chain(layers, args.rounds, x, &step))?;
+        rows.push(Row { m, name: format!("trellis {name}"), median: med, best });
+        eprintln!("[bench] trellis, {name}, M={m}: {med:.1} us per MLP layer, relErr {e:.1e}");
+    }
+    Ok(())
+}
+
 /// The residual chain over `layers`, `rounds` times: `x <- step(layer, x)`, each step giving
 /// the residual stream after its layer (`x + mlp(x)`).
 fn chain<L>(
@@ -403,6 +449,9 @@ fn bench(cli: &Cli) -> Result<()> {
             if args.ws_down && bi == 0 {
                 ws_down_rows(&layers, &x, m, &want_residual, &args, &mut rows, &mut checks)?;
             }
+            if !args.ws_stages.is_empty() && bi == 0 {
+                ws_stages_rows(&layers, &x, m, &want_residual, &args, &mut rows, &mut checks)?;
+            }
             // Each projection alone for the first bit width only (the 3-bit layers by default).
             if args.alone && bi == 0 {
                 let (med, best) = time(args.evals, steps, &|| {
@@ -477,6 +526,11 @@ fn bench(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// The ring depth the plan gives the warp-specialized GEMM (at 128 rows, fused).
+fn plan_ws_stages() -> u32 {
+    axis_one_plan(128, Dtype::Bfloat16, true, INTER).stages
+}
+
 fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
     let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
     println!(
@@ -528,6 +582,34 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
                 }
             }
             println!("{line}");
+        }
+    }
+    if !args.ws_stages.is_empty() {
+        let k = args.bits[0];
+        println!("\nThe k{k} chain with gate·up on the warp-specialized GEMM at other ring depths (the plan's: {}), µs per MLP layer, median (best), and against the planned path", plan_ws_stages());
+        let mut header = "| M | planned |".to_string();
+        let mut rule = "|---|---|".to_string();
+        for s in &args.ws_stages {
+            let _ = write!(header, " {s} stages | vs planned |");
+            rule.push_str("---|---|");
+        }
+        println!("{header}\n{rule}");
+        for &m in &args.rows {
+            let Some(planned) = get(m, &format!("trellis k{k}")) else { continue };
+            let mut line = format!("| {m} | {:.1} ({:.1}) |", planned.median, planned.best);
+            let mut any = false;
+            for s in &args.ws_stages {
+                match get(m, &format!("trellis ws, {s} stages")) {
+                    Some(t) => {
+                        any = true;
+                        let _ = write!(line, " {:.1} ({:.1}) | {:.2}x |", t.median, t.best, planned.median / t.median);
+                    }
+                    None => line.push_str(" - | - |"),
+                }
+            }
+            if any {
+                println!("{line}");
+            }
         }
     }
     if args.alone {
