@@ -255,15 +255,8 @@ fn gate_first_layer(checks: &mut String, what: &str, m: usize, y: &MlxArray, wan
 /// warp-specialized GEMM (`down_ws.cu`), one and three producer teams: the first layer against
 /// the f64 reference (`want_residual`), then the chain, and with `args.alone` the down
 /// projection alone.
-fn ws_down_rows(
-    layers: &[TrellisMlp],
-    x: &MlxArray,
-    m: usize,
-    want_residual: &[f64],
-    args: &Args,
-    rows: &mut Vec<Row>,
-    checks: &mut String,
-) -> Result<()> {
+fn ws_down_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
+    let ChainCase { layers, x, m, args, .. } = *c;
     let auto = mlx_trellis::trellis::ForwardPath::Auto;
     let h = layers[0].swiglu_with(x, auto)?;
     h.eval()?;
@@ -275,13 +268,9 @@ fn ws_down_rows(
         };
         let step = |l: &TrellisMlp, x: &MlxArray| down(l, &l.swiglu_with(x, auto)?, Some(x));
         let name = format!("ws down, {teams} team{}", if teams == 1 { "" } else { "s" });
-        let e =
-            gate_first_layer(checks, &format!("{name} with the residual"), m, &step(&layers[0], x)?, want_residual)?;
-        let steps = args.rounds * LAYERS;
-        let (med, best) = time(args.evals, steps, &|| chain(layers, args.rounds, x, &step))?;
-        rows.push(Row { m, name: format!("trellis {name}"), median: med, best });
-        eprintln!("[bench] trellis, {name}, M={m}: {med:.1} us per MLP layer, relErr {e:.1e}");
+        chain_variant(c, &name, &step, rows, checks)?;
         if args.alone {
+            let steps = args.rounds * LAYERS;
             let (med, best) = time(args.evals, steps, &|| alone(layers, args.rounds, &|l| down(l, &h, None)))?;
             rows.push(Row { m, name: format!("trellis {name} alone"), median: med, best });
         }
@@ -292,15 +281,8 @@ fn ws_down_rows(
 /// The first bit width's chain with the fused gate·up·SwiGLU on the warp-specialized GEMM at
 /// each of `args.ws_stages` ring depths (the plan's configuration otherwise), where the plan
 /// takes that GEMM: the first layer against the f64 reference, then the chain.
-fn ws_stages_rows(
-    layers: &[TrellisMlp],
-    x: &MlxArray,
-    m: usize,
-    want_residual: &[f64],
-    args: &Args,
-    rows: &mut Vec<Row>,
-    checks: &mut String,
-) -> Result<()> {
+fn ws_stages_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
+    let ChainCase { m, args, .. } = *c;
     let planned = axis_one_plan(m, Dtype::Bfloat16, true, INTER);
     if planned.kernel != AxisOneKernel::Specialized {
         eprintln!("[bench] --ws-stages: the plan at {m} rows is not the warp-specialized GEMM");
@@ -313,14 +295,35 @@ fn ws_stages_rows(
             continue;
         }
         let step = |l: &TrellisMlp, x: &MlxArray| l.down().forward_residual(&swiglu_with(x, l.gate(), l.up(), cfg)?, x);
-        let name = format!("ws, {stages} stages");
-        let e =
-            gate_first_layer(checks, &format!("{name} with the residual"), m, &step(&layers[0], x)?, want_residual)?;
-        let steps = args.rounds * LAYERS;
-        let (med, best) = time(args.evals, steps, &|| chain(layers, args.rounds, x, &step))?;
-        rows.push(Row { m, name: format!("trellis {name}"), median: med, best });
-        eprintln!("[bench] trellis, {name}, M={m}: {med:.1} us per MLP layer, relErr {e:.1e}");
+        chain_variant(c, &format!("ws, {stages} stages"), &step, rows, checks)?;
     }
+    Ok(())
+}
+
+/// The chain a variant runs in: the first bit width's layers, the input `x` of `m` rows and the
+/// f64 reference of the first layer's output with the residual.
+struct ChainCase<'a> {
+    layers: &'a [TrellisMlp],
+    x: &'a MlxArray,
+    m: usize,
+    want_residual: &'a [f64],
+    args: &'a Args,
+}
+
+/// One variant of the trellis chain, `step` giving the residual stream after a layer: its first
+/// layer against the f64 reference, then its time per layer as the row `trellis {name}`.
+fn chain_variant(
+    c: &ChainCase,
+    name: &str,
+    step: &dyn Fn(&TrellisMlp, &MlxArray) -> mlx_trellis::Result<MlxArray>,
+    rows: &mut Vec<Row>,
+    checks: &mut String,
+) -> Result<()> {
+    let ChainCase { layers, x, m, want_residual, args } = *c;
+    let e = gate_first_layer(checks, &format!("{name} with the residual"), m, &step(&layers[0], x)?, want_residual)?;
+    let (med, best) = time(args.evals, args.rounds * LAYERS, &|| chain(layers, args.rounds, x, step))?;
+    rows.push(Row { m, name: format!("trellis {name}"), median: med, best });
+    eprintln!("[bench] trellis, {name}, M={m}: {med:.1} us per MLP layer, relErr {e:.1e}");
     Ok(())
 }
 
@@ -446,11 +449,12 @@ fn bench(cli: &Cli) -> Result<()> {
             let host = host_time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
             rows.push(Row { m, name: format!("trellis k{k} host"), median: host, best: host });
             eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer ({host:.1} of them the host's), relErr {err:.1e}");
+            let case = ChainCase { layers: &layers, x: &x, m, want_residual: &want_residual, args: &args };
             if args.ws_down && bi == 0 {
-                ws_down_rows(&layers, &x, m, &want_residual, &args, &mut rows, &mut checks)?;
+                ws_down_rows(&case, &mut rows, &mut checks)?;
             }
             if !args.ws_stages.is_empty() && bi == 0 {
-                ws_stages_rows(&layers, &x, m, &want_residual, &args, &mut rows, &mut checks)?;
+                ws_stages_rows(&case, &mut rows, &mut checks)?;
             }
             // Each projection alone for the first bit width only (the 3-bit layers by default).
             if args.alone && bi == 0 {
