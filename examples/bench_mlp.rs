@@ -535,6 +535,38 @@ fn plan_ws_stages() -> u32 {
     axis_one_plan(128, Dtype::Bfloat16, true, INTER).stages
 }
 
+/// The first bit width's chain against its `variants` (each a column header and the row name it
+/// was timed under), µs per MLP layer, median (best), and the planned path's time over each;
+/// row counts where no variant ran are left out.
+fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, String)]) {
+    let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
+    println!("\n{title}, µs per MLP layer, median (best), and against the planned path");
+    let mut header = "| M | planned |".to_string();
+    let mut rule = "|---|---|".to_string();
+    for (column, _) in variants {
+        let _ = write!(header, " {column} | vs planned |");
+        rule.push_str("---|---|");
+    }
+    println!("{header}\n{rule}");
+    for &m in &args.rows {
+        let Some(planned) = get(m, &format!("trellis k{}", args.bits[0])) else { continue };
+        let mut line = format!("| {m} | {:.1} ({:.1}) |", planned.median, planned.best);
+        let mut any = false;
+        for (_, name) in variants {
+            match get(m, name) {
+                Some(t) => {
+                    any = true;
+                    let _ = write!(line, " {:.1} ({:.1}) | {:.2}x |", t.median, t.best, planned.median / t.median);
+                }
+                None => line.push_str(" - | - |"),
+            }
+        }
+        if any {
+            println!("{line}");
+        }
+    }
+}
+
 fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
     let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
     println!(
@@ -568,53 +600,20 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
         }
         println!("{line}");
     }
+    let k = args.bits[0];
     if args.ws_down {
-        let k = args.bits[0];
-        println!("\nThe k{k} chain with the down projection on the warp-specialized GEMM (not planned), µs per MLP layer, median (best), and against the planned path");
-        println!(
-            "| M | planned | ws down, 1 team | vs planned | ws down, 3 teams | vs planned |\n|---|---|---|---|---|---|"
-        );
-        for &m in &args.rows {
-            let Some(planned) = get(m, &format!("trellis k{k}")) else { continue };
-            let mut line = format!("| {m} | {:.1} ({:.1}) |", planned.median, planned.best);
-            for name in ["trellis ws down, 1 team", "trellis ws down, 3 teams"] {
-                match get(m, name) {
-                    Some(t) => {
-                        let _ = write!(line, " {:.1} ({:.1}) | {:.2}x |", t.median, t.best, planned.median / t.median);
-                    }
-                    None => line.push_str(" - | - |"),
-                }
-            }
-            println!("{line}");
-        }
+        let title = format!("The k{k} chain with the down projection on the warp-specialized GEMM (not planned)");
+        let variants = ["ws down, 1 team", "ws down, 3 teams"].map(|v| (v.to_string(), format!("trellis {v}")));
+        variant_table(args, rows, &title, &variants);
     }
     if !args.ws_stages.is_empty() {
-        let k = args.bits[0];
-        println!("\nThe k{k} chain with gate·up on the warp-specialized GEMM at other ring depths (the plan's: {}), µs per MLP layer, median (best), and against the planned path", plan_ws_stages());
-        let mut header = "| M | planned |".to_string();
-        let mut rule = "|---|---|".to_string();
-        for s in &args.ws_stages {
-            let _ = write!(header, " {s} stages | vs planned |");
-            rule.push_str("---|---|");
-        }
-        println!("{header}\n{rule}");
-        for &m in &args.rows {
-            let Some(planned) = get(m, &format!("trellis k{k}")) else { continue };
-            let mut line = format!("| {m} | {:.1} ({:.1}) |", planned.median, planned.best);
-            let mut any = false;
-            for s in &args.ws_stages {
-                match get(m, &format!("trellis ws, {s} stages")) {
-                    Some(t) => {
-                        any = true;
-                        let _ = write!(line, " {:.1} ({:.1}) | {:.2}x |", t.median, t.best, planned.median / t.median);
-                    }
-                    None => line.push_str(" - | - |"),
-                }
-            }
-            if any {
-                println!("{line}");
-            }
-        }
+        let title = format!(
+            "The k{k} chain with gate·up on the warp-specialized GEMM at other ring depths (the plan's: {})",
+            plan_ws_stages()
+        );
+        let variants: Vec<_> =
+            args.ws_stages.iter().map(|s| (format!("{s} stages"), format!("trellis ws, {s} stages"))).collect();
+        variant_table(args, rows, &title, &variants);
     }
     if args.alone {
         println!("\nEach projection alone, independent calls over the {LAYERS} layers in turn (cold in L2), per call, median µs");
