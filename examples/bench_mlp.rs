@@ -530,6 +530,11 @@ fn bench(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// The timed row of `m` activation rows named `name`, if that contender ran.
+fn row_of<'a>(rows: &'a [Row], m: usize, name: &str) -> Option<&'a Row> {
+    rows.iter().find(|r| r.m == m && r.name == name)
+}
+
 /// The ring depth the plan gives the warp-specialized GEMM (at 128 rows, fused).
 fn plan_ws_stages() -> u32 {
     axis_one_plan(128, Dtype::Bfloat16, true, INTER).stages
@@ -539,7 +544,7 @@ fn plan_ws_stages() -> u32 {
 /// was timed under), µs per MLP layer, median (best), and the planned path's time over each;
 /// row counts where no variant ran are left out.
 fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, String)]) {
-    let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
+    let get = |m: usize, name: &str| row_of(rows, m, name);
     println!("\n{title}, µs per MLP layer, median (best), and against the planned path");
     let mut header = "| M | planned |".to_string();
     let mut rule = "|---|---|".to_string();
@@ -568,7 +573,7 @@ fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, St
 }
 
 fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
-    let get = |m: usize, name: &str| rows.iter().find(|r| r.m == m && r.name == name);
+    let get = |m: usize, name: &str| row_of(rows, m, name);
     println!(
         "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation; MLX bf16: the faster of its two residual adds, marked a (matmul, add) or m (addmm)), median (best) of {} evaluations, µs; {}",
         args.rounds,
