@@ -14,10 +14,11 @@
 // down kernel itself splits them. The arithmetic is the kernel's own: one f32 product, an exact
 // power of two, rounded to f16.
 //
-// Thread block m (grid row m) reads its row twice: once for the largest |x * scale| (folded
-// across the block), then to convert it, 8 activations a thread at a time: 16-byte loads where R
-// is a multiple of 8 and both inputs are 16-byte aligned (then 8 activations are all in or all
-// past R), one at a time otherwise; one 16-byte store per set.
+// Thread block m (grid row m) loads its row once, 8 activations a thread at a time, all of a
+// thread's groups in flight together (up to 8 groups; a wider row's rest is loaded again for the
+// conversion): 16-byte loads where R is a multiple of 8 and both inputs are 16-byte aligned
+// (then 8 activations are all in or all past R), one at a time otherwise. It folds the largest
+// |x * scale| across the block, then converts the groups it holds; one 16-byte store per set.
 // Block 0 also zeroes the down kernel's COUNTERS fold counters (its fourth input), so that a
 // prescaled call needs no launch of its own for them (COUNTERS 0: none).
 // Without WRITE_X only the exponents are written (and the counters zeroed): the down kernel's
@@ -37,11 +38,11 @@
 // q (IMAGE_ROWS 16) + (row / 8) 128 + h 64 + (row % 8) 8 + j halves into the step's 64 IMAGE_ROWS:
 // 8 consecutive positions are one 16-byte store. The grid then also runs the last pass's rows
 // past M, which store zeros (and nothing else).
-// Template ints: R, R_PAD, COUNTERS, IMAGE_ROWS. Template bools: SPLIT_X, ROW_SCALES (multiply
+// Template ints: R, R_PAD, COUNTERS, IMAGE_ROWS, THREADS. Template bools: SPLIT_X, ROW_SCALES (multiply
 // by scales; false: `scales` is not read), WRITE_X, ROW_SUMS, WGMMA_ORDER. Template type: T
-// (activation dtype). Grid [blockDim.x, min(G, 65535), ceil(G / 65535)] threads, G = M (with
+// (activation dtype). Grid [THREADS, min(G, 65535), ceil(G / 65535)] threads, G = M (with
 // IMAGE_ROWS, M rounded up to a whole pass) (row m = blockIdx.y + gridDim.y blockIdx.z: grid y
-// holds at most 65535), any whole number of warps a block (at most 32).
+// holds at most 65535), blocks of THREADS, a whole number of warps (at most 32).
 // The pair variant (sections under TRELLIS_PAIR; the down kernel's pair of matrices) takes a
 // second scale vector, scales_b, and runs 2 M grid rows: rows M..2M - 1 are the activations
 // again times scales_b, whose exponents and converted rows follow the first set's (x_exp [2 M],
@@ -64,9 +65,10 @@
   __half* const mat_x_exp = x_exp;
   float* const mat_x_sum = x_sum;
 #endif
-  const int tid = threadIdx.x, threads = blockDim.x;
+  const int tid = threadIdx.x;
+  static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps, at most 32");
   if (grid_row == 0) {
-    for (int i = tid; i < COUNTERS; i += threads) counters[i] = 0u;
+    for (int i = tid; i < COUNTERS; i += THREADS) counters[i] = 0u;
   }
   static_assert(IMAGE_ROWS == 0 ||
                     (IMAGE_ROWS % 8 == 0 && WRITE_X && !SPLIT_X && !WGMMA_ORDER && R == R_PAD && R % 256 == 0),
@@ -80,7 +82,7 @@
   };
 #if !TRELLIS_PAIR
   if (IMAGE_ROWS > 0 && m >= M) {
-    for (int r0 = 8 * tid; r0 < R; r0 += 8 * threads)
+    for (int r0 = 8 * tid; r0 < R; r0 += 8 * THREADS)
       *reinterpret_cast<uint4*>(x_scaled + image(m, r0)) = make_uint4(0u, 0u, 0u, 0u);
     return;
   }
@@ -88,32 +90,65 @@
   constexpr int X_WORDS = 8 * (int)sizeof(T) / 16;  // 16-byte words of 8 activations
   const bool vector_loads =
       R % 8 == 0 && ((reinterpret_cast<size_t>(x) | (ROW_SCALES ? reinterpret_cast<size_t>(mat_scales) : 0)) & 15) == 0;
-  // The products of activations [r0, r0 + 8) of row m with their scales (0 past R).
-  auto load = [&](int r0, float (&v)[8]) {
-    alignas(16) T xs[8];
-    alignas(16) __half s[8];
+  // Activations [r0, r0 + 8) of row m and their scales as loaded (0 past R), in the 16-byte
+  // words a vector load returns.
+  struct Group {
+    uint4 x[X_WORDS];
+    uint4 s;
+  };
+  auto fetch = [&](int r0, Group& g) {
     if (vector_loads) {
       const bool in = r0 < R;
 #pragma unroll
       for (int w = 0; w < X_WORDS; ++w)
-        reinterpret_cast<uint4*>(xs)[w] = in ? reinterpret_cast<const uint4*>(x + (size_t)m * R + r0)[w] : make_uint4(0, 0, 0, 0);
-      if (ROW_SCALES) *reinterpret_cast<uint4*>(s) = in ? *reinterpret_cast<const uint4*>(mat_scales + r0) : make_uint4(0, 0, 0, 0);
+        g.x[w] = in ? reinterpret_cast<const uint4*>(x + (size_t)m * R + r0)[w] : make_uint4(0, 0, 0, 0);
+      if (ROW_SCALES) g.s = in ? *reinterpret_cast<const uint4*>(mat_scales + r0) : make_uint4(0, 0, 0, 0);
     } else {
+      T* xs = reinterpret_cast<T*>(g.x);
+      __half* s = reinterpret_cast<__half*>(&g.s);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         xs[j] = r0 + j < R ? x[(size_t)m * R + r0 + j] : T(0.0f);
         if (ROW_SCALES) s[j] = r0 + j < R ? mat_scales[r0 + j] : __half(0.0f);
       }
     }
+  };
+  // The products of a group's activations with their scales.
+  auto products = [&](const Group& g, float (&v)[8]) {
+    const T* xs = reinterpret_cast<const T*>(g.x);
+    const __half* s = reinterpret_cast<const __half*>(&g.s);
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = ROW_SCALES ? float(xs[j]) * __half2float(s[j]) : float(xs[j]);
   };
+  // Thread tid covers groups r0 = 8 (tid + i THREADS), i = 0, 1, ... below R_PAD. The first
+  // CACHED of them are loaded together, all in flight at once, and kept in registers for the
+  // conversion; a loop that loaded one group after another waited a memory latency per group
+  // (17408 inputs: five), and read each group twice. Wider rows load the rest as before.
+  constexpr int GROUPS = (R_PAD / 8 + THREADS - 1) / THREADS;  // groups of the thread with the most
+  constexpr int CACHED = GROUPS < 8 ? GROUPS : 8;
+  Group cache[CACHED];
+#pragma unroll
+  for (int i = 0; i < CACHED; ++i) {
+    const int r0 = 8 * (tid + i * THREADS);
+    if (r0 < R_PAD) fetch(r0, cache[i]);
+  }
   // The row's largest |x * scale|, folded over the block's warps.
   __shared__ float warp_amax[32];
   float amax = 0.0f;
-  for (int r0 = 8 * tid; r0 < R; r0 += 8 * threads) {
+#pragma unroll
+  for (int i = 0; i < CACHED; ++i) {
     float v[8];
-    load(r0, v);
+    products(cache[i], v);
+    if (8 * (tid + i * THREADS) < R_PAD) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    }
+  }
+  for (int r0 = 8 * (tid + CACHED * THREADS); r0 < R; r0 += 8 * THREADS) {
+    Group g;
+    float v[8];
+    fetch(r0, g);
+    products(g, v);
 #pragma unroll
     for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
   }
@@ -121,16 +156,15 @@
   if ((tid & 31) == 0) warp_amax[tid >> 5] = amax;
   __syncthreads();
   amax = 0.0f;
-  for (int w = 0; w < (threads + 31) / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  for (int w = 0; w < THREADS / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
   const int e = trellis_cuda::row_exponent(amax);
   const float lift = trellis_cuda::pow2(e);
   if (tid == 0) mat_x_exp[m] = __float2half((float)e);
   static_assert(!ROW_SUMS || (WRITE_X && !SPLIT_X), "row sums are of the converted 16-bit rows");
   static_assert(!WGMMA_ORDER || (WRITE_X && !SPLIT_X && R == R_PAD && R % 256 == 0), "whole blocks of 16-bit rows");
   float sum = 0.0f;
-  for (int r0 = 8 * tid; WRITE_X && r0 < R_PAD; r0 += 8 * threads) {
-    float v[8];
-    load(r0, v);
+  // Group i of this thread (i ascending, so the row sums add in the order they always did).
+  auto convert = [&](int r0, const float (&v)[8]) {
     alignas(16) __half hi[8], lo[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -153,6 +187,24 @@
       *reinterpret_cast<uint4*>(mat_x_scaled + (size_t)m * R_PAD + r0) = *reinterpret_cast<const uint4*>(hi);
     }
     if (SPLIT_X) *reinterpret_cast<uint4*>(mat_x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);
+  };
+  if (WRITE_X) {
+#pragma unroll
+    for (int i = 0; i < CACHED; ++i) {
+      const int r0 = 8 * (tid + i * THREADS);
+      if (r0 < R_PAD) {
+        float v[8];
+        products(cache[i], v);
+        convert(r0, v);
+      }
+    }
+    for (int r0 = 8 * (tid + CACHED * THREADS); r0 < R_PAD; r0 += 8 * THREADS) {
+      Group g;
+      float v[8];
+      fetch(r0, g);
+      products(g, v);
+      convert(r0, v);
+    }
   }
   if (ROW_SUMS) {
     sum = trellis_cuda::warp_sum(sum);
@@ -160,7 +212,7 @@
     if ((tid & 31) == 0) warp_amax[tid >> 5] = sum;
     __syncthreads();
     if (tid == 0) {
-      for (int w = 1; w < (threads + 31) / 32; ++w) sum += warp_amax[w];
+      for (int w = 1; w < THREADS / 32; ++w) sum += warp_amax[w];
       mat_x_sum[m] = sum;
     }
   }

@@ -14,7 +14,8 @@ use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, CudaLaunch, LaunchConfig};
 use crate::trellis::checks::int;
 
-/// Threads of a row's block: 17408 inputs are 2176 groups of 8, about four a thread.
+/// Threads of a row's block (the kernel's `THREADS`): 17408 inputs are 2176 groups of 8, at most
+/// five a thread, all in flight at once.
 const THREADS: usize = 512;
 
 /// The pre-pass kernel, registered once per variant: one scale vector, or (`pair`) two, for the
@@ -158,7 +159,8 @@ impl PrePass {
             .template_bool("WRITE_X", write_x)
             .template_bool("ROW_SUMS", row_sums)
             .template_bool("WGMMA_ORDER", wgmma_order)
-            .template_int("IMAGE_ROWS", int(what, image_rows)?);
+            .template_int("IMAGE_ROWS", int(what, image_rows)?)
+            .template_int("THREADS", int(what, THREADS)?);
         kernel(pair)?.prepare(&launch)
     }
 }
