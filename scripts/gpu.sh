@@ -20,7 +20,8 @@
 #                    the environment as it is, LD_LIBRARY_PATH must already reach MLX's CUDA build]
 #   BUNDLE           where `build` puts the binaries and the run steps find them [target/gpu-bundle]
 #   OUT              where the run steps write logs, JSON and reports [$BUNDLE/out]
-#   MLX_PTX_CACHE_DIR  MLX's cache of NVRTC-compiled kernels [$BUNDLE/ptx-cache]
+#   MLX_PTX_CACHE_DIR  MLX's disk cache of its own NVRTC-compiled kernels (never of custom ones)
+#                    [$BUNDLE/ptx-cache]
 #   MLX_MAX_OPS_PER_BUFFER  operations MLX records into a CUDA graph before launching it [24]
 #   TEST_THREADS     test threads per test binary [8]
 #   TEST_TIMEOUT     seconds each test binary may take [1200]
@@ -223,10 +224,13 @@ f32_again=" foundation trellis_core "
 # Binaries that start processes of their own: one test at a time.
 serial=" tensor_parallel "
 # Binaries whose tests are compile-bound (NVRTC, a kernel per planned shape): one process per
-# test, all at once, each with its own PTX cache (no two processes write one cache file). Run 8
-# threads to one process, tests/cuda_mlp.rs did not finish in 400 s on an H200; split, it
-# finished in 260 s (docs/gpu.md).
-split=" cuda_mlp "
+# test, all at once. MLX compiles a process's kernels one at a time (its JIT cache holds a
+# process-wide lock while it compiles) and never keeps custom kernels on disk, so only separate
+# processes compile in parallel. Each gets its own MLX_PTX_CACHE_DIR (MLX's own kernels are cached
+# there; no two processes write one file). In one process tests/cuda_mlp.rs did not finish in
+# 400 s on an H200 (8 threads) and tests/cuda_down.rs ran 8 of its 27 tests in 540 s (16
+# threads); split, cuda_mlp finished in 260 s (docs/gpu.md).
+split=" cuda_mlp cuda_down "
 
 # split_tests NAME EXE: every test of EXE (ignored ones too) in its own process, at once, each
 # under TEST_TIMEOUT with its output in $out/NAME/TEST.txt; one summary line per test.
