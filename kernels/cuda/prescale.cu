@@ -132,38 +132,47 @@
     const int r0 = 8 * (tid + i * THREADS);
     if (r0 < R_PAD) fetch(r0, cache[i]);
   }
-  // The row's largest |x * scale|, folded over the block's warps.
-  __shared__ float warp_amax[32];
-  float amax = 0.0f;
+  // visit(r0, v) for each of the thread's groups in ascending order, with the products of its
+  // activations and scales (0 past R): the cached groups, then the rest loaded one at a time.
+  auto each_group = [&](auto&& visit) {
 #pragma unroll
-  for (int i = 0; i < CACHED; ++i) {
-    float v[8];
-    products(cache[i], v);
-    if (8 * (tid + i * THREADS) < R_PAD) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+    for (int i = 0; i < CACHED; ++i) {
+      const int r0 = 8 * (tid + i * THREADS);
+      if (r0 < R_PAD) {
+        float v[8];
+        products(cache[i], v);
+        visit(r0, v);
+      }
     }
-  }
-  for (int r0 = 8 * (tid + CACHED * THREADS); r0 < R; r0 += 8 * THREADS) {
-    Group g;
-    float v[8];
-    fetch(r0, g);
-    products(g, v);
+    for (int r0 = 8 * (tid + CACHED * THREADS); r0 < R_PAD; r0 += 8 * THREADS) {
+      Group g;
+      float v[8];
+      fetch(r0, g);
+      products(g, v);
+      visit(r0, v);
+    }
+  };
+  // The row's largest |x * scale|, folded over the block's warps: each warp's maximum through
+  // shared memory, then every warp folds them by shuffles (not one read a warp, in turn).
+  __shared__ float warp_fold[32];
+  constexpr int WARPS = THREADS / 32;
+  const int lane = tid & 31;
+  float amax = 0.0f;
+  each_group([&](int, const float(&v)[8]) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-  }
+  });
   amax = trellis_cuda::warp_max(amax);
-  if ((tid & 31) == 0) warp_amax[tid >> 5] = amax;
+  if (lane == 0) warp_fold[tid >> 5] = amax;
   __syncthreads();
-  amax = 0.0f;
-  for (int w = 0; w < THREADS / 32; ++w) amax = fmaxf(amax, warp_amax[w]);
+  amax = trellis_cuda::warp_max(lane < WARPS ? warp_fold[lane] : 0.0f);
   const int e = trellis_cuda::row_exponent(amax);
   const float lift = trellis_cuda::pow2(e);
   if (tid == 0) mat_x_exp[m] = __float2half((float)e);
   static_assert(!ROW_SUMS || (WRITE_X && !SPLIT_X), "row sums are of the converted 16-bit rows");
   static_assert(!WGMMA_ORDER || (WRITE_X && !SPLIT_X && R == R_PAD && R % 256 == 0), "whole blocks of 16-bit rows");
   float sum = 0.0f;
-  // Group i of this thread (i ascending, so the row sums add in the order they always did).
+  // One of the thread's groups (in ascending order: the order its row sum adds them in).
   auto convert = [&](int r0, const float (&v)[8]) {
     alignas(16) __half hi[8], lo[8];
 #pragma unroll
@@ -188,31 +197,14 @@
     }
     if (SPLIT_X) *reinterpret_cast<uint4*>(mat_x_scaled + ((size_t)M + m) * R_PAD + r0) = *reinterpret_cast<const uint4*>(lo);
   };
-  if (WRITE_X) {
-#pragma unroll
-    for (int i = 0; i < CACHED; ++i) {
-      const int r0 = 8 * (tid + i * THREADS);
-      if (r0 < R_PAD) {
-        float v[8];
-        products(cache[i], v);
-        convert(r0, v);
-      }
-    }
-    for (int r0 = 8 * (tid + CACHED * THREADS); r0 < R_PAD; r0 += 8 * THREADS) {
-      Group g;
-      float v[8];
-      fetch(r0, g);
-      products(g, v);
-      convert(r0, v);
-    }
-  }
+  if (WRITE_X) each_group(convert);
   if (ROW_SUMS) {
     sum = trellis_cuda::warp_sum(sum);
-    __syncthreads();  // every warp has read warp_amax
-    if ((tid & 31) == 0) warp_amax[tid >> 5] = sum;
+    __syncthreads();  // every warp has read warp_fold
+    if (lane == 0) warp_fold[tid >> 5] = sum;
     __syncthreads();
-    if (tid == 0) {
-      for (int w = 1; w < THREADS / 32; ++w) sum += warp_amax[w];
-      mat_x_sum[m] = sum;
+    if (tid < 32) {
+      sum = trellis_cuda::warp_sum(lane < WARPS ? warp_fold[lane] : 0.0f);
+      if (tid == 0) mat_x_sum[m] = sum;
     }
   }
