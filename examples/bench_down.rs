@@ -81,6 +81,7 @@ impl Report {
   target/release/examples/bench_down --shape 576,1536 --sweep --rows 1  # a small layer (SmolLM2's gate and up)
   target/release/examples/bench_down --shape 1536,576 --sweep --axis-one --rows 1  # SmolLM2's down (axis 1)
   target/release/examples/bench_down --shape 5120,17408 --sweep --axis-one --fused --rows 1,8  # Qwen3-14B's gate·up, both axis-1 kernels
+  target/release/examples/bench_down --shape 5120,10560 --sweep --axis-one --fused --planned --rows 1  # the plan alone, 660 row tiles
   target/release/examples/bench_down --probe --rows 1       # where one queued call's time goes
   target/release/examples/bench_down --folds --splits 13,32 # MLX's fold of partials in candidate layouts")]
 struct Args {
@@ -136,6 +137,10 @@ struct Args {
     /// SwiGLU
     #[arg(long, requires = "axis_one")]
     fused: bool,
+    /// With --axis-one: time the plan alone (no shapes around it): its duration against the
+    /// layer's outputs (--shape), for instance how a partial last wave of thread blocks costs
+    #[arg(long, requires = "axis_one")]
+    planned: bool,
 }
 
 impl Args {
@@ -400,6 +405,9 @@ fn sweep_axis_one(
     // warpgroup GEMM's one and two warpgroups a block; the warp-specialized GEMM's stages. The
     // fragment kernel's warp counts (its warps split a row's blocks: fewer warps, more thread
     // blocks an SM, and the last wave moves). The int8 kernel's base shape as it is.
+    if args.planned {
+        bases.clear();
+    }
     let mut configs = vec![planned];
     for base in bases {
         let around: Vec<AxisOneConfig> = match base.kernel {

@@ -82,7 +82,7 @@ pub use io::{load_safetensors, save_safetensors, Safetensors};
 pub use kernel::{CudaKernel, CudaLaunch, KernelSource, LaunchConfig, MetalKernel, OutputSpec, TemplateArg};
 pub use memory::available_memory;
 pub use ops::{async_eval_all, concatenate, dequantize, eval_all, quantize, quantized_matmul, random};
-pub use process::exit_process;
+pub use process::{exit_process, skip_static_destructors_at_exit};
 #[cfg(feature = "metal-sim")]
 pub use sim::MetalSimScope;
 

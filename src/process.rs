@@ -44,6 +44,41 @@ pub(crate) fn exit_without_waiting(code: i32) -> ! {
     end_now(code)
 }
 
+/// Makes the process's ordinary exit from now on (returning from `main`, `std::process::exit`, a
+/// test harness's own end) end it with `_exit` and the status `exit` was given, after flushing
+/// the standard streams, instead of running the exit handlers and C++ static destructors
+/// registered before this call: the ones that abort on MLX's CUDA back-end (see the module
+/// documentation). For programs that cannot route every exit through [`exit_process`], such as
+/// a test binary, whose harness calls `exit` itself.
+///
+/// Exit handlers run in the reverse order of their registration, so what is registered after
+/// this call (a C++ static constructed later) still runs first: call it once MLX has done GPU
+/// work (the back-end's device, streams and allocator exist then), and again after work that
+/// may create more (each call registers the handler once more; the latest runs first and ends
+/// the process). Nothing waits for MLX's queued work. On targets other than Linux with glibc it
+/// does nothing.
+pub fn skip_static_destructors_at_exit() {
+    register_exit_handler();
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn register_exit_handler() {
+    // glibc's `on_exit` (not in the libc crate): like `atexit`, and the handler receives the
+    // status given to `exit`.
+    extern "C" {
+        fn on_exit(handler: extern "C" fn(libc::c_int, *mut libc::c_void), arg: *mut libc::c_void) -> libc::c_int;
+    }
+    extern "C" fn end_with_status(status: libc::c_int, _arg: *mut libc::c_void) {
+        exit_without_waiting(status)
+    }
+    // SAFETY: `end_with_status` is a valid handler for the whole process; the argument is unused.
+    // A failed registration (out of memory) leaves the ordinary exit, so its result is ignored.
+    let _ = unsafe { on_exit(end_with_status, std::ptr::null_mut()) };
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn register_exit_handler() {}
+
 /// Flushes every C `FILE` output stream (MLX and NCCL write some messages through C stdio).
 #[cfg(unix)]
 fn flush_c_streams() {

@@ -347,3 +347,45 @@ fn the_default_device_can_be_set_and_this_threads_streams_follow_it() {
         assert_eq!(mlx_trellis::Device::default_device().unwrap().device_type(), mlx_trellis::DeviceType::Cpu);
     }
 }
+
+/// Set in the process that `an_exit_after_the_exit_handler_keeps_its_status_and_output` starts.
+const EXIT_CHILD: &str = "MLX_TRELLIS_TEST_EXIT_CHILD";
+
+/// An exit handler that aborts, as the destructors of MLX's CUDA objects do when they run after
+/// the driver has begun to shut down.
+extern "C" fn abort_at_exit() {
+    std::process::abort()
+}
+
+/// `skip_static_destructors_at_exit` (Linux with glibc, where it registers its handler): an exit
+/// after it keeps the status `exit` was given, though a handler registered before it would abort,
+/// and output still in Rust's buffer reaches the pipe. The test starts this test binary again as
+/// the process that exits.
+#[test]
+#[cfg_attr(
+    not(all(target_os = "linux", target_env = "gnu")),
+    ignore = "the exit handler is registered on Linux with glibc only"
+)]
+fn an_exit_after_the_exit_handler_keeps_its_status_and_output() {
+    if std::env::var_os(EXIT_CHILD).is_some() {
+        MlxArray::from_slice(&[1.0f32, 2.0], &[2]).unwrap().eval().unwrap();
+        // SAFETY: `abort_at_exit` is a valid handler for the whole process.
+        assert_eq!(unsafe { libc::atexit(abort_at_exit) }, 0);
+        mlx_trellis::skip_static_destructors_at_exit();
+        print!("a line without its newline");
+        std::process::exit(7);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "an_exit_after_the_exit_handler_keeps_its_status_and_output", "--nocapture"])
+        .env(EXIT_CHILD, "1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "the child ended with {}; its stderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("a line without its newline"));
+}

@@ -38,8 +38,15 @@ pub fn f32_matmul_gate() -> f64 {
 /// Panics unless MLX runs on CUDA here: a GPU test (ignored elsewhere, with the reason "needs
 /// MLX's CUDA back-end"; `scripts/gpu.sh test` runs them with `--include-ignored`) run without a GPU
 /// fails instead of passing.
+///
+/// It also makes the test binary end without MLX's CUDA static destructors
+/// ([`mlx_trellis::skip_static_destructors_at_exit`], after a first evaluation on the GPU), which
+/// otherwise may abort it after every test passed (`driver shutting down`, status 134): the
+/// binary's status is then libtest's own.
 pub fn require_cuda() {
     assert_eq!(backend(), Backend::Cuda, "this test needs MLX's CUDA back-end; run it on a CUDA machine");
+    MlxArray::from_slice(&[1.0f32, 2.0], &[2]).and_then(|x| x.astype(Dtype::Float16)).and_then(|x| x.eval()).unwrap();
+    mlx_trellis::skip_static_destructors_at_exit();
 }
 
 /// A seeded synthetic axis-0 layer on the host and on MLX.
