@@ -108,6 +108,11 @@ struct Cli {
     /// takes that GEMM
     #[arg(long = "ws-stages", value_delimiter = ',', conflicts_with = "tp")]
     ws_stages: Vec<u32>,
+    /// Also time the first bit width's chain with the fused gate·up·SwiGLU on the int8 kernel
+    /// (`gate_up_int8.cu`, not planned) at the rows it serves, beside the planned kernel called
+    /// the same way (no hand-over of the down kernel's counters)
+    #[arg(long, conflicts_with = "tp")]
+    int8: bool,
     /// Draw the plot of a JSON table (from --json) as SVG, and exit
     #[arg(long, num_args = 2, value_names = ["JSON", "SVG"], conflicts_with = "tp")]
     plot: Option<Vec<String>>,
@@ -144,6 +149,7 @@ struct Args {
     alone: bool,
     ws_down: bool,
     ws_stages: Vec<u32>,
+    int8: bool,
 }
 
 fn parse(c: &Cli) -> Args {
@@ -157,6 +163,7 @@ fn parse(c: &Cli) -> Args {
         alone: !c.no_alone,
         ws_down: c.ws_down,
         ws_stages: c.ws_stages.clone(),
+        int8: c.int8,
     }
 }
 
@@ -296,6 +303,25 @@ fn ws_stages_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Re
         }
         let step = |l: &TrellisMlp, x: &MlxArray| l.down().forward_residual(&swiglu_with(x, l.gate(), l.up(), cfg)?, x);
         chain_variant(c, &format!("ws, {stages} stages"), &step, rows, checks)?;
+    }
+    Ok(())
+}
+
+/// --int8: the chain with the fused gate·up·SwiGLU on the int8 kernel and, for a like-for-like
+/// comparison, on the planned kernel through the same call (neither hands the down kernel its
+/// counters, so the down projection's own launch prepares them), where the int8 kernel serves
+/// the rows.
+fn int8_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
+    let m = c.m;
+    let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
+    if m > INT8_MAX_ROWS || int8.int8_shared_bytes(m, HIDDEN, true).is_none() {
+        eprintln!("[bench] --int8: the int8 kernel does not serve {m} rows of {HIDDEN} inputs");
+        return Ok(());
+    }
+    let planned = axis_one_plan(m, Dtype::Bfloat16, true, INTER);
+    for (name, cfg) in [("gate·up planned, unfed", planned), ("gate·up int8, unfed", int8)] {
+        let step = |l: &TrellisMlp, x: &MlxArray| l.down().forward_residual(&swiglu_with(x, l.gate(), l.up(), cfg)?, x);
+        chain_variant(c, name, &step, rows, checks)?;
     }
     Ok(())
 }
@@ -455,6 +481,9 @@ fn bench(cli: &Cli) -> Result<()> {
             }
             if !args.ws_stages.is_empty() && bi == 0 {
                 ws_stages_rows(&case, &mut rows, &mut checks)?;
+            }
+            if args.int8 && bi == 0 {
+                int8_rows(&case, &mut rows, &mut checks)?;
             }
             // Each projection alone for the first bit width only (the 3-bit layers by default).
             if args.alone && bi == 0 {
@@ -618,6 +647,12 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
         );
         let variants: Vec<_> =
             args.ws_stages.iter().map(|s| (format!("{s} stages"), format!("trellis ws, {s} stages"))).collect();
+        variant_table(args, rows, &title, &variants);
+    }
+    if args.int8 {
+        let title = format!("The k{k} chain with gate·up on the int8 kernel (not planned) and on the plan, both unfed");
+        let variants =
+            ["gate·up planned, unfed", "gate·up int8, unfed"].map(|v| (v.to_string(), format!("trellis {v}")));
         variant_table(args, rows, &title, &variants);
     }
     if args.alone {

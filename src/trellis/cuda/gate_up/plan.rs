@@ -452,14 +452,25 @@ impl AxisOneConfig {
     /// The int8 kernel's dynamic shared memory for `rows` activation rows of `inputs` (a multiple
     /// of 256) in this shape: per row, a table per term of 272 words for each block of 256 inputs
     /// (each q in all four bytes, and padding) and 16 more words, and each block's scale and two
-    /// biases (12 bytes); then the other warps' sums (4 per matrix and row tile a lane). `None`
-    /// where that overflows or exceeds what a thread block may take.
+    /// biases (12 bytes); or, where they take more, the other warps' sums (4 per matrix and row
+    /// tile a lane), which reuse the tables after the main loop. `None` where that overflows or
+    /// exceeds what a thread block may take.
     pub fn int8_shared_bytes(&self, rows: usize, inputs: usize, fused: bool) -> Option<usize> {
         let blocks = inputs / 256;
         let tables = rows.checked_mul(blocks.checked_mul(2 * 272 * 4 + 12)?.checked_add(2 * 16 * 4)?)?;
         let matrices = if fused { 2 } else { 1 };
         let sums = (self.warps as usize).saturating_sub(1) * matrices * self.rt as usize * 4 * 32 * 4;
-        tables.checked_add(sums).filter(|&bytes| bytes <= DYNAMIC_SHARED_LIMIT)
+        Some(tables.max(sums)).filter(|&bytes| bytes <= DYNAMIC_SHARED_LIMIT)
+    }
+
+    /// Thread blocks an SM for the int8 kernel's launch bounds, each taking `shared` bytes (from
+    /// [`int8_shared_bytes`](Self::int8_shared_bytes)): as many as an SM's shared memory holds
+    /// (each block also takes the 1 KB the runtime reserves), and no more than
+    /// [`STAGED_RESIDENT_WARPS`] warps. Without bounds ptxas may give the kernel more registers
+    /// than that many blocks leave room for.
+    pub fn int8_resident_blocks(&self, shared: usize) -> u32 {
+        let by_shared = DYNAMIC_SHARED_LIMIT / shared.saturating_add(1024);
+        (STAGED_RESIDENT_WARPS / self.warps.max(1)).min(by_shared as u32).max(1)
     }
 
     /// The fragment kernel's dynamic shared memory for `m` rows of `inputs` with `stage`: a pass's
@@ -624,9 +635,20 @@ mod tests {
     #[test]
     fn int8_tables_are_sized_and_bounded() {
         let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
-        // Qwen3-14B's hidden width at one row: 43 KB of tables and 3 warps' sums of 2 matrices.
-        assert_eq!(int8.int8_shared_bytes(1, 5120, true), Some(20 * 2188 + 128 + 3 * 2 * 4 * 32 * 4));
-        assert_eq!(int8.int8_shared_bytes(1, 5120, false), Some(20 * 2188 + 128 + 3 * 4 * 32 * 4));
+        // Qwen3-14B's hidden width at one row: 43 KB of tables, which the 3 other warps' sums reuse.
+        assert_eq!(int8.int8_shared_bytes(1, 5120, true), Some(20 * 2188 + 128));
+        assert_eq!(int8.int8_shared_bytes(1, 5120, false), Some(20 * 2188 + 128));
+        // One block of 256 inputs: the fused variant's sums (3 warps × 2 matrices × 512 bytes)
+        // take more than the tables.
+        assert_eq!(int8.int8_shared_bytes(1, 256, true), Some(3 * 2 * 4 * 32 * 4));
+        assert_eq!(int8.int8_shared_bytes(1, 256, false), Some(2188 + 128));
+        // Five 4-warp blocks an SM at one row of 5120 inputs (the fragment kernel's residency),
+        // two at two rows, one where a block's tables fill the SM.
+        let blocks = |rows, inputs| int8.int8_resident_blocks(int8.int8_shared_bytes(rows, inputs, true).unwrap());
+        assert_eq!(blocks(1, 5120), 5);
+        assert_eq!(blocks(2, 5120), 2);
+        assert_eq!(blocks(1, 256), 5);
+        assert_eq!(int8.int8_resident_blocks(200 * 1024), 1);
         // 8 rows of 4096 inputs: 281 KB, more than a block may take; sizes that overflow.
         assert_eq!(int8.int8_shared_bytes(8, 4096, true), None);
         assert_eq!(int8.int8_shared_bytes(usize::MAX, 1 << 20, true), None);
