@@ -89,7 +89,8 @@ pub const WS_CTAS: u32 = 132;
 /// bounds ptxas gives it 96 with some NVRTC versions and 98 (four blocks) with others, the
 /// H200's among them; bounded, 95 without spills. In the chain at 1–2 rows the bounded kernel
 /// measured within the runs' spread of the unbounded one (docs/cuda-mlp.md): the bounds keep
-/// the residency from depending on the NVRTC version, not a measured gain.
+/// the residency from depending on the NVRTC version, not a measured gain. The int8 kernel's
+/// bounds take the same cap ([`AxisOneConfig::int8_resident_blocks`]).
 pub const STAGED_RESIDENT_WARPS: u32 = 20;
 
 /// Which of the axis-1 kernels a call runs (each has the same variants: one projection, its
