@@ -307,6 +307,12 @@ fn ws_stages_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Re
     Ok(())
 }
 
+/// Whether the int8 kernel serves `m` rows of the layer's inputs (its row limit, and its tables
+/// within a thread block's shared memory).
+fn int8_serves(m: usize) -> bool {
+    m <= INT8_MAX_ROWS && AxisOneConfig::plain(AxisOneKernel::Int8).int8_shared_bytes(m, HIDDEN, true).is_some()
+}
+
 /// --int8: the chain with the fused gate·up·SwiGLU on the int8 kernel and, for a like-for-like
 /// comparison, on the planned kernel through the same call (neither hands the down kernel its
 /// counters, so the down projection's own launch prepares them), where the int8 kernel serves
@@ -314,7 +320,7 @@ fn ws_stages_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Re
 fn int8_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
     let m = c.m;
     let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
-    if m > INT8_MAX_ROWS || int8.int8_shared_bytes(m, HIDDEN, true).is_none() {
+    if !int8_serves(m) {
         eprintln!("[bench] --int8: the int8 kernel does not serve {m} rows of {HIDDEN} inputs");
         return Ok(());
     }
@@ -498,7 +504,7 @@ fn bench(cli: &Cli) -> Result<()> {
                 // The int8 kernel (not planned) beside the planned fused kernel where it serves the
                 // rows; where the planned path switches, both sides of the switch.
                 let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
-                if m <= INT8_MAX_ROWS && int8.int8_shared_bytes(m, HIDDEN, true).is_some() {
+                if int8_serves(m) {
                     let fused = |l: &TrellisMlp| swiglu_with(&x, l.gate(), l.up(), int8);
                     let (med, best) = time(args.evals, steps, &|| alone(&layers, args.rounds, &fused))?;
                     rows.push(Row { m, name: format!("trellis k{k} gate·up int8 kernel alone"), median: med, best });

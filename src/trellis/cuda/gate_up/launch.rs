@@ -432,8 +432,10 @@ fn prepared_int8_launch(
         );
     };
     let launch = common_launch(g, cfg, m, dtype, dtype, variant, [row_tiles, 1]).template_int("R", m as i32);
-    let bounds = LaunchBounds { threads: 32 * cfg.warps, min_blocks: cfg.int8_resident_blocks(shared) };
-    let kernel = kernel(variant, AxisOneKernel::Int8, shared, Some(bounds))?;
+    // STAGED_RESIDENT_WARPS 0: no bounds, as for the staged fragment kernel.
+    let bounds = (STAGED_RESIDENT_WARPS > 0)
+        .then(|| LaunchBounds { threads: 32 * cfg.warps, min_blocks: cfg.int8_resident_blocks(shared) });
+    let kernel = kernel(variant, AxisOneKernel::Int8, shared, bounds)?;
     Ok(Prepared { kernel, launch: kernel.prepare(&launch)?, kernel_kind: AxisOneKernel::Int8, hand_over: None })
 }
 
