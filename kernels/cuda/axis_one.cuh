@@ -21,11 +21,16 @@ struct LaneRuns {
 
   static constexpr __device__ int k_of(int a) { return a == 0 ? K : KU; }
 
-  const unsigned* rows[NMAT][RT][2];
-  int first[NMAT], last[NMAT];
+  // Each row's first word as an offset into its matrix (the host keeps a matrix's words below
+  // 2^32): 32-bit offsets and the matrices' pointers, which stay kernel parameters, instead of a
+  // 64-bit pointer a row, which ptxas rebuilt at every block for want of registers.
+  const unsigned* const* mats;
+  unsigned rows[NMAT][RT][2];
+  unsigned first[NMAT], last[NMAT];
 
   // `mats`: each matrix's codes [out, nb * 8 k] words.
-  __device__ __forceinline__ LaneRuns(const unsigned* const (&mats)[NMAT], int row0, int out, int nb, int lane) {
+  __device__ __forceinline__ LaneRuns(const unsigned* const (&mats)[NMAT], int row0, int out, int nb, int lane)
+      : mats(mats) {
     const int g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int a = 0; a < NMAT; ++a) {
@@ -33,8 +38,8 @@ struct LaneRuns {
       for (int t = 0; t < RT; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int o = min(row0 + 16 * t + 8 * h + g, out - 1);
-          rows[a][t][h] = mats[a] + (size_t)o * (nb * 8 * k_of(a));  // words per row
+          const unsigned o = min(row0 + 16 * t + 8 * h + g, out - 1);
+          rows[a][t][h] = o * (unsigned)(nb * 8 * k_of(a));  // words per row
         }
       first[a] = 2 * k_of(a) * (3 - q);
       last[a] = q == 0 ? 0 : first[a] + 2 * k_of(a);
@@ -53,18 +58,19 @@ struct LaneRuns {
       for (int t = 0; t < RT; ++t)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const unsigned* blk = rows[a][t][h] + b * (8 * ka);
+          const unsigned blk_at = rows[a][t][h] + (unsigned)b * (8 * ka);
+          const unsigned* const run = mats[a] + (blk_at + first[a]);  // word i at run + i
 #pragma unroll
           for (int i = 0; i < RUN; ++i) {
             const bool paired_with_before = (i & 1) == 1 && i - 1 >= from;  // read with word i - 1
             if (i < from || i > to || i > 2 * ka || paired_with_before) continue;
             if (i == 2 * ka) {
-              w[a][t][h][i] = blk[last[a]];
+              w[a][t][h][i] = mats[a][blk_at + last[a]];
             } else if ((i & 1) == 0 && i + 1 <= to && i + 1 < 2 * ka) {
-              const uint2 v = *reinterpret_cast<const uint2*>(blk + first[a] + i);
+              const uint2 v = *reinterpret_cast<const uint2*>(run + i);
               w[a][t][h][i] = v.x, w[a][t][h][i + 1] = v.y;
             } else {
-              w[a][t][h][i] = blk[first[a] + i];
+              w[a][t][h][i] = run[i];
             }
           }
         }

@@ -198,14 +198,21 @@
     }
   }
   if (STAGE) __syncthreads();
+  // This lane's staged row of each 8-row tile (STAGE), the pass's first row past M (load_b).
+  int stage_row_at[MT];
+#pragma unroll
+  for (int t = 0; t < MT; ++t) stage_row_at[t] = (live[t] ? 8 * t + g : 0) * PITCH;
   // The B fragments of chunks c and c + 1 (c even) of block b for every tile and set.
   auto load_b = [&](int b, int c, unsigned (&bf)[2][MT][SETS][2]) {
     if (STAGE) {
-      // Positions 64 q + 4 c + 0..7 of block b: 16 contiguous bytes of the staged row.
+      // Positions 64 q + 4 c + 0..7 of block b: 16 contiguous bytes of the staged row. A lane of
+      // a row past M reads the pass's first row instead of zeros: an MMA's output column depends
+      // on its own B column only, and those columns are never written, while a select between a
+      // load and zeros compiled to a branch around each chunk pair's load.
 #pragma unroll
       for (int t = 0; t < MT; ++t) {
-        const int p = b * 256 + 64 * q + 4 * c;
-        const uint4 v = live[t] ? *reinterpret_cast<const uint4*>(stage + (8 * t + g) * PITCH + p + p / 64 * 8) : make_uint4(0u, 0u, 0u, 0u);
+        // Position p at p + p / 64 * 8: block b's group q from b * 288 + q * 72.
+        const uint4 v = *reinterpret_cast<const uint4*>(stage + stage_row_at[t] + b * 288 + q * 72 + 4 * c);
         bf[0][t][0][0] = v.x;
         bf[0][t][0][1] = v.y;
         bf[1][t][0][0] = v.z;
@@ -276,27 +283,24 @@
     }
   };
 
+  // A block's code words are read in two halves, each where the block before is done with
+  // those registers (as the GEMM's, gate_up_gemm.cu): chunks 0-7 read bits from 32 k up (words
+  // k..2k), chunks 8-15 bits below 31 k + L <= 32 (k + 1) (words 0..k). So words 0..k are read
+  // at the block's start, for its chunk 7 on, and words k+1..2k of the next block at chunk 8,
+  // for that block's start: each half a block ahead of its use, without a second set of
+  // registers for the next block's words or the copies into this block's at its end.
   Runs w;
   if (b_begin < b_end) load_runs(b_begin, w);
   for (int b = b_begin; b < b_end; ++b) {
-    Runs w_next;
-    if (b + 1 < b_end) load_runs(b + 1, w_next);
+    if (b > b_begin) lane_runs.load_words(b, w, 0, 0, 1, 0);
 #pragma unroll
     for (int c = 0; c < 16; c += 2) {
+      if (c == 8 && b + 1 < b_end) lane_runs.load_words(b + 1, w, 1, 1, 2, 0);
       unsigned bf[2][MT][SETS][2];
       load_b(b, c, bf);
       multiply_chunk(w, c, bf[0]);
       multiply_chunk(w, c + 1, bf[1]);
     }
-#pragma unroll
-    for (int a = 0; a < NMAT; ++a)
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int j = 0; j < Lanes::RUN; ++j)
-            if (j <= 2 * Lanes::k_of(a)) w[a][r][h][j] = w_next[a][r][h][j];
   }
 
   // Warp 0 adds the other warps' sums in warp order (a fixed order: the same bits every run).

@@ -66,10 +66,20 @@ pub fn uses_dense(m: usize, dtype: Dtype) -> bool {
 }
 
 /// Whether the kernel serves `g`: axis 1, row-major codes, T = 256, L <= 16, k in 2..=4 (the
-/// widths it is tested at against the reference; wider codes are refused as unserved).
+/// widths it is tested at against the reference; wider codes are refused as unserved), and at
+/// most [`MAX_CODE_WORDS`] code words.
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 1 && g.layout() == CodeLayout::RowMajor && g.t == 256 && g.l <= 16 && (2..=4).contains(&g.k)
+    g.axis == 1
+        && g.layout() == CodeLayout::RowMajor
+        && g.t == 256
+        && g.l <= 16
+        && (2..=4).contains(&g.k)
+        && g.code_words() <= MAX_CODE_WORDS
 }
+
+/// The most code words a matrix may have on the axis-1 kernels, which address them by 32-bit
+/// offsets (`axis_one.cuh`): 2^32 − 1, 137 G weights at k 4.
+pub const MAX_CODE_WORDS: usize = u32::MAX as usize;
 
 /// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for an axis-1 layer.
 pub fn linear(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
@@ -256,7 +266,7 @@ fn swiglu_call(
 fn check(what: &str, x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<usize> {
     if !supports(g) {
         unserved!(
-            "{what}: unsupported geometry {g} (needs axis 1, row-major codes, T 256, L <= 16, k 2..=4; k 5..8 are untested on this kernel)"
+            "{what}: unsupported geometry {g} (needs axis 1, row-major codes, T 256, L <= 16, k 2..=4; k 5..8 are untested on this kernel; at most {MAX_CODE_WORDS} code words)"
         );
     }
     check_operands(what, x2, codes, scales, g)
@@ -296,5 +306,16 @@ mod tests {
             assert_eq!(err.kind(), crate::ErrorKind::Unserved, "{err}");
             assert!(err.to_string().contains("k 2..=4; k 5..8 are untested"), "{err}");
         }
+    }
+
+    #[test]
+    fn matrices_past_32_bit_word_offsets_are_unserved() {
+        // 2^17 rows of 2^17 inputs at k 4: 2^34 weights, 2^31 words (served); 2^18 rows: 2^32.
+        let served = TrellisGeometry::row_major(1 << 17, 1 << 17, 4, 256, 16, 1).unwrap();
+        assert_eq!(served.code_words(), 1 << 31);
+        assert!(supports(&served));
+        let past = TrellisGeometry::row_major(1 << 18, 1 << 17, 4, 256, 16, 1).unwrap();
+        assert_eq!(past.code_words(), 1 << 32);
+        assert!(!supports(&past));
     }
 }
