@@ -471,7 +471,7 @@ fn check_residual(
 
 /// The residual variant (the add in the kernel's fold, in f32 before the output's one rounding)
 /// against the f64 `residual + x W`: `down_residual_cuda` and `TrellisLinear::forward_residual`
-/// at every planned row bucket (the IMAD pack at one row, 2-8, 9-16, prescaled from 17, two
+/// at every planned row bucket (the IMAD pack at 1-4 rows, 5-8, 9-16, prescaled from 17, two
 /// passes at 65, the dense path's matmul and add from DENSE_MIN_ROWS rows of 16-bit
 /// activations) in every dtype, and explicit configurations: parts of a coded block, prescaled B
 /// tiles on an mbarrier ring.
@@ -479,7 +479,7 @@ fn residual_variant_matches_the_reference(layers: &[Case]) {
     require_cuda();
     for c in layers {
         let g = *c.g();
-        for m in [1, 5, 16, 17, 65, DENSE_MIN_ROWS] {
+        for m in [1, 3, 5, 16, 17, 65, DENSE_MIN_ROWS] {
             for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 check_residual(c, m, dtype, "down_residual_cuda", &|x, r| {
                     down_residual_cuda(x, c.lin.codes(), c.lin.scales(), &g, r)

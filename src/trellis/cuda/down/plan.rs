@@ -39,7 +39,9 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring).
     // Up to 16 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
-    // (`pack_fma`). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
+    // (`pack_fma`); the one-row shape also serves 2-4 rows (its loop has 11 % fewer instructions
+    // a weight than NC 4's, measured faster in the MLP chain at 2 and 4 rows and slower at 8:
+    // docs/cuda-down.md). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
     // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks decode each
     // weight once into the registers that multiply it, with the B tiles from the pre-pass
     // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
@@ -47,8 +49,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // above 64 rows passes of up to 64 share the rows evenly (72 rows: two passes of 40).
     // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers).
     let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled) = match m {
-        0..=1 => (8, 1, 1, 2, 64, true, true, false),
-        2..=8 => (4, 1, 2, 1, 32, true, false, false),
+        0..=4 => (8, 1, 1, 2, 64, true, true, false),
+        5..=8 => (4, 1, 2, 1, 32, true, false, false),
         9..=16 => (4, 2, 4, 1, 19, true, false, false),
         // One pass up to 64 rows; above (up to DENSE_MIN_ROWS rows of 16-bit activations, f32
         // ones, and explicit calls) passes of the 64-row shape.
@@ -137,6 +139,11 @@ mod tests {
         // The measured plan is unchanged where it fits (k <= 4).
         let one = plan(&qwen, 1);
         assert_eq!((one.warps, one.splits, one.ks, one.pack_fma), (4, 64, 1, true));
+        for m in 2..=4 {
+            assert_eq!(plan(&qwen, m), one, "{m} rows take the one-row shape");
+        }
+        let five = plan(&qwen, 5);
+        assert_eq!((five.nc, five.warps, five.splits, five.ks, five.pack_fma), (4, 4, 32, 2, false));
         // f32 at 17-32 rows: the fragment decode of 8-warp blocks in one pass, B tiles in the
         // block (it beat the staged decode with producer warps that served those rows).
         let f32_32 = plan_for(&qwen, 32, Dtype::Float32);
