@@ -39,9 +39,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring).
     // Up to 16 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
-    // (`pack_fma`); the one-row shape also serves 2-4 rows (its loop has 11 % fewer instructions
-    // a weight than NC 4's, measured faster in the MLP chain at 2 and 4 rows and slower at 8:
-    // docs/cuda-down.md). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
+    // (`pack_fma`); the one-row shape also serves 2-4 rows, and NC 4 5-8 (docs/cuda-down.md §5,
+    // §9 "2-4 rows"). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
     // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks decode each
     // weight once into the registers that multiply it, with the B tiles from the pre-pass
     // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
