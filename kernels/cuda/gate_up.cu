@@ -115,7 +115,6 @@
 #endif
   const Lanes lane_runs(mats, row0, OUT, NB, lane);
   using Runs = typename Lanes::Runs;
-  auto load_runs = [&](int b, Runs& w) { lane_runs.load(b, w); };
 
   // B: lane (g, q) of 8-row tile t holds activation row m_base + 8 t + g at the lane's positions.
   const bool vector_loads = (reinterpret_cast<size_t>(x) & 15) == 0;
@@ -198,7 +197,7 @@
     }
   }
   if (STAGE) __syncthreads();
-  // This lane's staged row of each 8-row tile (STAGE), the pass's first row past M (load_b).
+  // This lane's staged row of each 8-row tile (STAGE); a row past M reads the pass's first (load_b).
   int stage_row_at[MT];
 #pragma unroll
   for (int t = 0; t < MT; ++t) stage_row_at[t] = (live[t] ? 8 * t + g : 0) * PITCH;
@@ -290,7 +289,7 @@
   // for that block's start: each half a block ahead of its use, without a second set of
   // registers for the next block's words or the copies into this block's at its end.
   Runs w;
-  if (b_begin < b_end) load_runs(b_begin, w);
+  if (b_begin < b_end) lane_runs.load(b_begin, w);
   for (int b = b_begin; b < b_end; ++b) {
     if (b > b_begin) lane_runs.load_words(b, w, 0, 0, 1, 0);
 #pragma unroll
