@@ -337,7 +337,7 @@ fn bench() -> Result<bool> {
     } else if args.sweep && args.axis_one {
         println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | kernel | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | unrolled steps | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Axis-0 projection {inp} -> {out}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -511,7 +511,7 @@ fn checked_run(
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
 /// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), and the flags `fold` (bias fold), `pack` (IMAD pack), `prescaled` (B tiles from the
-/// pre-pass kernel) and `mbar` (its ring on mbarriers).
+/// pre-pass kernel), `mbar` (its ring on mbarriers) and `unroll` (the steps in unrolled rounds).
 fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     let mut configs = Vec::new();
     for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -525,6 +525,7 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
                 "pack" => c.pack_fma = true,
                 "prescaled" => c.prescaled = true,
                 "mbar" => c.mbarriers = true,
+                "unroll" => c.unrolled_steps = true,
                 _ if token.starts_with("nc") => c.nc = number("nc")?,
                 _ if token.starts_with("mt") => c.mt = number("mt")?,
                 _ if token.starts_with("ks") => c.ks = number("ks")?,
@@ -595,6 +596,8 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                             CudaDownConfig { nc, mt, ks, warps, splits, bias_fold, pack_fma, ..Default::default() };
                         if let Some(cfg) = cfg.with_deepest_ring(g, dtype) {
                             configs.push(cfg);
+                            // Its block-barrier ring's steps in unrolled rounds.
+                            configs.push(CudaDownConfig { unrolled_steps: true, ..cfg });
                         }
                         // B tiles from the pre-pass kernel, with a block barrier per step and
                         // on an mbarrier ring (the plan from 17 rows).
@@ -638,7 +641,7 @@ fn time_configs(
         })?;
         let _ = writeln!(
             report.table,
-            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
+            "| {} | {m} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {med:.1} | {best:.1} | {:.1} | {err:.1e} |",
             layer.name,
             cfg.nc,
             cfg.mt,
@@ -650,6 +653,7 @@ fn time_configs(
             cfg.pack_fma,
             cfg.prescaled,
             cfg.mbarriers,
+            cfg.unrolled_steps,
             kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);

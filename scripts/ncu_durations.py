@@ -15,9 +15,10 @@ import sys
 
 # The down kernel's name (src/kernel/registry.rs, then MLX's suffix of template arguments in the
 # order src/trellis/cuda/down/mod.rs gives them): the dtypes Y and T, the ints R C K L NC MT KS WARPS
-# SPLITS STAGES, then the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS.
+# SPLITS STAGES, then the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS
+# UNROLLED_STEPS.
 CONFIG = re.compile(
-    r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 10 + r"_([tf])" * 6
+    r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 10 + r"_([tf])" * 7
 )
 
 
@@ -25,12 +26,13 @@ def label(name):
     m = CONFIG.search(name)
     if not m:
         return re.sub(r"\(.*", "", name).replace("void ", "")[:90]
-    _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, bias, pack, prescaled, mbarriers = m.groups()
+    _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, bias, pack, prescaled, mbarriers, unrolled = m.groups()
     decode = "dp4a" + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
     return (
         f"trellis down k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}"
         + (" prescaled" if prescaled == "t" else "")
         + (" mbarriers" if mbarriers == "t" else "")
+        + (" unrolled" if unrolled == "t" else "")
     )
 
 

@@ -136,6 +136,9 @@ fn every_configuration_matches_the_reference() {
                 pack_fma,
                 prescaled: false,
                 mbarriers: false,
+                // Every other configuration with its steps in unrolled rounds of the ring (rounds
+                // of STAGES or 2 STAGES steps, a step count that is no multiple of them).
+                unrolled_steps: n % 2 == 1,
             };
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
@@ -163,7 +166,9 @@ fn every_configuration_matches_the_reference() {
             let splits = [1u32, 5, 13][(p / 3) % 3];
             // The bias fold and the IMAD pack apply to 16-bit activations only.
             let dtype = if bias_fold || (p / 4) % 2 == 1 { Dtype::Bfloat16 } else { Dtype::Float32 };
-            let cfg = CudaDownConfig { nc, mt, ks, warps, splits, bias_fold, pack_fma, ..Default::default() };
+            let unrolled_steps = p % 2 == 0;
+            let cfg =
+                CudaDownConfig { nc, mt, ks, warps, splits, bias_fold, pack_fma, unrolled_steps, ..Default::default() };
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
@@ -199,7 +204,8 @@ fn small_layers() -> [Case; 5] {
 /// others: parts of a coded block, ring depths 2 to 6, steps of 16 to 64 rows, splits that do
 /// not divide the steps; every layer (100 input rows: not a multiple of 8, so the pre-pass loads
 /// one activation at a time and pads the rows), f32, f16 and bf16. Every other case also with
-/// its ring on mbarriers (3 stages or more), warps drifting apart.
+/// its ring on mbarriers (3 stages or more), warps drifting apart; the rest with their
+/// block-barrier ring's steps in unrolled rounds.
 fn prescaled_configurations(layers: &[Case]) -> Vec<(usize, Dtype, CudaDownConfig)> {
     let (f32, f16, bf16) = (Dtype::Float32, Dtype::Float16, Dtype::Bfloat16);
     let cases = [
@@ -251,7 +257,12 @@ fn prescaled_configurations(layers: &[Case]) -> Vec<(usize, Dtype, CudaDownConfi
         cfg.check(g, *dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
     }
     assert_eq!(with_mbarriers.len(), 5);
-    configs.into_iter().chain(with_mbarriers).collect()
+    // The others (never on mbarriers) with their block-barrier ring's steps in unrolled rounds.
+    let configs = configs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (layer, dtype, cfg))| (layer, dtype, CudaDownConfig { unrolled_steps: i % 2 == 1, ..cfg }));
+    configs.chain(with_mbarriers).collect()
 }
 
 /// The layer of the unaligned-activations test and its prescaled configuration.

@@ -75,7 +75,8 @@
 // (the fused gate·up·SwiGLU's TRELLIS_FEED variant, gate_up.cu).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
 // BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
-// by per-slot mbarriers instead of a block barrier per step), BLOCK_EXP. Template types: T (activation
+// by per-slot mbarriers instead of a block barrier per step), UNROLLED_STEPS (the block-barrier
+// ring's steps in unrolled rounds, so that its slots are constants), BLOCK_EXP. Template types: T (activation
 // dtype; f16 with PRESCALED), Y (the output's).
 //
 // The pair variant (its sections under TRELLIS_PAIR, registered as a text of its own) runs two
@@ -511,22 +512,40 @@
       trellis_cuda::mbar_arrive(&empty_bar[i % STAGES]);
     }
   } else {
-    for (int i = 0; i < steps; ++i) {
+    // Step i of the block-barrier ring; s is i, or where the steps run in unrolled rounds its
+    // place in the round (s = i mod the round's length, a constant of each copy of the body).
+    auto step = [&](int i, int s) {
       BLoad v_next;
       if (!PRESCALED && i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
       trellis_cuda::cp_async_wait<STAGES - 2>();
       __syncthreads();  // step i's codes and B tile are visible; slot (i - 1) % STAGES is free
-      if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (i + STAGES - 1) % STAGES);
+      if (i + STAGES - 1 < steps) copy_codes(i + STAGES - 1, (s + STAGES - 1) % STAGES);
       trellis_cuda::cp_async_commit();
 #pragma unroll
       for (int c = 0; c < KS; ++c) {
         unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-        read_b_fragments(i % B_SLOTS, c, b_hi, b_lo);
-        read_code_bits(i % STAGES, c, w);
+        read_b_fragments(s % B_SLOTS, c, b_hi, b_lo);
+        read_code_bits(s % STAGES, c, w);
         decode_and_multiply(w, b_hi, b_lo);
       }
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
-      if (!PRESCALED && i + 1 < steps) store_b((i + 1) % B_SLOTS, v_next);
+      if (!PRESCALED && i + 1 < steps) store_b((s + 1) % B_SLOTS, v_next);
+    };
+    if (UNROLLED_STEPS) {
+      // Rounds in which both rings' slots cycle whole (STAGES steps, or 2 STAGES where the B
+      // tiles' two slots do not divide it), unrolled: every slot's address folds into its
+      // loads' offsets instead of being computed each step. Fewer instructions a step, more
+      // registers (docs/cuda-down.md §7 lead 6 says where each wins).
+      constexpr int ROUND = STAGES % B_SLOTS == 0 ? STAGES : STAGES * B_SLOTS;
+      for (int i0 = 0; i0 < steps; i0 += ROUND) {
+#pragma unroll
+        for (int s = 0; s < ROUND; ++s) {
+          if (i0 + s >= steps) break;
+          step(i0 + s, s);
+        }
+      }
+    } else {
+      for (int i = 0; i < steps; ++i) step(i, i);
     }
   }
   trellis_cuda::cp_async_wait<0>();

@@ -42,6 +42,12 @@ pub struct CudaDownConfig {
     /// refills a slot for every warp to have released it; the ring runs `stages - 2` steps ahead,
     /// so warps may drift up to two steps apart. Needs `stages >= 3`.
     pub mbarriers: bool,
+    /// The block-barrier ring's steps (not `mbarriers`) in unrolled rounds in which every ring
+    /// slot comes round once, so that each slot's address is a constant of its copy of the step:
+    /// fewer instructions a step for more registers (a 4-warp block at 5-8 rows: 462 -> 398 a
+    /// step, 72 -> 96 registers, 45.7 -> 40.4 us on an H200; at one row the compiler took 128
+    /// registers and it ran slower, docs/cuda-down.md §7 lead 6).
+    pub unrolled_steps: bool,
 }
 
 impl Default for CudaDownConfig {
@@ -62,6 +68,7 @@ impl Default for CudaDownConfig {
             pack_fma: false,
             prescaled: false,
             mbarriers: false,
+            unrolled_steps: false,
         }
     }
 }
@@ -180,6 +187,9 @@ impl CudaDownConfig {
         }
         if self.mbarriers && (!self.prescaled || self.stages < 3) {
             invalid!("CUDA down kernel: mbarriers synchronise the prescaled ring (needs prescaled and stages >= 3, got {} stages)", self.stages);
+        }
+        if self.unrolled_steps && self.mbarriers {
+            invalid!("CUDA down kernel: unrolled_steps unrolls the block-barrier ring's steps (not with mbarriers)");
         }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
@@ -313,6 +323,9 @@ mod tests {
             mbarriers.shared_bytes(&g, false) - prescaled.shared_bytes(&g, false),
             16 * prescaled.stages as usize
         );
+        let err = CudaDownConfig { unrolled_steps: true, ..mbarriers }.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+        assert!(err.contains("unrolled_steps unrolls the block-barrier ring"), "{err}");
+        CudaDownConfig { unrolled_steps: true, ..prescaled }.check(&g, Dtype::Bfloat16).unwrap();
         for cfg in [CudaDownConfig { prescaled: false, ..mbarriers }, CudaDownConfig { stages: 2, ..mbarriers }] {
             let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
             assert!(err.contains("mbarriers synchronise the prescaled ring"), "{err}");

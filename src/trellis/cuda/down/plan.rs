@@ -36,7 +36,7 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// replaced.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring).
+    // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring, unrolled steps).
     // Up to 16 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
     // (`pack_fma`); the one-row shape also serves 2-4 rows, and NC 4 5-8 (docs/cuda-down.md §5,
@@ -47,13 +47,13 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // decode and MMA phases overlap. A pass holds just the call's rows (MT = M / 8 rounded up);
     // above 64 rows passes of up to 64 share the rows evenly (72 rows: two passes of 40).
     // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers).
-    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled) = match m {
-        0..=4 => (8, 1, 1, 2, 64, true, true, false),
-        5..=8 => (4, 1, 2, 1, 32, true, false, false),
-        9..=16 => (4, 2, 4, 1, 19, true, false, false),
+    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled, unrolled) = match m {
+        0..=4 => (8, 1, 1, 2, 64, true, true, false, false),
+        5..=8 => (4, 1, 2, 1, 32, true, false, false, true),
+        9..=16 => (4, 2, 4, 1, 19, true, false, false, false),
         // One pass up to 64 rows; above (up to DENSE_MIN_ROWS rows of 16-bit activations, f32
         // ones, and explicit calls) passes of the 64-row shape.
-        _ => (2, pass_tiles(m), 4, 1, 13, false, false, true),
+        _ => (2, pass_tiles(m), 4, 1, 13, false, false, true, false),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -68,6 +68,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         pack_fma,
         prescaled: prescaled && dtype != Dtype::Float32,
         mbarriers: prescaled && dtype != Dtype::Float32,
+        // Measured with 16-bit activations (f32 ones keep more registers already).
+        unrolled_steps: unrolled && dtype != Dtype::Float32,
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -156,6 +158,8 @@ mod tests {
         // passes that share the rows evenly above 64.
         for (m, prescaled, mt) in [
             (1, false, 1),
+            (4, false, 1),
+            (5, false, 1),
             (8, false, 1),
             (16, false, 2),
             (17, true, 3),
@@ -171,6 +175,9 @@ mod tests {
             assert_eq!((cfg.prescaled, cfg.mbarriers, cfg.mt), (prescaled, prescaled, mt), "M {m}");
             let f32 = plan_for(&qwen, m, Dtype::Float32);
             assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
+            // Unrolled steps where they were measured faster: 5-8 rows of 16-bit activations.
+            assert_eq!(cfg.unrolled_steps, (5..=8).contains(&m), "M {m}");
+            assert!(!f32.unrolled_steps, "M {m} f32");
         }
     }
     #[test]
