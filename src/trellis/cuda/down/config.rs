@@ -44,9 +44,9 @@ pub struct CudaDownConfig {
     pub mbarriers: bool,
     /// The block-barrier ring's steps (not `mbarriers`) in unrolled rounds in which every ring
     /// slot comes round once, so that each slot's address is a constant of its copy of the step:
-    /// fewer instructions a step for more registers (a 4-warp block at 5-8 rows: 462 -> 398 a
-    /// step, 72 -> 96 registers, 45.7 -> 40.4 us on an H200; at one row the compiler took 128
-    /// registers and it ran slower, docs/cuda-down.md §7 lead 6).
+    /// fewer instructions a step, for more registers (the planned 5-16-row shapes on an H200 ran
+    /// 4-12 % faster; the one-row shape took 128 registers and ran no faster, docs/cuda-down.md
+    /// §7 lead 6).
     pub unrolled_steps: bool,
 }
 

@@ -41,6 +41,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
     // (`pack_fma`); the one-row shape also serves 2-4 rows, and NC 4 5-8 (docs/cuda-down.md §5,
     // §9 "2-4 rows"). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
+    // At 5-16 rows the steps run in unrolled rounds of the ring (fewer instructions a step; at
+    // 1-4 rows the unrolled body takes 128 registers and is no faster, §7 lead 6).
     // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks decode each
     // weight once into the registers that multiply it, with the B tiles from the pre-pass
     // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
@@ -50,7 +52,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled, unrolled) = match m {
         0..=4 => (8, 1, 1, 2, 64, true, true, false, false),
         5..=8 => (4, 1, 2, 1, 32, true, false, false, true),
-        9..=16 => (4, 2, 4, 1, 19, true, false, false, false),
+        9..=16 => (4, 2, 4, 1, 19, true, false, false, true),
         // One pass up to 64 rows; above (up to DENSE_MIN_ROWS rows of 16-bit activations, f32
         // ones, and explicit calls) passes of the 64-row shape.
         _ => (2, pass_tiles(m), 4, 1, 13, false, false, true, false),
@@ -175,8 +177,8 @@ mod tests {
             assert_eq!((cfg.prescaled, cfg.mbarriers, cfg.mt), (prescaled, prescaled, mt), "M {m}");
             let f32 = plan_for(&qwen, m, Dtype::Float32);
             assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
-            // Unrolled steps where they were measured faster: 5-8 rows of 16-bit activations.
-            assert_eq!(cfg.unrolled_steps, (5..=8).contains(&m), "M {m}");
+            // Unrolled steps where they were measured faster: 5-16 rows of 16-bit activations.
+            assert_eq!(cfg.unrolled_steps, (5..=16).contains(&m), "M {m}");
             assert!(!f32.unrolled_steps, "M {m} f32");
         }
     }
