@@ -37,7 +37,7 @@ use mlx_trellis::trellis::cuda::tuning::{
 };
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
-use mlx_trellis::trellis::{synthetic_mlp, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
+use mlx_trellis::trellis::{synthetic_mlp, synthetic_mlp_axis_one, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
 use mlx_trellis::{async_eval_all, backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
 
 #[path = "common/cli.rs"]
@@ -113,6 +113,13 @@ struct Cli {
     /// the same way (no hand-over of the down kernel's counters)
     #[arg(long, conflicts_with = "tp")]
     int8: bool,
+    /// The axis the down projections are coded along: 0 (stored `[in, out]`, the Qwen layout
+    /// mlx-bun writes, 3 bits in the block interleave; the down kernel `down_mma.cu`) or 1
+    /// (stored `[out, in]` row-major like gate and up, as QTIP and EXL3 store them; the axis-1
+    /// kernels with the residual in their launch)
+    #[arg(long = "down-axis", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1),
+          conflicts_with_all = ["tp", "ws_down"])]
+    down_axis: u32,
     /// Draw the plot of a JSON table (from --json) as SVG, and exit
     #[arg(long, num_args = 2, value_names = ["JSON", "SVG"], conflicts_with = "tp")]
     plot: Option<Vec<String>>,
@@ -150,6 +157,7 @@ struct Args {
     ws_down: bool,
     ws_stages: Vec<u32>,
     int8: bool,
+    down_axis: u32,
 }
 
 fn parse(c: &Cli) -> Args {
@@ -164,6 +172,7 @@ fn parse(c: &Cli) -> Args {
         ws_down: c.ws_down,
         ws_stages: c.ws_stages.clone(),
         int8: c.int8,
+        down_axis: c.down_axis,
     }
 }
 
@@ -177,10 +186,9 @@ struct Dense {
 fn dense_twin(mlp: &TrellisMlp) -> Result<Dense> {
     let gate = expand_cuda(mlp.gate().codes(), mlp.gate().scales(), mlp.gate().geometry(), Dtype::Bfloat16)?;
     let up = expand_cuda(mlp.up().codes(), mlp.up().scales(), mlp.up().geometry(), Dtype::Bfloat16)?;
-    // The down projection is stored [in, out]: its nn.Linear weight is the transpose.
-    let down = expand_cuda(mlp.down().codes(), mlp.down().scales(), mlp.down().geometry(), Dtype::Bfloat16)?
-        .t()?
-        .contiguous()?;
+    // A down projection stored [in, out] (axis 0) has its nn.Linear weight as the transpose.
+    let down = expand_cuda(mlp.down().codes(), mlp.down().scales(), mlp.down().geometry(), Dtype::Bfloat16)?;
+    let down = if mlp.down().geometry().axis == 0 { down.t()?.contiguous()? } else { down };
     let w = [gate, up, down];
     eval_all(&w.iter().collect::<Vec<_>>())?;
     let q4 = [quantize(&w[0], 64, 4)?, quantize(&w[1], 64, 4)?, quantize(&w[2], 64, 4)?];
@@ -391,17 +399,23 @@ fn alone<L>(
     Ok(outs)
 }
 
-/// Layer `l` of the benchmark's chain at `k` bits (down in the 3-bit interleave at 3 bits, else
-/// row-major), seeded so that every run and every `--tp` rank builds the same bits; with its host
-/// copy.
+/// Layer `l` of the benchmark's chain at `k` bits, its down projection on `down_axis` (axis 0: in
+/// the 3-bit interleave at 3 bits, else row-major; axis 1: row-major), seeded so that every run
+/// and every `--tp` rank builds the same bits; with its host copy.
 fn seeded_mlp(
     l: usize,
     k: u32,
     hidden: usize,
     inter: usize,
+    down_axis: u32,
 ) -> Result<(TrellisMlp, (HostLayer, HostLayer, HostLayer))> {
-    let layout = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
-    let h = synthetic_mlp(hidden, inter, k, layout, 1000 * k as u64 + l as u64)?;
+    let seed = 1000 * k as u64 + l as u64;
+    let h = if down_axis == 1 {
+        synthetic_mlp_axis_one(hidden, inter, k, seed)?
+    } else {
+        let layout = if k == 3 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
+        synthetic_mlp(hidden, inter, k, layout, seed)?
+    };
     let lin = |name: &str, h: &HostLayer| TrellisLinear::from_host(&format!("model.layers.{l}.mlp.{name}"), h);
     let mlp = TrellisMlp::new(lin("gate_proj", &h.0)?, lin("up_proj", &h.1)?, lin("down_proj", &h.2)?)?;
     Ok((mlp, h))
@@ -444,7 +458,7 @@ fn bench(cli: &Cli) -> Result<()> {
         let mut hosts: Vec<(HostLayer, HostLayer, HostLayer)> = Vec::new();
         let mut layers = Vec::new();
         for l in 0..LAYERS {
-            let (mlp, h) = seeded_mlp(l, k, HIDDEN, INTER)?;
+            let (mlp, h) = seeded_mlp(l, k, HIDDEN, INTER, args.down_axis)?;
             layers.push(mlp);
             if l == 0 {
                 hosts.push(h);
@@ -610,7 +624,8 @@ fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, St
 fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
     let get = |m: usize, name: &str| row_of(rows, m, name);
     println!(
-        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation; MLX bf16: the faster of its two residual adds, marked a (matmul, add) or m (addmm)), median (best) of {} evaluations, µs; {}",
+        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations{}, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation; MLX bf16: the faster of its two residual adds, marked a (matmul, add) or m (addmm)), median (best) of {} evaluations, µs; {}",
+        if args.down_axis == 1 { ", down projections coded on axis 1" } else { "" },
         args.rounds,
         args.evals,
         graphs::note()

@@ -147,7 +147,7 @@ fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
     let mut whole = Vec::new();
     let mut shards = Vec::new();
     for l in 0..a.layers {
-        let (mlp, _) = seeded_mlp(l, k, a.hidden, a.inter)?;
+        let (mlp, _) = seeded_mlp(l, k, a.hidden, a.inter, 0)?;
         shards.push(ShardedMlp::from_full(&mlp, group.clone())?);
         if lead {
             whole.push(mlp);

@@ -89,12 +89,33 @@ pub fn synthetic_mlp(
     down_layout: CodeLayout,
     seed: u64,
 ) -> Result<(HostLayer, HostLayer, HostLayer)> {
-    let gate_scale = (1.0 / (hidden as f64).sqrt()) as f32;
+    let (gate, up) = synthetic_gate_up(hidden, intermediate, k, seed)?;
     let down_scale = (1.0 / (intermediate as f64).sqrt()) as f32;
-    let gate = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed)?;
-    let up = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed ^ 0x75)?;
     let down = synthetic_layer(intermediate, hidden, k, 12, 0, down_layout, down_scale, seed ^ 0xd0)?;
     Ok((gate, up, down))
+}
+
+/// [`synthetic_mlp`] with its down projection stored `[hidden, intermediate]` row-major on axis 1
+/// (along its inputs, as gate and up are), so that all three run on the axis-1 kernels: the same
+/// gate and up for the same seed, the down projection's own random codes.
+pub fn synthetic_mlp_axis_one(
+    hidden: usize,
+    intermediate: usize,
+    k: u32,
+    seed: u64,
+) -> Result<(HostLayer, HostLayer, HostLayer)> {
+    let (gate, up) = synthetic_gate_up(hidden, intermediate, k, seed)?;
+    let down_scale = (1.0 / (intermediate as f64).sqrt()) as f32;
+    let down = synthetic_layer(hidden, intermediate, k, 12, 1, CodeLayout::RowMajor, down_scale, seed ^ 0xd0)?;
+    Ok((gate, up, down))
+}
+
+/// The gate and up projections of [`synthetic_mlp`]: row-major `[intermediate, hidden]` on axis 1.
+fn synthetic_gate_up(hidden: usize, intermediate: usize, k: u32, seed: u64) -> Result<(HostLayer, HostLayer)> {
+    let gate_scale = (1.0 / (hidden as f64).sqrt()) as f32;
+    let gate = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed)?;
+    let up = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed ^ 0x75)?;
+    Ok((gate, up))
 }
 
 /// `n` seeded standard-normal values (an error where `n` values cannot be allocated).
@@ -117,6 +138,13 @@ mod tests {
         assert_eq!(a.codes.len(), 8 * 48);
         assert_eq!(a.geometry.codes_shape(), vec![1, 8, 48]);
         assert!(a.scales.iter().all(|s| (0.003..0.03).contains(&s.to_f32())));
+        // All three projections on axis 1: the down projection stored [hidden, intermediate].
+        let (g, u, d) = synthetic_mlp(512, 256, 2, CodeLayout::RowMajor, 9).unwrap();
+        let (g1, u1, d1) = synthetic_mlp_axis_one(512, 256, 2, 9).unwrap();
+        assert_eq!((g.codes, u.codes), (g1.codes, u1.codes));
+        assert_eq!((d.geometry.axis, d.geometry.rows, d.geometry.cols), (0, 256, 512));
+        assert_eq!((d1.geometry.axis, d1.geometry.rows, d1.geometry.cols), (1, 512, 256));
+        assert_eq!((d1.geometry.in_features(), d1.geometry.out_features()), (256, 512));
         let g = gaussian(10_000, 3).unwrap();
         let mean = g.iter().sum::<f32>() / 1e4;
         let var = g.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 1e4;
