@@ -89,10 +89,7 @@ pub fn synthetic_mlp(
     down_layout: CodeLayout,
     seed: u64,
 ) -> Result<(HostLayer, HostLayer, HostLayer)> {
-    let (gate, up) = synthetic_gate_up(hidden, intermediate, k, seed)?;
-    let down_scale = (1.0 / (intermediate as f64).sqrt()) as f32;
-    let down = synthetic_layer(intermediate, hidden, k, 12, 0, down_layout, down_scale, seed ^ 0xd0)?;
-    Ok((gate, up, down))
+    synthetic_mlp_of(hidden, intermediate, k, 0, down_layout, seed)
 }
 
 /// [`synthetic_mlp`] with its down projection stored `[hidden, intermediate]` row-major on axis 1
@@ -104,18 +101,26 @@ pub fn synthetic_mlp_axis_one(
     k: u32,
     seed: u64,
 ) -> Result<(HostLayer, HostLayer, HostLayer)> {
-    let (gate, up) = synthetic_gate_up(hidden, intermediate, k, seed)?;
-    let down_scale = (1.0 / (intermediate as f64).sqrt()) as f32;
-    let down = synthetic_layer(hidden, intermediate, k, 12, 1, CodeLayout::RowMajor, down_scale, seed ^ 0xd0)?;
-    Ok((gate, up, down))
+    synthetic_mlp_of(hidden, intermediate, k, 1, CodeLayout::RowMajor, seed)
 }
 
-/// The gate and up projections of [`synthetic_mlp`]: row-major `[intermediate, hidden]` on axis 1.
-fn synthetic_gate_up(hidden: usize, intermediate: usize, k: u32, seed: u64) -> Result<(HostLayer, HostLayer)> {
+/// The MLP of [`synthetic_mlp`], its down projection coded on `down_axis` in `down_layout`.
+fn synthetic_mlp_of(
+    hidden: usize,
+    intermediate: usize,
+    k: u32,
+    down_axis: u32,
+    down_layout: CodeLayout,
+    seed: u64,
+) -> Result<(HostLayer, HostLayer, HostLayer)> {
     let gate_scale = (1.0 / (hidden as f64).sqrt()) as f32;
+    let down_scale = (1.0 / (intermediate as f64).sqrt()) as f32;
     let gate = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed)?;
     let up = synthetic_layer(intermediate, hidden, k, 12, 1, CodeLayout::RowMajor, gate_scale, seed ^ 0x75)?;
-    Ok((gate, up))
+    // Stored [in, out] on axis 0, [out, in] on axis 1.
+    let (rows, cols) = if down_axis == 0 { (intermediate, hidden) } else { (hidden, intermediate) };
+    let down = synthetic_layer(rows, cols, k, 12, down_axis, down_layout, down_scale, seed ^ 0xd0)?;
+    Ok((gate, up, down))
 }
 
 /// `n` seeded standard-normal values (an error where `n` values cannot be allocated).
