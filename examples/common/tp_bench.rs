@@ -147,6 +147,7 @@ fn rank(a: &Args, group: Rc<Group>) -> Result<()> {
     let mut whole = Vec::new();
     let mut shards = Vec::new();
     for l in 0..a.layers {
+        // Down projections on axis 0 (the orientation the shards split).
         let (mlp, _) = seeded_mlp(l, k, a.hidden, a.inter, 0)?;
         shards.push(ShardedMlp::from_full(&mlp, group.clone())?);
         if lead {

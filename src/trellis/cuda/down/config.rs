@@ -45,7 +45,7 @@ pub struct CudaDownConfig {
     /// The block-barrier ring's steps (not `mbarriers`) in unrolled rounds in which every ring
     /// slot comes round once, so that each slot's address is a constant of its copy of the step:
     /// fewer instructions a step, for more registers (the planned 5-16-row shapes on an H200 ran
-    /// 4-12 % faster; the one-row shape took 128 registers and ran no faster, docs/cuda-down.md
+    /// 2-12 % faster; the one-row shape took 128 registers and ran no faster, docs/cuda-down.md
     /// §7 lead 6).
     pub unrolled_steps: bool,
 }
