@@ -202,7 +202,9 @@
 #pragma unroll
   for (int t = 0; t < MT; ++t) stage_row_at[t] = (live[t] ? 8 * t + g : 0) * PITCH;
   // The B fragments of chunks c and c + 1 (c even) of block b for every tile and set.
-  auto load_b = [&](int b, int c, unsigned (&bf)[2][MT][SETS][2]) {
+  // `vec`: IntConstant<1> where the activations take 16-byte loads (vector_loads), a choice made
+  // once outside the main loop, which otherwise issued both load paths predicated.
+  auto load_b = [&](int b, int c, unsigned (&bf)[2][MT][SETS][2], auto vec) {
     if (STAGE) {
       // Positions 64 q + 4 c + 0..7 of block b: 16 contiguous bytes of the staged row. A lane of
       // a row past M reads the pass's first row instead of zeros: an MMA's output column depends
@@ -222,10 +224,9 @@
       for (int t = 0; t < MT; ++t) {
         alignas(16) T xs[8];
         const T* src = x_rows[t] + b * 256 + 4 * c;
-        if (!live[t]) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) xs[j] = T(0.0f);
-        } else if (vector_loads) {
+        // A lane of a row past M reads row 0 (x_rows), as the staged path does: its MMA columns
+        // are never written.
+        if constexpr (decltype(vec)::value == 1) {
 #pragma unroll
           for (int w = 0; w < (int)sizeof(xs) / 16; ++w) reinterpret_cast<uint4*>(xs)[w] = reinterpret_cast<const uint4*>(src)[w];
         } else {
@@ -288,18 +289,25 @@
   // at the block's start, for its chunk 7 on, and words k+1..2k of the next block at chunk 8,
   // for that block's start: each half a block ahead of its use, without a second set of
   // registers for the next block's words or the copies into this block's at its end.
-  Runs w;
-  if (b_begin < b_end) lane_runs.load(b_begin, w);
-  for (int b = b_begin; b < b_end; ++b) {
-    if (b > b_begin) lane_runs.load_words(b, w, 0, 0, 1, 0);
+  auto main_loop = [&](auto vec) {
+    Runs w;
+    if (b_begin < b_end) lane_runs.load(b_begin, w);
+    for (int b = b_begin; b < b_end; ++b) {
+      if (b > b_begin) lane_runs.load_words(b, w, 0, 0, 1, 0);
 #pragma unroll
-    for (int c = 0; c < 16; c += 2) {
-      if (c == 8 && b + 1 < b_end) lane_runs.load_words(b + 1, w, 1, 1, 2, 0);
-      unsigned bf[2][MT][SETS][2];
-      load_b(b, c, bf);
-      multiply_chunk(w, c, bf[0]);
-      multiply_chunk(w, c + 1, bf[1]);
+      for (int c = 0; c < 16; c += 2) {
+        if (c == 8 && b + 1 < b_end) lane_runs.load_words(b + 1, w, 1, 1, 2, 0);
+        unsigned bf[2][MT][SETS][2];
+        load_b(b, c, bf, vec);
+        multiply_chunk(w, c, bf[0]);
+        multiply_chunk(w, c + 1, bf[1]);
+      }
     }
+  };
+  if (STAGE || vector_loads) {
+    main_loop(trellis_cuda::IntConstant<1>{});
+  } else {
+    main_loop(trellis_cuda::IntConstant<0>{});
   }
 
   // Warp 0 adds the other warps' sums in warp order (a fixed order: the same bits every run).

@@ -413,10 +413,4 @@ __device__ __forceinline__ void set_max_registers() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// A compile-time int as a type, for the generic lambdas that take a matrix's bit width.
-template <int V>
-struct IntConstant {
-  static constexpr int value = V;
-};
-
 }  // namespace trellis_cuda
