@@ -201,6 +201,12 @@
     copy_src[u] = mat_codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + row) * 48 + (blk & 1) * 24
                                       : ((size_t)(r_begin + row) * (C / 256) + blk) * WPB) + 4 * j;
   }
+  // The copies' destinations in slot 0 as shared-window addresses, found once: per step only the
+  // slot's offset is added (a generic-to-shared conversion a step made ptxas rebuild the
+  // window's base each time).
+  unsigned copy_dst_shared[COPIES];
+#pragma unroll
+  for (int u = 0; u < COPIES; ++u) copy_dst_shared[u] = (unsigned)__cvta_generic_to_shared(&ring[0][0][0] + copy_dst[u]);
   // With PRESCALED, copy u of a step's B tile is 8 prescaled activations: row m_base + row of
   // set `set` (the f32 residues are set 1), from step row 8 j. Rows past M are never copied
   // (they are zeroed once), and the prescaled rows are padded with zeros to whole steps. Offsets
@@ -222,8 +228,8 @@
 #pragma unroll
     for (int u = 0; u < COPIES; ++u) {
       if (tid + u * THREADS < CHUNKS)
-        trellis_cuda::cp_async16_zfill(&ring[slot][0][0] + copy_dst[u],
-                                       copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE, copy_row[u] + STEP_ROWS * i < R);
+        trellis_cuda::cp_async16_zfill_at(copy_dst_shared[u] + slot * (unsigned)sizeof(ring[0]),
+                                          copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE, copy_row[u] + STEP_ROWS * i < R);
     }
 #pragma unroll
     for (int u = 0; u < B_COPIES; ++u) {

@@ -129,6 +129,11 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(read ? 16 : 0));
 }
 
+// cp_async16_zfill to a shared-window address (from __cvta_generic_to_shared) the caller keeps.
+__device__ __forceinline__ void cp_async16_zfill_at(unsigned smem, const void* gmem, bool read) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(read ? 16 : 0));
+}
+
 // 4-byte asynchronous copy global -> shared: unlike a load into a register, no later barrier or
 // fence waits for it (only cp_async_wait does).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
