@@ -22,7 +22,7 @@ use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::gate_up;
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan, plan_for, split_pass_tiles, swiglu_with,
-    AxisOneConfig, AxisOneKernel, CudaDownConfig, INT8_MAX_ROWS,
+    AxisOneConfig, AxisOneKernel, CudaDownConfig, StepUnroll, INT8_MAX_ROWS,
 };
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
@@ -337,7 +337,7 @@ fn bench() -> Result<bool> {
     } else if args.sweep && args.axis_one {
         println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | kernel | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | unrolled steps | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | steps unrolled over | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Axis-0 projection {inp} -> {out}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -511,7 +511,8 @@ fn checked_run(
 
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
 /// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), and the flags `fold` (bias fold), `pack` (IMAD pack), `prescaled` (B tiles from the
-/// pre-pass kernel), `mbar` (its ring on mbarriers) and `unroll` (the steps in unrolled rounds).
+/// pre-pass kernel), `mbar` (its ring on mbarriers), `unroll` (the steps in unrolled rounds of
+/// both rings) and `unroll2` (in unrolled rounds of the B tiles' two slots).
 fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     let mut configs = Vec::new();
     for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -525,7 +526,8 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
                 "pack" => c.pack_fma = true,
                 "prescaled" => c.prescaled = true,
                 "mbar" => c.mbarriers = true,
-                "unroll" => c.unrolled_steps = true,
+                "unroll" => c.step_unroll = StepUnroll::BothRings,
+                "unroll2" => c.step_unroll = StepUnroll::BTileSlots,
                 _ if token.starts_with("nc") => c.nc = number("nc")?,
                 _ if token.starts_with("mt") => c.mt = number("mt")?,
                 _ if token.starts_with("ks") => c.ks = number("ks")?,
@@ -597,7 +599,9 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                         if let Some(cfg) = cfg.with_deepest_ring(g, dtype) {
                             configs.push(cfg);
                             // Its block-barrier ring's steps in unrolled rounds.
-                            configs.push(CudaDownConfig { unrolled_steps: true, ..cfg });
+                            for step_unroll in [StepUnroll::BTileSlots, StepUnroll::BothRings] {
+                                configs.push(CudaDownConfig { step_unroll, ..cfg });
+                            }
                         }
                         // B tiles from the pre-pass kernel, with a block barrier per step and
                         // on an mbarrier ring (the plan from 17 rows).
@@ -653,7 +657,11 @@ fn time_configs(
             cfg.pack_fma,
             cfg.prescaled,
             cfg.mbarriers,
-            cfg.unrolled_steps,
+            match cfg.step_unroll {
+                StepUnroll::Rolled => "-",
+                StepUnroll::BTileSlots => "B tiles",
+                StepUnroll::BothRings => "both",
+            },
             kernel.0
         );
         eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);

@@ -15,11 +15,12 @@ import sys
 
 # The down kernel's name (src/kernel/registry.rs, then MLX's suffix of template arguments in the
 # order src/trellis/cuda/down/mod.rs gives them): the dtypes Y and T, the ints R C K L NC MT KS WARPS
-# SPLITS STAGES, then the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS
-# UNROLLED_STEPS.
+# SPLITS STAGES, the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS, then the int
+# UNROLLED_STEPS (0 rolled, 1 rounds of the B tiles' slots, 2 of both rings).
 CONFIG = re.compile(
-    r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 10 + r"_([tf])" * 7
+    r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 10 + r"_([tf])" * 6 + r"_(\d)"
 )
+UNROLLED = {"0": "", "1": " unrolled over the B tiles", "2": " unrolled over both rings"}
 
 
 def label(name):
@@ -32,7 +33,7 @@ def label(name):
         f"trellis down k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}"
         + (" prescaled" if prescaled == "t" else "")
         + (" mbarriers" if mbarriers == "t" else "")
-        + (" unrolled" if unrolled == "t" else "")
+        + UNROLLED[unrolled]
     )
 
 

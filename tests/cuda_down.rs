@@ -5,8 +5,8 @@
 use mlx_trellis::trellis::cuda::down::{down_cuda, down_pair_cuda, down_residual_cuda, uses_dense, DENSE_MIN_ROWS};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{
-    down_cuda_with, down_pair_cuda_with, down_residual_cuda_with, down_ws_cuda_with, plan, CudaDownConfig,
-    CudaDownWsConfig,
+    down_cuda_with, down_pair_cuda_with, down_residual_cuda_with, down_ws_cuda_with, plan, plan_for, CudaDownConfig,
+    CudaDownWsConfig, StepUnroll,
 };
 mod common;
 
@@ -87,6 +87,43 @@ fn planned_kernel_matches_the_reference_rows_not_a_multiple_of_8() {
     planned_dispatch_matches_the_reference(76, 768, 3, CodeLayout::RowMajor);
 }
 
+/// The ways the block-barrier ring may run its steps.
+const STEP_UNROLLS: [StepUnroll; 3] = [StepUnroll::Rolled, StepUnroll::BTileSlots, StepUnroll::BothRings];
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn the_planned_shapes_up_to_16_rows_match_the_reference_in_every_step_unroll() {
+    require_cuda();
+    // The shapes the plan takes at 1-16 rows (the one-row shape at 1-4, NC 4 at 5-8 and 9-16)
+    // with their steps rolled and unrolled both ways, on layers of k 2, 3 (both layouts) and 4,
+    // with the plan's splits and with fewer (each block then runs 3-13 steps, an odd count among
+    // them, so the unrolled rounds end part-way), 16-bit activations and f32.
+    let layers = [
+        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
+        Case::new(136, 1024, 2, CodeLayout::RowMajor),
+        Case::new(88, 512, 4, CodeLayout::RowMajor),
+        Case::new(100, 512, 3, CodeLayout::RowMajor),
+    ];
+    let mut n = 0usize;
+    for c in &layers {
+        let g = *c.lin.geometry();
+        for m in [1, 3, 4, 5, 8, 13, 16] {
+            n += 1;
+            let dtype = [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32][n % 3];
+            let planned = plan_for(&g, m, dtype);
+            for splits in [planned.splits, 1 + (n % 3) as u32] {
+                for step_unroll in STEP_UNROLLS {
+                    let cfg = CudaDownConfig { splits: splits.min(planned.input_steps(&g)), step_unroll, ..planned };
+                    cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
+                    check(c, m, dtype, &format!("{cfg:?}"), &|x| {
+                        down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg)
+                    });
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn every_configuration_matches_the_reference() {
@@ -136,9 +173,10 @@ fn every_configuration_matches_the_reference() {
                 pack_fma,
                 prescaled: false,
                 mbarriers: false,
-                // Every other configuration with its steps in unrolled rounds of the ring (rounds
-                // of STAGES or 2 STAGES steps, a step count that is no multiple of them).
-                unrolled_steps: n % 2 == 1,
+                // Configurations in turn with their steps rolled and in unrolled rounds of the B
+                // tiles' slots (2 steps) or both rings (STAGES or 2 STAGES steps), a step count
+                // that is no multiple of them.
+                step_unroll: STEP_UNROLLS[n % 3],
             };
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
@@ -166,9 +204,9 @@ fn every_configuration_matches_the_reference() {
             let splits = [1u32, 5, 13][(p / 3) % 3];
             // The bias fold and the IMAD pack apply to 16-bit activations only.
             let dtype = if bias_fold || (p / 4) % 2 == 1 { Dtype::Bfloat16 } else { Dtype::Float32 };
-            let unrolled_steps = p % 2 == 0;
+            let step_unroll = STEP_UNROLLS[(p / 2) % 3];
             let cfg =
-                CudaDownConfig { nc, mt, ks, warps, splits, bias_fold, pack_fma, unrolled_steps, ..Default::default() };
+                CudaDownConfig { nc, mt, ks, warps, splits, bias_fold, pack_fma, step_unroll, ..Default::default() };
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {
                 continue;
@@ -257,11 +295,12 @@ fn prescaled_configurations(layers: &[Case]) -> Vec<(usize, Dtype, CudaDownConfi
         cfg.check(g, *dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
     }
     assert_eq!(with_mbarriers.len(), 5);
-    // The others (never on mbarriers) with their block-barrier ring's steps in unrolled rounds.
+    // The others (never on mbarriers) with their block-barrier ring's steps in unrolled rounds
+    // (a B tile rides in each ring slot here, so both unrolled kinds run whole rounds).
     let configs = configs
         .into_iter()
         .enumerate()
-        .map(|(i, (layer, dtype, cfg))| (layer, dtype, CudaDownConfig { unrolled_steps: i % 2 == 1, ..cfg }));
+        .map(|(i, (layer, dtype, cfg))| (layer, dtype, CudaDownConfig { step_unroll: STEP_UNROLLS[i % 3], ..cfg }));
     configs.chain(with_mbarriers).collect()
 }
 

@@ -74,10 +74,11 @@
 // x_exp is not read: then no pre-pass runs, and the counters come zeroed from the kernel before
 // (the fused gate·up·SwiGLU's TRELLIS_FEED variant, gate_up.cu).
 // Template bools: INTERLEAVE (3-bit block interleave), SPLIT_X (f32 activations as hi + lo),
-// BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised
-// by per-slot mbarriers instead of a block barrier per step), UNROLLED_STEPS (the block-barrier
-// ring's steps in unrolled rounds, so that its slots are constants), BLOCK_EXP. Template types: T (activation
-// dtype; f16 with PRESCALED), Y (the output's).
+// BIAS_FOLD, PACK_FMA, PRESCALED, MBARRIERS (prescaled ring synchronised by per-slot mbarriers
+// instead of a block barrier per step), BLOCK_EXP. Template int UNROLLED_STEPS: the block-barrier
+// ring's step loop rolled (0), in unrolled rounds of the B tiles' slots (1: the B tile's slot a
+// constant of each copy of the step, the ring's computed) or of both rings (2: every slot a
+// constant). Template types: T (activation dtype; f16 with PRESCALED), Y (the output's).
 //
 // The pair variant (its sections under TRELLIS_PAIR, registered as a text of its own) runs two
 // matrices of one geometry and configuration on the same activations in one launch: an MLP's
@@ -131,6 +132,7 @@
   // src/trellis/cuda/down/mod.rs), which also sizes prescale.cu's output.
   constexpr int R_PAD = (R + 63) / 64 * 64;
   static_assert(!MBARRIERS || (PRESCALED && STAGES >= 3), "MBARRIERS runs the prescaled ring, 3 stages or more");
+  static_assert(UNROLLED_STEPS >= 0 && UNROLLED_STEPS <= 2, "UNROLLED_STEPS: 0 rolled, 1 rounds of the B tiles' slots, 2 of both rings");
   // Shared memory, all of it dynamic: the code ring and the B tiles (every part's size a
   // multiple of 16 bytes). The host passes the parts' total (CudaDownConfig::shared_bytes), and
   // MLX raises the kernel's limit above 48 KB.
@@ -518,9 +520,10 @@
       trellis_cuda::mbar_arrive(&empty_bar[i % STAGES]);
     }
   } else {
-    // Step i of the block-barrier ring; s is i, or where the steps run in unrolled rounds its
-    // place in the round (s = i mod the round's length, a constant of each copy of the body).
-    auto step = [&](int i, int s) {
+    // Step i of the block-barrier ring; s and sb are i, or where the steps run in unrolled
+    // rounds its place in the round (i mod the round's length, a constant of each copy of the
+    // body): s names the ring's slot, sb the B tiles'.
+    auto step = [&](int i, int s, int sb) {
       BLoad v_next;
       if (!PRESCALED && i + 1 < steps) load_b(i + 1, v_next);  // in flight while this step decodes
       trellis_cuda::cp_async_wait<STAGES - 2>();
@@ -530,28 +533,30 @@
 #pragma unroll
       for (int c = 0; c < KS; ++c) {
         unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
-        read_b_fragments(s % B_SLOTS, c, b_hi, b_lo);
+        read_b_fragments(sb % B_SLOTS, c, b_hi, b_lo);
         read_code_bits(s % STAGES, c, w);
         decode_and_multiply(w, b_hi, b_lo);
       }
       // Slot (i + 1) % 2 was last read in step i - 1, before this step's barrier.
-      if (!PRESCALED && i + 1 < steps) store_b((s + 1) % B_SLOTS, v_next);
+      if (!PRESCALED && i + 1 < steps) store_b((sb + 1) % B_SLOTS, v_next);
     };
-    if (UNROLLED_STEPS) {
-      // Rounds in which both rings' slots cycle whole (STAGES steps, or 2 STAGES where the B
-      // tiles' two slots do not divide it), unrolled: every slot's address folds into its
-      // loads' offsets instead of being computed each step. Fewer instructions a step, more
-      // registers (docs/cuda-down.md §7 lead 6 says where each wins).
-      constexpr int ROUND = STAGES % B_SLOTS == 0 ? STAGES : STAGES * B_SLOTS;
+    if (UNROLLED_STEPS != 0) {
+      // Unrolled rounds in which the B tiles' slots (B_SLOTS steps), or both rings' slots (STAGES
+      // steps, 2 STAGES where the B tiles' two slots do not divide it), cycle whole: each such
+      // slot's address folds into its loads' offsets instead of being computed each step. Fewer
+      // instructions a step; the longer round holds more registers (docs/cuda-down.md §7 lead 6
+      // says where each wins).
+      constexpr int ROUND = UNROLLED_STEPS == 1 ? B_SLOTS : STAGES % B_SLOTS == 0 ? STAGES : STAGES * B_SLOTS;
+      constexpr bool RING_SLOT_CONSTANT = ROUND % STAGES == 0;
       for (int i0 = 0; i0 < steps; i0 += ROUND) {
 #pragma unroll
         for (int s = 0; s < ROUND; ++s) {
           if (i0 + s >= steps) break;
-          step(i0 + s, s);
+          step(i0 + s, RING_SLOT_CONSTANT ? s : i0 + s, s);
         }
       }
     } else {
-      for (int i = 0; i < steps; ++i) step(i, i);
+      for (int i = 0; i < steps; ++i) step(i, i, i);
     }
   }
   trellis_cuda::cp_async_wait<0>();

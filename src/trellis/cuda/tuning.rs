@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::trellis::format::TrellisGeometry;
 use crate::trellis::operands::LayerOperands;
 
-pub use super::down::config::CudaDownConfig;
+pub use super::down::config::{CudaDownConfig, StepUnroll};
 pub use super::down::plan::{plan, plan_for};
 pub use super::down::ws::CudaDownWsConfig;
 pub use super::gate_up::linear_residual_with as axis_one_residual_with;

@@ -42,12 +42,40 @@ pub struct CudaDownConfig {
     /// refills a slot for every warp to have released it; the ring runs `stages - 2` steps ahead,
     /// so warps may drift up to two steps apart. Needs `stages >= 3`.
     pub mbarriers: bool,
-    /// The block-barrier ring's steps (not `mbarriers`) in unrolled rounds in which every ring
-    /// slot comes round once, so that each slot's address is a constant of its copy of the step:
-    /// fewer instructions a step, for more registers (the planned 5-16-row shapes on an H200 ran
-    /// 2-12 % faster; the one-row shape took 128 registers and ran no faster, docs/cuda-down.md
-    /// §7 lead 6).
-    pub unrolled_steps: bool,
+    /// How the block-barrier ring (not `mbarriers`) runs its steps: rolled, or in unrolled rounds
+    /// in which slots are constants of each copy of the step (fewer instructions a step, for
+    /// more registers).
+    pub step_unroll: StepUnroll,
+}
+
+/// How the down kernel's block-barrier ring runs its steps ([`CudaDownConfig::step_unroll`]);
+/// the kernel's template int `UNROLLED_STEPS`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StepUnroll {
+    /// One copy of the step: each step computes its ring slot's and B-tile slot's addresses.
+    #[default]
+    Rolled,
+    /// Unrolled rounds of the B tiles' two slots (two steps; with `prescaled` a B tile rides in
+    /// each ring slot, so this is [`StepUnroll::BothRings`]): the B tile's slot is a constant,
+    /// the ring's is computed. At one row the same registers as rolled for 7 % fewer
+    /// instructions a step at k 3 (docs/cuda-down.md §7 lead 6).
+    BTileSlots,
+    /// Unrolled rounds in which every ring and B-tile slot comes round once (the ring's depth in
+    /// steps, twice that where the B tiles' two slots do not divide it): every slot is a
+    /// constant. The planned 5-16-row shapes on an H200 ran 2-12 % faster; the one-row shape
+    /// took 128 registers and ran no faster.
+    BothRings,
+}
+
+impl StepUnroll {
+    /// The kernel's template int `UNROLLED_STEPS`.
+    pub(crate) fn template_int(self) -> i32 {
+        match self {
+            StepUnroll::Rolled => 0,
+            StepUnroll::BTileSlots => 1,
+            StepUnroll::BothRings => 2,
+        }
+    }
 }
 
 impl Default for CudaDownConfig {
@@ -68,7 +96,7 @@ impl Default for CudaDownConfig {
             pack_fma: false,
             prescaled: false,
             mbarriers: false,
-            unrolled_steps: false,
+            step_unroll: StepUnroll::Rolled,
         }
     }
 }
@@ -188,8 +216,8 @@ impl CudaDownConfig {
         if self.mbarriers && (!self.prescaled || self.stages < 3) {
             invalid!("CUDA down kernel: mbarriers synchronise the prescaled ring (needs prescaled and stages >= 3, got {} stages)", self.stages);
         }
-        if self.unrolled_steps && self.mbarriers {
-            invalid!("CUDA down kernel: unrolled_steps unrolls the block-barrier ring's steps (not with mbarriers)");
+        if self.step_unroll != StepUnroll::Rolled && self.mbarriers {
+            invalid!("CUDA down kernel: step_unroll unrolls the block-barrier ring's steps (not with mbarriers)");
         }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
@@ -323,9 +351,11 @@ mod tests {
             mbarriers.shared_bytes(&g, false) - prescaled.shared_bytes(&g, false),
             16 * prescaled.stages as usize
         );
-        let err = CudaDownConfig { unrolled_steps: true, ..mbarriers }.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
-        assert!(err.contains("unrolled_steps unrolls the block-barrier ring"), "{err}");
-        CudaDownConfig { unrolled_steps: true, ..prescaled }.check(&g, Dtype::Bfloat16).unwrap();
+        for step_unroll in [StepUnroll::BTileSlots, StepUnroll::BothRings] {
+            let err = CudaDownConfig { step_unroll, ..mbarriers }.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+            assert!(err.contains("step_unroll unrolls the block-barrier ring"), "{err}");
+            CudaDownConfig { step_unroll, ..prescaled }.check(&g, Dtype::Bfloat16).unwrap();
+        }
         for cfg in [CudaDownConfig { prescaled: false, ..mbarriers }, CudaDownConfig { stages: 2, ..mbarriers }] {
             let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
             assert!(err.contains("mbarriers synchronise the prescaled ring"), "{err}");

@@ -396,7 +396,7 @@ fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown
         .template_bool("PACK_FMA", cfg.pack_fma && dtype != Dtype::Float32)
         .template_bool("PRESCALED", cfg.prescaled)
         .template_bool("MBARRIERS", cfg.mbarriers)
-        .template_bool("UNROLLED_STEPS", cfg.unrolled_steps)
+        .template_int("UNROLLED_STEPS", cfg.step_unroll.template_int())
         .template_bool("BLOCK_EXP", fed);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };

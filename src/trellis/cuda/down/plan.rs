@@ -5,7 +5,7 @@ use crate::dtype::Dtype;
 use crate::error::{unserved, Result};
 use crate::trellis::format::TrellisGeometry;
 
-use super::config::CudaDownConfig;
+use super::config::{CudaDownConfig, StepUnroll};
 
 /// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=4 (the
 /// widths it is tested at against the reference; wider codes are refused as unserved) and
@@ -41,8 +41,8 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
     // (`pack_fma`); the one-row shape also serves 2-4 rows, and NC 4 5-8 (docs/cuda-down.md §5,
     // §9 "2-4 rows"). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
-    // At 5-16 rows the steps run in unrolled rounds of the ring (fewer instructions a step; at
-    // 1-4 rows the unrolled body takes 128 registers and is no faster, §7 lead 6).
+    // At 5-16 rows the steps run in unrolled rounds of both rings (fewer instructions a step; at
+    // 1-4 rows that body takes 128 registers and is no faster, §7 lead 6).
     // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks decode each
     // weight once into the registers that multiply it, with the B tiles from the pre-pass
     // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
@@ -71,7 +71,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         prescaled: prescaled && dtype != Dtype::Float32,
         mbarriers: prescaled && dtype != Dtype::Float32,
         // Measured with 16-bit activations (f32 ones keep more registers already).
-        unrolled_steps: unrolled && dtype != Dtype::Float32,
+        step_unroll: if unrolled && dtype != Dtype::Float32 { StepUnroll::BothRings } else { StepUnroll::Rolled },
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -178,8 +178,9 @@ mod tests {
             let f32 = plan_for(&qwen, m, Dtype::Float32);
             assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
             // Unrolled steps where they were measured faster: 5-16 rows of 16-bit activations.
-            assert_eq!(cfg.unrolled_steps, (5..=16).contains(&m), "M {m}");
-            assert!(!f32.unrolled_steps, "M {m} f32");
+            let unrolled = if (5..=16).contains(&m) { StepUnroll::BothRings } else { StepUnroll::Rolled };
+            assert_eq!(cfg.step_unroll, unrolled, "M {m}");
+            assert_eq!(f32.step_unroll, StepUnroll::Rolled, "M {m} f32");
         }
     }
     #[test]
