@@ -96,8 +96,9 @@ fn the_planned_shapes_up_to_16_rows_match_the_reference_in_every_step_unroll() {
     require_cuda();
     // The shapes the plan takes at 1-16 rows (the one-row shape at 1-4, NC 4 at 5-8 and 9-16)
     // with their steps rolled and unrolled both ways, on layers of k 2, 3 (both layouts) and 4,
-    // with the plan's splits and with fewer (each block then runs 3-13 steps, an odd count among
-    // them, so the unrolled rounds end part-way), 16-bit activations and f32.
+    // with the plan's splits (mostly one step a block) and with one to three (a block then runs
+    // 1-13 steps, odd counts among them, so that unrolled rounds end part-way), 16-bit
+    // activations and f32.
     let layers = [
         Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
         Case::new(136, 1024, 2, CodeLayout::RowMajor),
