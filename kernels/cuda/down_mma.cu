@@ -191,24 +191,22 @@
   constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / 256) * WPB;  // words between consecutive rows
   constexpr int COPIES = (CHUNKS + THREADS - 1) / THREADS;
   const int r_begin = step_begin * STEP_ROWS;
+  // The destinations are slot 0's, as shared-window addresses found once: per step only the
+  // slot's offset is added (a generic-to-shared conversion a step made ptxas rebuild the
+  // window's base each time).
   const uint32_t* copy_src[COPIES];
-  int copy_dst[COPIES], copy_row[COPIES];
+  unsigned copy_dst_shared[COPIES];
+  int copy_row[COPIES];
 #pragma unroll
   for (int u = 0; u < COPIES; ++u) {
     const int c = tid + u * THREADS;
     const int row = c / (CB * (WPB / 4)), rest = c % (CB * (WPB / 4));
     const int b = rest / (WPB / 4), j = rest % (WPB / 4), blk = first_block + b;
     copy_row[u] = c < CHUNKS ? r_begin + row : R;  // R: never read
-    copy_dst[u] = row * A_PITCH + b * WPB + 4 * j;
+    copy_dst_shared[u] = (unsigned)__cvta_generic_to_shared(&ring[0][0][0] + row * A_PITCH + b * WPB + 4 * j);
     copy_src[u] = mat_codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + row) * 48 + (blk & 1) * 24
                                       : ((size_t)(r_begin + row) * (C / 256) + blk) * WPB) + 4 * j;
   }
-  // The copies' destinations in slot 0 as shared-window addresses, found once: per step only the
-  // slot's offset is added (a generic-to-shared conversion a step made ptxas rebuild the
-  // window's base each time).
-  unsigned copy_dst_shared[COPIES];
-#pragma unroll
-  for (int u = 0; u < COPIES; ++u) copy_dst_shared[u] = (unsigned)__cvta_generic_to_shared(&ring[0][0][0] + copy_dst[u]);
   // With PRESCALED, copy u of a step's B tile is 8 prescaled activations: row m_base + row of
   // set `set` (the f32 residues are set 1), from step row 8 j. Rows past M are never copied
   // (they are zeroed once), and the prescaled rows are padded with zeros to whole steps. Offsets

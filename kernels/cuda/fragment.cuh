@@ -124,14 +124,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 // 16-byte asynchronous copy global -> shared (Ampere and later) with a source size of 16 or 0
 // bytes: 0 reads nothing and zero-fills (activation rows past the last); and its group
 // bookkeeping.
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(read ? 16 : 0));
-}
-
-// cp_async16_zfill to a shared-window address (from __cvta_generic_to_shared) the caller keeps.
+// `_at` takes a shared-window address (from __cvta_generic_to_shared) the caller keeps.
 __device__ __forceinline__ void cp_async16_zfill_at(unsigned smem, const void* gmem, bool read) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(read ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool read) {
+  cp_async16_zfill_at(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, read);
 }
 
 // 4-byte asynchronous copy global -> shared: unlike a load into a register, no later barrier or
