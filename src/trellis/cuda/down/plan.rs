@@ -36,26 +36,27 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 /// replaced.
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
-    // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring, unrolled steps).
+    // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring, step unroll).
     // Up to 16 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
     // (`pack_fma`); the one-row shape also serves 2-4 rows, and NC 4 5-8 (docs/cuda-down.md §5,
     // §9 "2-4 rows"). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
-    // At 5-16 rows the steps run in unrolled rounds of both rings (fewer instructions a step; at
-    // 1-4 rows that body takes 128 registers and is no faster, §7 lead 6).
+    // The steps run in unrolled rounds (fewer instructions a step): of the B tiles' two slots at
+    // 1-4 rows, where a round of both rings takes 128 registers, and of both rings at 5-16 rows
+    // (§7 lead 6).
     // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks decode each
     // weight once into the registers that multiply it, with the B tiles from the pre-pass
     // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
     // decode and MMA phases overlap. A pass holds just the call's rows (MT = M / 8 rounded up);
     // above 64 rows passes of up to 64 share the rows evenly (72 rows: two passes of 40).
     // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers).
-    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled, unrolled) = match m {
-        0..=4 => (8, 1, 1, 2, 64, true, true, false, false),
-        5..=8 => (4, 1, 2, 1, 32, true, false, false, true),
-        9..=16 => (4, 2, 4, 1, 19, true, false, false, true),
+    let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled, step_unroll) = match m {
+        0..=4 => (8, 1, 1, 2, 64, true, true, false, StepUnroll::BTileSlots),
+        5..=8 => (4, 1, 2, 1, 32, true, false, false, StepUnroll::BothRings),
+        9..=16 => (4, 2, 4, 1, 19, true, false, false, StepUnroll::BothRings),
         // One pass up to 64 rows; above (up to DENSE_MIN_ROWS rows of 16-bit activations, f32
         // ones, and explicit calls) passes of the 64-row shape.
-        _ => (2, pass_tiles(m), 4, 1, 13, false, false, true, false),
+        _ => (2, pass_tiles(m), 4, 1, 13, false, false, true, StepUnroll::Rolled),
     };
     let mut cfg = CudaDownConfig {
         nc,
@@ -71,7 +72,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         prescaled: prescaled && dtype != Dtype::Float32,
         mbarriers: prescaled && dtype != Dtype::Float32,
         // Measured with 16-bit activations (f32 ones keep more registers already).
-        step_unroll: if unrolled && dtype != Dtype::Float32 { StepUnroll::BothRings } else { StepUnroll::Rolled },
+        step_unroll: if dtype == Dtype::Float32 { StepUnroll::Rolled } else { step_unroll },
     };
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -177,8 +178,12 @@ mod tests {
             assert_eq!((cfg.prescaled, cfg.mbarriers, cfg.mt), (prescaled, prescaled, mt), "M {m}");
             let f32 = plan_for(&qwen, m, Dtype::Float32);
             assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
-            // Unrolled steps where they were measured faster: 5-16 rows of 16-bit activations.
-            let unrolled = if (5..=16).contains(&m) { StepUnroll::BothRings } else { StepUnroll::Rolled };
+            // Unrolled steps up to 16 rows of 16-bit activations.
+            let unrolled = match m {
+                0..=4 => StepUnroll::BTileSlots,
+                5..=16 => StepUnroll::BothRings,
+                _ => StepUnroll::Rolled,
+            };
             assert_eq!(cfg.step_unroll, unrolled, "M {m}");
             assert_eq!(f32.step_unroll, StepUnroll::Rolled, "M {m} f32");
         }
