@@ -2,9 +2,12 @@
 """Kernel durations from `ncu --metrics gpu__time_duration.sum --print-units base --csv --page raw`.
 
 Durations are in nanoseconds (`--print-units base`). Prints, per file, the shortest duration of
-every kernel (one launch at a time, as a chain of
-dependent layers runs them). Trellis down kernels are named by their configuration, decoded
-from the template arguments in the kernel name.
+every kernel (one launch at a time, as a chain of dependent layers runs them). Trellis down
+kernels are named by their configuration where the kernel name carries the template arguments;
+MLX 0.32's CUDA back-end names a custom kernel by a hash of them instead
+(`custom_kernel_NAME_HASH`), so there each kernel is labelled by its grid, block and the order of
+its first launch (`bench_down --sweep --configs` launches the plan first, then the configurations
+in the order given).
 
     python3 scripts/ncu_durations.py out/latency_m1.csv [...]
 """
@@ -23,10 +26,11 @@ CONFIG = re.compile(
 UNROLLED = {"0": "", "1": " unrolled over the B tiles", "2": " unrolled over both rings"}
 
 
-def label(name):
+def label(name, grid="", block="", order=0):
     m = CONFIG.search(name)
     if not m:
-        return re.sub(r"\(.*", "", name).replace("void ", "")[:90]
+        short = re.sub(r"\(.*", "", name).replace("void ", "")[:90]
+        return f"{short} grid {grid} block {block} (first launched #{order})" if grid else short
     _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, bias, pack, prescaled, mbarriers, unrolled = m.groups()
     decode = "dp4a" + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
     return (
@@ -46,9 +50,16 @@ for path in sys.argv[1:]:
         continue
     hdr = rows[head[0]]
     name_at, time_at = hdr.index("Kernel Name"), hdr.index("gpu__time_duration.sum")
+    grid_at = hdr.index("Grid Size") if "Grid Size" in hdr else None
+    block_at = hdr.index("Block Size") if "Block Size" in hdr else None
     best = collections.OrderedDict()
+    first = {}
     for r in rows[head[0] + 2 :]:
-        key = label(r[name_at])
+        name = r[name_at]
+        first.setdefault(name, len(first) + 1)
+        grid = r[grid_at] if grid_at is not None else ""
+        block = r[block_at] if block_at is not None else ""
+        key = label(name, grid, block, first[name])
         best[key] = min(best.get(key, float("inf")), float(r[time_at].replace(",", "")) / 1000.0)
     for key, us in sorted(best.items(), key=lambda kv: kv[1]):
         print(f"{us:9.1f} us  {key}")
