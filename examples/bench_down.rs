@@ -337,7 +337,7 @@ fn bench() -> Result<bool> {
     } else if args.sweep && args.axis_one {
         println!("| layout | M | mt | rt | warps | bias fold | IMAD pack | kernel | call median us | call best us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|");
     } else if args.sweep {
-        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | steps unrolled over | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| layout | M | nc | mt | ks | warps | splits | stages | bias fold | IMAD pack | prescaled | mbarriers | steps unrolled over (or direct codes) | call median us | call best us | kernel alone median us | relErr |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     } else {
         println!(
             "Axis-0 projection {inp} -> {out}, bf16 activations, per call ({} calls per evaluation, median (best) of {})",
@@ -512,7 +512,8 @@ fn checked_run(
 /// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
 /// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), and the flags `fold` (bias fold), `pack` (IMAD pack), `prescaled` (B tiles from the
 /// pre-pass kernel), `mbar` (its ring on mbarriers), `unroll` (the steps in unrolled rounds of
-/// both rings) and `unroll2` (in unrolled rounds of the B tiles' two slots).
+/// both rings), `unroll2` (in unrolled rounds of the B tiles' two slots) and `direct` (code
+/// words straight to registers, the split's B tiles built once).
 fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
     let mut configs = Vec::new();
     for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
@@ -528,6 +529,7 @@ fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
                 "mbar" => c.mbarriers = true,
                 "unroll" => c.step_unroll = StepUnroll::BothRings,
                 "unroll2" => c.step_unroll = StepUnroll::BTileSlots,
+                "direct" => c.direct_codes = true,
                 _ if token.starts_with("nc") => c.nc = number("nc")?,
                 _ if token.starts_with("mt") => c.mt = number("mt")?,
                 _ if token.starts_with("ks") => c.ks = number("ks")?,
@@ -602,6 +604,11 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                             for step_unroll in [StepUnroll::BTileSlots, StepUnroll::BothRings] {
                                 configs.push(CudaDownConfig { step_unroll, ..cfg });
                             }
+                            // No ring: the code words straight to registers.
+                            let direct = CudaDownConfig { direct_codes: true, ..cfg };
+                            if direct.fits(g, dtype) {
+                                configs.push(direct);
+                            }
                         }
                         // B tiles from the pre-pass kernel, with a block barrier per step and
                         // on an mbarrier ring (the plan from 17 rows).
@@ -657,10 +664,11 @@ fn time_configs(
             cfg.pack_fma,
             cfg.prescaled,
             cfg.mbarriers,
-            match cfg.step_unroll {
-                StepUnroll::Rolled => "-",
-                StepUnroll::BTileSlots => "B tiles",
-                StepUnroll::BothRings => "both",
+            match (cfg.direct_codes, cfg.step_unroll) {
+                (true, _) => "direct codes",
+                (false, StepUnroll::Rolled) => "-",
+                (false, StepUnroll::BTileSlots) => "B tiles",
+                (false, StepUnroll::BothRings) => "both",
             },
             kernel.0
         );

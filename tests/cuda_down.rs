@@ -125,6 +125,81 @@ fn the_planned_shapes_up_to_16_rows_match_the_reference_in_every_step_unroll() {
     }
 }
 
+/// Code words straight to registers (`direct_codes`: no ring, the split's B tiles built once) on
+/// `layers`: blocks of half a coded block (NC 2), one (NC 4) and two (NC 8), 16-, 32- and 64-row
+/// steps, one 8-row tile a pass at 1-7 rows and two at 9-16, splits from one (a block runs every
+/// step: its B tiles a long strip) to one step a block, with and without the bias fold and the
+/// IMAD pack, f32, f16 and bf16 in turn; then the pair variant (two matrices in one launch) at
+/// one and three rows.
+fn direct_code_loads_match_the_reference(layers: &[Case]) {
+    require_cuda();
+    let mut n = 0usize;
+    for c in layers {
+        let g = *c.lin.geometry();
+        for (nc, ks) in [(8u32, 1u32), (4, 2), (2, 4)] {
+            for mt in [1u32, 2] {
+                n += 1;
+                let dtype = [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32][n % 3];
+                let fold = dtype != Dtype::Float32;
+                let base = CudaDownConfig {
+                    nc,
+                    mt,
+                    ks,
+                    warps: 4,
+                    bias_fold: fold,
+                    pack_fma: fold && n % 2 == 0,
+                    direct_codes: true,
+                    ..Default::default()
+                };
+                let steps = base.input_steps(&g);
+                for splits in [1, 3.min(steps), steps] {
+                    let cfg = CudaDownConfig { splits, ..base };
+                    cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
+                    let rows: &[usize] = if mt == 1 { &[1, 2, 4, 7] } else { &[9, 16] };
+                    for &m in rows {
+                        check(c, m, dtype, &format!("{cfg:?}"), &|x| {
+                            down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg)
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let a = &layers[0];
+    let b = partner(a);
+    let cfg = CudaDownConfig { splits: 3, ..plan(a.g(), 1) };
+    let cfg = CudaDownConfig { direct_codes: true, step_unroll: StepUnroll::Rolled, ..cfg };
+    let pair: Forward2 = &|x, [a, b]| {
+        Ok(down_pair_cuda_with(x, [a.lin.codes(), b.lin.codes()], [a.lin.scales(), b.lin.scales()], a.g(), cfg)?
+            .to_vec())
+    };
+    let single: Forward2 = &|x, [a, _]| Ok(vec![down_cuda_with(x, a.lin.codes(), a.lin.scales(), a.g(), cfg)?]);
+    for (m, dtype) in [(1, Dtype::Bfloat16), (3, Dtype::Float16)] {
+        let (x, xr) = a.x(m, dtype);
+        check_pair(a, &b, &x, &xr, "direct pair", pair, single);
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn direct_code_loads_match_the_reference_k3() {
+    // 100 rows: a ragged last step, whose rows past R read no codes.
+    direct_code_loads_match_the_reference(&[
+        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
+        Case::new(100, 512, 3, CodeLayout::RowMajor),
+    ]);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn direct_code_loads_match_the_reference_k2_k4() {
+    direct_code_loads_match_the_reference(&[
+        Case::new(136, 1024, 2, CodeLayout::RowMajor),
+        Case::new(88, 512, 4, CodeLayout::RowMajor),
+        Case::with_state_bits(72, 512, 4, 16, CodeLayout::RowMajor),
+    ]);
+}
+
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn every_configuration_matches_the_reference() {
@@ -178,6 +253,7 @@ fn every_configuration_matches_the_reference() {
                 // tiles' slots (2 steps) or both rings (STAGES or 2 STAGES steps), a step count
                 // that is no multiple of them.
                 step_unroll: STEP_UNROLLS[n % 3],
+                direct_codes: false,
             };
             let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
             let Some(cfg) = cfg.with_deepest_ring(&g, dtype) else {

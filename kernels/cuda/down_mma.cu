@@ -80,6 +80,13 @@
 // constant of each copy of the step, the ring's computed) or of both rings (2: every slot a
 // constant). Template types: T (activation dtype; f16 with PRESCALED), Y (the output's).
 //
+// With DIRECT_CODES (not PRESCALED, rolled steps) there is no code ring and no barrier in the
+// main loop: each lane loads its own run's words of its four rows straight from global memory
+// into registers, a step ahead (the fused gate·up kernel's way, gate_up.cu), and the block's B
+// tiles for its whole split are built once before the loop (B tile slot i holds step i's), so
+// the warps drift apart freely. For few rows, where the split's activations are a few hundred
+// per row (docs/cuda-down.md §7 lead 8).
+//
 // The pair variant (its sections under TRELLIS_PAIR, registered as a text of its own) runs two
 // matrices of one geometry and configuration on the same activations in one launch: an MLP's
 // gate and up stored along their outputs, which otherwise take a launch and a pre-pass each for
@@ -127,7 +134,10 @@
   static_assert(PRESCALED || THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
 
   // B tiles in flight: with PRESCALED one per ring slot, copied with the slot's codes.
-  constexpr int B_SLOTS = PRESCALED ? STAGES : 2;
+  // With DIRECT_CODES one per step of the longest split: the split's whole strip.
+  constexpr int SPLIT_STEPS = (STEPS + SPLITS - 1) / SPLITS;
+  constexpr int B_SLOTS = DIRECT_CODES ? SPLIT_STEPS : PRESCALED ? STAGES : 2;
+  static_assert(!DIRECT_CODES || (!PRESCALED && UNROLLED_STEPS == 0), "DIRECT_CODES builds its own B tiles, in rolled steps");
   // Prescaled rows are padded to whole steps of any KS: the host's PRESCALED_ROW_MULTIPLE (64,
   // src/trellis/cuda/down/mod.rs), which also sizes prescale.cu's output.
   constexpr int R_PAD = (R + 63) / 64 * 64;
@@ -136,7 +146,8 @@
   // Shared memory, all of it dynamic: the code ring and the B tiles (every part's size a
   // multiple of 16 bytes). The host passes the parts' total (CudaDownConfig::shared_bytes), and
   // MLX raises the kernel's limit above 48 KB.
-  using Ring = unsigned[STAGES][STEP_ROWS][A_PITCH];
+  // DIRECT_CODES keeps no ring (one 16-byte placeholder: the host sizes it so too).
+  using Ring = unsigned[DIRECT_CODES ? 1 : STAGES][DIRECT_CODES ? 1 : STEP_ROWS][DIRECT_CODES ? 4 : A_PITCH];
   using BTiles = __half[B_SLOTS][SPLIT_X ? 2 : 1][B_ROWS][B_PITCH];
   static_assert(sizeof(Ring) % 16 == 0 && sizeof(BTiles) % 16 == 0, "16-byte parts");
   extern __shared__ __align__(16) unsigned char shared_base[];
@@ -477,6 +488,29 @@
         trellis_cuda::mbar_arrive_on_copies(&full_bar[i]);
       }
     }
+  } else if constexpr (DIRECT_CODES) {
+    // The split's whole strip of B tiles, once (rows past M, R or the split zero): element kk of
+    // row t is step kk / STEP_ROWS's B tile, column kk % STEP_ROWS. Rows outer, so that a row's
+    // loads are issued together and dead rows only store zeros.
+    constexpr int SPAN = SPLIT_STEPS * STEP_ROWS;
+    const int span = steps * STEP_ROWS;
+#pragma unroll
+    for (int t = 0; t < B_ROWS; ++t) {
+      const bool live_row = m_base + t < M;
+      const T* xr = mat_x + (size_t)(live_row ? m_base + t : 0) * R + r_begin;
+      const float lift = row_lift[t];
+#pragma unroll
+      for (int kk0 = 0; kk0 < SPAN; kk0 += THREADS) {
+        const int kk = kk0 + tid;
+        if (kk0 + THREADS > SPAN && kk >= SPAN) break;
+        float xv = 0.0f;
+        if (live_row && kk < span && r_begin + kk < R) xv = float(xr[kk]) * __half2float(mat_scales[r_begin + kk]) * lift;
+        const __half hi = __float2half_rn(xv);
+        b_tile[kk / STEP_ROWS][0][t][kk % STEP_ROWS] = hi;
+        if (SPLIT_X) b_tile[kk / STEP_ROWS][SPLIT_X ? 1 : 0][t][kk % STEP_ROWS] = __float2half_rn(xv - __half2float(hi));
+      }
+    }
+    __syncthreads();  // the strip, before any warp reads it
   } else if constexpr (PRESCALED) {
     // The B tiles' rows past M are zeroed before any copy into the rows below M is issued.
     if (m_base + B_ROWS > M) {
@@ -516,6 +550,50 @@
         decode_and_multiply(w, b_hi, b_lo);
       }
       trellis_cuda::mbar_arrive(&empty_bar[i % STAGES]);
+    }
+  } else if constexpr (DIRECT_CODES) {
+    // No barrier: each lane reads its run's words of its four rows (2q + 0, 1, 8, 9 of each
+    // chunk) from global memory, step i + 1's while step i decodes, into the other of two sets
+    // of registers (the loop unrolled by two, so that neither set is copied).
+    constexpr int NWL = LaneRun::NWL;
+    constexpr int STEP_WORDS = STEP_ROWS * ROW_STRIDE;  // words between two steps' rows
+    const uint32_t* run_words[NWL];  // word j of the run in the lane's first row of step 0
+#pragma unroll
+    for (int j = 0; j < NWL; ++j) {
+      const int b = lane_run.word_at[j] / WPB, w = lane_run.word_at[j] % WPB, blk = first_block + b;
+      run_words[j] = mat_codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + 2 * q) * 48 + (blk & 1) * 24 + w
+                                             : ((size_t)(r_begin + 2 * q) * (C / 256) + blk) * WPB + w);
+    }
+    using Raw = unsigned[KS][4][NWL];
+    auto load_codes = [&](int i, Raw& raw) {
+#pragma unroll
+      for (int c = 0; c < KS; ++c)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int row = 16 * c + decode_row[k] - 2 * q;  // 16 c + 0, 1, 8 or 9
+          // Rows past R (the last step of a ragged R) read nothing: their B tile rows are zero.
+          const bool in = R % STEP_ROWS == 0 || r_begin + STEP_ROWS * i + 2 * q + row < R;
+#pragma unroll
+          for (int j = 0; j < NWL; ++j)
+            raw[c][k][j] = in ? run_words[j][(size_t)i * STEP_WORDS + row * ROW_STRIDE] : 0u;
+        }
+    };
+    auto direct_step = [&](int i, const Raw& cur, Raw& next) {
+      if (i + 1 < steps) load_codes(i + 1, next);
+#pragma unroll
+      for (int c = 0; c < KS; ++c) {
+        unsigned w[4][NWR], b_hi[MT][2], b_lo[MT][2];
+        read_b_fragments(i, c, b_hi, b_lo);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) lane_run.realign(cur[c][k], w[k]);
+        decode_and_multiply(w, b_hi, b_lo);
+      }
+    };
+    Raw raw_a, raw_b;
+    if (steps > 0) load_codes(0, raw_a);
+    for (int i = 0; i < steps; i += 2) {
+      direct_step(i, raw_a, raw_b);
+      if (i + 1 < steps) direct_step(i + 1, raw_b, raw_a);
     }
   } else {
     // Step i of the block-barrier ring; s and sb are i, or where the steps run in unrolled

@@ -46,6 +46,12 @@ pub struct CudaDownConfig {
     /// in which slots are constants of each copy of the step (fewer instructions a step, for
     /// more registers).
     pub step_unroll: StepUnroll,
+    /// No code ring: each lane loads its own code words from global memory into registers a
+    /// step ahead, and the block builds the B tiles of its whole split once before its loop, so
+    /// the loop has no barrier (the fused gate·up kernel's way). Not with `prescaled`, rolled
+    /// steps only; the B tiles of the longest split's steps must fit the shared memory, which
+    /// suits few rows (docs/cuda-down.md §7 lead 8).
+    pub direct_codes: bool,
 }
 
 /// How the down kernel's block-barrier ring runs its steps ([`CudaDownConfig::step_unroll`]);
@@ -97,6 +103,7 @@ impl Default for CudaDownConfig {
             prescaled: false,
             mbarriers: false,
             step_unroll: StepUnroll::Rolled,
+            direct_codes: false,
         }
     }
 }
@@ -127,8 +134,16 @@ impl CudaDownConfig {
     pub(crate) fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
         let coded_blocks = self.copied_blocks();
         let step_rows = 16 * self.ks as usize;
-        let ring = self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4;
-        let b_slots = if self.prescaled { self.stages as usize } else { 2 };
+        // With direct codes no ring (a 16-byte placeholder) and a B tile per step of the
+        // longest split.
+        let ring = if self.direct_codes { 16 } else { self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4 };
+        let b_slots = if self.direct_codes {
+            self.input_steps(g).div_ceil(self.splits.max(1)) as usize
+        } else if self.prescaled {
+            self.stages as usize
+        } else {
+            2
+        };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
         let mbarriers = if self.mbarriers { 2 * self.stages as usize * 8 } else { 0 };
         ring + b_tiles + mbarriers
@@ -218,6 +233,9 @@ impl CudaDownConfig {
         }
         if self.step_unroll != StepUnroll::Rolled && self.mbarriers {
             invalid!("CUDA down kernel: step_unroll unrolls the block-barrier ring's steps (not with mbarriers)");
+        }
+        if self.direct_codes && (self.prescaled || self.step_unroll != StepUnroll::Rolled) {
+            invalid!("CUDA down kernel: direct_codes builds its own B tiles in rolled steps (not with prescaled or step_unroll)");
         }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
@@ -360,6 +378,17 @@ mod tests {
             let err = cfg.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
             assert!(err.contains("mbarriers synchronise the prescaled ring"), "{err}");
         }
+        // Direct code loads build their own B tiles in rolled steps, and size the shared memory
+        // by the longest split's steps (no ring).
+        let direct = CudaDownConfig { direct_codes: true, splits: 3, ..CudaDownConfig::default() };
+        direct.check(&g, Dtype::Bfloat16).unwrap();
+        for bad in [CudaDownConfig { prescaled: true, ..direct }, CudaDownConfig { step_unroll: StepUnroll::BTileSlots, ..direct }] {
+            let err = bad.check(&g, Dtype::Bfloat16).unwrap_err().to_string();
+            assert!(err.contains("direct_codes builds its own B tiles"), "{err}");
+        }
+        let steps = direct.input_steps(&g) as usize;
+        let per_split = steps.div_ceil(direct.splits as usize);
+        assert_eq!(direct.shared_bytes(&g, false), 16 + per_split * 8 * (32 + 8) * 2);
     }
 
     #[test]

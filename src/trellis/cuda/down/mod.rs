@@ -397,7 +397,8 @@ fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown
         .template_bool("PRESCALED", cfg.prescaled)
         .template_bool("MBARRIERS", cfg.mbarriers)
         .template_int("UNROLLED_STEPS", cfg.step_unroll.template_int())
-        .template_bool("BLOCK_EXP", fed);
+        .template_bool("BLOCK_EXP", fed)
+        .template_bool("DIRECT_CODES", cfg.direct_codes);
     let launch = kernel.prepare(&launch)?;
     let output = if cfg.prescaled { PrePassOutput::Activations } else { PrePassOutput::ExponentsOnly };
     let pre_pass = PrePass {

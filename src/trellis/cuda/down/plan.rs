@@ -3,7 +3,7 @@
 
 use crate::dtype::Dtype;
 use crate::error::{unserved, Result};
-use crate::trellis::format::TrellisGeometry;
+use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 use super::config::{CudaDownConfig, StepUnroll};
 
@@ -73,7 +73,16 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         mbarriers: prescaled && dtype != Dtype::Float32,
         // Measured with 16-bit activations (f32 ones keep more registers already).
         step_unroll: if dtype == Dtype::Float32 { StepUnroll::Rolled } else { step_unroll },
+        direct_codes: false,
     };
+    // At 1-4 rows of 16-bit activations the code words go straight to registers and the split's
+    // B tiles are built once (no ring, no barrier a step; §7 lead 8), where measured: k 3 in the
+    // block interleave, k 2 and k 4. k 3 row-major took 128 registers for it (NVRTC 13.5, 96 in
+    // the interleave) and keeps the ring.
+    if m <= 4 && dtype != Dtype::Float32 && (g.layout() == CodeLayout::K3Interleaved || g.k != 3) {
+        cfg.direct_codes = true;
+        cfg.step_unroll = StepUnroll::Rolled;
+    }
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
     // first, then a shallower ring, shorter steps (rows that are not a multiple of 8 also need a
@@ -186,6 +195,23 @@ mod tests {
             };
             assert_eq!(cfg.step_unroll, unrolled, "M {m}");
             assert_eq!(f32.step_unroll, StepUnroll::Rolled, "M {m} f32");
+            assert!(!cfg.direct_codes && !f32.direct_codes, "M {m}: k 3 row-major keeps the ring");
+        }
+        // Direct code loads at 1-4 rows of 16-bit activations for k 3 interleaved, k 2 and k 4,
+        // in rolled steps; the ring from 5 rows and for f32.
+        let k2 = TrellisGeometry::row_major(17408, 5120, 2, 256, 8, 0).unwrap();
+        let k4 = TrellisGeometry::row_major(17408, 5120, 4, 256, 16, 0).unwrap();
+        for g in [qwen.interleaved().unwrap(), k2, k4] {
+            for m in 1..=8 {
+                for dtype in [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32] {
+                    let cfg = plan_for(&g, m, dtype);
+                    let direct = m <= 4 && dtype != Dtype::Float32;
+                    assert_eq!(cfg.direct_codes, direct, "{g} M {m} {dtype}");
+                    if direct {
+                        assert_eq!((cfg.step_unroll, cfg.splits, cfg.warps, cfg.nc), (StepUnroll::Rolled, 64, 4, 8), "{g} M {m}");
+                    }
+                }
+            }
         }
     }
     #[test]
