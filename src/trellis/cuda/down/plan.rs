@@ -75,11 +75,12 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         step_unroll: if dtype == Dtype::Float32 { StepUnroll::Rolled } else { step_unroll },
         direct_codes: false,
     };
-    // At 1-4 rows of 16-bit activations the code words go straight to registers and the split's
-    // B tiles are built once (no ring, no barrier a step; §7 lead 8), where measured: k 3 in the
-    // block interleave, k 2 and k 4. k 3 row-major took 128 registers for it (NVRTC 13.5, 96 in
-    // the interleave) and keeps the ring.
-    if m <= 4 && dtype != Dtype::Float32 && (g.layout() == CodeLayout::K3Interleaved || g.k != 3) {
+    // At 1-4 rows of 16-bit activations in the 3-bit block interleave (the Qwen layout) the code
+    // words go straight to registers and the split's B tiles are built once: no ring, no
+    // barrier a step (§7 lead 8). Alone 4-5 % faster there, level in the MLP chain; at k 2 and
+    // k 4 it was not faster in the chain, and k 3 row-major took 128 registers for it (NVRTC
+    // 13.5, 96 in the interleave), so those keep the ring.
+    if m <= 4 && dtype != Dtype::Float32 && g.layout() == CodeLayout::K3Interleaved {
         cfg.direct_codes = true;
         cfg.step_unroll = StepUnroll::Rolled;
     }
@@ -197,15 +198,15 @@ mod tests {
             assert_eq!(f32.step_unroll, StepUnroll::Rolled, "M {m} f32");
             assert!(!cfg.direct_codes && !f32.direct_codes, "M {m}: k 3 row-major keeps the ring");
         }
-        // Direct code loads at 1-4 rows of 16-bit activations for k 3 interleaved, k 2 and k 4,
-        // in rolled steps; the ring from 5 rows and for f32.
+        // Direct code loads at 1-4 rows of 16-bit activations for k 3 in the block interleave, in
+        // rolled steps; the ring from 5 rows, for f32 and for the other layouts.
         let k2 = TrellisGeometry::row_major(17408, 5120, 2, 256, 8, 0).unwrap();
         let k4 = TrellisGeometry::row_major(17408, 5120, 4, 256, 16, 0).unwrap();
         for g in [qwen.interleaved().unwrap(), k2, k4] {
             for m in 1..=8 {
                 for dtype in [Dtype::Float16, Dtype::Bfloat16, Dtype::Float32] {
                     let cfg = plan_for(&g, m, dtype);
-                    let direct = m <= 4 && dtype != Dtype::Float32;
+                    let direct = m <= 4 && dtype != Dtype::Float32 && g.layout() == CodeLayout::K3Interleaved;
                     assert_eq!(cfg.direct_codes, direct, "{g} M {m} {dtype}");
                     if direct {
                         assert_eq!((cfg.step_unroll, cfg.splits, cfg.warps, cfg.nc), (StepUnroll::Rolled, 64, 4, 8), "{g} M {m}");
