@@ -604,9 +604,10 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                             for step_unroll in [StepUnroll::BTileSlots, StepUnroll::BothRings] {
                                 configs.push(CudaDownConfig { step_unroll, ..cfg });
                             }
-                            // No ring: the code words straight to registers.
+                            // No ring: the code words straight to registers (few rows: the
+                            // split's B tiles are built once).
                             let direct = CudaDownConfig { direct_codes: true, ..cfg };
-                            if direct.fits(g, dtype) {
+                            if m <= 16 && direct.fits(g, dtype) {
                                 configs.push(direct);
                             }
                         }
