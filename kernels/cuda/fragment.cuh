@@ -6,15 +6,15 @@
 
 namespace trellis_cuda {
 
-// D += A * B on the tensor cores: m16n8k16, f16 inputs, f32 accumulators (PTX fragment layout:
-// a = {(g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..)}, b = {(2q.., g), (2q+8.., g)},
-// d = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)} with g = lane / 4, q = lane % 4).
 // A compile-time int as a type, for generic lambdas (a matrix's bit width, a load path).
 template <int V>
 struct IntConstant {
   static constexpr int value = V;
 };
 
+// D += A * B on the tensor cores: m16n8k16, f16 inputs, f32 accumulators (PTX fragment layout:
+// a = {(g, 2q..2q+1), (g+8, 2q..), (g, 2q+8..), (g+8, 2q+8..)}, b = {(2q.., g), (2q+8.., g)},
+// d = {(g, 2q), (g, 2q+1), (g+8, 2q), (g+8, 2q+1)} with g = lane / 4, q = lane % 4).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
