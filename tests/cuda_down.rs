@@ -90,23 +90,16 @@ fn planned_kernel_matches_the_reference_rows_not_a_multiple_of_8() {
 /// The ways the block-barrier ring may run its steps.
 const STEP_UNROLLS: [StepUnroll; 3] = [StepUnroll::Rolled, StepUnroll::BTileSlots, StepUnroll::BothRings];
 
-#[test]
-#[ignore = "needs MLX's CUDA back-end"]
-fn the_planned_shapes_up_to_16_rows_match_the_reference_in_every_step_unroll() {
-    require_cuda();
-    // The shapes the plan takes at 1-16 rows (the one-row shape at 1-4, NC 4 at 5-8 and 9-16)
-    // with their steps rolled and unrolled both ways, on layers of k 2, 3 (both layouts) and 4,
-    // with the plan's splits (mostly one step a block) and with one to three (a block then runs
-    // 1-13 steps, odd counts among them, so that unrolled rounds end part-way), 16-bit
-    // activations and f32.
-    let layers = [
-        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
-        Case::new(136, 1024, 2, CodeLayout::RowMajor),
-        Case::new(88, 512, 4, CodeLayout::RowMajor),
-        Case::new(100, 512, 3, CodeLayout::RowMajor),
-    ];
+/// The shapes the plan takes at 1-16 rows (the one-row shape at 1-4, NC 4 at 5-8 and 9-16) with
+/// their steps rolled and unrolled both ways, on layers of k 2, 3 (both layouts) and 4, with the
+/// plan's splits (mostly one step a block) and with one to three (a block then runs 1-13 steps,
+/// odd counts among them, so that unrolled rounds end part-way), 16-bit activations and f32.
+/// Where the plan loads the code words directly (rolled steps only), the unrolled steps take the
+/// ring. Each entry: the layer's index in `layers`, the rows, the dtype and the configuration.
+fn planned_shapes_in_every_step_unroll(layers: &[Case]) -> Vec<(usize, usize, Dtype, CudaDownConfig)> {
+    let mut shapes = Vec::new();
     let mut n = 0usize;
-    for c in &layers {
+    for (i, c) in layers.iter().enumerate() {
         let g = *c.lin.geometry();
         for m in [1, 3, 4, 5, 8, 13, 16] {
             n += 1;
@@ -114,14 +107,49 @@ fn the_planned_shapes_up_to_16_rows_match_the_reference_in_every_step_unroll() {
             let planned = plan_for(&g, m, dtype);
             for splits in [planned.splits, 1 + (n % 3) as u32] {
                 for step_unroll in STEP_UNROLLS {
-                    let cfg = CudaDownConfig { splits: splits.min(planned.input_steps(&g)), step_unroll, ..planned };
-                    cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
-                    check(c, m, dtype, &format!("{cfg:?}"), &|x| {
-                        down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg)
-                    });
+                    let direct_codes = planned.direct_codes && step_unroll == StepUnroll::Rolled;
+                    let splits = splits.min(planned.input_steps(&g));
+                    shapes.push((i, m, dtype, CudaDownConfig { splits, step_unroll, direct_codes, ..planned }));
                 }
             }
         }
+    }
+    shapes
+}
+
+fn step_unroll_layers() -> [Case; 4] {
+    [
+        Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
+        Case::new(136, 1024, 2, CodeLayout::RowMajor),
+        Case::new(88, 512, 4, CodeLayout::RowMajor),
+        Case::new(100, 512, 3, CodeLayout::RowMajor),
+    ]
+}
+
+#[test]
+fn the_planned_shapes_in_every_step_unroll_are_valid_configurations() {
+    // The GPU test below runs these; a configuration the kernel refuses would fail it before
+    // any launch, so the host's check runs here, where there is no GPU.
+    let layers = step_unroll_layers();
+    let shapes = planned_shapes_in_every_step_unroll(&layers);
+    assert_eq!(shapes.len(), layers.len() * 7 * 2 * STEP_UNROLLS.len());
+    assert!(shapes.iter().any(|s| s.3.direct_codes), "the plan's direct code loads are among them");
+    for (i, m, dtype, cfg) in shapes {
+        let g = layers[i].lin.geometry();
+        cfg.check(g, dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} at M {m} with {dtype}: {e:#}"));
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn the_planned_shapes_up_to_16_rows_match_the_reference_in_every_step_unroll() {
+    require_cuda();
+    let layers = step_unroll_layers();
+    for (i, m, dtype, cfg) in planned_shapes_in_every_step_unroll(&layers) {
+        let c = &layers[i];
+        let g = *c.lin.geometry();
+        cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
+        check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
     }
 }
 
