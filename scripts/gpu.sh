@@ -7,7 +7,7 @@
 #   scripts/gpu.sh test [NAME...]             # the bundle's test binaries, ignored GPU tests included
 #   scripts/gpu.sh exits [N]                  # N (50) failing runs must each exit 2, none abort
 #   scripts/gpu.sh bench [mlp|down|encoder|all | ab BASE_BENCH_MLP [ROWS]]
-#   scripts/gpu.sh profile [mlp [M] | axis1 [M] | down [M] | latency [contenders|sweep] | ab BASE_BENCH_DOWN ROWS...]
+#   scripts/gpu.sh profile [mlp [M] | chain [K] | axis1 [M] | down [M] | latency [contenders|sweep] | ab BASE_BENCH_DOWN ROWS...]
 #   scripts/gpu.sh tp [one | multi N]         # tensor parallelism over NCCL
 #
 # Environment (defaults in brackets):
@@ -461,6 +461,15 @@ profile() {
     else
       note "skipped ncu: not installed (NCU=PATH)"
     fi
+    ;;
+  chain)
+    # Every trellis kernel of the MLP chain at every row count of bench_mlp (one width, default 3),
+    # launches serialised: per row count each kernel's median and the sum a layer, to set beside
+    # the chain's own time (scripts/ncu_chain.py; docs/cuda-mlp.md).
+    local bits="${1:-3}" rows="${ROWS:-1,2,4,8,16,32,64,128}"
+    [ -n "$ncu" ] || { note "skipped: ncu is not installed (NCU=PATH)"; return; }
+    durations "chain_k$bits" 600 -- "$bundle/bench_mlp" --bits "$bits" --rows "$rows" --evals 2 --rounds 1 --no-alone &&
+      "$python" scripts/ncu_chain.py "$out/chain_k$bits.csv" --rows "$rows" | tee "$out/chain_k$bits.summary.txt"
     ;;
   axis1)
     # The axis-1 kernels, fused, at M rows (default 1) on Qwen3-14B's gate and up (bench_mlp's
