@@ -2,8 +2,8 @@
 """Every trellis kernel of `bench_mlp`'s chain at each row count, from Nsight Compute's durations.
 
 Input: the CSV that `ncu --metrics gpu__time_duration.sum --print-units base --csv --page raw
---log-file FILE` writes over `bench_mlp --bits K --evals 2 --rounds 1 --no-alone` (one width;
-`scripts/gpu.sh profile chain` runs it). The trellis chain of a row count is the longest run of
+--log-file FILE` writes over `bench_mlp --bits K --evals 2 --rounds 1 --no-alone` (one width, the
+down projections on axis 0; `scripts/gpu.sh profile chain` runs it). The trellis chain of a row count is the longest run of
 consecutive trellis launches between MLX's own kernels (the dense and affine contenders run
 between row counts; the short runs are the first layer's checks against the reference). Per row
 count, in the order of `--rows`, it prints each trellis kernel (family and grid) with its launches
@@ -40,7 +40,8 @@ def launches(path):
 
 
 def chains(seq):
-    """The longest run of consecutive trellis launches between two runs of MLX's own kernels."""
+    """The timed chain of each row count: the longest run of consecutive trellis launches up to
+    the first of at least 8 (the reference checks before it are a few launches each)."""
     runs, run = [], []
     for family, grid, us in seq:
         if family is None:

@@ -117,6 +117,7 @@ fn planned_shapes_in_every_step_unroll(layers: &[Case]) -> Vec<(usize, usize, Dt
     shapes
 }
 
+/// The layers of the step-unroll test: k 3 in both layouts, k 2 and k 4.
 fn step_unroll_layers() -> [Case; 4] {
     [
         Case::new(200, 1024, 3, CodeLayout::K3Interleaved),
