@@ -148,8 +148,9 @@ fn the_planned_shapes_up_to_16_rows_match_the_reference_in_every_step_unroll() {
     let layers = step_unroll_layers();
     for (i, m, dtype, cfg) in planned_shapes_in_every_step_unroll(&layers) {
         let c = &layers[i];
+        // The host's checks of these configurations run in the test above; a refusal here would
+        // name the configuration and the reason (`Case::run`).
         let g = *c.lin.geometry();
-        cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} with {dtype}: {e:#}"));
         check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
     }
 }

@@ -77,9 +77,9 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     };
     // At 1-4 rows of 16-bit activations in the 3-bit block interleave (the Qwen layout) the code
     // words go straight to registers and the split's B tiles are built once: no ring, no
-    // barrier a step (§7 lead 8). Alone 4-5 % faster there, level in the MLP chain; at k 2 and
-    // k 4 it was not faster in the chain, and k 3 row-major took 128 registers for it (NVRTC
-    // 13.5, 96 in the interleave), so those keep the ring.
+    // barrier a step (§7 lead 8). Alone 4-5 % faster there, level in the MLP chain; k 2 was
+    // level or slower in the chain (four runs), k 4 level alone, and k 3 row-major took 128
+    // registers for it (NVRTC 13.5, 96 in the interleave), so those keep the ring.
     if m <= 4 && dtype != Dtype::Float32 && g.layout() == CodeLayout::K3Interleaved {
         cfg.direct_codes = true;
         cfg.step_unroll = StepUnroll::Rolled;
