@@ -553,12 +553,12 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     // (sub-tiles per warp, 8-row tiles per pass, warps per block) worth trying at this M: the
     // neighbourhood of the measured plan (wider sweeps of the other fields found nothing better
     // there). Blocks of fewer than 16 warps' worth of sub-tiles cover a part of a coded block.
-    // One pass of just the call's rows (the plan from 17 rows).
+    // One pass of just the call's rows (the plan from 9 rows).
     let exact = m.div_ceil(8).clamp(1, 8) as u32;
     let shapes: Vec<(u32, u32, &[u32])> = match m {
         // NC 4: more, smaller warps' worth of registers.
         0..=8 => vec![(4, 1, &[2, 4, 8]), (8, 1, &[1, 2, 4])],
-        9..=16 => vec![(4, 2, &[2, 4, 8]), (8, 2, &[1, 2, 4])],
+        9..=16 => vec![(2, exact, &[8]), (4, 2, &[2, 4, 8]), (8, 2, &[1, 2, 4])],
         // NC 2 in one pass of 8 warps (the plan), or NC 4 tiles.
         17..=32 => vec![(2, exact, &[4, 8]), (4, 4, &[2, 4, 8])],
         // NC 2 in one pass (the plan), MT 4: two passes of 32 rows.
@@ -567,12 +567,12 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
     };
     // MLX's fold of the partials grows with the splits (17 µs alone at 64 rows and 32 splits),
     // and so do the partials the kernel writes, so fewer splits are worth a slightly longer
-    // kernel; some counts make whole waves of blocks: 13 at 17-64 rows (the 16-warp blocks, one
+    // kernel; some counts make whole waves of blocks: 13 at 9-64 rows (the 16-warp blocks, one
     // per SM, and the two-pass shape's), 19 at 9-16 (NC 4, MT 2: three blocks per SM).
     let splits_list: &[u32] = match m {
         0..=1 => &[32, 64],
         2..=8 => &[20, 26, 32],
-        9..=16 => &[19, 26, 32],
+        9..=16 => &[13, 19, 26, 32],
         17..=64 => &[13, 16, 26],
         _ => &[16],
     };
@@ -612,7 +612,7 @@ fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDown
                             }
                         }
                         // B tiles from the pre-pass kernel, with a block barrier per step and
-                        // on an mbarrier ring (the plan from 17 rows).
+                        // on an mbarrier ring (the plan from 9 rows).
                         let prescaled = CudaDownConfig { prescaled: true, ..cfg };
                         if m >= 2 {
                             if let Some(cfg) = prescaled.with_deepest_ring(g, dtype) {

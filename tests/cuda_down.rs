@@ -90,12 +90,14 @@ fn planned_kernel_matches_the_reference_rows_not_a_multiple_of_8() {
 /// The ways the block-barrier ring may run its steps.
 const STEP_UNROLLS: [StepUnroll; 3] = [StepUnroll::Rolled, StepUnroll::BTileSlots, StepUnroll::BothRings];
 
-/// The shapes the plan takes at 1-16 rows (the one-row shape at 1-4, NC 4 at 5-8 and 9-16) with
-/// their steps rolled and unrolled both ways, on layers of k 2, 3 (both layouts) and 4, with the
-/// plan's splits (mostly one step a block) and with one to three (a block then runs 1-13 steps,
-/// odd counts among them, so that unrolled rounds end part-way), 16-bit activations and f32.
-/// Where the plan loads the code words directly (rolled steps only), the unrolled steps take the
-/// ring. Each entry: the layer's index in `layers`, the rows, the dtype and the configuration.
+/// The shapes the plan takes at 1-16 rows (the one-row shape at 1-4, NC 4 at 5-8 and for f32 at
+/// 9-16, 8-warp blocks on an mbarrier ring for 16-bit activations at 9-16) with their steps
+/// rolled and unrolled both ways, on layers of k 2, 3 (both layouts) and 4, with the plan's
+/// splits (mostly one step a block) and with one to three (a block then runs 1-13 steps, odd
+/// counts among them, so that unrolled rounds end part-way), 16-bit activations and f32. Where
+/// the plan loads the code words directly (rolled steps only), the unrolled steps take the ring;
+/// where it syncs the ring on mbarriers (rolled steps only), they take the block barrier.
+/// Each entry: the layer's index in `layers`, the rows, the dtype and the configuration.
 fn planned_shapes_in_every_step_unroll(layers: &[Case]) -> Vec<(usize, usize, Dtype, CudaDownConfig)> {
     let mut shapes = Vec::new();
     let mut n = 0usize;
@@ -107,9 +109,11 @@ fn planned_shapes_in_every_step_unroll(layers: &[Case]) -> Vec<(usize, usize, Dt
             let planned = plan_for(&g, m, dtype);
             for splits in [planned.splits, 1 + (n % 3) as u32] {
                 for step_unroll in STEP_UNROLLS {
-                    let direct_codes = planned.direct_codes && step_unroll == StepUnroll::Rolled;
+                    let rolled = step_unroll == StepUnroll::Rolled;
+                    let (direct_codes, mbarriers) = (planned.direct_codes && rolled, planned.mbarriers && rolled);
                     let splits = splits.min(planned.input_steps(&g));
-                    shapes.push((i, m, dtype, CudaDownConfig { splits, step_unroll, direct_codes, ..planned }));
+                    let cfg = CudaDownConfig { splits, step_unroll, direct_codes, mbarriers, ..planned };
+                    shapes.push((i, m, dtype, cfg));
                 }
             }
         }
@@ -135,6 +139,7 @@ fn the_planned_shapes_in_every_step_unroll_are_valid_configurations() {
     let shapes = planned_shapes_in_every_step_unroll(&layers);
     assert_eq!(shapes.len(), layers.len() * 7 * 2 * STEP_UNROLLS.len());
     assert!(shapes.iter().any(|s| s.3.direct_codes), "the plan's direct code loads are among them");
+    assert!(shapes.iter().any(|s| s.3.mbarriers), "the plan's mbarrier ring is among them");
     for (i, m, dtype, cfg) in shapes {
         let g = layers[i].lin.geometry();
         cfg.check(g, dtype).unwrap_or_else(|e| panic!("{cfg:?} does not fit {g} at M {m} with {dtype}: {e:#}"));
@@ -344,8 +349,8 @@ fn small_layers() -> [Case; 5] {
 
 /// The prescaled configurations' test cases on `small_layers()`: (layer, dtype, configuration),
 /// each checked to fit its layer. B tiles from the pre-pass kernel (x * scale as f16, the f32
-/// residues as more rows), streamed into the ring with the codes: the planned shapes (one row
-/// with the IMAD pack, 2-8 and 9-16 rows with the bias fold, 17-64 rows in 8-warp blocks) and
+/// residues as more rows), streamed into the ring with the codes: the fragment shapes (one row
+/// with the IMAD pack, 2-16 rows with the bias fold), the plan's from 9 rows (8-warp blocks) and
 /// others: parts of a coded block, ring depths 2 to 6, steps of 16 to 64 rows, splits that do
 /// not divide the steps; every layer (100 input rows: not a multiple of 8, so the pre-pass loads
 /// one activation at a time and pads the rows), f32, f16 and bf16. Every other case also with
@@ -628,10 +633,10 @@ fn check_residual(
 
 /// The residual variant (the add in the kernel's fold, in f32 before the output's one rounding)
 /// against the f64 `residual + x W`: `down_residual_cuda` and `TrellisLinear::forward_residual`
-/// at every planned row bucket (the IMAD pack at 1-4 rows, 5-8, 9-16, prescaled from 17, two
-/// passes at 65, the dense path's matmul and add from DENSE_MIN_ROWS rows of 16-bit
-/// activations) in every dtype, and explicit configurations: parts of a coded block, prescaled B
-/// tiles on an mbarrier ring.
+/// at every planned row bucket (the IMAD pack at 1-4 rows, 5-8, prescaled from 9 rows of 16-bit
+/// activations and NC 4 for f32 at 9-16, two passes at 65, the dense path's matmul and add from
+/// DENSE_MIN_ROWS rows of 16-bit activations) in every dtype, and explicit configurations: parts
+/// of a coded block, prescaled B tiles on an mbarrier ring.
 fn residual_variant_matches_the_reference(layers: &[Case]) {
     require_cuda();
     for c in layers {

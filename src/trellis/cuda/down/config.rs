@@ -34,8 +34,8 @@ pub struct CudaDownConfig {
     /// from a pre-pass kernel (`kernels/cuda/prescale.cu`) and streams into the code ring with
     /// the codes, one B tile per ring slot, instead of every thread block loading and converting
     /// the activations of each step itself. It costs one more kernel per call and
-    /// `stages` B tiles of shared memory instead of two; it pays where many rows make the B
-    /// tiles large (17 rows and more, with `mbarriers`).
+    /// `stages` B tiles of shared memory instead of two; it pays from two 8-row tiles a pass (9
+    /// rows and more, with `mbarriers`).
     pub prescaled: bool,
     /// With `prescaled`: the code ring is synchronised by an mbarrier pair per slot instead of
     /// a block barrier per step. A warp waits only for its own step's data, and before it

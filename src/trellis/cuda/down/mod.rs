@@ -156,8 +156,8 @@ fn fed_plan(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<(CudaDownConf
 }
 
 /// The most activation rows a fed call takes: one 8-row tile a pass, whose blocks find the rows'
-/// powers of two before their main loop (from 17 rows of 16-bit activations the pre-pass also
-/// converts them, and from 9 the plan's shapes were measured with the pre-pass).
+/// powers of two before their main loop (from 9 rows the plan's shapes were measured with the
+/// pre-pass, which for 16-bit activations also converts them).
 pub(crate) const FED_MAX_ROWS: usize = 8;
 
 /// [`down_cuda`] (or with `residual`, [`down_residual_cuda`]) on `counters`, the fold counters

@@ -37,23 +37,24 @@ pub fn plan(g: &TrellisGeometry, m: usize) -> CudaDownConfig {
 pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // (sub-tiles per warp, 8-row tiles per pass, 16-row chunks per step, coded blocks per thread
     // block, splits, bias fold, IMAD pack, prescaled B tiles on an mbarrier ring, step unroll).
-    // Up to 16 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
+    // Up to 8 rows the decode is everything: 4-warp blocks of narrow tiles hide its latency;
     // at one row the ALU pipe limits it, so half of the code pairs are packed on FMA-heavy
     // (`pack_fma`); the one-row shape also serves 2-4 rows, and NC 4 5-8 (docs/cuda-down.md §5,
-    // §9 "2-4 rows"). Fewer splits from 9 rows, so that the blocks fill whole waves of the GPU.
-    // The steps run in unrolled rounds (fewer instructions a step): of the B tiles' two slots at
-    // 1-4 rows, where a round of both rings takes 128 registers, and of both rings at 5-16 rows
-    // (§7 lead 6).
-    // From 17 rows the MMAs and the B tiles are most of the kernel: 8-warp blocks decode each
-    // weight once into the registers that multiply it, with the B tiles from the pre-pass
-    // kernel streamed into the code ring on mbarriers, so that the warps drift apart and their
-    // decode and MMA phases overlap. A pass holds just the call's rows (MT = M / 8 rounded up);
-    // above 64 rows passes of up to 64 share the rows evenly (72 rows: two passes of 40).
-    // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers).
+    // §9 "2-4 rows"). The steps run in unrolled rounds (fewer instructions a step): of the B
+    // tiles' two slots at 1-4 rows, where a round of both rings takes 128 registers, and of both
+    // rings at 5-8 rows (§7 lead 6).
+    // From 9 rows of 16-bit activations (two 8-row tiles) 8-warp blocks decode each weight once
+    // into the registers that multiply it, with the B tiles from the pre-pass kernel streamed
+    // into the code ring on mbarriers, so that the warps drift apart and their decode and MMA
+    // phases overlap (at 9-16 rows 56 registers against the NC 4 shape's 128: §7 lead 9). A pass
+    // holds just the call's rows (MT = M / 8 rounded up); above 64 rows passes of up to 64 share
+    // the rows evenly (72 rows: two passes of 40). 13 splits fill whole waves of the GPU.
+    // f32 activations keep the B tiles in the block (prescaled residue tiles cost registers), so
+    // at 9-16 rows they keep the NC 4 shape that served those rows before.
     let (nc, mt, ks, blocks, splits, bias_fold, pack_fma, prescaled, step_unroll) = match m {
         0..=4 => (8, 1, 1, 2, 64, true, true, false, StepUnroll::BTileSlots),
         5..=8 => (4, 1, 2, 1, 32, true, false, false, StepUnroll::BothRings),
-        9..=16 => (4, 2, 4, 1, 19, true, false, false, StepUnroll::BothRings),
+        9..=16 if dtype == Dtype::Float32 => (4, 2, 4, 1, 19, true, false, false, StepUnroll::Rolled),
         // One pass up to 64 rows; above (up to DENSE_MIN_ROWS rows of 16-bit activations, f32
         // ones, and explicit calls) passes of the 64-row shape.
         _ => (2, pass_tiles(m), 4, 1, 13, false, false, true, StepUnroll::Rolled),
@@ -161,20 +162,24 @@ mod tests {
         // f32 at 17-32 rows: the fragment decode of 8-warp blocks in one pass, B tiles in the
         // block (it beat the staged decode with producer warps that served those rows).
         let f32_32 = plan_for(&qwen, 32, Dtype::Float32);
+        // f32 at 9-16 rows keeps NC 4 in 4-warp blocks (its B tiles stay in the block).
+        let f32_16 = plan_for(&qwen, 16, Dtype::Float32);
+        assert_eq!((f32_16.nc, f32_16.mt, f32_16.warps, f32_16.splits, f32_16.bias_fold), (4, 2, 4, 19, true));
         assert_eq!((f32_32.nc, f32_32.mt, f32_32.ks, f32_32.warps, f32_32.prescaled), (2, 4, 4, 8, false));
         let wide = plan(&qwen, 64);
         assert_eq!(
             (wide.nc, wide.mt, wide.ks, wide.stages, wide.splits, wide.warps, wide.bias_fold),
             (2, 8, 4, 4, 13, 8, false)
         );
-        // Prescaled B tiles on an mbarrier ring from 17 rows of 16-bit activations only, in
+        // Prescaled B tiles on an mbarrier ring from 9 rows of 16-bit activations only, in
         // passes that share the rows evenly above 64.
         for (m, prescaled, mt) in [
             (1, false, 1),
             (4, false, 1),
             (5, false, 1),
             (8, false, 1),
-            (16, false, 2),
+            (9, true, 2),
+            (16, true, 2),
             (17, true, 3),
             (32, true, 4),
             (33, true, 5),
@@ -188,10 +193,10 @@ mod tests {
             assert_eq!((cfg.prescaled, cfg.mbarriers, cfg.mt), (prescaled, prescaled, mt), "M {m}");
             let f32 = plan_for(&qwen, m, Dtype::Float32);
             assert!(!f32.prescaled && !f32.mbarriers, "M {m} f32");
-            // Unrolled steps up to 16 rows of 16-bit activations.
+            // Unrolled steps up to 8 rows of 16-bit activations.
             let unrolled = match m {
                 0..=4 => StepUnroll::BTileSlots,
-                5..=16 => StepUnroll::BothRings,
+                5..=8 => StepUnroll::BothRings,
                 _ => StepUnroll::Rolled,
             };
             assert_eq!(cfg.step_unroll, unrolled, "M {m}");
@@ -240,14 +245,14 @@ mod tests {
         // The prescaled 64-row plan: four ring slots of codes and B tiles, and their mbarriers.
         assert_eq!(plan_for(&qwen, 64, Dtype::Bfloat16).shared_bytes(&qwen, false), 65536 + 4 * 16);
         // Fragment plans keep to 48 KB, but for prescaled B tiles in 8-warp
-        // blocks (one B tile per ring slot); from 17 rows a pass holds just the call's rows (or
+        // blocks (one B tile per ring slot); from 9 rows a pass holds just the call's rows (or
         // an even share of them), without the bias fold, in 64-row steps of 8-warp blocks.
         for (m, mt) in [(1, 1), (8, 1), (16, 2), (17, 3), (32, 4), (33, 5), (48, 6), (64, 8), (72, 5), (128, 8)] {
             let cfg = plan_for(&qwen, m, Dtype::Bfloat16);
             let budget = if cfg.prescaled && cfg.warps >= 8 { WIDE_PLAN_SHARED_BUDGET } else { PLAN_SHARED_BUDGET };
             assert!(cfg.shared_bytes(&qwen, false) <= budget, "{cfg:?}");
             assert_eq!(cfg.mt, mt, "M {m}: {cfg:?}");
-            if m > 16 {
+            if m > 8 {
                 assert_eq!((cfg.nc, cfg.ks, cfg.warps, cfg.bias_fold), (2, 4, 8, false), "M {m}: {cfg:?}");
             }
         }
