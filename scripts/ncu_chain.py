@@ -82,9 +82,9 @@ def main():
         layers = max(sum(1 for f, _, _ in run if f.startswith("gate_up")), 1)
         total = 0.0
         for (family, grid), v in by.items():
-            per_layer = len(v) / layers
-            total += per_layer * statistics.median(v)
-            print(f"| {label} | {family} {grid} | {per_layer:g} | {statistics.median(v):.1f} | {per_layer * statistics.median(v):.1f} |")
+            per_layer, median = len(v) / layers, statistics.median(v)
+            total += per_layer * median
+            print(f"| {label} | {family} {grid} | {per_layer:g} | {median:.1f} | {per_layer * median:.1f} |")
         print(f"| {label} | **sum** | | | **{total:.1f}** |")
 
 

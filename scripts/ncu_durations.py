@@ -7,7 +7,8 @@ kernels are named by their configuration where the kernel name carries the templ
 MLX 0.32's CUDA back-end names a custom kernel by a hash of them instead
 (`custom_kernel_NAME_HASH`), so there each kernel is labelled by its grid, block and the order of
 its first launch (`bench_down --sweep --configs` launches the plan first, then the configurations
-in the order given).
+in the order given). The row count is not among the template arguments, so a file should hold one
+row count's launches (`scripts/gpu.sh profile latency` runs one `--rows` a file).
 
     python3 scripts/ncu_durations.py out/latency_m1.csv [...]
 """

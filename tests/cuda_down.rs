@@ -202,8 +202,7 @@ fn direct_code_loads_match_the_reference(layers: &[Case]) {
     }
     let a = &layers[0];
     let b = partner(a);
-    let cfg = CudaDownConfig { splits: 3, ..plan(a.g(), 1) };
-    let cfg = CudaDownConfig { direct_codes: true, step_unroll: StepUnroll::Rolled, ..cfg };
+    let cfg = CudaDownConfig { splits: 3, direct_codes: true, step_unroll: StepUnroll::Rolled, ..plan(a.g(), 1) };
     let pair: Forward2 = &|x, [a, b]| {
         Ok(down_pair_cuda_with(x, [a.lin.codes(), b.lin.codes()], [a.lin.scales(), b.lin.scales()], a.g(), cfg)?
             .to_vec())
