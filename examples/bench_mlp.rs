@@ -20,6 +20,12 @@
 //! GEMM (`down_ws.cu`, which the plan does not take), one and three producer teams, each checked
 //! against the f64 reference first: the A/B that decides whether the plan should.
 //!
+//! With `--pipelined` it also times each chain as a model runner's decode loop evaluates its
+//! tokens: every evaluation is built and started before the one before it is waited for, so the
+//! host's building and recording, the first graph's wait and the final synchronisation overlap
+//! the GPU's work on the previous evaluation. The difference from the headline is the fixed cost
+//! of one synchronous evaluation, spread over its layers.
+//!
 //! With `--ws-stages N,...` it times the chain with the fused gate·up·SwiGLU on the
 //! warp-specialized GEMM at each of those ring depths too, where the plan takes that GEMM.
 //!
@@ -76,6 +82,7 @@ const LAYERS: usize = 8;
   target/release/examples/bench_mlp --bits 3 --evals 8 --rounds 2 --json out.json
   target/release/examples/bench_mlp --plot out.json docs/bench_mlp_h200.svg     # the plot of a JSON table
   target/release/examples/bench_mlp --bits 3 --rows 65,96,128 --ws-down          # the down kernels' A/B
+  target/release/examples/bench_mlp --bits 3,2 --no-alone --pipelined           # plus a decode loop's steady state
   target/release/examples/bench_mlp --bits 3 --rows 64,128 --ws-stages 5,7 --no-alone  # ring depths' A/B
   target/release/examples/bench_mlp --tp 1 --backend nccl                       # one GPU: the sharded path's overhead
   target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
@@ -108,6 +115,12 @@ struct Cli {
     /// takes that GEMM
     #[arg(long = "ws-stages", value_delimiter = ',', conflicts_with = "tp")]
     ws_stages: Vec<u32>,
+    /// Also time each chain (trellis at every width, MLX bf16 with matmul then add, MLX affine
+    /// 4-bit) with pipelined evaluations, as a decode loop runs its tokens: each evaluation
+    /// started (async_eval) before the one before it is waited for; the time between two
+    /// evaluations' ends, median (best)
+    #[arg(long, conflicts_with = "tp")]
+    pipelined: bool,
     /// Also time the first bit width's chain with the fused gate·up·SwiGLU on the int8 kernel
     /// (`gate_up_int8.cu`, not planned) at the rows it serves, beside the planned kernel called
     /// the same way (no hand-over of the down kernel's counters)
@@ -157,6 +170,7 @@ struct Args {
     ws_down: bool,
     ws_stages: Vec<u32>,
     int8: bool,
+    pipelined: bool,
     down_axis: u32,
 }
 
@@ -172,6 +186,7 @@ fn parse(c: &Cli) -> Args {
         ws_down: c.ws_down,
         ws_stages: c.ws_stages.clone(),
         int8: c.int8,
+        pipelined: c.pipelined,
         down_axis: c.down_axis,
     }
 }
@@ -229,6 +244,42 @@ fn time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxA
     let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
     v.sort_by(f64::total_cmp);
     Ok((v[v.len() / 2], v[0]))
+}
+
+/// Median and best microseconds per step of `steps` built by `f`, evaluated as a decode loop
+/// evaluates its tokens: each evaluation is built and started (`async_eval`) before the one
+/// before it is waited for, so the host's work on the next overlaps the GPU's on this one (the
+/// GPU runs them in order on one stream). An evaluation's time is the time between its end and
+/// the end of the one before it.
+fn time_pipelined(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>) -> Result<Vec<f64>> {
+    let start = || -> Result<Vec<MlxArray>> {
+        let outs = f()?;
+        async_eval_all(&outs.iter().collect::<Vec<_>>())?;
+        Ok(outs)
+    };
+    let wait = |outs: &[MlxArray]| eval_all(&outs.iter().collect::<Vec<_>>());
+    wait(&f()?)?; // warm-up: kernel compilation, caches, allocator
+    let mut current = start()?;
+    let mut last_end: Option<Instant> = None;
+    let mut v = Vec::with_capacity(evals);
+    while v.len() < evals {
+        let next = start()?;
+        wait(&current)?;
+        let end = Instant::now();
+        if let Some(t) = last_end {
+            v.push((end - t).as_secs_f64() * 1e6 / steps as f64);
+        }
+        last_end = Some(end);
+        current = next;
+    }
+    wait(&current)?;
+    Ok(v)
+}
+
+/// [`time_pipelined`]'s median and best.
+fn median_best(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0])
 }
 
 /// Median microseconds per step of the host's part of an evaluation of `steps` built by `f`: how
@@ -494,6 +545,11 @@ fn bench(cli: &Cli) -> Result<()> {
             rows.push(Row { m, name: format!("trellis k{k}"), median: med, best });
             let host = host_time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
             rows.push(Row { m, name: format!("trellis k{k} host"), median: host, best: host });
+            if args.pipelined {
+                let (med, best) =
+                    median_best(time_pipelined(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?);
+                rows.push(Row { m, name: format!("trellis k{k} pipelined"), median: med, best });
+            }
             eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer ({host:.1} of them the host's), relErr {err:.1e}");
             let case = ChainCase { layers: &layers, x: &x, m, want_residual: &want_residual, args: &args };
             if args.ws_down && bi == 0 {
@@ -556,6 +612,16 @@ fn bench(cli: &Cli) -> Result<()> {
                 let q4 = |d: &Dense, x: &MlxArray| x.add(&q4_mlp(d, x)?);
                 let (med, best) = time(args.evals, steps, &|| chain(dense, args.rounds, &x, &q4))?;
                 rows.push(Row { m, name: "MLX affine 4-bit".into(), median: med, best });
+                if args.pipelined {
+                    for (name, f) in [
+                        ("MLX bf16 pipelined", &bf16 as &dyn Fn(&Dense, &MlxArray) -> mlx_trellis::Result<MlxArray>),
+                        ("MLX affine 4-bit pipelined", &q4),
+                    ] {
+                        let (med, best) =
+                            median_best(time_pipelined(args.evals, steps, &|| chain(dense, args.rounds, &x, f))?);
+                        rows.push(Row { m, name: name.into(), median: med, best });
+                    }
+                }
                 if args.alone {
                     let h = layers[0].swiglu_with(&x, mlx_trellis::trellis::ForwardPath::Auto)?;
                     h.eval()?;
@@ -618,6 +684,39 @@ fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, St
         if any {
             println!("{line}");
         }
+    }
+}
+
+/// The chains with pipelined evaluations (`--pipelined`) beside the headline's synchronous ones.
+fn pipelined_table(args: &Args, rows: &[Row]) {
+    let get = |m: usize, name: &str| row_of(rows, m, name);
+    println!(
+        "\nPipelined evaluations (each started before the one before it is waited for, as a decode loop runs its tokens; MLX bf16 with matmul then add), µs per MLP layer, median (best), and the synchronous evaluation's median"
+    );
+    let mut header = "| M | MLX bf16 | sync | MLX affine 4-bit | sync |".to_string();
+    let mut rule = "|---|---|---|---|---|".to_string();
+    for k in &args.bits {
+        let _ = write!(header, " trellis k{k} | sync | vs bf16 |");
+        rule.push_str("---|---|---|");
+    }
+    println!("{header}\n{rule}");
+    let cell = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1} ({:.1})", r.median, r.best));
+    let median = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1}", r.median));
+    for &m in &args.rows {
+        let Some(bf) = get(m, "MLX bf16 pipelined") else { continue };
+        let mut line = format!(
+            "| {m} | {} | {} | {} | {} |",
+            cell(Some(bf)),
+            median(get(m, Bf16Residual::Add.name())),
+            cell(get(m, "MLX affine 4-bit pipelined")),
+            median(get(m, "MLX affine 4-bit"))
+        );
+        for k in &args.bits {
+            let t = get(m, &format!("trellis k{k} pipelined"));
+            let ratio = t.map_or("-".to_string(), |t| format!("{:.2}x", bf.median / t.median));
+            let _ = write!(line, " {} | {} | {ratio} |", cell(t), median(get(m, &format!("trellis k{k}"))));
+        }
+        println!("{line}");
     }
 }
 
@@ -693,6 +792,9 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
             println!("| {m} | {} |", cells.join(" | "));
         }
     }
+    if args.pipelined {
+        pipelined_table(args, rows);
+    }
     // The host's part of each chain: where it is close to the chain's time, the GPU waits for it.
     println!("\nThe host's part of an evaluation (MLX's async_eval, which records and launches the chain and returns without waiting), µs per MLP layer, median");
     let mut header = "| M | MLX bf16 (matmul, add) |".to_string();
@@ -735,9 +837,13 @@ mod plot_json {
         let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
         for r in &rows {
             let name = r["name"].as_str().context("name")?.to_string();
-            // Each projection alone, the host's parts, and MLX bf16's two residual adds (its line
-            // is the faster).
-            if name.ends_with("alone") || name.ends_with("host") || name.starts_with("MLX bf16 (") {
+            // Each projection alone, the host's parts, the pipelined chains, and MLX bf16's two
+            // residual adds (its line is the faster).
+            if name.ends_with("alone")
+                || name.ends_with("host")
+                || name.ends_with("pipelined")
+                || name.starts_with("MLX bf16 (")
+            {
                 continue;
             }
             let point = (r["m"].as_f64().context("m")?, r["median_us"].as_f64().context("median_us")?);
