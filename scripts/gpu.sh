@@ -367,7 +367,7 @@ bench() {
   case "$what" in mlp | down | encoder | all) ;; ab) shift; bench_ab "$@"; return ;; *) usage ;; esac
   if [ "$what" = mlp ] || [ "$what" = all ]; then
     # The headline table (docs/benchmarks.md) and its plot.
-    step bench_mlp "$limit" "$bundle/bench_mlp" --bits 3,2 --evals 10 --rounds 3 --json "$out/bench_mlp.json" &&
+    step bench_mlp "$limit" "$bundle/bench_mlp" --bits 3,2 --evals 10 --rounds 3 --pipelined --json "$out/bench_mlp.json" &&
       step bench_mlp_plot 60 "$bundle/bench_mlp" --plot "$out/bench_mlp.json" "$out/bench_mlp.svg"
   fi
   if [ "$what" = down ] || [ "$what" = all ]; then
