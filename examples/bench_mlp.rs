@@ -687,19 +687,21 @@ fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, St
     }
 }
 
+/// A markdown table's header and rule: the `lead` columns, then `per_width`'s for each bit width.
+fn table_head(lead: &[&str], bits: &[u32], per_width: impl Fn(u32) -> Vec<String>) -> String {
+    let columns: Vec<String> =
+        lead.iter().map(|c| c.to_string()).chain(bits.iter().flat_map(|&k| per_width(k))).collect();
+    format!("| {} |\n|{}", columns.join(" | "), "---|".repeat(columns.len()))
+}
+
 /// The chains with pipelined evaluations (`--pipelined`) beside the headline's synchronous ones.
 fn pipelined_table(args: &Args, rows: &[Row]) {
     let get = |m: usize, name: &str| row_of(rows, m, name);
     println!(
         "\nPipelined evaluations (each started before the one before it is waited for, as a decode loop runs its tokens; MLX bf16 with matmul then add), µs per MLP layer, median (best), and the synchronous evaluation's median"
     );
-    let mut header = "| M | MLX bf16 | sync | MLX affine 4-bit | sync |".to_string();
-    let mut rule = "|---|---|---|---|---|".to_string();
-    for k in &args.bits {
-        let _ = write!(header, " trellis k{k} | sync | vs bf16 |");
-        rule.push_str("---|---|---|");
-    }
-    println!("{header}\n{rule}");
+    let lead = ["M", "MLX bf16", "sync", "MLX affine 4-bit", "sync"];
+    println!("{}", table_head(&lead, &args.bits, |k| vec![format!("trellis k{k}"), "sync".into(), "vs bf16".into()]));
     let cell = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1} ({:.1})", r.median, r.best));
     let median = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1}", r.median));
     for &m in &args.rows {
@@ -729,13 +731,8 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
         args.evals,
         graphs::note()
     );
-    let mut header = "| M | MLX bf16 | MLX affine 4-bit |".to_string();
-    let mut rule = "|---|---|---|".to_string();
-    for k in &args.bits {
-        let _ = write!(header, " trellis k{k} | vs bf16 | vs affine 4-bit |");
-        rule.push_str("---|---|---|");
-    }
-    println!("{header}\n{rule}");
+    let per_width = |k| vec![format!("trellis k{k}"), "vs bf16".into(), "vs affine 4-bit".into()];
+    println!("{}", table_head(&["M", "MLX bf16", "MLX affine 4-bit"], &args.bits, per_width));
     for &m in &args.rows {
         let (Some(bf), Some(q4)) = (get(m, "MLX bf16"), get(m, "MLX affine 4-bit")) else { continue };
         let how = if get(m, Bf16Residual::Addmm.name()).is_some_and(|a| a.median == bf.median) { "m" } else { "a" };
@@ -797,11 +794,7 @@ fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
     }
     // The host's part of each chain: where it is close to the chain's time, the GPU waits for it.
     println!("\nThe host's part of an evaluation (MLX's async_eval, which records and launches the chain and returns without waiting), µs per MLP layer, median");
-    let mut header = "| M | MLX bf16 (matmul, add) |".to_string();
-    for k in &args.bits {
-        let _ = write!(header, " trellis k{k} |");
-    }
-    println!("{header}\n|---|---|{}", "---|".repeat(args.bits.len()));
+    println!("{}", table_head(&["M", "MLX bf16 (matmul, add)"], &args.bits, |k| vec![format!("trellis k{k}")]));
     for &m in &args.rows {
         let cell = |name: &str| get(m, name).map_or("-".to_string(), |r| format!("{:.1}", r.median));
         let mut line = format!("| {m} | {} |", cell("MLX bf16 (matmul, add) host"));
