@@ -5,7 +5,7 @@
 //!
 //! The configurations and plans are declared where they belong, public with the feature through
 //! `crate::tuning_mods!` as Metal's kernel families are (`down::config`, `down::plan`,
-//! `gate_up::plan`); this module keeps them, and the calls with an explicit configuration, under
+//! `gate_up::config`, `gate_up::plan`); this module keeps them, and the calls with an explicit configuration, under
 //! the names the benchmarks and tests use.
 
 use crate::array::MlxArray;
@@ -16,11 +16,9 @@ use crate::trellis::operands::LayerOperands;
 pub use super::down::config::{CudaDownConfig, StepUnroll};
 pub use super::down::plan::{plan, plan_for};
 pub use super::down::ws::CudaDownWsConfig;
+pub use super::gate_up::config::{AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};
 pub use super::gate_up::linear_residual_with as axis_one_residual_with;
-pub use super::gate_up::plan::{
-    plan as axis_one_plan, split_pass_tiles, AxisOneConfig, AxisOneKernel, GEMM_FUSED_MIN_ROWS, GEMM_MIN_ROWS,
-    INT8_MAX_ROWS,
-};
+pub use super::gate_up::plan::{plan as axis_one_plan, split_pass_tiles, GEMM_FUSED_MIN_ROWS, GEMM_MIN_ROWS};
 
 /// [`down_cuda`](super::down::down_cuda) with an explicit configuration and never the dense
 /// path (every valid configuration gives the same sums up to f32 rounding order).

@@ -14,7 +14,7 @@ use crate::kernel::{CudaKernel, CudaLaunch, LaunchBounds, LaunchConfig};
 use crate::trellis::format::TrellisGeometry;
 
 use super::super::prescale::{self, PrePass, PrePassOutput};
-use super::plan::{AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS, STAGED_RESIDENT_WARPS};
+use super::config::{AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS, STAGED_RESIDENT_WARPS};
 
 /// The variant of the kernel file a call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -36,6 +36,7 @@
 // The shape and its plan (public with the `tuning` feature, for the sweeps and tests that call the
 // kernel with a shape of their own; crate-private otherwise), as Metal's families.
 crate::tuning_mods! {
+    config;
     plan;
 }
 mod launch;
@@ -48,9 +49,10 @@ use crate::trellis::format::{CodeLayout, TrellisGeometry};
 use crate::trellis::operands::LayerOperands;
 
 use super::expand::expand_cuda;
+use config::{AxisOneConfig, AxisOneKernel};
 pub use launch::CONVERT_MIN_ROWS;
 use launch::{prepared_launch, Variant};
-use plan::{plan, AxisOneConfig, AxisOneKernel};
+use plan::plan;
 
 /// Rows of 16-bit activations from which [`linear`] and [`swiglu`] decode the layer to dense
 /// weights ([`expand_cuda`]) and run MLX's matmul: the GEMM decodes every weight once per pass of
