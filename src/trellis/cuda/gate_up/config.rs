@@ -399,6 +399,7 @@ mod tests {
         assert_eq!(wgmma.wgmma_shared_bytes(), 2 * 64 * 512 + 512);
         assert_eq!(AxisOneConfig { mt: 1, ..wgmma }.wgmma_shared_bytes(), 2 * 8 * 512 + 64);
     }
+
     #[test]
     fn int8_tables_are_sized_and_bounded() {
         let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
@@ -420,6 +421,7 @@ mod tests {
         assert_eq!(int8.int8_shared_bytes(8, 4096, true), None);
         assert_eq!(int8.int8_shared_bytes(usize::MAX, 1 << 20, true), None);
     }
+
     #[test]
     fn int8_shapes_outside_its_kernel_are_errors_that_say_so() {
         let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
@@ -432,6 +434,7 @@ mod tests {
             assert!(err.contains("int8 activations take mt = 1"), "{err}");
         }
     }
+
     #[test]
     fn split_k_is_the_gemms_and_divides_its_warps() {
         let gemm = AxisOneConfig { mt: 2, warps: 6, split_k: 2, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
@@ -453,22 +456,11 @@ mod tests {
         assert!(err.to_string().contains("bytes of shared memory"), "{err}");
         AxisOneConfig { mt: 8, warps: 8, split_k: 2, ..gemm }.check(Dtype::Bfloat16, true).unwrap();
     }
+
     #[test]
     fn too_much_static_shared_memory_is_an_error_that_says_so() {
         // 7 warps' sums of 2 matrices x 4 row tiles x 8 tiles (256 a lane) and the bias (32).
-        let big = AxisOneConfig {
-            mt: 8,
-            rt: 4,
-            warps: 8,
-            bias_fold: true,
-            pack_fma: false,
-            kernel: AxisOneKernel::Fragment,
-            prefetch: false,
-            split_k: 1,
-            row_split: 1,
-            stage: false,
-            ..AxisOneConfig::plain(AxisOneKernel::Fragment)
-        };
+        let big = AxisOneConfig { mt: 8, rt: 4, warps: 8, bias_fold: true, ..AxisOneConfig::plain(AxisOneKernel::Fragment) };
         let err = big.check(Dtype::Bfloat16, true).unwrap_err().to_string();
         assert!(err.contains("258560 bytes of static shared memory") && err.contains("at most 49152"), "{err}");
         // The single projection holds one set (160 sums a lane): 3 warps (two warps' sums) fit,

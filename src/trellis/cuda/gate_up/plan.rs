@@ -186,6 +186,7 @@ mod tests {
         assert!(plan(1, Dtype::Bfloat16, false, 17408).pack_fma && !plan(1, Dtype::Float32, false, 17408).bias_fold);
         assert!((1..=300).all(|m| plan(m, Dtype::Bfloat16, true, 17408).kernel != AxisOneKernel::Int8));
     }
+
     #[test]
     fn the_gemm_takes_sixteen_bit_rows_from_its_threshold() {
         for fused in [false, true] {
@@ -218,6 +219,7 @@ mod tests {
         assert_eq!(gemm.gemm_shared_bytes(false), 2 * 64 * 576 + 512);
         assert_eq!(AxisOneConfig { mt: 1, ..gemm }.gemm_shared_bytes(true), 2 * 8 * 576 + 64);
     }
+
     #[test]
     fn gemm_shapes_outside_its_kernel_are_errors_that_say_so() {
         let gemm = plan(64, Dtype::Bfloat16, false, 17408);
@@ -241,6 +243,7 @@ mod tests {
             assert!(err.contains("prefetch is the GEMM's"), "{bad:?}: {err}");
         }
     }
+
     #[test]
     fn staged_rows_are_planned_at_one_and_two_rows_where_they_fit() {
         for m in 1..=300 {
@@ -263,6 +266,7 @@ mod tests {
         let gemm = AxisOneConfig { stage: true, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
         assert!(gemm.check(Dtype::Bfloat16, false).unwrap_err().to_string().contains("stage is the fragment kernel's"));
     }
+
     #[test]
     fn row_split_is_the_gemms_without_split_k_and_divides_its_warps() {
         let gemm = AxisOneConfig { mt: 8, warps: 6, row_split: 2, ..AxisOneConfig::plain(AxisOneKernel::Gemm) };
@@ -295,6 +299,7 @@ mod tests {
         assert_eq!([33, 64, 65, 128, 129, 200].map(|m| split_pass_tiles(m, 2)), [3, 4, 5, 8, 5, 7]);
         assert_eq!([1, 8, 9, 64, 65].map(|m| split_pass_tiles(m, 1)), [1, 1, 2, 8, 5]);
     }
+
     #[test]
     fn the_warp_specialized_gemm_is_planned_in_its_rows_on_hopper_only() {
         for m in [WS_FUSED_MIN_ROWS, 96, WS_FUSED_MAX_ROWS] {
@@ -313,6 +318,7 @@ mod tests {
             assert_eq!(outside, plan_on(m, Dtype::Bfloat16, true, 17408, false), "{m}");
         }
     }
+
     #[test]
     fn warp_specialized_passes_hold_up_to_128_rows_shared_out_evenly() {
         // (rows, 8-row tiles a pass): one pass up to 128 rows, then as few as hold them.
@@ -329,6 +335,7 @@ mod tests {
         assert_eq!(cfg.ws_shared_bytes(false), 4 * (8192 + 128 * 128) + 2 * 128 * 4 + 4 * 8 + 16);
         assert_eq!(AxisOneConfig::specialized(128, true).stages, WS_STAGES);
     }
+
     #[test]
     fn warp_specialized_shapes_outside_its_kernel_are_errors_that_say_so() {
         let fused = AxisOneConfig::specialized(128, true);
