@@ -246,8 +246,8 @@ fn time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxA
     Ok((v[v.len() / 2], v[0]))
 }
 
-/// Median and best microseconds per step of `steps` built by `f`, evaluated as a decode loop
-/// evaluates its tokens: each evaluation is built and started (`async_eval`) before the one
+/// Microseconds per step of each of `evals` evaluations of `steps` built by `f`, evaluated as a
+/// decode loop evaluates its tokens: each evaluation is built and started (`async_eval`) before the one
 /// before it is waited for, so the host's work on the next overlaps the GPU's on this one (the
 /// GPU runs them in order on one stream). An evaluation's time is the time between its end and
 /// the end of the one before it.
