@@ -18,12 +18,12 @@ use crate::kernel::registry::{self, KernelKey, KernelText, LaunchCache};
 use crate::kernel::sources;
 use crate::kernel::variant::source_variant;
 use crate::kernel::{CudaKernel, LaunchBounds, LaunchConfig};
-use crate::trellis::checks::{check_operands, int};
+use crate::trellis::checks::check_operands;
 use crate::trellis::cuda::gate_up::plan::warpgroup_mma;
 use crate::trellis::cuda::prescale::{self, PrePass, PrePassOutput};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
-use super::PreparedDown;
+use super::launch::{geometry_args, PreparedDown};
 
 /// Steps of code words a producer of [`CudaDownWsConfig::for_rows`] has in flight ahead of its
 /// decode: the words come from L2 (the four tiles of a block column each read a quarter of every
@@ -264,11 +264,8 @@ fn prepare(Call { g, cfg, m, dtype, residual }: Call) -> Result<PreparedDown> {
     let launch = LaunchConfig::new([threads, cfg.ctas as usize, passes], [threads, 1, 1])
         .output(&[m, g.cols], dtype)
         .output(&[partials], Dtype::Float32)
-        .template_dtype("Y", dtype)
-        .template_int("R", int(what, g.rows)?)
-        .template_int("C", int(what, g.cols)?)
-        .template_int("K", g.k as i32)
-        .template_int("L", g.l as i32)
+        .template_dtype("Y", dtype);
+    let launch = geometry_args(launch, &g, what)?
         .template_int("MT", cfg.mt as i32)
         .template_int("STAGES", cfg.stages as i32)
         .template_int("LOOKAHEAD", cfg.lookahead as i32)
