@@ -198,7 +198,8 @@ pub struct Report {
     /// Every rank's result, by rank.
     pub ranks: Vec<RankResult>,
     /// The ranks that failed by themselves (not stopped by the launcher), in the order the
-    /// watchdog saw them end; ranks that end within one of its polls are listed by rank.
+    /// watchdog saw them end; ranks that end within one of its polls are listed by rank, and a
+    /// rank found ended by itself while the launcher stopped the rest after them.
     pub failures: Vec<usize>,
     /// Whether the time limit stopped it.
     pub timed_out: bool,
@@ -221,8 +222,14 @@ impl Report {
             } else {
                 String::new()
             };
+            // Ranks that fail together often fail because one of them did, which need not be the
+            // first seen: each one's last words.
+            let theirs: String = self.failures[1..]
+                .iter()
+                .map(|&o| format!("\nrank {o}'s last words:\n{}", self.ranks[o].stderr_tail(4)))
+                .collect();
             return Err(Error::launch(format!(
-                "rank {r} of {} failed ({}){others}; the launcher stopped the rest. Its last words:\n{}",
+                "rank {r} of {} failed ({}){others}; the launcher stopped the rest. Its last words:\n{}{theirs}",
                 self.ranks.len(),
                 rr.status.map_or("no status".into(), |s| s.to_string()),
                 rr.stderr_tail(12)
@@ -360,6 +367,21 @@ fn drain(pipe: impl Read + Send + 'static, prefix: Option<String>) -> JoinHandle
 }
 
 /// Kills and reaps every child (those already ended included).
+/// Whether a rank's `status` after the launcher's kill is its own ending (an exit, or a signal
+/// other than the launcher's SIGKILL): it had ended before the kill reached it.
+fn ended_by_itself(status: ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal() != Some(libc::SIGKILL)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
 fn stop_all(children: &mut [(Child, JoinHandle<String>, JoinHandle<String>)]) {
     for (c, _, _) in children {
         let _ = c.kill();
@@ -450,7 +472,16 @@ pub fn run(launch: &Launch, command: &dyn Fn(usize) -> Command) -> Result<Report
                     let _ = child.kill();
                     status[r] = child.wait().ok();
                     ended[r] = Some(start.elapsed());
-                    stopped[r] = Some(reason.clone());
+                    // A rank that ended by itself since the last poll (its peers often fail
+                    // because it did) keeps its own ending: a failure of its own, not a stop.
+                    match status[r] {
+                        Some(s) if ended_by_itself(s) => {
+                            if !s.success() {
+                                failures.push(r);
+                            }
+                        }
+                        _ => stopped[r] = Some(reason.clone()),
+                    }
                 }
             }
         }
@@ -521,4 +552,89 @@ pub fn rank_group() -> Option<Result<(Group, PathBuf)>> {
         };
         Ok((group, out))
     })())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// Waits until `child` has exited without reaping it (Linux: its state in /proc is `Z`),
+    /// as a rank that ends between two of the watchdog's polls is when the launcher kills it.
+    fn wait_until_exited_unreaped(child: &Child) {
+        let stat = format!("/proc/{}/stat", child.id());
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            match std::fs::read_to_string(&stat) {
+                Ok(s) if s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) => return,
+                Ok(_) => std::thread::sleep(Duration::from_millis(5)),
+                // No /proc (macOS): give it time.
+                Err(_) => return std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+        panic!("{} did not exit within 10 s", child.id());
+    }
+
+    #[test]
+    fn a_rank_that_ended_before_the_kill_keeps_its_own_ending() {
+        let mut failed = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        wait_until_exited_unreaped(&failed);
+        let _ = failed.kill();
+        let s = failed.wait().unwrap();
+        assert!(ended_by_itself(s) && s.code() == Some(3), "{s:?}");
+        let mut running = Command::new("sleep").arg("30").spawn().unwrap();
+        running.kill().unwrap();
+        let s = running.wait().unwrap();
+        assert!(!ended_by_itself(s), "{s:?}");
+    }
+
+    #[test]
+    fn the_failed_rank_is_reported_and_the_others_are_stopped() {
+        let launch = Launch { echo: false, ..Launch::new(3, CollectiveBackend::Ring, Duration::from_secs(60)) };
+        let script = |r: usize| if r == 1 { "echo broken >&2; exit 4" } else { "exec sleep 30" };
+        let report = run(&launch, &|r| {
+            let mut c = Command::new("sh");
+            c.args(["-c", script(r)]);
+            c
+        })
+        .unwrap();
+        assert_eq!(report.failures, vec![1]);
+        assert_eq!(report.ranks[1].status.and_then(|s| s.code()), Some(4));
+        assert!(report.ranks[1].stopped.is_none() && report.ranks[1].stderr.contains("broken"));
+        for r in [0, 2] {
+            assert_eq!(report.ranks[r].stopped.as_deref(), Some("stopped after rank 1 failed"), "rank {r}");
+        }
+        assert!(report.elapsed < Duration::from_secs(10), "{:?}", report.elapsed);
+        let err = format!("{:#}", report.check().unwrap_err());
+        assert!(err.contains("rank 1 of 3 failed") && err.contains("broken"), "{err}");
+    }
+
+    #[test]
+    fn ranks_that_fail_together_are_each_named_with_their_last_words() {
+        use std::os::unix::process::ExitStatusExt;
+        let rank = |r: usize, status: i32, stopped: Option<&str>, stderr: &str| RankResult {
+            rank: r,
+            status: Some(ExitStatus::from_raw(status)),
+            stopped: stopped.map(str::to_string),
+            stdout: String::new(),
+            stderr: stderr.to_string(),
+            elapsed: Duration::from_millis(10),
+        };
+        let report = Report {
+            backend: CollectiveBackend::Ring,
+            ranks: vec![
+                rank(0, libc::SIGKILL, Some("stopped after rank 1 failed"), ""),
+                rank(1, 256, None, "[ring] connection to a peer was lost"),
+                rank(2, 256, None, "shard 2 of 3: model directory has neither model.safetensors"),
+            ],
+            failures: vec![1, 2],
+            timed_out: false,
+            elapsed: Duration::from_millis(10),
+            out: PathBuf::from("unused"),
+            _out: TempDir(PathBuf::from("/nonexistent/mlx-trellis-launcher-test")),
+        };
+        let err = format!("{:#}", report.check().unwrap_err());
+        assert!(err.contains("rank 1 of 3 failed") && err.contains("then ranks [2] failed too"), "{err}");
+        assert!(err.contains("connection to a peer was lost"), "{err}");
+        assert!(err.contains("rank 2's last words:\nshard 2 of 3: model directory has neither"), "{err}");
+    }
 }
