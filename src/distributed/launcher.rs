@@ -366,7 +366,6 @@ fn drain(pipe: impl Read + Send + 'static, prefix: Option<String>) -> JoinHandle
     })
 }
 
-/// Kills and reaps every child (those already ended included).
 /// Whether a rank's `status` after the launcher's kill is its own ending (an exit, or a signal
 /// other than the launcher's SIGKILL): it had ended before the kill reached it.
 fn ended_by_itself(status: ExitStatus) -> bool {
@@ -382,6 +381,7 @@ fn ended_by_itself(status: ExitStatus) -> bool {
     }
 }
 
+/// Kills and reaps every child (those already ended included).
 fn stop_all(children: &mut [(Child, JoinHandle<String>, JoinHandle<String>)]) {
     for (c, _, _) in children {
         let _ = c.kill();
