@@ -9,7 +9,8 @@
 //! file for the work split. With prescaled B tiles a pre-pass kernel
 //! (`kernels/cuda/prescale.cu`) first writes the activations times the row scales as f16 (and
 //! zeroes the fold's counters), and the kernel streams them in with the codes. The plan
-//! (`plan.rs`) picks the configuration for a row count.
+//! (`plan.rs`) picks the configuration for a row count; `launch.rs` registers the kernel and
+//! prepares each call's launch once.
 //!
 //! From [`DENSE_MIN_ROWS`] rows of 16-bit activations [`down_cuda`] instead decodes the layer
 //! once to dense weights and runs MLX's matmul (`down_cuda_dense`): the decode costs one write

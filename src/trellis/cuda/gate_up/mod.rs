@@ -7,7 +7,7 @@
 //! [`linear_residual`] adds a residual stream to one projection's output in the same launch
 //! (`residual + x · W`, rounded once): a model's down projection and its residual add.
 //!
-//! Four kernel files serve the same variants (`AxisOneKernel` in `plan.rs`); the
+//! Four kernel files serve the same variants (`AxisOneKernel` in `config.rs`); the
 //! plan (`plan.rs`) picks the kernel and its shape for a row count, `launch.rs` registers the
 //! kernel file's variant and prepares the launch, and each kernel file says how its work is
 //! split:
