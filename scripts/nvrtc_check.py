@@ -10,15 +10,16 @@ from MLX's sources of the linked version, in --mlx-src).
 
   scripts/nvrtc_check.py --arch sm_90 --body kernels/cuda/gate_up.cu \\
       --header kernels/cuda/codebook.cuh --header kernels/cuda/fragment.cuh --header kernels/cuda/axis_one.cuh \\
-      --inputs x:bfloat16 codes:uint32 scales:float16 --outputs y:bfloat16 --shape x scales \\
+      --inputs x:bfloat16 x_exp:float16 codes:uint32 scales:float16 --outputs y:bfloat16 --shape x scales \\
       --define TRELLIS_FUSED=0 --template T=bfloat16 Y=bfloat16 K=3 L=12 MT=1 RT=2 WARPS=4 \\
-      SPLIT_X=false BIAS_FOLD=true PACK_FMA=true
+      SPLIT_X=false BIAS_FOLD=true PACK_FMA=true LIFT=true HANDED=false STAGE=false
 
 NVRTC_FULL_LOG=1 prints NVRTC's whole log (ptxas's per-function report) instead of its errors,
 warnings, register and spill lines.
 """
 import argparse
 import ctypes
+import glob
 import os
 import sys
 
@@ -79,6 +80,10 @@ def main():
     if args.dump:
         open(args.dump, "w").write(text)
     cu = os.path.join(args.site, "nvidia", "cu13")
+    # NVRTC opens its builtins library by name at compile time: loaded here first, it is found
+    # without LD_LIBRARY_PATH.
+    for builtins in sorted(glob.glob(os.path.join(cu, "lib", "libnvrtc-builtins.so.*"))):
+        ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
     nvrtc = ctypes.CDLL(os.path.join(cu, "lib", "libnvrtc.so.13"))
     prog = ctypes.c_void_p()
     src = text.encode()
