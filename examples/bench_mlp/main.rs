@@ -38,24 +38,33 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::expand::expand_cuda;
-use mlx_trellis::trellis::cuda::tuning::{
-    axis_one_plan, down_ws_cuda_with, swiglu_with, AxisOneConfig, AxisOneKernel, CudaDownWsConfig, INT8_MAX_ROWS,
-};
+use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConfig, AxisOneKernel};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, synthetic_mlp_axis_one, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
-use mlx_trellis::{async_eval_all, backend, eval_all, quantize, quantized_matmul, Backend, Dtype, MlxArray};
+use mlx_trellis::{backend, Backend, Dtype, MlxArray};
 
-#[path = "common/cli.rs"]
+#[path = "../common/cli.rs"]
 mod cli;
-#[path = "common/exit.rs"]
+#[path = "../common/exit.rs"]
 mod exit;
-#[path = "common/graphs.rs"]
+#[path = "../common/graphs.rs"]
 mod graphs;
-#[path = "common/plot.rs"]
+#[path = "../common/plot.rs"]
 mod plot;
-#[path = "common/tp_bench.rs"]
+#[path = "../common/tp_bench.rs"]
 mod tp_bench;
+
+mod dense;
+mod plot_json;
+mod tables;
+mod timing;
+mod variants;
+
+use dense::{bf16_mlp_residual, dense_twin, q4_matmul, q4_mlp, Bf16Residual, Dense};
+use tables::print_tables;
+use timing::{host_time, median_best, time, time_pipelined};
+use variants::{int8_rows, int8_serves, ws_down_rows, ws_stages_rows};
 
 const HIDDEN: usize = 5120;
 const INTER: usize = 17408;
@@ -140,25 +149,6 @@ struct Cli {
     tp: tp_bench::TpArgs,
 }
 
-/// How MLX's bf16 MLP adds the residual stream after its down projection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Bf16Residual {
-    /// A matmul, then MLX's add (as mlx-lm's models do).
-    Add,
-    /// `addmm`: one call (on CUDA, cuBLAS with the add in its epilogue).
-    Addmm,
-}
-
-impl Bf16Residual {
-    /// The contender's name in the tables and the JSON.
-    fn name(self) -> &'static str {
-        match self {
-            Bf16Residual::Add => "MLX bf16 (matmul, add)",
-            Bf16Residual::Addmm => "MLX bf16 (addmm)",
-        }
-    }
-}
-
 struct Args {
     rows: Vec<usize>,
     bits: Vec<u32>,
@@ -191,117 +181,6 @@ fn parse(c: &Cli) -> Args {
     }
 }
 
-/// The dense twin of one trellis layer: `[out, in]` bf16 weights of each projection (as
-/// `nn.Linear` stores them) and their affine 4-bit quantization.
-struct Dense {
-    w: [MlxArray; 3],
-    q4: [(MlxArray, MlxArray, MlxArray); 3],
-}
-
-fn dense_twin(mlp: &TrellisMlp) -> Result<Dense> {
-    let gate = expand_cuda(mlp.gate().codes(), mlp.gate().scales(), mlp.gate().geometry(), Dtype::Bfloat16)?;
-    let up = expand_cuda(mlp.up().codes(), mlp.up().scales(), mlp.up().geometry(), Dtype::Bfloat16)?;
-    // A down projection stored [in, out] (axis 0) has its nn.Linear weight as the transpose.
-    let down = expand_cuda(mlp.down().codes(), mlp.down().scales(), mlp.down().geometry(), Dtype::Bfloat16)?;
-    let down = if mlp.down().geometry().axis == 0 { down.t()?.contiguous()? } else { down };
-    let w = [gate, up, down];
-    eval_all(&w.iter().collect::<Vec<_>>())?;
-    let q4 = [quantize(&w[0], 64, 4)?, quantize(&w[1], 64, 4)?, quantize(&w[2], 64, 4)?];
-    eval_all(&q4.iter().flat_map(|(a, b, c)| [a, b, c]).collect::<Vec<_>>())?;
-    Ok(Dense { w, q4 })
-}
-
-/// The residual stream after MLX's bf16 MLP of `x`: `x + mlp(x)`, the add as `how` says.
-fn bf16_mlp_residual(d: &Dense, x: &MlxArray, how: Bf16Residual) -> mlx_trellis::Result<MlxArray> {
-    let g = x.matmul(&d.w[0].t()?)?;
-    let u = x.matmul(&d.w[1].t()?)?;
-    let h = g.silu()?.multiply(&u)?;
-    match how {
-        Bf16Residual::Addmm => x.addmm(&h, &d.w[2].t()?),
-        Bf16Residual::Add => x.add(&h.matmul(&d.w[2].t()?)?),
-    }
-}
-
-fn q4_matmul(q: &(MlxArray, MlxArray, MlxArray), x: &MlxArray) -> mlx_trellis::Result<MlxArray> {
-    quantized_matmul(x, &q.0, &q.1, &q.2, true, 64, 4)
-}
-
-fn q4_mlp(d: &Dense, x: &MlxArray) -> mlx_trellis::Result<MlxArray> {
-    let g = q4_matmul(&d.q4[0], x)?;
-    let u = q4_matmul(&d.q4[1], x)?;
-    q4_matmul(&d.q4[2], &g.silu()?.multiply(&u)?)
-}
-
-/// Median and best microseconds per step of `steps` built by `f` (one evaluation each).
-fn time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>) -> Result<(f64, f64)> {
-    let run = || -> Result<f64> {
-        let outs = f()?;
-        let t = Instant::now();
-        eval_all(&outs.iter().collect::<Vec<_>>())?;
-        Ok(t.elapsed().as_secs_f64() * 1e6 / steps as f64)
-    };
-    run()?; // warm-up: kernel compilation, caches, allocator
-    let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
-    v.sort_by(f64::total_cmp);
-    Ok((v[v.len() / 2], v[0]))
-}
-
-/// Microseconds per step of each of `evals` evaluations of `steps` built by `f`, evaluated as a
-/// decode loop evaluates its tokens: each evaluation is built and started (`async_eval`) before the one
-/// before it is waited for, so the host's work on the next overlaps the GPU's on this one (the
-/// GPU runs them in order on one stream). An evaluation's time is the time between its end and
-/// the end of the one before it.
-fn time_pipelined(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>) -> Result<Vec<f64>> {
-    let start = || -> Result<Vec<MlxArray>> {
-        let outs = f()?;
-        async_eval_all(&outs.iter().collect::<Vec<_>>())?;
-        Ok(outs)
-    };
-    let wait = |outs: &[MlxArray]| eval_all(&outs.iter().collect::<Vec<_>>());
-    wait(&f()?)?; // warm-up: kernel compilation, caches, allocator
-    let mut current = start()?;
-    let mut last_end: Option<Instant> = None;
-    let mut v = Vec::with_capacity(evals);
-    while v.len() < evals {
-        let next = start()?;
-        wait(&current)?;
-        let end = Instant::now();
-        if let Some(t) = last_end {
-            v.push((end - t).as_secs_f64() * 1e6 / steps as f64);
-        }
-        last_end = Some(end);
-        current = next;
-    }
-    wait(&current)?;
-    Ok(v)
-}
-
-/// [`time_pipelined`]'s median and best.
-fn median_best(mut v: Vec<f64>) -> (f64, f64) {
-    v.sort_by(f64::total_cmp);
-    (v[v.len() / 2], v[0])
-}
-
-/// Median microseconds per step of the host's part of an evaluation of `steps` built by `f`: how
-/// long MLX's `async_eval` takes to record and launch it (it returns without waiting for the
-/// GPU), each evaluation then waited for before the next. Where it is close to [`time`]'s
-/// figure, the chain waits for the host, not for the GPU.
-fn host_time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>) -> Result<f64> {
-    let run = || -> Result<f64> {
-        let outs = f()?;
-        let refs: Vec<&MlxArray> = outs.iter().collect();
-        let t = Instant::now();
-        async_eval_all(&refs)?;
-        let host = t.elapsed().as_secs_f64() * 1e6 / steps as f64;
-        eval_all(&refs)?;
-        Ok(host)
-    };
-    run()?;
-    let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
-}
-
 /// The first layer's output `y` against the f64 reference `want` at `m` rows: its line in
 /// `checks` (`what` names the contender) and its relErr, or the gate's miss where an output is
 /// not finite or the relErr reaches 1e-2.
@@ -315,80 +194,6 @@ fn gate_first_layer(checks: &mut String, what: &str, m: usize, y: &MlxArray, wan
     }
     let _ = writeln!(checks, "| {what} | {m} | {e:.1e} | ok |");
     Ok(e)
-}
-
-/// The first bit width's chain with each layer's down projection (and the residual add) on the
-/// warp-specialized GEMM (`down_ws.cu`), one and three producer teams: the first layer against
-/// the f64 reference (`want_residual`), then the chain, and with `args.alone` the down
-/// projection alone.
-fn ws_down_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
-    let ChainCase { layers, x, m, args, .. } = *c;
-    let auto = mlx_trellis::trellis::ForwardPath::Auto;
-    let h = layers[0].swiglu_with(x, auto)?;
-    h.eval()?;
-    for teams in [1, 3] {
-        let cfg = CudaDownWsConfig::with_teams(m, teams);
-        let down = |l: &TrellisMlp, h: &MlxArray, residual: Option<&MlxArray>| {
-            let d = l.down();
-            down_ws_cuda_with(h, d.codes(), d.scales(), d.geometry(), cfg, residual)
-        };
-        let step = |l: &TrellisMlp, x: &MlxArray| down(l, &l.swiglu_with(x, auto)?, Some(x));
-        let name = format!("ws down, {teams} team{}", if teams == 1 { "" } else { "s" });
-        chain_variant(c, &name, &step, rows, checks)?;
-        if args.alone {
-            let steps = args.rounds * LAYERS;
-            let (med, best) = time(args.evals, steps, &|| alone(layers, args.rounds, &|l| down(l, &h, None)))?;
-            rows.push(Row { m, name: format!("trellis {name} alone"), median: med, best });
-        }
-    }
-    Ok(())
-}
-
-/// The first bit width's chain with the fused gate·up·SwiGLU on the warp-specialized GEMM at
-/// each of `args.ws_stages` ring depths (the plan's configuration otherwise), where the plan
-/// takes that GEMM: the first layer against the f64 reference, then the chain.
-fn ws_stages_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
-    let ChainCase { m, args, .. } = *c;
-    let planned = axis_one_plan(m, Dtype::Bfloat16, true, INTER);
-    if planned.kernel != AxisOneKernel::Specialized {
-        eprintln!("[bench] --ws-stages: the plan at {m} rows is not the warp-specialized GEMM");
-        return Ok(());
-    }
-    for &stages in &args.ws_stages {
-        let cfg = AxisOneConfig { stages, ..planned };
-        if let Err(e) = cfg.check(Dtype::Bfloat16, true) {
-            eprintln!("[bench] --ws-stages {stages} at {m} rows: {e}");
-            continue;
-        }
-        let step = |l: &TrellisMlp, x: &MlxArray| l.down().forward_residual(&swiglu_with(x, l.gate(), l.up(), cfg)?, x);
-        chain_variant(c, &format!("ws, {stages} stages"), &step, rows, checks)?;
-    }
-    Ok(())
-}
-
-/// Whether the int8 kernel serves `m` rows of the layer's inputs (its row limit, and its tables
-/// within a thread block's shared memory).
-fn int8_serves(m: usize) -> bool {
-    m <= INT8_MAX_ROWS && AxisOneConfig::plain(AxisOneKernel::Int8).int8_shared_bytes(m, HIDDEN, true).is_some()
-}
-
-/// --int8: the chain with the fused gate·up·SwiGLU on the int8 kernel and, for a like-for-like
-/// comparison, on the planned kernel through the same call (neither hands the down kernel its
-/// counters, so the down projection's own launch prepares them), where the int8 kernel serves
-/// the rows.
-fn int8_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
-    let m = c.m;
-    let int8 = AxisOneConfig::plain(AxisOneKernel::Int8);
-    if !int8_serves(m) {
-        eprintln!("[bench] --int8: the int8 kernel does not serve {m} rows of {HIDDEN} inputs");
-        return Ok(());
-    }
-    let planned = axis_one_plan(m, Dtype::Bfloat16, true, INTER);
-    for (name, cfg) in [("gate·up planned, unfed", planned), ("gate·up int8, unfed", int8)] {
-        let step = |l: &TrellisMlp, x: &MlxArray| l.down().forward_residual(&swiglu_with(x, l.gate(), l.up(), cfg)?, x);
-        chain_variant(c, name, &step, rows, checks)?;
-    }
-    Ok(())
 }
 
 /// The chain a variant runs in: the first bit width's layers, the input `x` of `m` rows and the
@@ -643,218 +448,4 @@ fn bench(cli: &Cli) -> Result<()> {
     }
     print_tables(&args, &rows, &checks)?;
     Ok(())
-}
-
-/// The timed row of `m` activation rows named `name`, if that contender ran.
-fn row_of<'a>(rows: &'a [Row], m: usize, name: &str) -> Option<&'a Row> {
-    rows.iter().find(|r| r.m == m && r.name == name)
-}
-
-/// The ring depth the plan gives the warp-specialized GEMM (at 128 rows, fused).
-fn plan_ws_stages() -> u32 {
-    axis_one_plan(128, Dtype::Bfloat16, true, INTER).stages
-}
-
-/// The first bit width's chain against its `variants` (each a column header and the row name it
-/// was timed under), µs per MLP layer, median (best), and the planned path's time over each;
-/// row counts where no variant ran are left out.
-fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, String)]) {
-    let get = |m: usize, name: &str| row_of(rows, m, name);
-    println!("\n{title}, µs per MLP layer, median (best), and against the planned path");
-    let mut header = "| M | planned |".to_string();
-    let mut rule = "|---|---|".to_string();
-    for (column, _) in variants {
-        let _ = write!(header, " {column} | vs planned |");
-        rule.push_str("---|---|");
-    }
-    println!("{header}\n{rule}");
-    for &m in &args.rows {
-        let Some(planned) = get(m, &format!("trellis k{}", args.bits[0])) else { continue };
-        let mut line = format!("| {m} | {:.1} ({:.1}) |", planned.median, planned.best);
-        let mut any = false;
-        for (_, name) in variants {
-            match get(m, name) {
-                Some(t) => {
-                    any = true;
-                    let _ = write!(line, " {:.1} ({:.1}) | {:.2}x |", t.median, t.best, planned.median / t.median);
-                }
-                None => line.push_str(" - | - |"),
-            }
-        }
-        if any {
-            println!("{line}");
-        }
-    }
-}
-
-/// A markdown table's header and rule: the `lead` columns, then `per_width`'s for each bit width.
-fn table_head(lead: &[&str], bits: &[u32], per_width: impl Fn(u32) -> Vec<String>) -> String {
-    let columns: Vec<String> =
-        lead.iter().map(|c| c.to_string()).chain(bits.iter().flat_map(|&k| per_width(k))).collect();
-    format!("| {} |\n|{}", columns.join(" | "), "---|".repeat(columns.len()))
-}
-
-/// The chains with pipelined evaluations (`--pipelined`) beside the headline's synchronous ones.
-fn pipelined_table(args: &Args, rows: &[Row]) {
-    let get = |m: usize, name: &str| row_of(rows, m, name);
-    println!(
-        "\nPipelined evaluations (each started before the one before it is waited for, as a decode loop runs its tokens; MLX bf16 with matmul then add), µs per MLP layer, median (best), and the synchronous evaluation's median"
-    );
-    let lead = ["M", "MLX bf16", "sync", "MLX affine 4-bit", "sync"];
-    println!("{}", table_head(&lead, &args.bits, |k| vec![format!("trellis k{k}"), "sync".into(), "vs bf16".into()]));
-    let cell = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1} ({:.1})", r.median, r.best));
-    let median = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1}", r.median));
-    for &m in &args.rows {
-        let Some(bf) = get(m, "MLX bf16 pipelined") else { continue };
-        let mut line = format!(
-            "| {m} | {} | {} | {} | {} |",
-            cell(Some(bf)),
-            median(get(m, Bf16Residual::Add.name())),
-            cell(get(m, "MLX affine 4-bit pipelined")),
-            median(get(m, "MLX affine 4-bit"))
-        );
-        for k in &args.bits {
-            let t = get(m, &format!("trellis k{k} pipelined"));
-            let ratio = t.map_or("-".to_string(), |t| format!("{:.2}x", bf.median / t.median));
-            let _ = write!(line, " {} | {} | {ratio} |", cell(t), median(get(m, &format!("trellis k{k}"))));
-        }
-        println!("{line}");
-    }
-}
-
-fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()> {
-    let get = |m: usize, name: &str| row_of(rows, m, name);
-    println!(
-        "Qwen3-14B MLP {HIDDEN} -> {INTER} -> {HIDDEN}, bf16 activations{}, per MLP layer in a residual chain over {LAYERS} distinct layers ({} rounds per evaluation; MLX bf16: the faster of its two residual adds, marked a (matmul, add) or m (addmm)), median (best) of {} evaluations, µs; {}",
-        if args.down_axis == 1 { ", down projections coded on axis 1" } else { "" },
-        args.rounds,
-        args.evals,
-        graphs::note()
-    );
-    let per_width = |k| vec![format!("trellis k{k}"), "vs bf16".into(), "vs affine 4-bit".into()];
-    println!("{}", table_head(&["M", "MLX bf16", "MLX affine 4-bit"], &args.bits, per_width));
-    for &m in &args.rows {
-        let (Some(bf), Some(q4)) = (get(m, "MLX bf16"), get(m, "MLX affine 4-bit")) else { continue };
-        let how = if get(m, Bf16Residual::Addmm.name()).is_some_and(|a| a.median == bf.median) { "m" } else { "a" };
-        let mut line = format!("| {m} | {:.1} ({:.1}) {how} | {:.1} ({:.1}) |", bf.median, bf.best, q4.median, q4.best);
-        for k in &args.bits {
-            if let Some(t) = get(m, &format!("trellis k{k}")) {
-                let _ = write!(
-                    line,
-                    " {:.1} ({:.1}) | {:.2}x | {:.2}x |",
-                    t.median,
-                    t.best,
-                    bf.median / t.median,
-                    q4.median / t.median
-                );
-            }
-        }
-        println!("{line}");
-    }
-    let k = args.bits[0];
-    if args.ws_down {
-        let title = format!("The k{k} chain with the down projection on the warp-specialized GEMM (not planned)");
-        let variants = ["ws down, 1 team", "ws down, 3 teams"].map(|v| (v.to_string(), format!("trellis {v}")));
-        variant_table(args, rows, &title, &variants);
-    }
-    if !args.ws_stages.is_empty() {
-        let title = format!(
-            "The k{k} chain with gate·up on the warp-specialized GEMM at other ring depths (the plan's: {})",
-            plan_ws_stages()
-        );
-        let variants: Vec<_> =
-            args.ws_stages.iter().map(|s| (format!("{s} stages"), format!("trellis ws, {s} stages"))).collect();
-        variant_table(args, rows, &title, &variants);
-    }
-    if args.int8 {
-        let title = format!("The k{k} chain with gate·up on the int8 kernel (not planned) and on the plan, both unfed");
-        let variants =
-            ["gate·up planned, unfed", "gate·up int8, unfed"].map(|v| (v.to_string(), format!("trellis {v}")));
-        variant_table(args, rows, &title, &variants);
-    }
-    if args.alone {
-        println!("\nEach projection alone, independent calls over the {LAYERS} layers in turn (cold in L2), per call, median µs");
-        let names: Vec<&str> = rows.iter().filter(|r| r.name.ends_with("alone")).map(|r| r.name.as_str()).collect();
-        let mut names: Vec<&str> = names.into_iter().fold(Vec::new(), |mut v, n| {
-            if !v.contains(&n) {
-                v.push(n);
-            }
-            v
-        });
-        names.sort();
-        println!("| M | {} |\n|---|{}", names.join(" | "), "---|".repeat(names.len()));
-        for &m in &args.rows {
-            let cells: Vec<String> =
-                names.iter().map(|n| get(m, n).map_or("-".into(), |r| format!("{:.1}", r.median))).collect();
-            println!("| {m} | {} |", cells.join(" | "));
-        }
-    }
-    if args.pipelined {
-        pipelined_table(args, rows);
-    }
-    // The host's part of each chain: where it is close to the chain's time, the GPU waits for it.
-    println!("\nThe host's part of an evaluation (MLX's async_eval, which records and launches the chain and returns without waiting), µs per MLP layer, median");
-    println!("{}", table_head(&["M", "MLX bf16 (matmul, add)"], &args.bits, |k| vec![format!("trellis k{k}")]));
-    for &m in &args.rows {
-        let cell = |name: &str| get(m, name).map_or("-".to_string(), |r| format!("{:.1}", r.median));
-        let mut line = format!("| {m} | {} |", cell("MLX bf16 (matmul, add) host"));
-        for k in &args.bits {
-            let _ = write!(line, " {} |", cell(&format!("trellis k{k} host")));
-        }
-        println!("{line}");
-    }
-    println!("\nFirst layer against the f64 reference (relErr = max|a-b| / max|b|)\n| bits | M | relErr | |\n|---|---|---|---|\n{checks}");
-    if let Some(path) = &args.json {
-        let body: Vec<String> = rows
-            .iter()
-            .map(|r| {
-                format!(
-                    "  {{\"m\": {}, \"name\": \"{}\", \"median_us\": {:.2}, \"best_us\": {:.2}}}",
-                    r.m, r.name, r.median, r.best
-                )
-            })
-            .collect();
-        std::fs::write(path, format!("[\n{}\n]\n", body.join(",\n")))?;
-    }
-    Ok(())
-}
-
-/// The SVG plot of a `--json` table: time per MLP layer against the row count, one line per
-/// contender (log-log).
-mod plot_json {
-    use anyhow::{Context, Result};
-
-    pub fn write(json: &str, svg: &str) -> Result<()> {
-        let text = std::fs::read_to_string(json).with_context(|| format!("reading {json}"))?;
-        let rows: Vec<serde_json::Value> = serde_json::from_str(&text).with_context(|| format!("parsing {json}"))?;
-        let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-        for r in &rows {
-            let name = r["name"].as_str().context("name")?.to_string();
-            // Each projection alone, the host's parts, the pipelined chains, and MLX bf16's two
-            // residual adds (its line is the faster).
-            if name.ends_with("alone")
-                || name.ends_with("host")
-                || name.ends_with("pipelined")
-                || name.starts_with("MLX bf16 (")
-            {
-                continue;
-            }
-            let point = (r["m"].as_f64().context("m")?, r["median_us"].as_f64().context("median_us")?);
-            match series.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, v)) => v.push(point),
-                None => series.push((name, vec![point])),
-            }
-        }
-        super::plot::lines(
-            &series,
-            std::path::Path::new(svg),
-            &super::plot::Chart {
-                caption: "Qwen3-14B MLP per layer, chain of distinct layers, H200 (µs)",
-                x_desc: "activation rows M",
-                y_desc: "µs per MLP layer",
-                x_log: true,
-                y_log: true,
-            },
-        )
-    }
 }
