@@ -227,6 +227,15 @@ fn build(k: u32, layout: CodeLayout, (inp, out): (usize, usize), axis_one: bool)
     Ok(Layer { name, host, lin, dense, q4, q3 })
 }
 
+/// One row count of a layer: its activations, their rows, and the f64 reference output.
+#[derive(Clone, Copy)]
+pub(crate) struct Case<'a> {
+    layer: &'a Layer,
+    x: &'a MlxArray,
+    m: usize,
+    want: &'a [f64],
+}
+
 fn main() -> ExitCode {
     graphs::start();
     exit::finish(bench(), "[bench] a trellis result missed its check (see above)")
@@ -267,12 +276,13 @@ fn bench() -> Result<bool> {
             let x = x_all.slice(&[0, 0], &[m as i32, inp as i32], &[1, 1])?.contiguous()?;
             x.eval()?;
             let want = &want[..m * out];
+            let case = Case { layer: &layer, x: &x, m, want };
             if args.sweep && args.axis_one {
-                sweep_axis_one(&layer, up.as_ref().map(|u| &u.0), &x, m, want, &args, &mut report)?;
+                sweep_axis_one(case, up.as_ref().map(|u| &u.0), &args, &mut report)?;
                 continue;
             }
             if args.sweep {
-                sweep(&layer, &x, m, want, &args, &mut report)?;
+                sweep(case, &args, &mut report)?;
                 continue;
             }
             if args.probe {
@@ -280,7 +290,7 @@ fn bench() -> Result<bool> {
                 continue;
             }
             if args.paths {
-                paths(&layer, &x, m, want, &args, &mut report)?;
+                paths(case, &args, &mut report)?;
                 continue;
             }
             let y = layer.lin.forward_with(&x, ForwardPath::Cuda)?;

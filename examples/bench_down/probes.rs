@@ -14,18 +14,12 @@ use mlx_trellis::trellis::{synthetic_layer, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
 
 use crate::check::to_f64;
-use crate::{time, time_each, Args, Layer, Report};
+use crate::{time, time_each, Args, Case, Layer, Report};
 
 /// The fused kernel (its plan) against the dense path (decode, then MLX's matmul) at `m` rows,
 /// and the decode alone: where the planned dispatch should switch.
-pub(crate) fn paths(
-    layer: &Layer,
-    x: &MlxArray,
-    m: usize,
-    want: &[f64],
-    args: &Args,
-    report: &mut Report,
-) -> Result<()> {
+pub(crate) fn paths(c: Case, args: &Args, report: &mut Report) -> Result<()> {
+    let Case { layer, x, m, want } = c;
     let g = *layer.lin.geometry();
     let (codes, scales) = (layer.lin.codes(), layer.lin.scales());
     let cfg = plan(&g, m);

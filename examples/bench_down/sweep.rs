@@ -10,40 +10,27 @@ use mlx_trellis::trellis::cuda::tuning::{
     AxisOneConfig, AxisOneKernel, CudaDownConfig, StepUnroll, INT8_MAX_ROWS,
 };
 use mlx_trellis::trellis::{TrellisGeometry, TrellisLinear};
-use mlx_trellis::{Dtype, MlxArray};
+use mlx_trellis::Dtype;
 
-use crate::{checked_run, time, Args, Layer, Report};
+use crate::{checked_run, time, Args, Case, Report};
 
 /// Every configuration worth trying at `m` rows, timed and checked against the reference `want`.
-pub(crate) fn sweep(
-    layer: &Layer,
-    x: &MlxArray,
-    m: usize,
-    want: &[f64],
-    args: &Args,
-    report: &mut Report,
-) -> Result<()> {
+pub(crate) fn sweep(c: Case, args: &Args, report: &mut Report) -> Result<()> {
+    let Case { layer, x, m, .. } = c;
     let g = *layer.lin.geometry();
     let configs = if let Some(given) = &args.configs {
         std::iter::once(plan_for(&g, m, x.dtype())).chain(given.iter().copied()).collect()
     } else {
         fragment_configs(&g, x.dtype(), m)
     };
-    time_configs(layer, x, m, want, args, report, configs)
+    time_configs(c, args, report, configs)
 }
 
 /// The axis-1 kernel's plan and its shapes around it at `m` rows (every row tile count and warp
 /// count of the plan's pass, and the int8 kernel's), timed and checked against the reference
 /// `want`: one projection, or with `up` the fused gate·up·SwiGLU (`layer` as gate).
-pub(crate) fn sweep_axis_one(
-    layer: &Layer,
-    up: Option<&TrellisLinear>,
-    x: &MlxArray,
-    m: usize,
-    want: &[f64],
-    args: &Args,
-    report: &mut Report,
-) -> Result<()> {
+pub(crate) fn sweep_axis_one(c: Case, up: Option<&TrellisLinear>, args: &Args, report: &mut Report) -> Result<()> {
+    let Case { layer, x, m, want } = c;
     let g = *layer.lin.geometry();
     let fused = up.is_some();
     let planned = axis_one_plan(m, x.dtype(), fused, g.out_features());
@@ -271,15 +258,8 @@ pub(crate) fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> V
 
 /// Times each configuration at `m` rows (whole call and kernel alone) into `report`; one that
 /// fails to run is reported and skipped, one whose result misses the gate is a failure.
-pub(crate) fn time_configs(
-    layer: &Layer,
-    x: &MlxArray,
-    m: usize,
-    want: &[f64],
-    args: &Args,
-    report: &mut Report,
-    configs: Vec<CudaDownConfig>,
-) -> Result<()> {
+pub(crate) fn time_configs(c: Case, args: &Args, report: &mut Report, configs: Vec<CudaDownConfig>) -> Result<()> {
+    let Case { layer, x, m, want } = c;
     let g = *layer.lin.geometry();
     for cfg in configs {
         let f = || down_cuda_with(x, layer.lin.codes(), layer.lin.scales(), &g, cfg);
