@@ -63,7 +63,7 @@ mod variants;
 
 use dense::{bf16_mlp_residual, dense_twin, q4_matmul, q4_mlp, Bf16Residual, Dense};
 use tables::print_tables;
-use timing::{host_time, median_best, time, time_pipelined};
+use timing::{host_time, time, time_pipelined};
 use variants::{int8_rows, int8_serves, ws_down_rows, ws_stages_rows};
 
 const HIDDEN: usize = 5120;
@@ -351,8 +351,7 @@ fn bench(cli: &Cli) -> Result<()> {
             let host = host_time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
             rows.push(Row { m, name: format!("trellis k{k} host"), median: host, best: host });
             if args.pipelined {
-                let (med, best) =
-                    median_best(time_pipelined(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?);
+                let (med, best) = time_pipelined(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
                 rows.push(Row { m, name: format!("trellis k{k} pipelined"), median: med, best });
             }
             eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer ({host:.1} of them the host's), relErr {err:.1e}");
@@ -422,8 +421,7 @@ fn bench(cli: &Cli) -> Result<()> {
                         ("MLX bf16 pipelined", &bf16 as &dyn Fn(&Dense, &MlxArray) -> mlx_trellis::Result<MlxArray>),
                         ("MLX affine 4-bit pipelined", &q4),
                     ] {
-                        let (med, best) =
-                            median_best(time_pipelined(args.evals, steps, &|| chain(dense, args.rounds, &x, f))?);
+                        let (med, best) = time_pipelined(args.evals, steps, &|| chain(dense, args.rounds, &x, f))?;
                         rows.push(Row { m, name: name.into(), median: med, best });
                     }
                 }

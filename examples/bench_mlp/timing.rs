@@ -19,21 +19,20 @@ pub(crate) fn time(
         Ok(t.elapsed().as_secs_f64() * 1e6 / steps as f64)
     };
     run()?; // warm-up: kernel compilation, caches, allocator
-    let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
-    v.sort_by(f64::total_cmp);
-    Ok((v[v.len() / 2], v[0]))
+    let v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
+    Ok(median_best(v))
 }
 
-/// Microseconds per step of each of `evals` evaluations of `steps` built by `f`, evaluated as a
-/// decode loop evaluates its tokens: each evaluation is built and started (`async_eval`) before the one
-/// before it is waited for, so the host's work on the next overlaps the GPU's on this one (the
-/// GPU runs them in order on one stream). An evaluation's time is the time between its end and
-/// the end of the one before it.
+/// Median and best microseconds per step of `evals` evaluations of `steps` built by `f`, evaluated
+/// as a decode loop evaluates its tokens: each evaluation is built and started (`async_eval`)
+/// before the one before it is waited for, so the host's work on the next overlaps the GPU's on
+/// this one (the GPU runs them in order on one stream). An evaluation's time is the time between
+/// its end and the end of the one before it.
 pub(crate) fn time_pipelined(
     evals: usize,
     steps: usize,
     f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>,
-) -> Result<Vec<f64>> {
+) -> Result<(f64, f64)> {
     let start = || -> Result<Vec<MlxArray>> {
         let outs = f()?;
         async_eval_all(&outs.iter().collect::<Vec<_>>())?;
@@ -55,11 +54,11 @@ pub(crate) fn time_pipelined(
         current = next;
     }
     wait(&current)?;
-    Ok(v)
+    Ok(median_best(v))
 }
 
-/// [`time_pipelined`]'s median and best.
-pub(crate) fn median_best(mut v: Vec<f64>) -> (f64, f64) {
+/// The median and the best (least) of `v`'s timings.
+fn median_best(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0])
 }
@@ -79,7 +78,6 @@ pub(crate) fn host_time(evals: usize, steps: usize, f: &dyn Fn() -> mlx_trellis:
         Ok(host)
     };
     run()?;
-    let mut v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
+    let v = (0..evals).map(|_| run()).collect::<Result<Vec<_>>>()?;
+    Ok(median_best(v).0)
 }
