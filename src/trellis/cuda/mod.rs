@@ -1,11 +1,12 @@
 //! The trellis kernels of MLX's CUDA back-end, one folder per kernel family with one concern per
-//! file: the down projection ([`down`]: the calls in `mod.rs`, `launch.rs`, `config.rs`, `plan.rs`,
-//! and the warp-specialized GEMM in `ws.rs`), the axis-1 projections and the fused
-//! gate·up·SwiGLU ([`gate_up`]: the same four files), the expand kernel and the decode-once dense path ([`expand`]), the
-//! activations pre-pass both kernel families use (`prescale.rs`), the coded axis's rotation in
-//! one launch ([`rotate`]), the SwiGLU between the projections with the rotations on either side
-//! of it in one launch (`swiglu_rotate.rs`) and the encoder's block search ([`viterbi`]). The kernel texts come
-//! from the crate's one table of `kernels/` files (`src/kernel/sources.rs`).
+//! file: the down projection ([`down`]: the calls in `mod.rs`, `launch.rs`, `config.rs`,
+//! `plan.rs`, and the warp-specialized GEMM in `ws.rs`), the axis-1 projections and the fused
+//! gate·up·SwiGLU ([`gate_up`]: the same four files), the expand kernel and the decode-once
+//! dense path ([`expand`]), the activations pre-pass both kernel families use (`prescale.rs`),
+//! the coded axis's rotation in one launch ([`rotate`]), the SwiGLU between the projections with
+//! the rotations on either side of it in one launch (`swiglu_rotate.rs`) and the encoder's block
+//! search ([`viterbi`]). The kernel texts come from the crate's one table of `kernels/` files
+//! (`src/kernel/sources.rs`).
 //!
 //! With the `tuning` feature the families' configuration and plan modules are public (declared
 //! with `crate::tuning_mods!`, as Metal's families are), and `tuning` gathers their knobs with the

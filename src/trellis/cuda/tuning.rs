@@ -5,8 +5,8 @@
 //!
 //! The configurations and plans are declared where they belong, public with the feature through
 //! `crate::tuning_mods!` as Metal's kernel families are (`down::config`, `down::plan`,
-//! `gate_up::config`, `gate_up::plan`); this module keeps them, and the calls with an explicit configuration, under
-//! the names the benchmarks and tests use.
+//! `gate_up::config`, `gate_up::plan`); this module keeps them, and the calls with an explicit
+//! configuration, under the names the benchmarks and tests use.
 
 use crate::array::MlxArray;
 use crate::error::Result;
