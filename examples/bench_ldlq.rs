@@ -72,15 +72,22 @@ fn shape(v: &str) -> Result<(usize, usize, u32), String> {
         "1" => 1,
         other => return Err(format!("{v:?}: AXIS {other:?} is neither 0 nor 1")),
     };
+    // W has OUT x IN weights and H IN x IN entries.
+    if out.checked_mul(inp).is_none() || inp.checked_mul(inp).is_none() {
+        return Err(format!("{v:?}: OUT x IN or IN x IN overflows this machine's sizes"));
+    }
     Ok((out, inp, axis))
 }
 
 /// `H = Xᵀ X` of `samples` seeded inputs of `n` features (see the file's docs).
-fn hessian(n: usize, samples: usize, seed: u64) -> Vec<f64> {
+fn hessian(n: usize, samples: usize, seed: u64) -> Result<Vec<f64>> {
     let mut rng = SplitMix64::new(seed);
     let spikes: Vec<Vec<f64>> =
         (0..4).map(|_| (0..n).map(|_| rng.next_gaussian() / (n as f64).sqrt()).collect()).collect();
-    let mut h = vec![0f64; n * n];
+    let entries = n.checked_mul(n).context("H's size overflows")?;
+    let mut h = Vec::new();
+    h.try_reserve_exact(entries).with_context(|| format!("allocating H of {n} x {n}"))?;
+    h.resize(entries, 0f64);
     let mut x = vec![0f64; n];
     for _ in 0..samples {
         let mut prev = 0.0;
@@ -102,7 +109,7 @@ fn hessian(n: usize, samples: usize, seed: u64) -> Vec<f64> {
             h[a * n + b] = h[b * n + a];
         }
     }
-    h
+    Ok(h)
 }
 
 fn main() -> ExitCode {
@@ -118,7 +125,7 @@ fn run(o: Cli) -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for &(out, inp, axis) in &shapes {
         let w = gaussian(out * inp, 1).map_err(anyhow::Error::msg)?;
-        let h = hessian(inp, o.samples, 2);
+        let h = hessian(inp, o.samples, 2)?;
         let cfg = EncoderConfig { axis, threads, backend, ..EncoderConfig::new(o.bits, o.l) };
         let start = Instant::now();
         let plain = encode_linear(&w, out, inp, &cfg)?;
