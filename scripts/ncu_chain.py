@@ -3,8 +3,8 @@
 
 Input: the CSV that `ncu --metrics gpu__time_duration.sum --print-units base --csv --page raw
 --log-file FILE` writes over `bench_mlp --bits K --evals 2 --rounds 1 --no-alone` (one width, the
-down projections on axis 0; `scripts/gpu.sh profile chain` runs it). The trellis chain of a row count is the longest run of
-consecutive trellis launches between MLX's own kernels (the dense and affine contenders run
+down projections on axis 0; `scripts/gpu.sh profile chain` runs it). The trellis chain of a row
+count is the longest run of consecutive trellis launches between MLX's own kernels (the dense and affine contenders run
 between row counts; the short runs are the first layer's checks against the reference). Per row
 count, in the order of `--rows`, it prints each trellis kernel (family and grid) with its launches
 per layer and its median duration, and the sum per layer: the figure to set beside the chain's
