@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::down::uses_dense;
-use mlx_trellis::trellis::cuda::tuning::{plan, CudaDownConfig};
+use mlx_trellis::trellis::cuda::tuning::{parse_down_configs, plan, CudaDownConfig};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err, swiglu_f64};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, HostLayer, TrellisLinear};
@@ -37,7 +37,7 @@ mod probes;
 mod sweep;
 
 use probes::{folds, paths, probe};
-use sweep::{parse_configs, sweep, sweep_axis_one};
+use sweep::{sweep, sweep_axis_one};
 
 use check::to_f64;
 
@@ -101,8 +101,9 @@ struct Args {
     #[arg(long)]
     sweep: bool,
     /// With --sweep: time the plan and these configurations (separated by `;`, each fields on the
-    /// default: ncN mtN ksN wN (warps) sN (splits) stN (stages), flags fold, pack, prescaled, mbar)
-    #[arg(long, value_name = "LIST", value_parser = parse_configs, requires = "sweep")]
+    /// default: ncN mtN ksN wN (warps) sN (splits) stN (stages), options fold, pack, prescaled,
+    /// mbar, unroll (both rings' rounds), unroll2 (the B tiles' slots), direct)
+    #[arg(long, value_name = "LIST", value_parser = parse_down_configs, requires = "sweep")]
     configs: Option<::std::vec::Vec<CudaDownConfig>>,
     /// Where one queued call's time goes (the kernels alone, the fold, launch costs), and two
     /// calls of the layer against one call of the pair variant (an MLP's gate and up)
@@ -306,26 +307,8 @@ fn bench() -> Result<bool> {
                 quantized_matmul(&x, &layer.q3.0, &layer.q3.1, &layer.q3.2, true, 64, 3)
             })?;
             let rate = inp as f64 * out as f64 / (ours.0 * 1e-6) / 1e12;
-            let path = if uses_dense(m, x.dtype()) {
-                "dense + MLX matmul".to_string()
-            } else {
-                let cfg = plan(&g, m);
-                format!(
-                    "nc{} mt{} ks{} w{} s{}{}",
-                    cfg.nc,
-                    cfg.mt,
-                    cfg.ks,
-                    cfg.warps,
-                    cfg.splits,
-                    if cfg.prescaled && cfg.mbarriers {
-                        " prescaled mbar"
-                    } else if cfg.prescaled {
-                        " prescaled"
-                    } else {
-                        ""
-                    }
-                )
-            };
+            let path =
+                if uses_dense(m, x.dtype()) { "dense + MLX matmul".to_string() } else { plan(&g, m).to_string() };
             let _ = writeln!(
                 report.table,
                 "| {} | {m} | {:.1} ({:.1}) | {:.1} | {:.2}x | {:.1} | {:.1} | {:.2}x | {rate:.2} | {err:.1e} | {path} |",

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use mlx_trellis::trellis::cuda::gate_up;
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, axis_one_with, down_cuda_partials, down_cuda_with, plan_for, split_pass_tiles, swiglu_with,
@@ -135,44 +135,6 @@ pub(crate) fn sweep_axis_one(c: Case, up: Option<&TrellisLinear>, args: &Args, r
     Ok(())
 }
 
-/// Configurations separated by `;`, each a list of fields on [`CudaDownConfig::default`]: `ncN`,
-/// `mtN`, `ksN`, `wN` (warps), `sN` (splits), `stN` (stages), and the flags `fold` (bias fold), `pack` (IMAD pack), `prescaled` (B tiles from the
-/// pre-pass kernel), `mbar` (its ring on mbarriers), `unroll` (the steps in unrolled rounds of
-/// both rings), `unroll2` (in unrolled rounds of the B tiles' two slots) and `direct` (code
-/// words straight to registers, the split's B tiles built once).
-pub(crate) fn parse_configs(text: &str) -> Result<Vec<CudaDownConfig>> {
-    let mut configs = Vec::new();
-    for spec in text.split(';').map(str::trim).filter(|s| !s.is_empty()) {
-        let mut c = CudaDownConfig::default();
-        for token in spec.split_whitespace() {
-            let number = |prefix: &str| -> Result<u32> {
-                token[prefix.len()..].parse().with_context(|| format!("--configs: {token:?} in {spec:?}"))
-            };
-            match token {
-                "fold" => c.bias_fold = true,
-                "pack" => c.pack_fma = true,
-                "prescaled" => c.prescaled = true,
-                "mbar" => c.mbarriers = true,
-                "unroll" => c.step_unroll = StepUnroll::BothRings,
-                "unroll2" => c.step_unroll = StepUnroll::BTileSlots,
-                "direct" => c.direct_codes = true,
-                _ if token.starts_with("nc") => c.nc = number("nc")?,
-                _ if token.starts_with("mt") => c.mt = number("mt")?,
-                _ if token.starts_with("ks") => c.ks = number("ks")?,
-                _ if token.starts_with("st") => c.stages = number("st")?,
-                _ if token.starts_with('w') => c.warps = number("w")?,
-                _ if token.starts_with('s') => c.splits = number("s")?,
-                _ => bail!("--configs: unknown field {token:?} in {spec:?}"),
-            }
-        }
-        configs.push(c);
-    }
-    if configs.is_empty() {
-        bail!("--configs: no configuration in {text:?}");
-    }
-    Ok(configs)
-}
-
 /// The kernel's configurations worth trying at `m` rows.
 pub(crate) fn fragment_configs(g: &TrellisGeometry, dtype: Dtype, m: usize) -> Vec<CudaDownConfig> {
     let mut configs = Vec::new();
@@ -292,7 +254,7 @@ pub(crate) fn time_configs(c: Case, args: &Args, report: &mut Report, configs: V
             },
             kernel.0
         );
-        eprintln!("[sweep] {} M={m} {cfg:?}: {med:.1} us", layer.name);
+        eprintln!("[sweep] {} M={m} {cfg}: {med:.1} us", layer.name);
     }
     Ok(())
 }

@@ -29,6 +29,10 @@
 //! With `--ws-stages N,...` it times the chain with the fused gate·up·SwiGLU on the
 //! warp-specialized GEMM at each of those ring depths too, where the plan takes that GEMM.
 //!
+//! With `--down-configs "CFG; ..."` it times each width's chain with the down projection on each
+//! of those down-kernel configurations (`bench_down --configs`'s text form), beside the plan's own
+//! configuration called the same way: a plan change's A/B in one binary and one process.
+//!
 //! `--help` lists every option, with examples.
 
 use std::fmt::Write as _;
@@ -38,7 +42,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mlx_trellis::trellis::cuda::expand::expand_cuda;
-use mlx_trellis::trellis::cuda::tuning::{axis_one_plan, swiglu_with, AxisOneConfig, AxisOneKernel};
+use mlx_trellis::trellis::cuda::tuning::{
+    axis_one_plan, parse_down_configs, swiglu_with, AxisOneConfig, AxisOneKernel, CudaDownConfig,
+};
 use mlx_trellis::trellis::reference::{mlp_forward_f64, rel_err};
 use mlx_trellis::trellis::synthetic::gaussian;
 use mlx_trellis::trellis::{synthetic_mlp, synthetic_mlp_axis_one, CodeLayout, HostLayer, TrellisLinear, TrellisMlp};
@@ -64,7 +70,7 @@ mod variants;
 use dense::{bf16_mlp_residual, dense_twin, q4_matmul, q4_mlp, Bf16Residual, Dense};
 use tables::print_tables;
 use timing::{host_time, time, time_pipelined};
-use variants::{int8_rows, int8_serves, ws_down_rows, ws_stages_rows};
+use variants::{down_config_rows, int8_rows, int8_serves, ws_down_rows, ws_stages_rows};
 
 const HIDDEN: usize = 5120;
 const INTER: usize = 17408;
@@ -93,6 +99,7 @@ const LAYERS: usize = 8;
   target/release/examples/bench_mlp --bits 3 --rows 65,96,128 --ws-down          # the down kernels' A/B
   target/release/examples/bench_mlp --bits 3,2 --no-alone --pipelined           # plus a decode loop's steady state
   target/release/examples/bench_mlp --bits 3 --rows 64,128 --ws-stages 5,7 --no-alone  # ring depths' A/B
+  target/release/examples/bench_mlp --bits 3,2 --rows 5,8 --no-alone --down-configs \"nc2 mt1 ks4 w8 s13 st4 prescaled mbar\"
   target/release/examples/bench_mlp --tp 1 --backend nccl                       # one GPU: the sharded path's overhead
   target/release/examples/bench_mlp --tp 2 --backend nccl --rows 1,8,64
   target/release/examples/bench_mlp --tp 2 --backend ring --hidden 1024 --inter 2048 --layers 2 --rows 1 --evals 3")]
@@ -135,6 +142,14 @@ struct Cli {
     /// the same way (no hand-over of the down kernel's counters)
     #[arg(long, conflicts_with = "tp")]
     int8: bool,
+    /// Also time each width's chain with its down projection (and the residual add) on each of
+    /// these down-kernel configurations instead of the plan (separated by `;`, each as
+    /// `bench_down --configs` takes them, e.g. "nc2 mt1 ks4 w8 s13 st4 prescaled mbar"), beside
+    /// the plan's own configuration called the same way (the swiglu unfed, so the down call
+    /// prepares its own counters); configurations that do not fit the layer are skipped
+    #[arg(long = "down-configs", value_name = "LIST", value_parser = parse_down_configs, conflicts_with = "tp")]
+    // The path spelled out: clap's derive takes a bare `Vec` for a list of separate values.
+    down_configs: Option<::std::vec::Vec<CudaDownConfig>>,
     /// The axis the down projections are coded along: 0 (stored `[in, out]`, the Qwen layout
     /// mlx-bun writes, 3 bits in the block interleave; the down kernel `down_mma.cu`) or 1
     /// (stored `[out, in]` row-major like gate and up, as QTIP and EXL3 store them; the axis-1
@@ -161,6 +176,7 @@ struct Args {
     ws_stages: Vec<u32>,
     int8: bool,
     pipelined: bool,
+    down_configs: Vec<CudaDownConfig>,
     down_axis: u32,
 }
 
@@ -177,6 +193,7 @@ fn parse(c: &Cli) -> Args {
         ws_stages: c.ws_stages.clone(),
         int8: c.int8,
         pipelined: c.pipelined,
+        down_configs: c.down_configs.clone().unwrap_or_default(),
         down_axis: c.down_axis,
     }
 }
@@ -303,6 +320,9 @@ fn bench(cli: &Cli) -> Result<()> {
     if backend() != Backend::Cuda {
         bail!("bench_mlp times the CUDA kernels; this MLX build's back-end is {}", backend());
     }
+    if args.down_axis == 1 && !args.down_configs.is_empty() {
+        bail!("--down-configs configures the axis-0 down kernel; --down-axis 1 runs the axis-1 kernels");
+    }
     let max_m = *args.rows.iter().max().context("no rows")?;
     let x_all = MlxArray::from_slice(&gaussian(max_m * HIDDEN, 99)?, &[max_m, HIDDEN])?.astype(Dtype::Bfloat16)?;
     x_all.eval()?;
@@ -364,6 +384,9 @@ fn bench(cli: &Cli) -> Result<()> {
             }
             if args.int8 && bi == 0 {
                 int8_rows(&case, &mut rows, &mut checks)?;
+            }
+            if !args.down_configs.is_empty() {
+                down_config_rows(&case, k, &mut rows, &mut checks)?;
             }
             // Each projection alone for the first bit width only (the 3-bit layers by default).
             if args.alone && bi == 0 {

@@ -7,6 +7,7 @@ use mlx_trellis::trellis::cuda::tuning::axis_one_plan;
 use mlx_trellis::Dtype;
 
 use crate::dense::Bf16Residual;
+use crate::variants::down_config_name;
 use crate::{graphs, Args, Row, HIDDEN, INTER, LAYERS};
 
 /// The timed row of `m` activation rows named `name`, if that contender ran.
@@ -19,10 +20,10 @@ pub(crate) fn plan_ws_stages() -> u32 {
     axis_one_plan(128, Dtype::Bfloat16, true, INTER).stages
 }
 
-/// The first bit width's chain against its `variants` (each a column header and the row name it
-/// was timed under), µs per MLP layer, median (best), and the planned path's time over each;
-/// row counts where no variant ran are left out.
-pub(crate) fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[(String, String)]) {
+/// The `k`-bit chain against its `variants` (each a column header and the row name it was timed
+/// under), µs per MLP layer, median (best), and the planned path's time over each; row counts
+/// where no variant ran are left out.
+pub(crate) fn variant_table(args: &Args, rows: &[Row], k: u32, title: &str, variants: &[(String, String)]) {
     let get = |m: usize, name: &str| row_of(rows, m, name);
     println!("\n{title}, µs per MLP layer, median (best), and against the planned path");
     let mut header = "| M | planned |".to_string();
@@ -33,7 +34,7 @@ pub(crate) fn variant_table(args: &Args, rows: &[Row], title: &str, variants: &[
     }
     println!("{header}\n{rule}");
     for &m in &args.rows {
-        let Some(planned) = get(m, &format!("trellis k{}", args.bits[0])) else { continue };
+        let Some(planned) = get(m, &format!("trellis k{k}")) else { continue };
         let mut line = format!("| {m} | {:.1} ({:.1}) |", planned.median, planned.best);
         let mut any = false;
         for (_, name) in variants {
@@ -119,7 +120,7 @@ pub(crate) fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()
     if args.ws_down {
         let title = format!("The k{k} chain with the down projection on the warp-specialized GEMM (not planned)");
         let variants = ["ws down, 1 team", "ws down, 3 teams"].map(|v| (v.to_string(), format!("trellis {v}")));
-        variant_table(args, rows, &title, &variants);
+        variant_table(args, rows, k, &title, &variants);
     }
     if !args.ws_stages.is_empty() {
         let title = format!(
@@ -128,13 +129,26 @@ pub(crate) fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()
         );
         let variants: Vec<_> =
             args.ws_stages.iter().map(|s| (format!("{s} stages"), format!("trellis ws, {s} stages"))).collect();
-        variant_table(args, rows, &title, &variants);
+        variant_table(args, rows, k, &title, &variants);
     }
     if args.int8 {
         let title = format!("The k{k} chain with gate·up on the int8 kernel (not planned) and on the plan, both unfed");
         let variants =
             ["gate·up planned, unfed", "gate·up int8, unfed"].map(|v| (v.to_string(), format!("trellis {v}")));
-        variant_table(args, rows, &title, &variants);
+        variant_table(args, rows, k, &title, &variants);
+    }
+    // --down-configs: each width's chain with its down projection on each configuration, and on
+    // the plan's called the same way (unfed).
+    for &k in args.bits.iter().filter(|_| !args.down_configs.is_empty()) {
+        let title = format!("The k{k} chain with the down projection on explicit configurations");
+        let variants: Vec<_> = std::iter::once(None)
+            .chain(args.down_configs.iter().map(Some))
+            .map(|cfg| {
+                let name = down_config_name(k, cfg);
+                (name.trim_start_matches(&format!("k{k} down ")).to_string(), format!("trellis {name}"))
+            })
+            .collect();
+        variant_table(args, rows, k, &title, &variants);
     }
     if args.alone {
         println!("\nEach projection alone, independent calls over the {LAYERS} layers in turn (cold in L2), per call, median µs");

@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use mlx_trellis::trellis::cuda::tuning::{
-    axis_one_plan, down_ws_cuda_with, swiglu_with, AxisOneConfig, AxisOneKernel, CudaDownWsConfig, INT8_MAX_ROWS,
+    axis_one_plan, down_residual_cuda_with, down_ws_cuda_with, plan_for, swiglu_with, AxisOneConfig, AxisOneKernel,
+    CudaDownConfig, CudaDownWsConfig, INT8_MAX_ROWS,
 };
 use mlx_trellis::trellis::TrellisMlp;
 use mlx_trellis::{Dtype, MlxArray};
@@ -33,6 +34,41 @@ pub(crate) fn ws_down_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut Stri
             let (med, best) = time(args.evals, steps, &|| alone(layers, args.rounds, &|l| down(l, &h, None)))?;
             rows.push(Row { m, name: format!("trellis {name} alone"), median: med, best });
         }
+    }
+    Ok(())
+}
+
+/// The row name of the `k`-bit chain with its down projection on `cfg` (`--down-configs`), or
+/// on the plan's own configuration called the same way where `cfg` is `None`.
+pub(crate) fn down_config_name(k: u32, cfg: Option<&CudaDownConfig>) -> String {
+    match cfg {
+        Some(cfg) => format!("k{k} down {cfg}"),
+        None => format!("k{k} down planned, unfed"),
+    }
+}
+
+/// `--down-configs`: the `k`-bit chain with each layer's down projection (and the residual add)
+/// on each given configuration, after the planned gate·up·SwiGLU called on its own (so the down
+/// call prepares its own counters, and its pre-pass where the configuration has one), beside the
+/// plan's configuration called the same way: the first layer against the f64 reference, then
+/// the chain. A configuration that does not fit the layer's geometry is skipped, saying why.
+pub(crate) fn down_config_rows(c: &ChainCase, k: u32, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
+    let ChainCase { layers, m, args, .. } = *c;
+    let auto = mlx_trellis::trellis::ForwardPath::Auto;
+    let g = *layers[0].down().geometry();
+    let planned = plan_for(&g, m, Dtype::Bfloat16);
+    for (cfg, name) in std::iter::once((planned, down_config_name(k, None)))
+        .chain(args.down_configs.iter().map(|cfg| (*cfg, down_config_name(k, Some(cfg)))))
+    {
+        if let Err(e) = cfg.check(&g, Dtype::Bfloat16) {
+            eprintln!("[bench] --down-configs: {cfg} does not fit the k{k} down projection: {e}");
+            continue;
+        }
+        let step = |l: &TrellisMlp, x: &MlxArray| {
+            let d = l.down();
+            down_residual_cuda_with(&l.swiglu_with(x, auto)?, d.codes(), d.scales(), d.geometry(), cfg, x)
+        };
+        chain_variant(c, &name, &step, rows, checks)?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use crate::trellis::format::TrellisGeometry;
 use crate::trellis::operands::LayerOperands;
 
 pub use super::down::config::{CudaDownConfig, StepUnroll};
+pub use super::down::config_text::parse_list as parse_down_configs;
 pub use super::down::plan::{plan, plan_for};
 pub use super::down::ws::CudaDownWsConfig;
 pub use super::gate_up::config::{AxisOneConfig, AxisOneKernel, INT8_MAX_ROWS};

@@ -36,6 +36,7 @@ crate::tuning_mods! {
     config;
     plan;
 }
+pub(crate) mod config_text;
 mod launch;
 
 /// The warp-specialized decode-once GEMM (`down_ws.cu`): not in the plan yet, whose layers it
