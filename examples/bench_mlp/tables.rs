@@ -7,7 +7,7 @@ use mlx_trellis::trellis::cuda::tuning::axis_one_plan;
 use mlx_trellis::Dtype;
 
 use crate::dense::Bf16Residual;
-use crate::variants::down_config_name;
+use crate::variants::down_config_column;
 use crate::{graphs, Args, Row, HIDDEN, INTER, LAYERS};
 
 /// The timed row of `m` activation rows named `name`, if that contender ran.
@@ -139,16 +139,14 @@ pub(crate) fn print_tables(args: &Args, rows: &[Row], checks: &str) -> Result<()
     }
     // --down-configs: each width's chain with its down projection on each configuration, and on
     // the plan's called the same way (unfed).
-    for &k in args.bits.iter().filter(|_| !args.down_configs.is_empty()) {
-        let title = format!("The k{k} chain with the down projection on explicit configurations");
-        let variants: Vec<_> = std::iter::once(None)
-            .chain(args.down_configs.iter().map(Some))
-            .map(|cfg| {
-                let name = down_config_name(k, cfg);
-                (name.trim_start_matches(&format!("k{k} down ")).to_string(), format!("trellis {name}"))
-            })
-            .collect();
-        variant_table(args, rows, k, &title, &variants);
+    if !args.down_configs.is_empty() {
+        let columns: Vec<String> =
+            std::iter::once(None).chain(args.down_configs.iter().map(Some)).map(down_config_column).collect();
+        for &k in &args.bits {
+            let title = format!("The k{k} chain with the down projection on explicit configurations");
+            let variants: Vec<_> = columns.iter().map(|c| (c.clone(), format!("trellis k{k} down {c}"))).collect();
+            variant_table(args, rows, k, &title, &variants);
+        }
     }
     if args.alone {
         println!("\nEach projection alone, independent calls over the {LAYERS} layers in turn (cold in L2), per call, median µs");

@@ -1,6 +1,7 @@
 //! The chains with a kernel the plan does not take (the A/B runs behind the plan's choices).
 
 use anyhow::Result;
+use mlx_trellis::trellis::cuda::down::uses_dense;
 use mlx_trellis::trellis::cuda::tuning::{
     axis_one_plan, down_residual_cuda_with, down_ws_cuda_with, plan_for, swiglu_with, AxisOneConfig, AxisOneKernel,
     CudaDownConfig, CudaDownWsConfig, INT8_MAX_ROWS,
@@ -38,28 +39,26 @@ pub(crate) fn ws_down_rows(c: &ChainCase, rows: &mut Vec<Row>, checks: &mut Stri
     Ok(())
 }
 
-/// The row name of the `k`-bit chain with its down projection on `cfg` (`--down-configs`), or
-/// on the plan's own configuration called the same way where `cfg` is `None`.
-pub(crate) fn down_config_name(k: u32, cfg: Option<&CudaDownConfig>) -> String {
-    match cfg {
-        Some(cfg) => format!("k{k} down {cfg}"),
-        None => format!("k{k} down planned, unfed"),
-    }
+/// The column of the down projection on `cfg` (`--down-configs`), or on the plan's own
+/// configuration called the same way where `cfg` is `None`; the row of the `k`-bit chain is
+/// `trellis k{k} down {column}`.
+pub(crate) fn down_config_column(cfg: Option<&CudaDownConfig>) -> String {
+    cfg.map_or_else(|| "planned, unfed".to_string(), |cfg| cfg.to_string())
 }
 
 /// `--down-configs`: the `k`-bit chain with each layer's down projection (and the residual add)
 /// on each given configuration, after the planned gate·up·SwiGLU called on its own (so the down
 /// call prepares its own counters, and its pre-pass where the configuration has one), beside the
-/// plan's configuration called the same way: the first layer against the f64 reference, then
-/// the chain. A configuration that does not fit the layer's geometry is skipped, saying why.
+/// plan's configuration called the same way (where the plan takes the kernel, not the dense
+/// path): the first layer against the f64 reference, then the chain. A configuration that does
+/// not fit the layer's geometry is skipped, saying why.
 pub(crate) fn down_config_rows(c: &ChainCase, k: u32, rows: &mut Vec<Row>, checks: &mut String) -> Result<()> {
     let ChainCase { layers, m, args, .. } = *c;
     let auto = mlx_trellis::trellis::ForwardPath::Auto;
     let g = *layers[0].down().geometry();
-    let planned = plan_for(&g, m, Dtype::Bfloat16);
-    for (cfg, name) in std::iter::once((planned, down_config_name(k, None)))
-        .chain(args.down_configs.iter().map(|cfg| (*cfg, down_config_name(k, Some(cfg)))))
-    {
+    let planned = (!uses_dense(m, Dtype::Bfloat16)).then(|| plan_for(&g, m, Dtype::Bfloat16));
+    let given = args.down_configs.iter().map(|cfg| (*cfg, down_config_column(Some(cfg))));
+    for (cfg, column) in planned.map(|cfg| (cfg, down_config_column(None))).into_iter().chain(given) {
         if let Err(e) = cfg.check(&g, Dtype::Bfloat16) {
             eprintln!("[bench] --down-configs: {cfg} does not fit the k{k} down projection: {e}");
             continue;
@@ -68,7 +67,7 @@ pub(crate) fn down_config_rows(c: &ChainCase, k: u32, rows: &mut Vec<Row>, check
             let d = l.down();
             down_residual_cuda_with(&l.swiglu_with(x, auto)?, d.codes(), d.scales(), d.geometry(), cfg, x)
         };
-        chain_variant(c, &name, &step, rows, checks)?;
+        chain_variant(c, &format!("k{k} down {column}"), &step, rows, checks)?;
     }
     Ok(())
 }

@@ -51,8 +51,8 @@ impl FromStr for CudaDownConfig {
                 "unroll" => c.step_unroll = StepUnroll::BothRings,
                 "unroll2" => c.step_unroll = StepUnroll::BTileSlots,
                 "direct" => c.direct_codes = true,
-                // "st" before "s": the longer prefix first.
                 _ => {
+                    // "st" before "s": the longer prefix first.
                     let fields: [(&str, &mut u32); 6] = [
                         ("nc", &mut c.nc),
                         ("mt", &mut c.mt),
