@@ -318,8 +318,18 @@ impl MlxArray {
 /// # Safety
 /// `raw` must be a live, evaluated, row-contiguous array of `T::DTYPE` with `n` elements.
 unsafe fn read_evaluated<T: Element>(raw: sys::mlx_array, n: usize) -> std::result::Result<Vec<T>, Error> {
+    // SAFETY: the caller's contract is `borrow_evaluated`'s; the slice is copied out at once.
+    Ok(unsafe { borrow_evaluated::<T>(raw, n) }?.to_vec())
+}
+
+/// The `n` elements of an evaluated, row-contiguous array of dtype `T`, in place.
+///
+/// # Safety
+/// `raw` must be a live, evaluated, row-contiguous array of `T::DTYPE` with `n` elements, and
+/// stay live (and its buffer unchanged) for the slice's lifetime `'a`.
+unsafe fn borrow_evaluated<'a, T: Element>(raw: sys::mlx_array, n: usize) -> std::result::Result<&'a [T], Error> {
     if n == 0 {
-        return Ok(Vec::new());
+        return Ok(&[]);
     }
     // Every typed accessor returns the same start pointer (`array::data<T>()` is a cast), and the
     // x86-64 builds have no f16/bf16 accessors, so the byte accessor serves all types.
@@ -328,9 +338,12 @@ unsafe fn read_evaluated<T: Element>(raw: sys::mlx_array, n: usize) -> std::resu
     if ptr.is_null() {
         return Err(Error::mlx("array has no data after evaluation"));
     }
-    // SAFETY: the buffer holds `n` contiguous `T` (caller's contract), suitably aligned by MLX's
-    // allocator, and lives at least as long as `raw`; the elements are copied out immediately.
-    Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, n) }.to_vec())
+    if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+        return Err(Error::mlx("array data is not aligned for its element type"));
+    }
+    // SAFETY: the buffer holds `n` contiguous, aligned `T` (caller's contract, alignment checked
+    // above) and outlives `'a` (caller's contract).
+    Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, n) })
 }
 
 impl Clone for MlxArray {
@@ -390,6 +403,18 @@ impl SharedArray {
         }
         // SAFETY: `inner` was evaluated and made row-contiguous in `MlxArray::share`.
         unsafe { read_evaluated::<T>(self.inner.raw, self.inner.size()) }
+    }
+
+    /// The elements in place, row-major, for as long as this handle lives. `T` must be the
+    /// array's dtype.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        if self.dtype() != T::DTYPE {
+            invalid!("cannot read a {} array as {}", self.dtype(), T::DTYPE);
+        }
+        // SAFETY: `inner` was evaluated and made row-contiguous in `MlxArray::share`, and `self`
+        // holds a reference to it, so MLX neither frees nor donates its buffer while the slice
+        // (borrowing `self`) lives.
+        unsafe { borrow_evaluated::<T>(self.inner.raw, self.inner.size()) }
     }
 
     /// A handle on the calling thread, usable in new operations.

@@ -721,7 +721,7 @@ fn magnitude_case(rng: &mut SplitMix64) -> Result<String, String> {
     let xa = MlxArray::from_slice(&x, &[m, g.in_features()]).map_err(|e| e.to_string())?;
     let xr: Vec<f64> = x.iter().map(|&v| f64::from(v)).collect();
     let want = forward_f64(&xr, m, &enc.layer.codes, &enc.layer.scales, &g).map_err(|e| e.to_string())?;
-    for path in [ForwardPath::Generic, ForwardPath::Reference] {
+    for path in [ForwardPath::Generic, ForwardPath::Host, ForwardPath::Reference] {
         let y = layer.forward_with(&xa, path).map_err(|e| format!("{label}: {path}: {e:#}"))?;
         let got: Vec<f64> = y.to_vec::<f32>().map_err(|e| e.to_string())?.into_iter().map(f64::from).collect();
         let err = rel_err(&got, &want).map_err(|e| e.to_string())?;

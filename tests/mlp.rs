@@ -24,23 +24,25 @@ fn x(m: usize, hidden: usize, dtype: Dtype) -> (MlxArray, Vec<f64>) {
 }
 
 #[test]
-fn the_generic_path_matches_the_f64_reference() {
+fn the_generic_and_host_paths_match_the_f64_reference() {
     for (k, down_layout) in [(2, CodeLayout::RowMajor), (3, CodeLayout::K3Interleaved), (4, CodeLayout::RowMajor)] {
         let c = mlp(512, 1024, k, down_layout);
-        for dtype in [Dtype::Float32, Dtype::Bfloat16] {
-            for m in [1, 3, 8, 17] {
-                let (x, xr) = x(m, 512, dtype);
-                let want = mlp_forward_f64(&xr, m, &c.host.0, &c.host.1, &c.host.2).unwrap();
-                let y = c.mlp.forward_with(&x, ForwardPath::Generic).unwrap();
-                assert_eq!((y.shape(), y.dtype()), (vec![m, 512], dtype));
-                let err = rel_err(&to_f64(&y), &want).unwrap();
-                // f32: two MLX f32 matmuls in a row; bf16: the output's and h's roundings.
-                let bound = if dtype == Dtype::Float32 { 2.0 * f32_matmul_gate() } else { gate(dtype) };
-                assert!(err < bound, "k {k} {dtype} M {m}: relErr {err:.3e}");
-                let h = c.mlp.swiglu_with(&x, ForwardPath::Generic).unwrap();
-                let h_want = swiglu_f64(&xr, m, &c.host.0, &c.host.1).unwrap();
-                let err = rel_err(&to_f64(&h), &h_want).unwrap();
-                assert!(err < bound, "SwiGLU k {k} {dtype} M {m}: relErr {err:.3e}");
+        for (path, f32_gate) in [(ForwardPath::Generic, f32_matmul_gate()), (ForwardPath::Host, 1e-5)] {
+            for dtype in [Dtype::Float32, Dtype::Bfloat16] {
+                for m in [1, 3, 8, 17] {
+                    let (x, xr) = x(m, 512, dtype);
+                    let want = mlp_forward_f64(&xr, m, &c.host.0, &c.host.1, &c.host.2).unwrap();
+                    let y = c.mlp.forward_with(&x, path).unwrap();
+                    assert_eq!((y.shape(), y.dtype()), (vec![m, 512], dtype));
+                    let err = rel_err(&to_f64(&y), &want).unwrap();
+                    // f32: two f32 products in a row; bf16: the output's and h's roundings.
+                    let bound = if dtype == Dtype::Float32 { 2.0 * f32_gate } else { gate(dtype) };
+                    assert!(err < bound, "{path} k {k} {dtype} M {m}: relErr {err:.3e}");
+                    let h = c.mlp.swiglu_with(&x, path).unwrap();
+                    let h_want = swiglu_f64(&xr, m, &c.host.0, &c.host.1).unwrap();
+                    let err = rel_err(&to_f64(&h), &h_want).unwrap();
+                    assert!(err < bound, "{path} SwiGLU k {k} {dtype} M {m}: relErr {err:.3e}");
+                }
             }
         }
     }
@@ -59,7 +61,7 @@ fn the_reference_path_is_the_f64_mlp_and_keeps_leading_dimensions() {
     }
     // No rows: an empty result of the right shape by every path.
     let empty = MlxArray::zeros(&[0, 512], Dtype::Float32).unwrap();
-    for path in [ForwardPath::Auto, ForwardPath::Generic, ForwardPath::Reference] {
+    for path in [ForwardPath::Auto, ForwardPath::Generic, ForwardPath::Host, ForwardPath::Reference] {
         assert_eq!(c.mlp.forward_with(&empty, path).unwrap().shape(), vec![0, 512], "{path}");
     }
 }

@@ -113,7 +113,8 @@ fn activations(m: usize, n: usize, seed: u64, dtype: Dtype) -> (MlxArray, Vec<f6
 
 /// The CPU paths to check, with their f32 gate.
 fn cpu_paths() -> Vec<(ForwardPath, f64)> {
-    let mut paths = vec![(ForwardPath::Generic, f32_matmul_gate()), (ForwardPath::Reference, 1e-6)];
+    let mut paths =
+        vec![(ForwardPath::Generic, f32_matmul_gate()), (ForwardPath::Host, 1e-5), (ForwardPath::Reference, 1e-6)];
     if cfg!(feature = "metal-sim") {
         paths.push((ForwardPath::MetalSim, gate(Dtype::Float32)));
     }

@@ -82,6 +82,7 @@ fn axis_zero_equals_the_transpose_coded_with_axis_one() {
     for h in [&h0, &h1] {
         let lin = TrellisLinear::from_host("w", h).unwrap();
         check_forward(&lin, h, 3, Dtype::Float32, ForwardPath::Generic, f32_matmul_gate());
+        check_forward(&lin, h, 3, Dtype::Float32, ForwardPath::Host, 1e-5);
     }
 }
 
@@ -114,6 +115,12 @@ fn forward_matches_the_f64_reference() {
         for m in [1, 2, 5, 8] {
             check_forward(&lin, &h, m, Dtype::Float32, ForwardPath::Generic, f32_matmul_gate());
             check_forward(&lin, &h, m, Dtype::Bfloat16, ForwardPath::Generic, 1e-2);
+        }
+        // The host path in passes of 16 rows: one pass, a full one, and a partial second.
+        for m in [1, 3, 16, 37] {
+            check_forward(&lin, &h, m, Dtype::Float32, ForwardPath::Host, 1e-5);
+            check_forward(&lin, &h, m, Dtype::Bfloat16, ForwardPath::Host, 1e-2);
+            check_forward(&lin, &h, m, Dtype::Float16, ForwardPath::Host, 1e-2);
         }
         check_forward(&lin, &h, 3, Dtype::Float16, ForwardPath::Auto, 1e-2);
         check_forward(&lin, &h, 2, Dtype::Float32, ForwardPath::Reference, 1e-6);

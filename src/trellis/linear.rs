@@ -26,7 +26,7 @@ use super::operands::LayerOperands;
 use super::reference_coded::forward_coded_f64;
 use super::rotation::{CodedAxis, Rotation};
 use super::transform::AxisTransform;
-use super::{cuda, metal};
+use super::{cuda, host, metal};
 use crate::memory::check_fits;
 
 /// How a forward pass is computed.
@@ -36,6 +36,9 @@ pub enum ForwardPath {
     Auto,
     /// Decode to dense f32 with MLX operations, then MLX's matmul (every back-end).
     Generic,
+    /// Multi-threaded Rust on the host CPU, reading MLX's arrays in place (every back-end; the
+    /// best on MLX's CPU back-end, which has no custom kernels): see [`host`](crate::trellis::host).
+    Host,
     /// The plain-Rust f64 reference on the host (slow; for checks).
     Reference,
     /// The Metal kernels (Apple GPUs): the upstream down kernels on axis 0, the gate/up kernels on
@@ -50,9 +53,10 @@ pub enum ForwardPath {
 
 impl ForwardPath {
     /// Every path, for listings.
-    pub const ALL: [ForwardPath; 6] = [
+    pub const ALL: [ForwardPath; 7] = [
         ForwardPath::Auto,
         ForwardPath::Generic,
+        ForwardPath::Host,
         ForwardPath::Reference,
         ForwardPath::Metal,
         ForwardPath::MetalSim,
@@ -64,6 +68,7 @@ impl ForwardPath {
         match self {
             ForwardPath::Auto => "auto",
             ForwardPath::Generic => "generic",
+            ForwardPath::Host => "host",
             ForwardPath::Reference => "reference",
             ForwardPath::Metal => "metal",
             ForwardPath::MetalSim => "metal-sim",
@@ -271,7 +276,7 @@ impl TrellisLinear {
         let gpu = match backend() {
             Backend::Metal => ForwardPath::Metal,
             Backend::Cuda => ForwardPath::Cuda,
-            Backend::Cpu => return ForwardPath::Generic,
+            Backend::Cpu => return ForwardPath::Host,
         };
         let served = match gpu {
             ForwardPath::Cuda => cuda::down::supports(&self.geometry) || cuda::gate_up::supports(&self.geometry),
@@ -438,6 +443,7 @@ impl TrellisLinear {
             ForwardPath::Auto => unreachable!("resolved by forward_with"),
             ForwardPath::Reference => unreachable!("taken by forward_2d (it applies the coded axis in f64)"),
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
+            ForwardPath::Host => host::forward(x2, &self.codes, &self.scales, g),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
                 unserved!("the Metal kernels do not serve {g} (k 2..4; down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256)")
             }

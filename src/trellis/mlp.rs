@@ -364,7 +364,7 @@ impl TrellisMlp {
                 let h = swiglu_coded_f64(&host_f64(x2)?, m, (&g, &ga), (&u, &ua))?;
                 from_host_f64(&h, &[m, self.intermediate()], x2.dtype())
             }
-            ForwardPath::Generic => self.separate(x2, path),
+            ForwardPath::Generic | ForwardPath::Host => self.separate(x2, path),
             _ if !self.fuses_gate_up() => self.separate(x2, path),
             // Gate and up share the input transform: rotate and pad once.
             ForwardPath::Cuda => {

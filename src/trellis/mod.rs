@@ -17,6 +17,7 @@ pub mod cuda;
 pub mod encoder;
 pub mod format;
 pub mod generic;
+pub mod host;
 pub mod linear;
 pub mod metal;
 pub mod mlp;
