@@ -440,6 +440,18 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_array_reads_in_place() {
+        // A strided view is made contiguous by `share`; its slice is the row-major elements.
+        let a = MlxArray::from_slice(&[1u32, 2, 3, 4, 5, 6], &[2, 3]).unwrap().t().unwrap();
+        let shared = a.share().unwrap();
+        assert_eq!(shared.as_slice::<u32>().unwrap(), &[1, 4, 2, 5, 3, 6]);
+        assert_eq!(shared.as_slice::<u32>().unwrap(), shared.to_vec::<u32>().unwrap().as_slice());
+        assert!(shared.as_slice::<f32>().is_err());
+        let empty = MlxArray::zeros(&[0, 4], Dtype::Float32).unwrap().share().unwrap();
+        assert!(empty.as_slice::<f32>().unwrap().is_empty());
+    }
+
+    #[test]
     fn clone_shares_and_deep_copy_copies() {
         let a = MlxArray::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap();
         let shared = a.clone();

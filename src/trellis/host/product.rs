@@ -36,7 +36,11 @@ struct Call<'a> {
     m: usize,
 }
 
-/// A unit's scratch: the gathered words and the decoded values of one block.
+/// Axis 0: lane groups (of [`LANES`] stored rows) decoded before one pass over a unit's sums,
+/// so that each sum is loaded and stored once for this many multiply-adds.
+const GROUPS_PER_PASS: usize = 4;
+
+/// A unit's scratch: the gathered words, and the decoded values of [`GROUPS_PER_PASS`] blocks.
 struct Scratch {
     words: Vec<Lanes<u32>>,
     values: Vec<Lanes<f32>>,
@@ -44,14 +48,16 @@ struct Scratch {
 
 impl Scratch {
     fn new(win: &Windows) -> Scratch {
-        Scratch { words: win.word_scratch(), values: vec![[0.0; LANES]; win.positions()] }
+        Scratch { words: win.word_scratch(), values: vec![[0.0; LANES]; GROUPS_PER_PASS * win.positions()] }
     }
 
-    /// Decodes block `b` of stored rows `r0..r0 + LANES` into `self.values` (code values `y`).
+    /// Decodes block `b` of stored rows `r0..r0 + LANES` into slot `slot` of `self.values`
+    /// (code values `y`, `t` positions a slot).
     #[inline(always)]
-    fn decode(&mut self, call: &Call<'_>, r0: usize, b: usize) {
+    fn decode(&mut self, call: &Call<'_>, r0: usize, b: usize, slot: usize) {
+        let t = call.win.positions();
         call.win.gather(call.codes, call.g, r0, b, &mut self.words);
-        call.win.decode(&self.words, &mut self.values);
+        call.win.decode(&self.words, &mut self.values[slot * t..(slot + 1) * t]);
     }
 }
 
@@ -97,7 +103,7 @@ fn axis_one_unit(call: &Call<'_>, r0: usize, scratch: &mut Scratch, acc: &mut [[
     let (t, cols) = (call.win.positions(), call.g.cols);
     acc.iter_mut().for_each(|a| *a = [[0.0; LANES]; CHAINS]);
     for b in 0..call.g.blocks_per_row() {
-        scratch.decode(call, r0, b);
+        scratch.decode(call, r0, b, 0);
         for (row, acc_row) in acc.iter_mut().enumerate() {
             let xs = &call.x[row * cols + b * t..][..t];
             // In registers along the block (a store to `acc` per step would be the loop's bound).
@@ -173,21 +179,33 @@ fn axis_zero_unit(
 ) {
     let (t, n) = (call.win.positions(), call.g.rows);
     acc.iter_mut().for_each(|a| *a = f32x8::ZERO);
-    for r0 in rows.step_by(LANES) {
-        scratch.decode(call, r0, b);
+    let end = rows.end;
+    for r0 in rows.step_by(LANES * GROUPS_PER_PASS) {
+        for slot in 0..GROUPS_PER_PASS {
+            scratch.decode(call, r0 + slot * LANES, b, slot);
+        }
+        let values = &scratch.values;
         for (row, a) in acc.chunks_exact_mut(t).enumerate() {
-            // The activation of each lane's input times its row's scale; 0 past the last row.
-            let mut xs = [0f32; LANES];
-            for (lane, xl) in xs.iter_mut().enumerate() {
-                if r0 + lane < n {
-                    *xl = call.x[row * n + r0 + lane] * call.scales[r0 + lane];
+            // The activation of each lane's input times its row's scale; 0 past the unit's rows.
+            let mut xs = [f32x8::ZERO; GROUPS_PER_PASS];
+            for (slot, xv) in xs.iter_mut().enumerate() {
+                let mut lanes = [0f32; LANES];
+                for (lane, xl) in lanes.iter_mut().enumerate() {
+                    let r = r0 + slot * LANES + lane;
+                    if r < end {
+                        *xl = call.x[row * n + r] * call.scales[r];
+                    }
                 }
+                *xv = f32x8::from(lanes);
             }
             // Explicit vectors here: as lane loops, the compiler vectorizes this loop across
             // positions instead, with a transpose of every eight.
-            let xs = f32x8::from(xs);
-            for (ap, v) in a.iter_mut().zip(&scratch.values) {
-                *ap += f32x8::from(*v) * xs;
+            for (pos, ap) in a.iter_mut().enumerate() {
+                let mut sum = *ap;
+                for (slot, xv) in xs.iter().enumerate() {
+                    sum += f32x8::from(values[slot * t + pos]) * *xv;
+                }
+                *ap = sum;
             }
         }
     }
