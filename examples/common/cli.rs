@@ -11,8 +11,9 @@ use mlx_trellis::Dtype;
 /// `--path`: which implementation runs the coded layers.
 #[derive(Args, Debug, Clone)]
 pub struct PathArg {
-    /// Force an implementation: auto, generic, reference, metal, metal-sim or cuda (auto: the GPU
-    /// kernels where the back-end has them and the geometry is served, else generic)
+    /// Force an implementation: auto, generic, host, reference, metal, metal-sim or cuda (auto:
+    /// the GPU kernels where the back-end has them and the geometry is served, else generic; on
+    /// MLX's CPU back-end, host)
     #[arg(long, value_name = "PATH", default_value = "auto")]
     pub path: ForwardPath,
 }

@@ -37,7 +37,7 @@ pub enum ForwardPath {
     /// Decode to dense f32 with MLX operations, then MLX's matmul (every back-end).
     Generic,
     /// Multi-threaded Rust on the host CPU, reading MLX's arrays in place (every back-end; the
-    /// best on MLX's CPU back-end, which has no custom kernels): see [`host`](crate::trellis::host).
+    /// best on MLX's CPU back-end, which has no custom kernels): see [`crate::trellis::host`].
     Host,
     /// The plain-Rust f64 reference on the host (slow; for checks).
     Reference,

@@ -3,7 +3,7 @@
 //! A folder per job and per back-end: [`format`](mod@format) (geometry, codebook, code layouts, host layers),
 //! [`reference`](mod@reference) (the plain-Rust decoder every kernel is checked against),
 //! [`synthetic`] (seeded layers and activations), [`generic`] (the path made of MLX operations,
-//! for every back-end), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the upstream
+//! for every back-end), [`host`] (the CPU's multi-threaded SIMD kernel), [`linear`] (one coded projection and the choice of path), [`mlp`] (a coded MLP), [`metal`] (the upstream
 //! Metal kernel families, one file each, with the upstream names), [`cuda`] (the CUDA kernels),
 //! [`encoder`] (dense weights to codes), [`model`] (artifacts on disk), [`shard`] (tensor-parallel
 //! shards of an MLP by stored rows), and a layer's coded axis (docs/format.md §10): [`rotation`]

@@ -83,7 +83,7 @@ fn axis_one(call: &Call<'_>) -> Vec<f32> {
     // Each group's outputs, [group][row][lane].
     let mut parts = vec![0f32; groups * m * LANES];
     parts.par_chunks_mut(m * LANES).enumerate().for_each_init(
-        || (Scratch::new(&call.win), vec![[[0f32; LANES]; CHAINS]; m]),
+        || (Scratch::new(call.win), vec![[[0f32; LANES]; CHAINS]; m]),
         |(scratch, acc), (group, out)| axis_one_unit(call, group * LANES, scratch, acc, out),
     );
     let mut y = vec![0f32; m * g.rows];
@@ -146,7 +146,7 @@ fn axis_zero(call: &Call<'_>) -> Vec<f32> {
     // Each unit's sums, [block][part][row][position].
     let mut sums = vec![0f32; blocks * parts * m * t];
     sums.par_chunks_mut(m * t).enumerate().for_each_init(
-        || (Scratch::new(&call.win), vec![f32x8::ZERO; m * t]),
+        || (Scratch::new(call.win), vec![f32x8::ZERO; m * t]),
         |(scratch, acc), (unit, out)| {
             let (b, part) = (unit / parts, unit % parts);
             let first = part * ROWS_PER_PART;
