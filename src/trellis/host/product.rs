@@ -252,4 +252,24 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn sums_do_not_depend_on_the_thread_count() {
+        for axis in [0, 1] {
+            // Axis 0 with three units of inputs a block; 3 rows: one pass.
+            let layer = random_layer(1100, &LAYER_CASES[1], axis, 77);
+            let g = layer.geometry;
+            let x = gaussian(3 * g.in_features(), 78).unwrap();
+            let scales: Vec<f32> = layer.scales.iter().map(|s| s.to_f32()).collect();
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+                pool.install(|| product(&x, 3, &layer.codes, &scales, &g))
+            };
+            let one = run(1);
+            for threads in [2, 3, 8] {
+                let many = run(threads);
+                assert!(one.iter().zip(&many).all(|(a, b)| a.to_bits() == b.to_bits()), "{g}: {threads} threads");
+            }
+        }
+    }
 }
