@@ -9,7 +9,7 @@
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use half::f16;
 
@@ -22,11 +22,12 @@ use super::checks::{activation_rows, check_codes, check_scales};
 use super::cuda::swiglu_rotate::Side;
 use super::format::{CodeLayout, HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
+use super::host::HostOperands;
 use super::operands::LayerOperands;
 use super::reference_coded::forward_coded_f64;
 use super::rotation::{CodedAxis, Rotation};
 use super::transform::AxisTransform;
-use super::{cuda, host, metal};
+use super::{cuda, metal};
 use crate::memory::check_fits;
 
 /// How a forward pass is computed.
@@ -105,6 +106,8 @@ pub struct TrellisLinear {
     geometry: TrellisGeometry,
     /// Boxed: most layers have none, and a layer is held in enums beside small variants.
     transform: Option<Arc<AxisTransform>>,
+    /// The host path's operands, made at its first call (shared by clones: the same codes).
+    host: Arc<OnceLock<HostOperands>>,
 }
 
 /// Runs `run` by `path` and returns the path taken with its result. [`ForwardPath::Auto`] takes
@@ -160,7 +163,7 @@ impl TrellisLinear {
 
     /// A layer whose operands passed [`check_codes`] and [`check_scales`].
     pub(crate) fn from_checked(name: &str, codes: MlxArray, scales: MlxArray, geometry: TrellisGeometry) -> Self {
-        TrellisLinear { name: name.to_string(), codes, scales, geometry, transform: None }
+        TrellisLinear { name: name.to_string(), codes, scales, geometry, transform: None, host: Arc::default() }
     }
 
     /// The layer with coded axis `axis` (checked against the geometry: its logical columns, its
@@ -443,7 +446,7 @@ impl TrellisLinear {
             ForwardPath::Auto => unreachable!("resolved by forward_with"),
             ForwardPath::Reference => unreachable!("taken by forward_2d (it applies the coded axis in f64)"),
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
-            ForwardPath::Host => host::forward(x2, &self.codes, &self.scales, g),
+            ForwardPath::Host => self.host_operands()?.forward(x2),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
                 unserved!("the Metal kernels do not serve {g} (k 2..4; down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256)")
             }
@@ -452,6 +455,15 @@ impl TrellisLinear {
             ForwardPath::Cuda if g.axis == 1 => cuda::gate_up::linear(x2, &self.codes, &self.scales, g),
             ForwardPath::Cuda => cuda::down::down_cuda(x2, &self.codes, &self.scales, g),
         }
+    }
+
+    /// The host path's operands, made (checked and evaluated) at the first call.
+    fn host_operands(&self) -> Result<&HostOperands> {
+        if let Some(h) = self.host.get() {
+            return Ok(h);
+        }
+        let h = HostOperands::new(&self.codes, &self.scales, &self.geometry)?;
+        Ok(self.host.get_or_init(|| h))
     }
 
     /// The f64 reference on the host (rotation and padding in f64 too), `[m, out]` in `x2`'s

@@ -12,30 +12,59 @@
 mod lanes;
 mod product;
 
-use crate::array::MlxArray;
+use crate::array::{MlxArray, SharedArray};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 use crate::trellis::checks::check_layer;
 use crate::trellis::format::TrellisGeometry;
 
+/// A layer's operands as the host path reads them: the codes evaluated and read in place, the
+/// scales in f32. Made once per layer (its first host call), so that each call evaluates only
+/// its activations: every evaluation is a round trip to MLX's CPU stream.
+pub struct HostOperands {
+    geometry: TrellisGeometry,
+    codes: SharedArray,
+    scales: Vec<f32>,
+}
+
+impl HostOperands {
+    /// Checks and evaluates stored `codes` (uint32 in `g`'s layout) and `scales` (float16, one
+    /// per stored row, finite).
+    pub fn new(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<HostOperands> {
+        g.validate()?;
+        check_layer("host path", codes, scales, g)?;
+        let scales = scales.astype(Dtype::Float32)?.to_vec::<f32>()?;
+        if let Some((row, s)) = scales.iter().enumerate().find(|(_, s)| !s.is_finite()) {
+            invalid!("host path: the scale of stored row {row} of {g} is {s}; scales must be finite");
+        }
+        Ok(HostOperands { geometry: *g, codes: codes.share()?, scales })
+    }
+
+    /// `x2 [m, in] · W -> [m, out]` in `x2`'s dtype (f32 inside).
+    pub fn forward(&self, x2: &MlxArray) -> Result<MlxArray> {
+        let g = &self.geometry;
+        let shape = x2.shape();
+        if shape.len() != 2 || shape[1] != g.in_features() {
+            invalid!("host path: activations {shape:?} must be [M, {}] for {g}", g.in_features());
+        }
+        let m = shape[0];
+        let x = match x2.dtype() {
+            Dtype::Float32 => x2.to_vec::<f32>()?,
+            _ => x2.astype(Dtype::Float32)?.to_vec::<f32>()?,
+        };
+        let y = product::product(&x, m, self.codes.as_slice::<u32>()?, &self.scales, g);
+        let y = MlxArray::from_slice(&y, &[m, g.out_features()])?;
+        match x2.dtype() {
+            Dtype::Float32 => Ok(y),
+            dtype => y.astype(dtype),
+        }
+    }
+}
+
 /// `x2 [m, in] · W -> [m, out]` in `x2`'s dtype (f32 inside) for stored codes and scales of
-/// geometry `g`.
+/// geometry `g` ([`HostOperands`] made for one call).
 pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
-    g.validate()?;
-    check_layer("host path", codes, scales, g)?;
-    let shape = x2.shape();
-    if shape.len() != 2 || shape[1] != g.in_features() {
-        invalid!("host path: activations {shape:?} must be [M, {}] for {g}", g.in_features());
-    }
-    let m = shape[0];
-    let scales = scales.astype(Dtype::Float32)?.to_vec::<f32>()?;
-    if let Some((row, s)) = scales.iter().enumerate().find(|(_, s)| !s.is_finite()) {
-        invalid!("host path: the scale of stored row {row} of {g} is {s}; scales must be finite");
-    }
-    let codes = codes.share()?;
-    let x = x2.astype(Dtype::Float32)?.to_vec::<f32>()?;
-    let y = product::product(&x, m, codes.as_slice::<u32>()?, &scales, g);
-    MlxArray::from_slice(&y, &[m, g.out_features()])?.astype(x2.dtype())
+    HostOperands::new(codes, scales, g)?.forward(x2)
 }
 
 /// Random layers of every shape the host path handles, for its tests.
