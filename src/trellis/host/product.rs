@@ -1,8 +1,8 @@
 //! The host product on plain slices: `x · W` straight from the codes.
 //!
-//! It decodes each block once per pass of [`ROW_TILE`] activation rows, [`LANES`] stored rows at a time, and spread the work
-//! over rayon's threads in units fixed by the geometry alone, so the sums do not depend on the
-//! thread count. Each unit's work is compiled for several instruction sets and picked at run
+//! It decodes each block once per pass of [`ROW_TILE`] activation rows, [`LANES`] stored rows at
+//! a time, and spreads the work over rayon's threads in units fixed by the geometry alone, so the
+//! sums do not depend on the thread count. Each unit's work is compiled for several instruction sets and picked at run
 //! time (`multiversion`): x86-64's baseline, SSE2, has no 32-bit lane multiply for the 1MAD hash
 //! and only 4-lane vectors, so an AVX2 machine runs the decode 8 lanes an instruction instead.
 
@@ -109,7 +109,7 @@ fn axis_one_unit(call: &Call<'_>, r0: usize, scratch: &mut Scratch, acc: &mut [[
             // In registers along the block (a store to `acc` per step would be the loop's bound).
             let mut a = *acc_row;
             let mut x_chunks = xs.chunks_exact(CHAINS);
-            let mut v_chunks = scratch.values.chunks_exact(CHAINS);
+            let mut v_chunks = scratch.values[..t].chunks_exact(CHAINS);
             for (xc, vc) in (&mut x_chunks).zip(&mut v_chunks) {
                 for c in 0..CHAINS {
                     for lane in 0..LANES {
@@ -167,7 +167,8 @@ fn axis_zero(call: &Call<'_>) -> Vec<f32> {
     y
 }
 
-/// Axis 0's unit: block `b` of outputs summed over stored rows `rows` into `out` (`[row][position]`).
+/// Axis 0's unit: block `b` of outputs summed over stored rows `rows` into `out`
+/// (`[row][position]`).
 #[multiversion(targets = "simd")]
 fn axis_zero_unit(
     call: &Call<'_>,
