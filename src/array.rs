@@ -338,7 +338,7 @@ unsafe fn borrow_evaluated<'a, T: Element>(raw: sys::mlx_array, n: usize) -> std
     if ptr.is_null() {
         return Err(Error::mlx("array has no data after evaluation"));
     }
-    if (ptr as usize) % std::mem::align_of::<T>() != 0 {
+    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::mlx("array data is not aligned for its element type"));
     }
     // SAFETY: the buffer holds `n` contiguous, aligned `T` (caller's contract, alignment checked

@@ -607,7 +607,7 @@ fn worker(
                 on_disk.insert(name.clone(), bytes.clone());
             }
         }
-        let forward = loaded < FORWARD_ALL_BELOW || loaded % FORWARD_EVERY == 0;
+        let forward = loaded < FORWARD_ALL_BELOW || loaded.is_multiple_of(FORWARD_EVERY);
         match catch_unwind(AssertUnwindSafe(|| run_case(&dir, &files, forward))) {
             Ok(Ok(outcome)) => {
                 if matches!(outcome, Outcome::Loaded | Outcome::LoadedAndRun) {

@@ -182,7 +182,7 @@ fn direct_code_loads_match_the_reference(layers: &[Case]) {
                     ks,
                     warps: 4,
                     bias_fold: fold,
-                    pack_fma: fold && n % 2 == 0,
+                    pack_fma: fold && n.is_multiple_of(2),
                     direct_codes: true,
                     ..Default::default()
                 };
@@ -271,7 +271,7 @@ fn every_configuration_matches_the_reference() {
             let splits = [1u32, 5, 13][n % 3];
             // (n / 4) % 2: every layer meets both dtypes (n % 2 would pair them with n % 4).
             // The IMAD pack applies to 16-bit activations only, so it always gets bf16.
-            let dtype = if (n / 4) % 2 == 0 && !pack_fma { Dtype::Float32 } else { Dtype::Bfloat16 };
+            let dtype = if (n / 4).is_multiple_of(2) && !pack_fma { Dtype::Float32 } else { Dtype::Bfloat16 };
             let cfg = CudaDownConfig {
                 nc,
                 mt,
@@ -889,7 +889,7 @@ fn a_pair_of_matrices_of_different_geometries_is_refused() {
 /// 1 + `mt` % 4 steps ahead (1 to 4 over the tests' shapes), three producer teams where
 /// `stages` is a multiple of 3, else one.
 fn down_ws(mt: u32, stages: u32, ctas: u32, bias_fold: bool) -> CudaDownWsConfig {
-    let teams = if stages % 3 == 0 { 3 } else { 1 };
+    let teams = if stages.is_multiple_of(3) { 3 } else { 1 };
     CudaDownWsConfig { mt, stages, ctas, bias_fold, lookahead: 1 + mt % 4, teams }
 }
 

@@ -54,7 +54,7 @@ impl Writer {
     /// A tensor of GGML type `ty` with dimensions `ne` (innermost first) and raw `bytes`, placed
     /// at the next 32-byte boundary of the data section.
     fn tensor(&mut self, name: &str, ne: &[u64], ty: u32, bytes: &[u8]) -> &mut Self {
-        while self.data.len() % 32 != 0 {
+        while !self.data.len().is_multiple_of(32) {
             self.data.push(0);
         }
         self.tensor_at(name, ne, ty, self.data.len() as u64, bytes)
@@ -78,7 +78,7 @@ impl Writer {
         out.extend(self.kv_count.to_le_bytes());
         out.extend(&self.kv);
         out.extend(&self.infos);
-        while out.len() % 32 != 0 {
+        while !out.len().is_multiple_of(32) {
             out.push(0);
         }
         out.extend(&self.data);

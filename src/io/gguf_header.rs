@@ -423,7 +423,7 @@ fn tensor_info(
         return bad(format!("has dimensions {ne:?}, more than the {MAX_MLX_INT} elements MLX reads"));
     };
     let (block_elems, block_bytes) = ggml_type.block();
-    if ne[0] % block_elems != 0 {
+    if !ne[0].is_multiple_of(block_elems) {
         let t = ggml_type.name();
         return bad(format!(
             "is {t} with an innermost dimension of {}, not a multiple of its {block_elems}-weight blocks",
@@ -432,7 +432,7 @@ fn tensor_info(
     }
     // `elements` fits 31 bits and a block is at most 144 bytes: no overflow.
     let bytes = elements / block_elems * block_bytes;
-    if offset % alignment != 0 {
+    if !offset.is_multiple_of(alignment) {
         return bad(format!("has data offset {offset}, not a multiple of the alignment {alignment}"));
     }
     let end = data_start.checked_add(offset).and_then(|s| s.checked_add(bytes));

@@ -36,7 +36,7 @@ pub fn rope(x: &MlxArray, dims: usize, traditional: bool, base: f32, scale: f32,
         invalid!("rope: input of shape {shape:?} needs at least [positions, features]");
     }
     let last = shape[shape.len() - 1];
-    if dims == 0 || dims % 2 != 0 || dims > last {
+    if dims == 0 || !dims.is_multiple_of(2) || dims > last {
         invalid!("rope: dims {dims} must be even, positive and at most the last axis ({last})");
     }
     if !(base.is_finite() && base > 0.0 && scale.is_finite()) {

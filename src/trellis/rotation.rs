@@ -67,7 +67,7 @@ impl Rotation {
         if !block.is_power_of_two() || block > MAX_ROTATION_BLOCK {
             invalid!("rotation: block {block} is not a power of two in 1..={MAX_ROTATION_BLOCK}");
         }
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             invalid!("rotation: block {block} does not divide the axis length {n}");
         }
         if let Some((i, s)) = signs.iter().enumerate().find(|(_, &s)| s != 1.0 && s != -1.0) {
@@ -104,7 +104,7 @@ impl Rotation {
     /// Checks that `data` is whole rows of `n` values; returns the row count.
     fn rows_of(&self, what: &str, len: usize) -> Result<usize> {
         let n = self.len();
-        if len % n != 0 {
+        if !len.is_multiple_of(n) {
             invalid!("rotation: {what} of {len} values are not whole rows of {n}");
         }
         Ok(len / n)

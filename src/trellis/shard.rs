@@ -69,11 +69,11 @@ impl RowShard {
         if self.count == 1 {
             return Ok(0..total);
         }
-        if total % self.count != 0 {
+        if !total.is_multiple_of(self.count) {
             invalid!("{what}: {total} stored rows do not split into {} equal shards", self.count);
         }
         let per = total / self.count;
-        if per % SHARD_ROW_MULTIPLE != 0 {
+        if !per.is_multiple_of(SHARD_ROW_MULTIPLE) {
             invalid!(
                 "{what}: {total} stored rows in {} shards give {per} rows each, not a multiple of {SHARD_ROW_MULTIPLE} (the kernels' row granularity)",
                 self.count

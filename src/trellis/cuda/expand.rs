@@ -29,7 +29,7 @@ const WEIGHTS_PER_THREAD: usize = 16;
 /// Whether the kernel serves this geometry: T = 256, L <= 16, k in 2..=8 (either axis: it
 /// decodes the stored matrix as stored).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols % 256 == 0
+    g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols.is_multiple_of(256)
 }
 
 fn kernel() -> Result<&'static CudaKernel> {
@@ -78,7 +78,7 @@ fn prepared_launch(g: &TrellisGeometry, dtype: Dtype) -> Result<Arc<Prepared>> {
             invalid!("CUDA expand kernel: {g} needs {threads} threads, more than one launch grid holds (2^31 - 1)");
         }
         // Threads per row are a multiple of 16 (cols % 256 == 0); the widest block that divides.
-        let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads % b == 0).unwrap_or(16);
+        let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads.is_multiple_of(*b)).unwrap_or(16);
         let launch = LaunchConfig::new([threads, 1, 1], [block, 1, 1])
             .output(&[g.rows, g.cols], dtype)
             .template_dtype("T", dtype)

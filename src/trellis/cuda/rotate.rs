@@ -79,7 +79,7 @@ pub(crate) fn rotate_with_signs(
             signs.shape()
         );
     }
-    if !serves(x.dtype(), block) || n == 0 || n % block != 0 || out_cols < n || in_cols < n {
+    if !serves(x.dtype(), block) || n == 0 || !n.is_multiple_of(block) || out_cols < n || in_cols < n {
         invalid!(
             "CUDA rotation: {} activations, {n} columns in blocks of {block}, rows of {in_cols} -> {out_cols}",
             x.dtype()

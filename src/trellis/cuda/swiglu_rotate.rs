@@ -77,7 +77,11 @@ pub(crate) fn swiglu_rotated(
             invalid!("{what}: the {side} side stores {} columns, fewer than the {n} it carries", s.stored);
         }
         if let Some((signs, block)) = s.rotation {
-            if !serves(dtype, block) || n % block != 0 || signs.shape() != [n] || signs.dtype() != Dtype::Float32 {
+            if !serves(dtype, block)
+                || !n.is_multiple_of(block)
+                || signs.shape() != [n]
+                || signs.dtype() != Dtype::Float32
+            {
                 invalid!(
                     "{what}: the {side} side's rotation of block {block} with signs {:?} {} over {n} columns (f32 [{n}], a power-of-two block of at most {MAX_ROTATION_BLOCK} dividing {n})",
                     signs.shape(),

@@ -75,7 +75,7 @@ pub fn search_blocks(x: &[f32], k: u32, l: u32, lut: &[f32]) -> Result<Vec<u16>>
     if lut.len() != 1 << l {
         invalid!("CUDA Viterbi: {} state values given for L = {l} ({} expected)", lut.len(), 1usize << l);
     }
-    if x.is_empty() || x.len() % T != 0 {
+    if x.is_empty() || !x.len().is_multiple_of(T) {
         invalid!("CUDA Viterbi: {} weights are not a positive number of {T}-weight blocks", x.len());
     }
     let blocks = x.len() / T;

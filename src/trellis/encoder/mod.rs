@@ -340,7 +340,7 @@ pub fn encode_padded(
     if logical_cols == 0 {
         invalid!("encoder: the matrix is empty ({rows} rows x 0 columns)");
     }
-    if logical_cols % t == 0 {
+    if logical_cols.is_multiple_of(t) {
         return encode_with_progress(weights, rows, logical_cols, cfg, progress);
     }
     let Some(cols) = logical_cols.div_ceil(t).checked_mul(t) else {
@@ -427,7 +427,7 @@ fn encode_inner(
     if rows.checked_mul(cols) != Some(weights.len()) {
         invalid!("encoder: {} weights given for {rows} rows x {cols} columns", weights.len());
     }
-    if cols % t != 0 {
+    if !cols.is_multiple_of(t) {
         invalid!("encoder: {cols} columns are not a whole number of {t}-weight blocks (cols % T != 0)");
     }
     if let Some(i) = weights.iter().position(|v| !v.is_finite()) {

@@ -59,7 +59,7 @@ impl TrellisGeometry {
             invalid!("{}: k = {k} bits per weight is outside 1..=8", at());
         }
         let block_bits = t as u64 * k as u64;
-        if t == 0 || block_bits % 32 != 0 {
+        if t == 0 || !block_bits.is_multiple_of(32) {
             invalid!(
                 "{}: a block of T = {t} weights at k = {k} bits is not a whole number of 32-bit words (T*k % 32 != 0)",
                 at()
@@ -85,7 +85,7 @@ impl TrellisGeometry {
                     );
                 }
                 let cols = bits / k as usize;
-                if cols % t as usize != 0 {
+                if !cols.is_multiple_of(t as usize) {
                     invalid!(
                         "{}: {cols} columns per row are not a whole number of {t}-weight blocks (cols % T != 0)",
                         at()
@@ -138,7 +138,7 @@ impl TrellisGeometry {
                 Some(bits) if bits % 32 == 0 => vec![self.rows, bits / 32],
                 _ => invalid!("geometry {self}: {} columns at k = {} are not whole 32-bit words", self.cols, self.k),
             },
-            2 if self.cols % 512 == 0 => vec![self.cols / 512, self.rows, 48],
+            2 if self.cols.is_multiple_of(512) => vec![self.cols / 512, self.rows, 48],
             2 => invalid!("geometry {self}: the block interleave needs cols % 512 == 0"),
             b => invalid!("geometry {self}: block_interleave = {b} must be 0 (row-major) or 2 (3-bit interleave)"),
         };
@@ -162,7 +162,7 @@ impl TrellisGeometry {
     /// The same matrix in the 3-bit block-interleaved layout (checked: k 3, T 256, L 12, axis 0,
     /// cols a multiple of 512).
     pub fn interleaved(&self) -> Result<TrellisGeometry> {
-        if self.cols % 512 != 0 {
+        if !self.cols.is_multiple_of(512) {
             invalid!("the 3-bit block interleave needs cols % 512 == 0, got {} columns", self.cols);
         }
         TrellisGeometry::from_codes_shape(

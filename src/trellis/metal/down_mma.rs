@@ -32,7 +32,7 @@ pub const SPLITS: usize = 8;
 /// Whether these kernels serve `g` (for 1..8 rows): axis 0, T 256, C % 256 == 0, L <= 12, in
 /// either layout (the interleave is 3-bit).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 0 && g.t == 256 && g.cols % 256 == 0 && g.l <= 12 && (g.layout() == CodeLayout::RowMajor || g.k == 3)
+    g.axis == 0 && g.t == 256 && g.cols.is_multiple_of(256) && g.l <= 12 && (g.layout() == CodeLayout::RowMajor || g.k == 3)
 }
 
 /// Words covering `2S` positions plus the L-bit window, after realignment.

@@ -75,7 +75,7 @@ pub fn plan(layout: CodeLayout, m: usize) -> DownPass {
 /// Whether these kernels serve `g` (any row count): axis 0, T 256, C % 256 == 0, R % 8 == 0,
 /// L <= 12, in either layout (the interleave is 3-bit).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    down_mma::supports(g) && g.rows % 8 == 0
+    down_mma::supports(g) && g.rows.is_multiple_of(8)
 }
 
 fn launch(

@@ -193,7 +193,7 @@ impl CudaDownConfig {
     /// Activations per load in the kernel (its `VW`): 8 where the rows are a multiple of 8 and a
     /// step's B tile (`8 * mt` rows by `16 * ks`) gives every thread at least 8, else 1.
     fn activations_per_load(&self, g: &TrellisGeometry) -> u32 {
-        if g.rows % 8 == 0 && self.b_tile_activations() >= 8 * 32 * self.warps {
+        if g.rows.is_multiple_of(8) && self.b_tile_activations() >= 8 * 32 * self.warps {
             8
         } else {
             1
@@ -239,7 +239,7 @@ impl CudaDownConfig {
         }
         // Loading activations one at a time, a thread keeps one step row, which needs the block's
         // threads to be a multiple of the step's rows.
-        if !self.prescaled && self.activations_per_load(g) == 1 && (32 * self.warps) % (16 * self.ks) != 0 {
+        if !self.prescaled && self.activations_per_load(g) == 1 && !(32 * self.warps).is_multiple_of(16 * self.ks) {
             invalid!(
                 "CUDA down kernel: {} warps cannot load steps of {} rows of {g} one activation at a time",
                 self.warps,
@@ -257,7 +257,7 @@ impl CudaDownConfig {
         }
         // A block covers whole coded blocks (a divisor of the row's) or one part of a coded block.
         let tile = self.tile_positions();
-        let whole = tile % 256 == 0 && g.blocks_per_row() % (tile / 256) == 0;
+        let whole = tile.is_multiple_of(256) && g.blocks_per_row().is_multiple_of(tile / 256);
         if !whole && 256 % tile != 0 {
             invalid!(
                 "CUDA down kernel: {} warps of {} sub-tiles cover {tile} positions, neither a part of a coded block nor a divisor of the {} coded blocks of {g}",

@@ -11,7 +11,7 @@ use super::config::{CudaDownConfig, StepUnroll};
 /// widths it is tested at against the reference; wider codes are refused as unserved) and
 /// columns (outputs) a multiple of 256 (whole column tiles of the kernel).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=4).contains(&g.k) && g.cols % 256 == 0
+    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=4).contains(&g.k) && g.cols.is_multiple_of(256)
 }
 
 /// An error naming the geometry where [`supports`] says no.
@@ -90,7 +90,7 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
     // first, then a shallower ring, shorter steps (rows that are not a multiple of 8 also need a
     // step's rows to divide the block's threads). No more splits than steps.
     while cfg.copied_blocks() > 1
-        && (g.blocks_per_row() % cfg.copied_blocks() != 0
+        && (!g.blocks_per_row().is_multiple_of(cfg.copied_blocks())
             || cfg.shared_bytes(g, dtype == Dtype::Float32) > cfg.plan_shared_budget())
     {
         cfg.warps /= 2;

@@ -129,7 +129,7 @@ impl CudaDownWsConfig {
                 self.teams
             );
         }
-        if self.stages % self.teams != 0 {
+        if !self.stages.is_multiple_of(self.teams) {
             invalid!(
                 "{what}: stages = {} is not a multiple of teams = {} (each stage is filled by one team)",
                 self.stages,
@@ -155,7 +155,7 @@ impl CudaDownWsConfig {
 /// rows are whole blocks of 256 (a step is 64 of a block's rows, and the pre-pass's image is of
 /// whole blocks).
 pub fn serves(g: &TrellisGeometry) -> bool {
-    super::supports(g) && g.rows % 256 == 0
+    super::supports(g) && g.rows.is_multiple_of(256)
 }
 
 /// The kernel, registered once per variant, shared-memory size and block size: blocks of 256

@@ -176,7 +176,7 @@ impl AxisOneConfig {
         if self.prefetch && self.kernel != AxisOneKernel::Gemm {
             invalid!("CUDA axis-1 kernel: prefetch is the GEMM's (the {:?} kernel reads its code words as it goes)", self.kernel);
         }
-        if self.split_k != 1 && (self.kernel != AxisOneKernel::Gemm || !(1..=4).contains(&self.split_k) || self.warps % self.split_k != 0) {
+        if self.split_k != 1 && (self.kernel != AxisOneKernel::Gemm || !(1..=4).contains(&self.split_k) || !self.warps.is_multiple_of(self.split_k)) {
             invalid!(
                 "CUDA axis-1 kernel: split_k = {} is the GEMM's, 1 to 4 warps a tile dividing its {} warps (the {:?} kernel)",
                 self.split_k,
@@ -188,7 +188,7 @@ impl AxisOneConfig {
             && (self.kernel != AxisOneKernel::Gemm
                 || !matches!(self.row_split, 2 | 4)
                 || self.split_k != 1
-                || self.warps % self.row_split != 0)
+                || !self.warps.is_multiple_of(self.row_split))
         {
             invalid!(
                 "CUDA axis-1 kernel: row_split = {} is the GEMM's, 1, 2 or 4 warps a tile dividing its {} warps, without split_k (got split_k = {}, the {:?} kernel)",
