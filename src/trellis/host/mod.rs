@@ -52,19 +52,13 @@ impl HostOperands {
             Dtype::Float32 => x2.to_vec::<f32>()?,
             _ => x2.astype(Dtype::Float32)?.to_vec::<f32>()?,
         };
-        let y = product::product(&x, m, self.codes.as_slice::<u32>()?, &self.scales, g);
+        let y = product::product(&x, m, self.codes.as_slice::<u32>()?, &self.scales, g)?;
         let y = MlxArray::from_slice(&y, &[m, g.out_features()])?;
         match x2.dtype() {
             Dtype::Float32 => Ok(y),
             dtype => y.astype(dtype),
         }
     }
-}
-
-/// `x2 [m, in] · W -> [m, out]` in `x2`'s dtype (f32 inside) for stored codes and scales of
-/// geometry `g` ([`HostOperands`] made for one call).
-pub fn forward(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
-    HostOperands::new(codes, scales, g)?.forward(x2)
 }
 
 /// Random layers of every shape the host path handles, for its tests.

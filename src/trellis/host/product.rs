@@ -11,6 +11,8 @@ use rayon::prelude::*;
 use wide::f32x8;
 
 use super::lanes::{Lanes, Windows, LANES};
+use crate::alloc::try_with_capacity;
+use crate::error::{invalid, Result};
 use crate::trellis::format::codebook::TRELLIS_RCP;
 use crate::trellis::format::TrellisGeometry;
 
@@ -63,16 +65,19 @@ impl Scratch {
 
 /// `x [m, in] · W -> [m, out]` in f32 for a validated geometry whose `codes` and f32 `scales`
 /// have its sizes, and `x` of `m * in` values: [`ROW_TILE`] activation rows a pass, each pass
-/// decoding every block once.
-pub(super) fn product(x: &[f32], m: usize, codes: &[u32], scales: &[f32], g: &TrellisGeometry) -> Vec<f32> {
+/// decoding every block once. An output that overflows or cannot be allocated is an error.
+pub(super) fn product(x: &[f32], m: usize, codes: &[u32], scales: &[f32], g: &TrellisGeometry) -> Result<Vec<f32>> {
     let (inf, outf) = (g.in_features(), g.out_features());
     let win = Windows::new(g);
-    let mut y = Vec::with_capacity(m * outf);
+    let Some(n) = m.checked_mul(outf) else {
+        invalid!("host path: an output of [{m}, {outf}] values overflows");
+    };
+    let mut y = try_with_capacity(n, || format!("the host path's output [{m}, {outf}]"))?;
     for tile in x.chunks(ROW_TILE * inf) {
         let call = Call { g, win: &win, codes, scales, x: tile, m: tile.len() / inf };
         y.extend(if g.axis == 0 { axis_zero(&call) } else { axis_one(&call) });
     }
-    y
+    Ok(y)
 }
 
 /// Axis 1 (stored `[out, in]`): a unit is a group of [`LANES`] outputs, each lane's dot product
@@ -107,19 +112,13 @@ fn axis_one_unit(call: &Call<'_>, r0: usize, scratch: &mut Scratch, acc: &mut [[
         for (row, acc_row) in acc.iter_mut().enumerate() {
             let xs = &call.x[row * cols + b * t..][..t];
             // In registers along the block (a store to `acc` per step would be the loop's bound).
+            // `t` is a multiple of CHAINS: `t * k` is whole 32-bit words with k <= 8.
             let mut a = *acc_row;
-            let mut x_chunks = xs.chunks_exact(CHAINS);
-            let mut v_chunks = scratch.values[..t].chunks_exact(CHAINS);
-            for (xc, vc) in (&mut x_chunks).zip(&mut v_chunks) {
+            for (xc, vc) in xs.chunks_exact(CHAINS).zip(scratch.values[..t].chunks_exact(CHAINS)) {
                 for c in 0..CHAINS {
                     for lane in 0..LANES {
                         a[c][lane] += xc[c] * vc[c][lane];
                     }
-                }
-            }
-            for (&xv, v) in x_chunks.remainder().iter().zip(v_chunks.remainder()) {
-                for lane in 0..LANES {
-                    a[0][lane] += xv * v[lane];
                 }
             }
             *acc_row = a;
@@ -243,7 +242,7 @@ mod tests {
                     let g = layer.geometry;
                     let x = gaussian(m * g.in_features(), 5 + i as u64).unwrap();
                     let scales: Vec<f32> = layer.scales.iter().map(|s| s.to_f32()).collect();
-                    let got = product(&x, m, &layer.codes, &scales, &g);
+                    let got = product(&x, m, &layer.codes, &scales, &g).unwrap();
                     let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
                     let want = forward_f64(&x64, m, &layer.codes, &layer.scales, &g).unwrap();
                     assert_eq!(got.len(), want.len());
@@ -264,7 +263,7 @@ mod tests {
             let scales: Vec<f32> = layer.scales.iter().map(|s| s.to_f32()).collect();
             let run = |threads: usize| {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                pool.install(|| product(&x, 3, &layer.codes, &scales, &g))
+                pool.install(|| product(&x, 3, &layer.codes, &scales, &g).unwrap())
             };
             let one = run(1);
             for threads in [2, 3, 8] {
