@@ -425,6 +425,8 @@ impl TrellisLinear {
     fn forward_2d(&self, x2: &MlxArray, m: usize, path: ForwardPath) -> Result<MlxArray> {
         match (&self.transform, path) {
             (_, ForwardPath::Reference) => self.reference_forward(x2, m),
+            // The rotation and padding on the host too: one evaluation of the activations.
+            (_, ForwardPath::Host) => self.host_operands()?.forward(x2),
             (None, path) => self.stored_forward(x2, path),
             (Some(t), path) => t.logical_output(&self.stored_forward(&t.stored_input(x2)?, path)?),
         }
@@ -446,7 +448,7 @@ impl TrellisLinear {
             ForwardPath::Auto => unreachable!("resolved by forward_with"),
             ForwardPath::Reference => unreachable!("taken by forward_2d (it applies the coded axis in f64)"),
             ForwardPath::Generic => generic_forward_f32(x2, &self.codes, &self.scales, g)?.astype(x2.dtype()),
-            ForwardPath::Host => self.host_operands()?.forward(x2),
+            ForwardPath::Host => unreachable!("taken by forward_2d (it applies the coded axis on the host)"),
             ForwardPath::Metal | ForwardPath::MetalSim if !metal::serves(g) => {
                 unserved!("the Metal kernels do not serve {g} (k 2..4; down kernels: axis 0; gate/up kernels: axis 1, row-major, T 256)")
             }
@@ -458,11 +460,11 @@ impl TrellisLinear {
     }
 
     /// The host path's operands, made (checked and evaluated) at the first call.
-    fn host_operands(&self) -> Result<&HostOperands> {
+    pub(crate) fn host_operands(&self) -> Result<&HostOperands> {
         if let Some(h) = self.host.get() {
             return Ok(h);
         }
-        let h = HostOperands::new(&self.codes, &self.scales, &self.geometry)?;
+        let h = HostOperands::new(&self.codes, &self.scales, &self.geometry, &self.coded_axis())?;
         Ok(self.host.get_or_init(|| h))
     }
 

@@ -29,7 +29,7 @@ use super::linear::{from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisL
 use super::model::Artifact;
 use super::reference_coded::{mlp_coded_f64, swiglu_coded_f64};
 use super::shard::{check_rule_axis, RowShard};
-use super::{cuda, metal};
+use super::{cuda, host, metal};
 
 /// One coded MLP: gate, up and down projections of matching widths.
 #[derive(Clone)]
@@ -204,6 +204,13 @@ impl TrellisMlp {
                 None => Ok(y),
             };
         }
+        if path == ForwardPath::Host || (path == ForwardPath::Auto && self.runs_on_host()) {
+            let y = self.host_forward(x)?;
+            return match residual {
+                Some(r) => r.add(&y),
+                None => Ok(y),
+            };
+        }
         if let Some(y) = self.joined_on_cuda(x, path, residual)? {
             return Ok(y);
         }
@@ -317,6 +324,33 @@ impl TrellisMlp {
         }
     }
 
+    /// Whether [`ForwardPath::Auto`] runs each projection on the host path (MLX's CPU
+    /// back-end): then the whole MLP is one host call.
+    fn runs_on_host(&self) -> bool {
+        [&self.gate, &self.up, &self.down].iter().all(|l| l.best_path() == ForwardPath::Host)
+    }
+
+    /// The MLP of `x` on the host path as one call: one evaluation of `x`, gate, up, the SwiGLU
+    /// and down (each with its rotation and padding) in f32 on the host, one rounding to `x`'s
+    /// dtype.
+    fn host_forward(&self, x: &MlxArray) -> Result<MlxArray> {
+        let (x2, lead) = self.rows(x)?;
+        let (m, dtype) = (x2.shape()[0], x2.dtype());
+        let out_shape = widths(&lead, self.hidden());
+        if m == 0 {
+            return MlxArray::zeros(&out_shape, dtype);
+        }
+        let (gate, up, down) = (&self.gate, &self.up, &self.down);
+        let y = (|| {
+            for l in [gate, up, down] {
+                l.check_fits(m, dtype)?;
+            }
+            let ops = (gate.host_operands()?, up.host_operands()?, down.host_operands()?);
+            host::mlp_forward(ops.0, ops.1, ops.2, &x2)?.reshape(&out_shape)
+        })();
+        y.with_context(|| format!("MLP of {:?}, {:?} and {:?} by the host path", gate.name(), up.name(), down.name()))
+    }
+
     /// Gate's and up's stored outputs on MLX's CUDA back-end: one launch of the down kernel's pair
     /// variant where both are stored along their outputs (axis 0) with one geometry (their input
     /// then needs no transform), a call each otherwise.
@@ -340,7 +374,7 @@ impl TrellisMlp {
         if x2.shape()[0] == 0 {
             return MlxArray::zeros(&out_shape, x.dtype());
         }
-        if path == ForwardPath::Auto && !self.fuses_gate_up() {
+        if path == ForwardPath::Auto && !self.fuses_gate_up() && !self.runs_on_host() {
             // Each projection by its own best path.
             let h = (|| self.gate.forward(&x2)?.silu()?.multiply(&self.up.forward(&x2)?))();
             return h.and_then(|h| h.reshape(&out_shape)).with_context(|| {
@@ -364,7 +398,8 @@ impl TrellisMlp {
                 let h = swiglu_coded_f64(&host_f64(x2)?, m, (&g, &ga), (&u, &ua))?;
                 from_host_f64(&h, &[m, self.intermediate()], x2.dtype())
             }
-            ForwardPath::Generic | ForwardPath::Host => self.separate(x2, path),
+            ForwardPath::Host => host::swiglu_forward(self.gate.host_operands()?, self.up.host_operands()?, x2),
+            ForwardPath::Generic => self.separate(x2, path),
             _ if !self.fuses_gate_up() => self.separate(x2, path),
             // Gate and up share the input transform: rotate and pad once.
             ForwardPath::Cuda => {
