@@ -7,7 +7,9 @@
 //! where the back-end has one and it applies (gate and up both on axis 1 with one geometry and
 //! one coded axis: both code tensors read for the same output rows, the input rotated once,
 //! `silu(g) ⊙ u` written in the activation dtype); otherwise gate and up run projection by
-//! projection. The down projection runs by its own kernels. The paths follow
+//! projection. The down projection runs by its own kernels. On the host path (MLX's CPU
+//! back-end) the whole MLP is one call: one evaluation of its input, every projection, rotation
+//! and the SwiGLU in f32 on the host, one rounding of its output. The paths follow
 //! [`TrellisLinear`]'s rule: a forced path whose kernels do not serve a part fails with
 //! [`Error::Unserved`](crate::Error::Unserved); [`ForwardPath::Auto`] falls back to the generic
 //! path part by part (projection by projection where the fused kernel does not apply).
