@@ -128,6 +128,51 @@ fn forward_matches_the_f64_reference() {
 }
 
 #[test]
+fn layers_of_one_input_match_the_reference_and_their_own_calls() {
+    // Both axes, three widths; leading dimensions kept; 1 to 37 rows (passes of 16).
+    let hs = [
+        layer(96, 512, 3, 12, 1, CodeLayout::RowMajor, 41),
+        layer(512, 256, 2, 12, 0, CodeLayout::RowMajor, 42),
+        layer(40, 512, 4, 16, 1, CodeLayout::RowMajor, 43),
+    ];
+    let lins: Vec<TrellisLinear> = hs.iter().map(|h| TrellisLinear::from_host("w", h).unwrap()).collect();
+    let refs: Vec<&TrellisLinear> = lins.iter().collect();
+    for (m, dtype, gate) in [(1, Dtype::Float32, 1e-5), (18, Dtype::Float32, 1e-5), (37, Dtype::Bfloat16, 1e-2)] {
+        let x = MlxArray::from_slice(&gaussian(m * 512, 50 + m as u64).unwrap(), &[1, m, 512]).unwrap();
+        let x = x.astype(dtype).unwrap();
+        let xr: Vec<f64> =
+            x.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+        let ys = TrellisLinear::forward_shared_input(&refs, &x).unwrap();
+        assert_eq!(ys.len(), hs.len());
+        for ((y, h), lin) in ys.iter().zip(&hs).zip(&lins) {
+            let g = h.geometry;
+            assert_eq!(y.shape(), vec![1, m, g.out_features()]);
+            assert_eq!(y.dtype(), dtype);
+            let got: Vec<f64> =
+                y.astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+            let want = forward_f64(&xr, m, &h.codes, &h.scales, &g).unwrap();
+            let err = rel_err(&got, &want).unwrap();
+            assert!(err < gate, "{g} M {m} {dtype}: relErr {err:.3e} >= {gate:.0e}");
+            // The same products as the layer's own call.
+            let own = lin.forward(&x).unwrap().astype(Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+            assert!(own.iter().zip(&got).all(|(&a, &b)| f64::from(a) == b), "{g} M {m} {dtype}");
+        }
+    }
+    let err = TrellisLinear::forward_shared_input(
+        &[&lins[0], &lins[1], &lins[2]],
+        &MlxArray::zeros(&[2, 256], Dtype::Float32).unwrap(),
+    );
+    assert!(err.unwrap_err().to_string().contains("have 256 features"));
+    let other = TrellisLinear::from_host("narrow", &layer(8, 256, 2, 12, 1, CodeLayout::RowMajor, 44)).unwrap();
+    let err =
+        TrellisLinear::forward_shared_input(&[&lins[0], &other], &MlxArray::zeros(&[2, 512], Dtype::Float32).unwrap());
+    assert!(err.unwrap_err().to_string().contains("must share their input"));
+    let none =
+        TrellisLinear::forward_shared_input(&refs, &MlxArray::zeros(&[0, 512], Dtype::Float32).unwrap()).unwrap();
+    assert_eq!(none.iter().map(|y| y.shape()).collect::<Vec<_>>(), vec![vec![0, 96], vec![0, 256], vec![0, 40]]);
+}
+
+#[test]
 fn forward_keeps_leading_dimensions_and_refuses_bad_activations() {
     let h = layer(64, 256, 2, 12, 0, CodeLayout::RowMajor, 3);
     let lin = TrellisLinear::from_host("down", &h).unwrap();

@@ -4,6 +4,7 @@ use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::nn::{rope, scaled_dot_product_attention, AttentionMask};
 use crate::ops::concatenate;
+use crate::trellis::TrellisLinear;
 
 use super::config::LlamaConfig;
 use super::linear::Linear;
@@ -67,6 +68,18 @@ impl Attention {
         x.reshape(&[1, l, heads, self.head_dim])?.transpose(&[0, 2, 1, 3])
     }
 
+    /// The q, k and v projections of `x`: coded ones as one call where the back-end allows
+    /// ([`TrellisLinear::forward_shared_input`]: on the host path one evaluation of `x`).
+    fn qkv(&self, x: &MlxArray) -> Result<[MlxArray; 3]> {
+        if let (Linear::Trellis(q), Linear::Trellis(k), Linear::Trellis(v)) = (&self.q, &self.k, &self.v) {
+            return match <[MlxArray; 3]>::try_from(TrellisLinear::forward_shared_input(&[q, k, v], x)?) {
+                Ok(qkv) => Ok(qkv),
+                Err(ys) => invalid!("q, k and v gave {} outputs", ys.len()),
+            };
+        }
+        Ok([self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?])
+    }
+
     /// The attention output (before the residual) of `x` (`[1, L, hidden]`, normalized), at the
     /// positions after those `cache` holds; appends this call's keys and values to `cache`.
     /// `observe` sees the input of every projection (q, k and v share `x`).
@@ -81,9 +94,10 @@ impl Attention {
         for name in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] {
             observe(name, x)?;
         }
-        let q = self.split_heads(&self.q.forward(x)?, self.heads)?;
-        let k = self.split_heads(&self.k.forward(x)?, self.kv_heads)?;
-        let v = self.split_heads(&self.v.forward(x)?, self.kv_heads)?;
+        let [q, k, v] = self.qkv(x)?;
+        let q = self.split_heads(&q, self.heads)?;
+        let k = self.split_heads(&k, self.kv_heads)?;
+        let v = self.split_heads(&v, self.kv_heads)?;
         // llama.cpp's converter permuted the Q/K rows so that each rotated pair is adjacent.
         let q = rope(&q, self.head_dim, true, self.rope_base, 1.0, offset)?;
         let k = rope(&k, self.head_dim, true, self.rope_base, 1.0, offset)?;

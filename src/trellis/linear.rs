@@ -22,7 +22,7 @@ use super::checks::{activation_rows, check_codes, check_scales};
 use super::cuda::swiglu_rotate::Side;
 use super::format::{CodeLayout, HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
-use super::host::HostOperands;
+use super::host::{self, HostOperands};
 use super::operands::LayerOperands;
 use super::reference_coded::forward_coded_f64;
 use super::rotation::{CodedAxis, Rotation};
@@ -381,6 +381,45 @@ impl TrellisLinear {
     /// [`TrellisLinear::forward`].
     pub fn forward_residual(&self, x: &MlxArray, residual: &MlxArray) -> Result<MlxArray> {
         self.forward_residual_with(x, residual, ForwardPath::Auto)
+    }
+
+    /// `x · W` for each of `layers`, which take the same input (a block's q, k and v
+    /// projections), by the best path for this back-end: on the host path (MLX's CPU back-end)
+    /// one evaluation of `x` and the products side by side, elsewhere each layer's
+    /// [`forward`](TrellisLinear::forward).
+    pub fn forward_shared_input(layers: &[&TrellisLinear], x: &MlxArray) -> Result<Vec<MlxArray>> {
+        let on_host = layers.iter().all(|l| l.best_path() == ForwardPath::Host);
+        let Some(first) = layers.first().filter(|_| on_host && layers.len() > 1) else {
+            return layers.iter().map(|l| l.forward(x)).collect();
+        };
+        if let Some(l) = layers.iter().find(|l| l.in_features() != first.in_features()) {
+            invalid!(
+                "{:?} takes {} features but {:?} takes {}: the layers must share their input",
+                first.name,
+                first.in_features(),
+                l.name,
+                l.in_features()
+            );
+        }
+        let (x2, lead) = activation_rows(&first.name, "layer", x, first.in_features(), Some(&first.geometry))?;
+        let m = x2.shape()[0];
+        if m == 0 {
+            return layers.iter().map(|l| l.forward(x)).collect();
+        }
+        let names = || layers.iter().map(|l| l.name.as_str()).collect::<Vec<_>>().join(", ");
+        let ys = (|| {
+            let mut ops = Vec::with_capacity(layers.len());
+            for l in layers {
+                l.check_fits(m, x.dtype())?;
+                ops.push(l.host_operands()?);
+            }
+            host::shared_input_forward(&ops, &x2)
+        })();
+        let ys = ys.with_context(|| format!("{} on one input by the host path", names()))?;
+        ys.into_iter()
+            .zip(layers)
+            .map(|(y, l)| y.reshape(&lead.iter().copied().chain([l.out_features()]).collect::<Vec<_>>()))
+            .collect()
     }
 
     /// [`TrellisLinear::forward_residual`] by a chosen path.

@@ -16,6 +16,8 @@ mod lanes;
 mod mlp;
 mod product;
 
+use rayon::prelude::*;
+
 use crate::array::{MlxArray, SharedArray};
 use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
@@ -120,6 +122,21 @@ pub(crate) fn mlp_forward(
     let x = activations(x2)?;
     let y = rayon::scope(|_| mlp::mlp(gate, up, down, &x, m))?;
     output(&y, m, down.out_features(), x2.dtype())
+}
+
+/// `x2 · W` for each of `layers` (which share their input), in `x2`'s dtype: one evaluation,
+/// the products side by side on the host.
+pub(crate) fn shared_input_forward(layers: &[&HostOperands], x2: &MlxArray) -> Result<Vec<MlxArray>> {
+    let Some(first) = layers.first() else {
+        return Ok(Vec::new());
+    };
+    let m = first.rows_of(x2)?;
+    for l in layers {
+        l.rows_of(x2)?;
+    }
+    let x = activations(x2)?;
+    let ys = rayon::scope(|_| layers.par_iter().map(|l| l.product(&x, m)).collect::<Result<Vec<_>>>())?;
+    ys.iter().zip(layers).map(|(y, l)| output(y, m, l.out_features(), x2.dtype())).collect()
 }
 
 /// The values of `x2` in f32 (evaluates it).
