@@ -13,8 +13,8 @@ use crate::alloc::try_with_capacity;
 use crate::error::{invalid, Result};
 use crate::trellis::rotation::{CodedAxis, Rotation};
 
-/// Values rotated on the calling thread alone: below this, waking rayon's threads costs more
-/// than the butterflies (about 10 ns a value in f64).
+/// Values rotated on the calling thread alone: up to this many (a few tens of µs of
+/// butterflies) the threads' wake-up would cost about as much as it saves.
 const SERIAL_VALUES: usize = 1 << 14;
 
 /// Which way a row is rotated.
@@ -24,18 +24,17 @@ enum Direction {
     Inverse,
 }
 
-/// Every row of `rows` (whole rows of the rotation's length) times `Q` or `Qᵀ`.
-fn rotate_each(rows: &mut [f32], r: &Rotation, direction: Direction) -> Result<()> {
+/// The first `r.len()` values of every row of `stride` in `data` times `Q` or `Qᵀ`.
+fn rotate_each(data: &mut [f32], stride: usize, r: &Rotation, direction: Direction) -> Result<()> {
     let one = |row: &mut [f32]| match direction {
-        Direction::Forward => r.rotate_rows(row),
-        Direction::Inverse => r.inverse_rows(row),
+        Direction::Forward => r.rotate_rows(&mut row[..r.len()]),
+        Direction::Inverse => r.inverse_rows(&mut row[..r.len()]),
     };
-    if rows.len() <= SERIAL_VALUES {
-        return one(rows);
+    if data.len() <= SERIAL_VALUES {
+        return data.chunks_exact_mut(stride).try_for_each(one);
     }
-    // A few rows a task, so that each task's scratch row is reused.
-    let per_task = r.len() * (SERIAL_VALUES / r.len()).max(1);
-    rows.par_chunks_mut(per_task).try_for_each(one)
+    let per_task = stride * (SERIAL_VALUES / stride).max(1);
+    data.par_chunks_mut(per_task).try_for_each(|rows| rows.chunks_exact_mut(stride).try_for_each(one))
 }
 
 /// The activations an axis-1 layer's stored matrix takes for logical `x` (`m` rows of
@@ -57,14 +56,7 @@ pub(super) fn stored_input<'a>(x: &'a [f32], m: usize, axis: &CodedAxis, stored:
         xs.resize(xs.len() + stored - n, 0.0);
     }
     if let Some(r) = &axis.rotation {
-        // Rotate the logical part of each stored row: as whole rows where there is no padding.
-        if n == stored {
-            rotate_each(&mut xs, r, Direction::Forward)?;
-        } else {
-            for row in xs.chunks_exact_mut(stored) {
-                rotate_each(&mut row[..n], r, Direction::Forward)?;
-            }
-        }
+        rotate_each(&mut xs, stored, r, Direction::Forward)?;
     }
     Ok(Cow::Owned(xs))
 }
@@ -79,7 +71,7 @@ pub(super) fn logical_output(y: Vec<f32>, m: usize, axis: &CodedAxis, stored: us
     let mut y =
         if n == stored { y } else { y.chunks_exact(stored.max(1)).flat_map(|row| &row[..n]).copied().collect() };
     if let Some(r) = &axis.rotation {
-        rotate_each(&mut y, r, Direction::Inverse)?;
+        rotate_each(&mut y, n, r, Direction::Inverse)?;
     }
     Ok(y)
 }
