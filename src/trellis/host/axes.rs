@@ -17,19 +17,13 @@ use crate::trellis::rotation::{CodedAxis, Rotation};
 /// butterflies) the threads' wake-up would cost about as much as it saves.
 const SERIAL_VALUES: usize = 1 << 14;
 
-/// Which way a row is rotated.
-#[derive(Clone, Copy)]
-enum Direction {
-    Forward,
-    Inverse,
-}
+/// A rotation applied to whole rows in place: [`Rotation::rotate_rows`] or
+/// [`Rotation::inverse_rows`].
+type RowsRotation = fn(&Rotation, &mut [f32]) -> Result<()>;
 
-/// The first `r.len()` values of every row of `stride` in `data` times `Q` or `Qᵀ`.
-fn rotate_each(data: &mut [f32], stride: usize, r: &Rotation, direction: Direction) -> Result<()> {
-    let one = |row: &mut [f32]| match direction {
-        Direction::Forward => r.rotate_rows(&mut row[..r.len()]),
-        Direction::Inverse => r.inverse_rows(&mut row[..r.len()]),
-    };
+/// The first `r.len()` values of every row of `stride` in `data` through `rotate`.
+fn rotate_each(data: &mut [f32], stride: usize, r: &Rotation, rotate: RowsRotation) -> Result<()> {
+    let one = |row: &mut [f32]| rotate(r, &mut row[..r.len()]);
     if data.len() <= SERIAL_VALUES {
         return data.chunks_exact_mut(stride).try_for_each(one);
     }
@@ -56,7 +50,7 @@ pub(super) fn stored_input<'a>(x: &'a [f32], m: usize, axis: &CodedAxis, stored:
         xs.resize(xs.len() + stored - n, 0.0);
     }
     if let Some(r) = &axis.rotation {
-        rotate_each(&mut xs, stored, r, Direction::Forward)?;
+        rotate_each(&mut xs, stored, r, Rotation::rotate_rows)?;
     }
     Ok(Cow::Owned(xs))
 }
@@ -71,7 +65,7 @@ pub(super) fn logical_output(y: Vec<f32>, m: usize, axis: &CodedAxis, stored: us
     let mut y =
         if n == stored { y } else { y.chunks_exact(stored.max(1)).flat_map(|row| &row[..n]).copied().collect() };
     if let Some(r) = &axis.rotation {
-        rotate_each(&mut y, n, r, Direction::Inverse)?;
+        rotate_each(&mut y, n, r, Rotation::inverse_rows)?;
     }
     Ok(y)
 }
@@ -88,9 +82,13 @@ mod tests {
     #[test]
     fn inputs_are_rotated_then_padded_and_outputs_sliced_then_rotated_back() {
         // Serial and threaded row counts, with and without padding or rotation.
-        for (n, stored, m, seed) in
-            [(96, 128, 3, Some(5)), (576, 576, 40, Some(6)), (64, 64, 2, None), (40, 48, 1, None)]
-        {
+        for (n, stored, m, seed) in [
+            (96, 128, 3, Some(5)),
+            (576, 576, 40, Some(6)),
+            (192, 256, 70, Some(7)),
+            (64, 64, 2, None),
+            (40, 48, 1, None),
+        ] {
             let a = axis(n, seed);
             let x = gaussian(m * n, 9).unwrap();
             let xs = stored_input(&x, m, &a, stored).unwrap();
