@@ -134,7 +134,7 @@ struct Cli {
     /// Also time each chain (trellis at every width, MLX bf16 with matmul then add, MLX affine
     /// 4-bit) with pipelined evaluations, as a decode loop runs its tokens: each evaluation
     /// started (async_eval) before the one before it is waited for; the time between two
-    /// evaluations' ends, median (best)
+    /// evaluations' ends, median, and the run's mean (first end to last)
     #[arg(long, conflicts_with = "tp")]
     pipelined: bool,
     /// Also time the first bit width's chain with the fused gate·up·SwiGLU on the int8 kernel
@@ -371,8 +371,9 @@ fn bench(cli: &Cli) -> Result<()> {
             let host = host_time(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
             rows.push(Row { m, name: format!("trellis k{k} host"), median: host, best: host });
             if args.pipelined {
-                let (med, best) = time_pipelined(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
-                rows.push(Row { m, name: format!("trellis k{k} pipelined"), median: med, best });
+                let p = time_pipelined(args.evals, steps, &|| chain(&layers, args.rounds, &x, &step))?;
+                rows.push(Row { m, name: format!("trellis k{k} pipelined"), median: p.median, best: p.best });
+                rows.push(Row { m, name: format!("trellis k{k} pipelined mean"), median: p.mean, best: p.mean });
             }
             eprintln!("[bench] trellis k{k} M={m}: {med:.1} us per MLP layer ({host:.1} of them the host's), relErr {err:.1e}");
             let case = ChainCase { layers: &layers, x: &x, m, want_residual: &want_residual, args: &args };
@@ -444,8 +445,9 @@ fn bench(cli: &Cli) -> Result<()> {
                         ("MLX bf16 pipelined", &bf16 as &dyn Fn(&Dense, &MlxArray) -> mlx_trellis::Result<MlxArray>),
                         ("MLX affine 4-bit pipelined", &q4),
                     ] {
-                        let (med, best) = time_pipelined(args.evals, steps, &|| chain(dense, args.rounds, &x, f))?;
-                        rows.push(Row { m, name: name.into(), median: med, best });
+                        let p = time_pipelined(args.evals, steps, &|| chain(dense, args.rounds, &x, f))?;
+                        rows.push(Row { m, name: name.into(), median: p.median, best: p.best });
+                        rows.push(Row { m, name: format!("{name} mean"), median: p.mean, best: p.mean });
                     }
                 }
                 if args.alone {

@@ -59,29 +59,41 @@ pub(crate) fn table_head(lead: &[&str], bits: &[u32], per_width: impl Fn(u32) ->
     format!("| {} |\n|{}", columns.join(" | "), "---|".repeat(columns.len()))
 }
 
-/// The chains with pipelined evaluations (`--pipelined`) beside the headline's synchronous ones.
+/// The chains with pipelined evaluations (`--pipelined`) beside the headline's synchronous ones:
+/// each chain's median time between two evaluations' ends and, in brackets, its steady-state
+/// rate (first end to last over the evaluations between; the least time between two ends is no
+/// rate, an end observed late shortens the next).
 pub(crate) fn pipelined_table(args: &Args, rows: &[Row]) {
     let get = |m: usize, name: &str| row_of(rows, m, name);
     println!(
-        "\nPipelined evaluations (each started before the one before it is waited for, as a decode loop runs its tokens; MLX bf16 with matmul then add), µs per MLP layer, median (best), and the synchronous evaluation's median"
+        "\nPipelined evaluations (each started before the one before it is waited for, as a decode loop runs its tokens; MLX bf16 with matmul then add), µs per MLP layer, median (mean over the run), the synchronous evaluation's median, and the ratio of medians (of means)"
     );
     let lead = ["M", "MLX bf16", "sync", "MLX affine 4-bit", "sync"];
     println!("{}", table_head(&lead, &args.bits, |k| vec![format!("trellis k{k}"), "sync".into(), "vs bf16".into()]));
-    let cell = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1} ({:.1})", r.median, r.best));
+    let mean = |m: usize, name: &str| get(m, &format!("{name} mean")).map(|r| r.median);
+    let cell = |m: usize, name: &str| match (get(m, name), mean(m, name)) {
+        (Some(r), Some(a)) => format!("{:.1} ({a:.1})", r.median),
+        (Some(r), None) => format!("{:.1}", r.median),
+        _ => "-".to_string(),
+    };
     let median = |r: Option<&Row>| r.map_or("-".to_string(), |r| format!("{:.1}", r.median));
     for &m in &args.rows {
         let Some(bf) = get(m, "MLX bf16 pipelined") else { continue };
         let mut line = format!(
             "| {m} | {} | {} | {} | {} |",
-            cell(Some(bf)),
+            cell(m, "MLX bf16 pipelined"),
             median(get(m, Bf16Residual::Add.name())),
-            cell(get(m, "MLX affine 4-bit pipelined")),
+            cell(m, "MLX affine 4-bit pipelined"),
             median(get(m, "MLX affine 4-bit"))
         );
         for k in &args.bits {
-            let t = get(m, &format!("trellis k{k} pipelined"));
-            let ratio = t.map_or("-".to_string(), |t| format!("{:.2}x", bf.median / t.median));
-            let _ = write!(line, " {} | {} | {ratio} |", cell(t), median(get(m, &format!("trellis k{k}"))));
+            let name = format!("trellis k{k} pipelined");
+            let ratio = match (get(m, &name), mean(m, "MLX bf16 pipelined"), mean(m, &name)) {
+                (Some(t), Some(bm), Some(tm)) => format!("{:.2}x ({:.2}x)", bf.median / t.median, bm / tm),
+                (Some(t), _, _) => format!("{:.2}x", bf.median / t.median),
+                _ => "-".to_string(),
+            };
+            let _ = write!(line, " {} | {} | {ratio} |", cell(m, &name), median(get(m, &format!("trellis k{k}"))));
         }
         println!("{line}");
     }

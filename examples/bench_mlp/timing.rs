@@ -23,16 +23,27 @@ pub(crate) fn time(
     Ok(median_best(v))
 }
 
-/// Median and best microseconds per step of `evals` evaluations of `steps` built by `f`, evaluated
-/// as a decode loop evaluates its tokens: each evaluation is built and started (`async_eval`)
-/// before the one before it is waited for, so the host's work on the next overlaps the GPU's on
-/// this one (the GPU runs them in order on one stream). An evaluation's time is the time between
-/// its end and the end of the one before it.
+/// Microseconds per step of `evals` evaluations of `steps` built by `f`, evaluated as a decode
+/// loop evaluates its tokens: each evaluation is built and started (`async_eval`) before the one
+/// before it is waited for, so the host's work on the next overlaps the GPU's on this one (the
+/// GPU runs them in order on one stream). An evaluation's time is the time between its end and
+/// the end of the one before it.
+pub(crate) struct Pipelined {
+    /// The median of those times.
+    pub median: f64,
+    /// The least of them. Not a rate: an end the host observes late shortens the next time.
+    pub best: f64,
+    /// The steady-state rate: the time from the first end to the last over the evaluations
+    /// between, which no late observation of one end moves.
+    pub mean: f64,
+}
+
+/// Times `evals` pipelined evaluations of `steps` built by `f`; see [`Pipelined`].
 pub(crate) fn time_pipelined(
     evals: usize,
     steps: usize,
     f: &dyn Fn() -> mlx_trellis::Result<Vec<MlxArray>>,
-) -> Result<(f64, f64)> {
+) -> Result<Pipelined> {
     let start = || -> Result<Vec<MlxArray>> {
         let outs = f()?;
         async_eval_all(&outs.iter().collect::<Vec<_>>())?;
@@ -41,6 +52,7 @@ pub(crate) fn time_pipelined(
     let wait = |outs: &[MlxArray]| eval_all(&outs.iter().collect::<Vec<_>>());
     wait(&f()?)?; // warm-up: kernel compilation, caches, allocator
     let mut current = start()?;
+    let mut first_end: Option<Instant> = None;
     let mut last_end: Option<Instant> = None;
     let mut v = Vec::with_capacity(evals);
     while v.len() < evals {
@@ -50,11 +62,18 @@ pub(crate) fn time_pipelined(
         if let Some(t) = last_end {
             v.push((end - t).as_secs_f64() * 1e6 / steps as f64);
         }
+        first_end.get_or_insert(end);
         last_end = Some(end);
         current = next;
     }
     wait(&current)?;
-    Ok(median_best(v))
+    let span = match (first_end, last_end) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64() * 1e6,
+        _ => 0.0,
+    };
+    let mean = span / (v.len() * steps) as f64;
+    let (median, best) = median_best(v);
+    Ok(Pipelined { median, best, mean })
 }
 
 /// The median and the best (least) of `v`'s timings.
