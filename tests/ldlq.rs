@@ -3,17 +3,19 @@
 //! factored `H` and every block is the plain Viterbi code of its target; the proxy error drops on
 //! an ill-conditioned `H`; unusable `H` and blow-up fall back with warnings; the codes decode
 //! through the reference decoder to the reported reconstruction; the allocator keeps its budget,
-//! is deterministic and refuses a budget below its minimum; a rotation or a padded coded axis is
-//! refused by name; problems (and whole projections) coded in lockstep get, bit for bit, what
-//! each gets coded alone.
+//! is deterministic and refuses a budget below its minimum; a rotation is refused by name; a
+//! coded axis that is not whole blocks is padded (with `H = I` exactly as the plain encoder pads
+//! it, and otherwise the same recursion over the logical features with the padding free in the
+//! search); problems (and whole projections) coded in lockstep get, bit for bit, what each gets
+//! coded alone.
 
 use mlx_trellis::trellis::encoder::allocate::{
     allocate_bits, kl_weighted_candidates, stored_bits, BitCandidate, TensorOptions,
 };
 use mlx_trellis::trellis::encoder::{
-    block_path, encode_linear, encode_linear_ldlq, encode_linear_ldlq_lockstep, encode_linear_ldlq_with_targets,
-    lut_rms, proxy_error, BlockSearch, EncoderBackend, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome,
-    LdlqProblem, RotationSpec,
+    block_path, block_path_weighted, encode_linear, encode_linear_ldlq, encode_linear_ldlq_lockstep,
+    encode_linear_ldlq_with_targets, encode_padded, lut_rms, proxy_error, BlockSearch, EncoderBackend, EncoderConfig,
+    LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, RotationSpec,
 };
 use mlx_trellis::trellis::reference::{block_state, block_words, expand};
 use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
@@ -155,8 +157,13 @@ fn assert_exact_ldlq(w: &[f32], out: usize, inp: usize, h: &[f64], k: u32, axis:
     let group = if axis == 1 { T } else { row_group };
     let u = reference_factor(h, inp, 0.01, group);
     let rec = &got.encoded.reconstruction;
+    // The stored matrix [rows, cols]: the coded axis padded to whole blocks, `logical` of them real.
+    let (rows, logical) = if axis == 1 { (out, inp) } else { (inp, out) };
+    let cols = logical.div_ceil(T) * T;
+    assert_eq!(got.encoded.logical_cols, logical, "{what}");
+    assert_eq!(targets.len(), rows * cols, "{what}");
     // Stored-orientation index of (o, i).
-    let at = |o: usize, i: usize| if axis == 1 { o * inp + i } else { i * out + o };
+    let at = |o: usize, i: usize| if axis == 1 { o * cols + i } else { i * cols + o };
     let mut worst = 0f64;
     for o in 0..out {
         for i in 0..inp {
@@ -169,22 +176,30 @@ fn assert_exact_ldlq(w: &[f32], out: usize, inp: usize, h: &[f64], k: u32, axis:
     }
     let w_rms = (w.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
     assert!(worst <= 1e-6 * w_rms, "{what}: a target is {worst:e} away from the LDLQ recursion (weights' RMS {w_rms})");
-    // Every block is the Viterbi path of its target.
+    // Padding is no weight: its targets are exactly zero.
+    for r in 0..rows {
+        assert!(targets[r * cols + logical..(r + 1) * cols].iter().all(|&v| v == 0.0), "{what}: padded targets");
+    }
+    // Every block is the Viterbi path of its target, the padding free in the search.
     let g = got.encoded.layer.geometry;
-    let (rows, cols) = if axis == 1 { (out, inp) } else { (inp, out) };
     let lut_rms = lut_rms(12).unwrap();
     for r in 0..rows {
         let scale = got.encoded.layer.scales[r];
         if axis == 0 {
-            // Axis 0 takes the scale from the target row, as the plain encoder would.
-            let row = &targets[r * cols..(r + 1) * cols];
-            let rms = (row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64).sqrt();
+            // Axis 0 takes the scale from the target row's logical part, as the plain encoder would.
+            let row = &targets[r * cols..r * cols + logical];
+            let rms = (row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / logical as f64).sqrt();
             assert_eq!(scale, half::f16::from_f64(rms / lut_rms), "{what}: scale of stored row {r}");
         }
         for b in 0..cols / T {
             let x: Vec<f32> =
                 targets[r * cols + b * T..r * cols + (b + 1) * T].iter().map(|&v| v / scale.to_f32()).collect();
-            let path = block_path(&x, k, 12, BlockSearch::Viterbi).unwrap();
+            let path = if (b + 1) * T <= logical {
+                block_path(&x, k, 12, BlockSearch::Viterbi).unwrap()
+            } else {
+                let mask: Vec<f32> = (b * T..(b + 1) * T).map(|c| if c < logical { 1.0 } else { 0.0 }).collect();
+                block_path_weighted(&x, &mask, k, 12).unwrap()
+            };
             let words = block_words(&got.encoded.layer.codes, &g, r, b).unwrap();
             let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, 12).unwrap()).collect();
             assert_eq!(decoded, path, "{what}: stored row {r}, block {b} is not the Viterbi code of its target");
@@ -206,6 +221,93 @@ fn the_codes_follow_the_ldlq_recursion_of_an_independent_factor() {
     let h = ill_conditioned(inp, 4);
     for group in [1, 5] {
         assert_exact_ldlq(&w, out, inp, &h, 3, 0, group);
+    }
+}
+
+#[test]
+fn a_padded_axis_follows_the_recursion_over_its_logical_features() {
+    // Axis 1: 600 inputs padded to 768 (the last input block 88 real of 256); axis 0: 200
+    // outputs padded to 256, one stored row per step and groups of 5; k 2, 3 and 4.
+    let (out, inp) = (5, 600);
+    let w = gaussian(out * inp, 13).unwrap();
+    let h = ill_conditioned(inp, 5);
+    for k in [2u32, 3, 4] {
+        assert_exact_ldlq(&w, out, inp, &h, k, 1, 1);
+    }
+    let (out, inp) = (200, 24);
+    let w = gaussian(out * inp, 14).unwrap();
+    let h = ill_conditioned(inp, 6);
+    for (k, group) in [(2u32, 1usize), (3, 1), (4, 5)] {
+        assert_exact_ldlq(&w, out, inp, &h, k, 0, group);
+    }
+}
+
+#[test]
+fn a_padded_axis_with_an_identity_or_diagonal_h_gives_the_plain_padded_codes() {
+    // Axis 1: W [8, 600] (stored [8, 768]); axis 0: W [200, 12] (stored [12, 256]); with H = I
+    // and a diagonal H the feedback is zero, so the code is encode_padded's, bit for bit.
+    for (axis, out, inp) in [(1u32, 8usize, 600usize), (0, 200, 12)] {
+        let w = gaussian(out * inp, 110 + axis as u64).unwrap();
+        let stored: Vec<f32> = if axis == 1 {
+            w.clone()
+        } else {
+            (0..inp).flat_map(|i| (0..out).map(move |o| (o, i))).map(|(o, i)| w[o * inp + i]).collect()
+        };
+        let (rows, logical) = if axis == 1 { (out, inp) } else { (inp, out) };
+        let mut rng = SplitMix64::new(8);
+        let mut diag_h = identity(inp, 0.0);
+        (0..inp).for_each(|i| diag_h[i * inp + i] = 0.1 + rng.next_f64() * 10.0);
+        for k in [2u32, 3, 4] {
+            let cfg = config(k, axis);
+            let plain = encode_padded(&stored, rows, logical, &cfg, &mut |_, _| {}).unwrap();
+            for (name, h) in [("I", identity(inp, 1.0)), ("diagonal", diag_h.clone())] {
+                let what = format!("axis {axis} k {k} H = {name}");
+                let got = encode_linear_ldlq(&w, out, inp, Some(&h), &cfg, &LdlqConfig::default()).unwrap();
+                assert_eq!(got.outcome, LdlqOutcome::Weighted { damping: 0.01 }, "{what}: {:?}", got.warnings);
+                assert_eq!(got.encoded.layer.codes, plain.layer.codes, "{what}: codes");
+                assert_eq!(got.encoded.layer.scales, plain.layer.scales, "{what}: scales");
+                assert_eq!(got.encoded.layer.geometry, plain.layer.geometry, "{what}: geometry");
+                assert_eq!(got.encoded.mse.to_bits(), plain.mse.to_bits(), "{what}: mse");
+                assert_eq!(got.encoded.logical_cols, plain.logical_cols, "{what}: logical columns");
+                assert_decodes(&got, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn ldlq_lowers_the_proxy_error_of_a_padded_axis() {
+    // Axis 1 W [32, 600] (inputs padded to 768); axis 0 W [300, 64] (outputs padded to 512).
+    for (axis, out, inp) in [(1u32, 32usize, 600usize), (0, 300, 64)] {
+        let w = gaussian(out * inp, 24 + axis as u64).unwrap();
+        let h = ill_conditioned(inp, 34 + axis as u64);
+        let stored: Vec<f32> = if axis == 1 {
+            w.clone()
+        } else {
+            (0..inp).flat_map(|i| (0..out).map(move |o| (o, i))).map(|(o, i)| w[o * inp + i]).collect()
+        };
+        let (rows, logical) = if axis == 1 { (out, inp) } else { (inp, out) };
+        for k in [2u32, 3, 4] {
+            let cfg = config(k, axis);
+            let plain = encode_padded(&stored, rows, logical, &cfg, &mut |_, _| {}).unwrap();
+            let cols = plain.layer.geometry.cols;
+            let plain_rec: Vec<f32> =
+                plain.reconstruction.chunks_exact(cols).flat_map(|r| r[..logical].to_vec()).collect();
+            let plain_proxy = proxy_error(&w, &plain_rec, out, inp, axis, &h, None).unwrap();
+            let got = encode_linear_ldlq(&w, out, inp, Some(&h), &cfg, &LdlqConfig::default()).unwrap();
+            let what = format!("padded axis {axis} k {k}");
+            assert!(matches!(got.outcome, LdlqOutcome::Weighted { .. }), "{what}: {:?}", got.warnings);
+            let proxy = got.proxy.unwrap();
+            assert_eq!(proxy.reference, plain_proxy.reference, "{what}: the same weights");
+            let ratio = proxy.error / plain_proxy.error;
+            println!(
+                "{what}: relative proxy error plain {:.4e}, LDLQ {:.4e}, ratio {ratio:.3}",
+                plain_proxy.relative(),
+                proxy.relative()
+            );
+            assert!(ratio < 0.7, "{what}: LDLQ's proxy error is {ratio:.3} of the plain code's");
+            assert_decodes(&got, &what);
+        }
     }
 }
 
@@ -351,7 +453,7 @@ fn invalid_ldlq_settings_are_refused_by_name() {
 }
 
 #[test]
-fn a_rotation_or_a_padded_axis_is_refused_by_name() {
+fn a_rotation_is_refused_by_name() {
     let ldlq = LdlqConfig::default();
     // A rotation: the result could not record it (code_linear rotates; LDLQ takes the rotated
     // weights and the rotated H).
@@ -360,12 +462,6 @@ fn a_rotation_or_a_padded_axis_is_refused_by_name() {
     let rotated = EncoderConfig { rotation: Some(RotationSpec { seed: 7 }), ..config(2, 1) };
     let err = encode_linear_ldlq(&w, 4, 256, Some(&h), &rotated, &ldlq).unwrap_err().to_string();
     assert!(err.contains("rotation"), "{err}");
-    // A coded axis of 200 logical columns (not whole blocks) on either axis: LDLQ does not pad.
-    let w = gaussian(4 * 200, 92).unwrap();
-    let err = encode_linear_ldlq(&w, 4, 200, Some(&identity(200, 1.0)), &config(2, 1), &ldlq).unwrap_err().to_string();
-    assert!(err.contains("does not pad"), "axis 1: {err}");
-    let err = encode_linear_ldlq(&w, 200, 4, Some(&identity(4, 1.0)), &config(2, 0), &ldlq).unwrap_err().to_string();
-    assert!(err.contains("does not pad"), "axis 0: {err}");
 }
 
 #[test]
@@ -612,6 +708,9 @@ fn lockstep_coding_gives_each_problem_its_own_result_bit_for_bit() {
             (1, 4, 512, Some(nan.clone()), CodeLayout::RowMajor, false),
             (1, 4, 512, Some(indefinite.clone()), CodeLayout::RowMajor, false),
             (1, 3, 256, Some(identity(256, 2.0)), CodeLayout::RowMajor, true),
+            // Padded (coded alone): 300 inputs, 200 outputs.
+            (1, 4, 300, ill(300, 304), CodeLayout::RowMajor, true),
+            (0, 200, 16, ill(16, 305), CodeLayout::RowMajor, true),
         ]
     };
     // k 2 at L 8; k 3 at L 12 (the interleaved layout); axis 0 one stored row per step and 3.
@@ -635,7 +734,12 @@ fn lockstep_coding_gives_each_problem_its_own_result_bit_for_bit() {
         let mut seen = Vec::new();
         let got = encode_linear_ldlq_lockstep(&problems, &ldlq, &mut |done, total| seen.push((done, total))).unwrap();
         assert_eq!(got.len(), problems.len());
-        let total: usize = problems.iter().map(|p| p.out_features * p.in_features / T).sum();
+        let blocks = |p: &LdlqProblem<'_>| {
+            let (rows, logical) =
+                if p.cfg.axis == 1 { (p.out_features, p.in_features) } else { (p.in_features, p.out_features) };
+            rows * logical.div_ceil(T)
+        };
+        let total: usize = problems.iter().map(blocks).sum();
         assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "k {k}: progress goes forward");
         assert_eq!(seen.last(), Some(&(total, total)), "k {k}: progress ends at every block");
         for (i, (p, c)) in problems.iter().zip(&cases).enumerate() {
@@ -704,9 +808,8 @@ fn lockstep_refuses_mixed_searches_and_names_a_bad_problem() {
 fn projections_coded_together_are_each_coded_as_alone() {
     use mlx_trellis::llama::calibrate::Hessian;
     use mlx_trellis::llama::coding::{code_projection, code_projections, ProjectionCoding, ProjectionJob};
-    // Two axis-0 projections sharing H (gate and up), one along the inputs, one padded (coded
-    // unweighted with a warning), one whose H has the wrong width; rotated but one; a baseline on
-    // one. L 8, k 2.
+    // Two axis-0 projections sharing H (gate and up), one along the inputs, one padded, one whose
+    // H has the wrong width; rotated but one; a baseline on one. L 8, k 2.
     let shared = Hessian { n: 48, data: ill_conditioned(48, 600) };
     let wide = Hessian { n: 512, data: ill_conditioned(512, 601) };
     let small = Hessian { n: 300, data: identity(300, 1.0) };
@@ -761,7 +864,7 @@ fn projections_coded_together_are_each_coded_as_alone() {
     let weighted: Vec<bool> = together.iter().map(|c| matches!(c.ldlq, Some(LdlqOutcome::Weighted { .. }))).collect();
     assert_eq!(
         weighted,
-        [true, true, true, false, false, false],
+        [true, true, true, true, false, false],
         "{:?}",
         together.iter().map(|c| &c.warnings).collect::<Vec<_>>()
     );

@@ -13,15 +13,14 @@
 //!
 //! # Padding
 //!
-//! A coded axis that is not whole blocks is zero-padded and coded with the padding free
-//! ([`encode_padded`]). The Hessian-weighted encoder codes whole blocks only: a padded projection
-//! is coded unweighted, with a warning, even where LDLQ is asked for (SmolLM2's MLP projections
-//! are not padded; its attention projections are).
+//! A coded axis that is not whole blocks is zero-padded and coded with the padding free, by the
+//! plain encoder ([`encode_padded`]) and by the Hessian-weighted one alike (SmolLM2's MLP
+//! projections are not padded; its attention projections are).
 
 use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::trellis::encoder::{
     choose_axis, encode_linear_ldlq_lockstep, encode_padded, proxy_error, stored_from_linear, AxisChoice, CodedLinear,
-    EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, ProxyError,
+    Encoded, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, ProxyError,
 };
 use crate::trellis::format::CodeLayout;
 use crate::trellis::rotation::{CodedAxis, Rotation};
@@ -58,7 +57,7 @@ pub struct ProjectionCode {
     pub baseline_proxy: Option<ProxyError>,
     /// How the LDLQ coding went (`None` where it was not asked for or not applicable).
     pub ldlq: Option<LdlqOutcome>,
-    /// Why the code is not what was asked for (no `H`, a padded axis, LDLQ fallbacks), in order.
+    /// Why the code is not what was asked for (no `H`, LDLQ fallbacks), in order.
     pub warnings: Vec<String>,
 }
 
@@ -240,15 +239,7 @@ fn prepare(job: &ProjectionJob<'_>) -> Result<Prepared> {
             _ => Some(h.data.clone()),
         },
     };
-    let padded = choice.logical != choice.stored;
     let ldlq = match (&coding.ldlq, &h) {
-        (Some(_), Some(_)) if padded => {
-            warnings.push(format!(
-                "{module}: its coded axis of {} is padded to {}; LDLQ codes whole blocks only, coded unweighted",
-                choice.logical, choice.stored
-            ));
-            None
-        }
         (Some(ldlq), Some(_)) => Some(*ldlq),
         _ => None,
     };
@@ -284,8 +275,7 @@ fn finish(
     let unweighted_needed = weighted.is_none() || coding.baseline;
     let unweighted = if unweighted_needed {
         let e = encode_padded(&stored, rows, n, &encoder, progress)?;
-        let cols = e.layer.geometry.cols;
-        let logical: Vec<f32> = e.reconstruction.chunks_exact(cols).flat_map(|r| r[..n].iter().copied()).collect();
+        let logical = logical_columns(&e, n);
         let proxy = proxy_of(&logical)?;
         Some((e, logical, proxy))
     } else {
@@ -295,7 +285,8 @@ fn finish(
         (Some(wt), base) => {
             warnings.extend(wt.warnings.iter().map(|w| format!("{module}: {w}")));
             let baseline = base.and_then(|(_, _, p)| p);
-            (wt.encoded.layer, wt.encoded.reconstruction, wt.proxy, baseline, Some(wt.outcome))
+            let logical = logical_columns(&wt.encoded, n);
+            (wt.encoded.layer, logical, wt.proxy, baseline, Some(wt.outcome))
         }
         (None, Some((e, logical, proxy))) => (e.layer, logical, proxy, None, None),
         (None, None) => invalid!("code_projection: {module}: nothing was coded"),
@@ -310,6 +301,12 @@ fn finish(
         ldlq: outcome,
         warnings,
     })
+}
+
+/// The first `n` (logical) columns of each stored row of a code's reconstruction.
+fn logical_columns(e: &Encoded, n: usize) -> Vec<f32> {
+    let cols = e.layer.geometry.cols;
+    e.reconstruction.chunks_exact(cols).flat_map(|r| r[..n].iter().copied()).collect()
 }
 
 /// The mean squared error of the decoded logical columns `reconstruction` (`[rows, n]`, coded

@@ -62,6 +62,15 @@ impl<'a> BlockCoder<'a> {
         self
     }
 
+    /// Weights the next block's squared error at each position by `weights` (`t` of them); all
+    /// 1 is the unweighted search.
+    pub(super) fn weigh_block(&mut self, weights: &[f32]) {
+        self.weighted = weights.iter().any(|&v| v != 1.0);
+        if self.weighted {
+            self.w.copy_from_slice(weights);
+        }
+    }
+
     /// Runs the configured search on the normalised block in `self.x`, leaving the path in
     /// `self.states`.
     pub(super) fn search_block(&mut self) {
@@ -115,10 +124,9 @@ impl<'a> BlockCoder<'a> {
                     for (xi, &w) in self.x.iter_mut().zip(block) {
                         *xi = super::normalised(w, scale);
                     }
-                    let block_weights = self.column_weights.map(|cw| &cw[b * t..(b + 1) * t]);
-                    self.weighted = block_weights.is_some_and(|bw| bw.iter().any(|&v| v != 1.0));
-                    if let (true, Some(bw)) = (self.weighted, block_weights) {
-                        self.w.copy_from_slice(bw);
+                    match self.column_weights {
+                        Some(cw) => self.weigh_block(&cw[b * t..(b + 1) * t]),
+                        None => self.weighted = false,
                     }
                     self.search_block();
                 }

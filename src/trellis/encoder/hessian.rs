@@ -61,7 +61,7 @@ pub(super) fn unusable(h: &[f64], n: usize) -> Option<String> {
 }
 
 /// The mean of the diagonal of `h`.
-fn mean_diagonal(h: &[f64], n: usize) -> f64 {
+pub(super) fn mean_diagonal(h: &[f64], n: usize) -> f64 {
     (0..n).map(|i| h[i * n + i]).sum::<f64>() / n as f64
 }
 

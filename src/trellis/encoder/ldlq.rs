@@ -38,11 +38,20 @@
 //! # Rotated and padded layers
 //!
 //! The encoder codes the matrix it is given: a configuration with
-//! [`EncoderConfig::rotation`] is refused (the result could not record the rotation), and so is a
-//! coded axis that is not a whole number of blocks (LDLQ does not pad; [`code_linear`](super::code_linear)
-//! pads and rotates, unweighted). `H` must be in the basis of the weights coded: for a layer whose input axis is rotated
-//! (`W' = W Q`, inputs `x' = x Q`) that is `Qᵀ H Q`; [`rotate_hessian`](super::rotate_hessian)
-//! computes it from a dense `Q`.
+//! [`EncoderConfig::rotation`] is refused (the result could not record the rotation). `H` must be
+//! in the basis of the weights coded: for a layer whose input axis is rotated (`W' = W Q`, inputs
+//! `x' = x Q`) that is `Qᵀ H Q`; [`rotate_hessian`](super::rotate_hessian) computes it from a
+//! dense `Q`.
+//!
+//! A coded axis that is not a whole number of blocks is zero-padded to one, as
+//! [`encode_padded`](super::encode_padded) pads it (docs/format.md §10): the padded positions
+//! weigh nothing in the block search, and are left out of the scales, the growth guard and the
+//! error. No error of a padded position is fed forward. On axis 1 the padded positions are
+//! inputs that are always zero: the factor spans them with `H` extended by a diagonal block of
+//! `mean(diag H)` (the damping is then the logical `H`'s), which leaves them uncoupled from the
+//! logical inputs, so their targets are exactly zero. On axis 0 they are outputs that do not
+//! exist; `H` (over the inputs) is untouched. With `H = I` the code is `encode_padded`'s, bit for
+//! bit.
 //!
 //! # Search back-end and determinism
 //!
@@ -58,7 +67,9 @@
 //! [`encode_linear_ldlq_lockstep`] runs the feedback steps of several independent problems
 //! side by side and gives each step's blocks of all of them to one search call, so a search that
 //! is fast on large batches is not called once per small step of each problem. Each problem's
-//! feedback, guard and result are those of [`encode_linear_ldlq`] alone, bit for bit.
+//! feedback, guard and result are those of [`encode_linear_ldlq`] alone, bit for bit. A problem
+//! whose coded axis is padded is coded alone (the search of its padded blocks weighs positions,
+//! which one shared search call does not).
 
 use half::f16;
 
@@ -67,9 +78,9 @@ use crate::error::{invalid, ErrorContext, Result};
 use crate::trellis::format::codebook::lut1mad;
 use crate::trellis::format::{row_major_to_interleaved, CodeLayout, HostLayer, TrellisGeometry};
 
-use super::hessian::{check_len, feedback_factor, proxy_error, unusable, ProxyError};
+use super::hessian::{check_len, feedback_factor, mean_diagonal, proxy_error, unusable, ProxyError};
 use super::parallel::{axpy, rows_in_parallel};
-use super::{encode_with_progress, rms, row_scale, search_and_code, stored_from_linear, BlockSearch};
+use super::{encode_inner, rms, row_scale, search_and_code, stored_from_linear, BlockSearch};
 use super::{Encoded, EncoderConfig, RowsOf};
 
 /// How the Hessian-weighted encoder feeds back and guards (see the [module](self) docs).
@@ -209,8 +220,9 @@ pub struct LdlqProblem<'a> {
 /// one large batch instead of many small ones), then each problem takes its codes back and
 /// feeds its own error forward. Problems with fewer steps finish earlier. A problem that is not
 /// coded weighted at the first damping (no `H`, an unusable one, a factor that is not positive
-/// definite, a target beyond the growth limit) leaves the lockstep and is coded alone by
-/// [`encode_linear_ldlq`]; since the encoder is deterministic, that gives its result.
+/// definite, a target beyond the growth limit), and a problem whose coded axis is padded, leave
+/// the lockstep and are coded alone by [`encode_linear_ldlq`]; since the encoder is
+/// deterministic, that gives their result.
 ///
 /// Every result is bit for bit the one [`encode_linear_ldlq`] returns for that problem alone
 /// (each block is searched with the same values and scale, and the search of a block does not
@@ -248,9 +260,11 @@ pub fn encode_linear_ldlq_lockstep(
     let mut running: Vec<(usize, FeedbackRun<'_>)> = Vec::new();
     let mut alone = Vec::new();
     for (i, c) in checked.iter().enumerate() {
-        match c.hessian.filter(|&h| unusable(h, c.n).is_none()) {
+        // A padded problem's last blocks weigh positions in their search, which a shared search
+        // call does not: it is coded alone.
+        match c.hessian.filter(|&h| unusable(h, c.n).is_none() && !c.padded()) {
             None => alone.push((i, 0)),
-            Some(h) => match feedback_factor(h, c.n, ldlq.damping, c.group(ldlq), c.threads)? {
+            Some(h) => match c.factor(h, ldlq.damping, c.group(ldlq))? {
                 None => alone.push((i, 0)),
                 Some(u) => running.push((i, FeedbackRun::new(c.coder(u, ldlq), c.group(ldlq))?)),
             },
@@ -339,9 +353,14 @@ struct Checked<'a> {
     in_features: usize,
     hessian: Option<&'a [f64]>,
     cfg: &'a EncoderConfig,
+    /// The stored matrix, its rows zero-padded to whole blocks.
     stored: Vec<f32>,
     rows: usize,
+    /// Stored columns, padding included (a multiple of `T`).
     cols: usize,
+    /// Stored columns before the padding.
+    logical: usize,
+    /// Input features (the width of `H`).
     n: usize,
     threads: usize,
 }
@@ -363,27 +382,73 @@ impl<'a> Checked<'a> {
                 "LDLQ: codes the matrix as given and its result cannot record a rotation (set rotation: None; to code a rotated layer, rotate the weights along the coded axis first and, on axis 1, H with rotate_hessian)"
             );
         }
-        let (stored, rows, cols) = stored_from_linear(w, out_features, in_features, cfg.axis)?;
+        let (unpadded, rows, logical) = stored_from_linear(w, out_features, in_features, cfg.axis)?;
         let t = cfg.t as usize;
-        if rows == 0 || cols == 0 || cols % t != 0 {
-            invalid!(
-                "LDLQ: the stored matrix [{rows}, {cols}] is empty or not a whole number of {t}-weight blocks per row (LDLQ does not pad the coded axis; code_linear pads, unweighted)"
-            );
+        if rows == 0 || logical == 0 {
+            invalid!("LDLQ: the stored matrix [{rows}, {logical}] is empty");
         }
-        if let Some(i) = stored.iter().position(|v| !v.is_finite()) {
+        if let Some(i) = unpadded.iter().position(|v| !v.is_finite()) {
             invalid!(
                 "LDLQ: stored weight at row {}, column {} is {} (the input must be finite)",
-                i / cols,
-                i % cols,
-                stored[i]
+                i / logical,
+                i % logical,
+                unpadded[i]
             );
         }
+        let Some(cols) = logical.div_ceil(t).checked_mul(t) else {
+            invalid!("LDLQ: {logical} columns padded to whole blocks overflow");
+        };
+        let stored = if cols == logical {
+            unpadded
+        } else {
+            let Some(total) = rows.checked_mul(cols) else {
+                invalid!("LDLQ: {rows} rows x {cols} padded columns overflow");
+            };
+            let mut padded = try_filled(total, 0f32, || format!("the padded matrix [{rows}, {cols}]"))?;
+            for (dst, src) in padded.chunks_exact_mut(cols).zip(unpadded.chunks_exact(logical)) {
+                dst[..logical].copy_from_slice(src);
+            }
+            padded
+        };
         let n = in_features;
         if let Some(h) = hessian {
             check_len(h, n, "LDLQ")?;
         }
         let threads = cfg.thread_count(rows.max(cols));
-        Ok(Checked { w, out_features, in_features, hessian, cfg, stored, rows, cols, n, threads })
+        Ok(Checked { w, out_features, in_features, hessian, cfg, stored, rows, cols, logical, n, threads })
+    }
+
+    /// Whether the coded axis is padded to whole blocks.
+    fn padded(&self) -> bool {
+        self.cols != self.logical
+    }
+
+    /// The feedback factor of `h` at `damping` (see [`feedback_factor`]). On a padded axis 1 the
+    /// factor spans the padded inputs too: `H` is extended by a diagonal block of
+    /// `mean(diag H)` (so the damping is the logical `H`'s), which leaves the padded inputs
+    /// uncoupled from the logical ones: their feedback to and from them is exactly zero.
+    fn factor(&self, h: &[f64], damping: f64, group: usize) -> Result<Option<Vec<f64>>> {
+        let (n, m) = (self.n, self.cols);
+        if self.cfg.axis != 1 || m == n {
+            return feedback_factor(h, n, damping, group, self.threads);
+        }
+        let mut padded = try_filled(m * m, 0f64, || format!("the padded H [{m}, {m}]"))?;
+        for (dst, src) in padded.chunks_exact_mut(m).zip(h.chunks_exact(n)) {
+            dst[..n].copy_from_slice(src);
+        }
+        let d = mean_diagonal(h, n);
+        (n..m).for_each(|i| padded[i * m + i] = d);
+        feedback_factor(&padded, m, damping, group, self.threads)
+    }
+
+    /// The logical columns of a stored-orientation `[rows, cols]` matrix (itself when nothing
+    /// is padded).
+    fn logical_part<'r>(&self, padded: &'r [f32]) -> std::borrow::Cow<'r, [f32]> {
+        if self.padded() {
+            padded.chunks_exact(self.cols).flat_map(|r| r[..self.logical].iter().copied()).collect()
+        } else {
+            std::borrow::Cow::Borrowed(padded)
+        }
     }
 
     /// The input features coded per feedback step.
@@ -400,23 +465,27 @@ impl<'a> Checked<'a> {
             stored: &self.stored,
             rows: self.rows,
             cols: self.cols,
+            logical: self.logical,
             u,
-            n: self.n,
+            // Axis 1's factor spans the padded inputs (`factor`).
+            n: if self.cfg.axis == 1 { self.cols } else { self.n },
             cfg: self.cfg,
             growth_limit: ldlq.growth_limit,
             threads: self.threads,
         }
     }
 
+    /// The proxy error of the stored-orientation `reconstruction` (padding included).
     fn proxy(&self, h: &[f64], reconstruction: &[f32]) -> Result<ProxyError> {
         let (w, out, inf, axis) = (self.w, self.out_features, self.in_features, self.cfg.axis);
-        proxy_error(w, reconstruction, out, inf, axis, h, Some(self.threads))
+        proxy_error(w, &self.logical_part(reconstruction), out, inf, axis, h, Some(self.threads))
     }
 
     /// The result of an attempt at `damping` that ran to the end.
     fn weighted(&self, parts: Parts, damping: f64, warnings: Vec<String>) -> Result<(LdlqEncoded, Vec<f32>)> {
         let (codes, scales, reconstruction, targets) = parts;
-        let encoded = finish(&self.stored, self.rows, self.cols, self.cfg, codes, scales, reconstruction)?;
+        let encoded =
+            finish(&self.stored, self.rows, self.cols, self.logical, self.cfg, codes, scales, reconstruction)?;
         let h = self.hessian.ok_or_else(|| crate::Error::invalid("LDLQ: a weighted code without H"))?;
         let proxy = self.proxy(h, &encoded.reconstruction)?;
         let outcome = LdlqOutcome::Weighted { damping };
@@ -432,9 +501,10 @@ impl<'a> Checked<'a> {
     ) -> Result<(LdlqEncoded, Vec<f32>)> {
         let (rows, cols, t) = (self.rows, self.cols, self.cfg.t as usize);
         let blocks = rows * (cols / t);
-        let encoded = encode_with_progress(&self.stored, rows, cols, self.cfg, &mut |done, _| {
-            progress(done * (cols / t), blocks)
-        })?;
+        let encoded =
+            encode_inner(&self.stored, rows, cols, self.logical, self.cfg, BlockSearch::Viterbi, &mut |done, _| {
+                progress(done * (cols / t), blocks)
+            })?;
         let proxy = match proxy_h {
             Some(h) => Some(self.proxy(h, &encoded.reconstruction)?),
             None => None,
@@ -459,7 +529,7 @@ impl<'a> Checked<'a> {
         let lut = lut1mad(cfg.l)?;
         let mut damping = ldlq.damping;
         for _attempt in 0..=ldlq.retries {
-            let step = match feedback_factor(h, n, damping, group, self.threads)? {
+            let step = match self.factor(h, damping, group)? {
                 None => Err(format!("H + {damping} · mean(diag H) · I is not positive definite")),
                 Some(u) => FeedbackRun::new(self.coder(u, ldlq), group)?.run_alone(&lut, progress)?,
             };
@@ -480,10 +550,12 @@ type Parts = (Vec<u32>, Vec<f16>, Vec<f32>, Vec<f32>);
 
 /// Assembles the [`Encoded`] of row-major codes: the layout conversion and the mean squared
 /// error against the stored weights, summed in row-major order as the plain encoder does.
+#[allow(clippy::too_many_arguments)] // the parts of one result, each named
 fn finish(
     stored: &[f32],
     rows: usize,
     cols: usize,
+    logical: usize,
     cfg: &EncoderConfig,
     codes: Vec<u32>,
     scales: Vec<f16>,
@@ -494,16 +566,23 @@ fn finish(
         CodeLayout::RowMajor => (codes, row_major),
         CodeLayout::K3Interleaved => (row_major_to_interleaved(&codes, rows, cols)?, row_major.interleaved()?),
     };
-    let sq: f64 = stored.iter().zip(&reconstruction).map(|(&w, &q)| (w as f64 - q as f64).powi(2)).sum();
-    let mse = sq / (rows * cols) as f64;
-    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse, logical_cols: cols })
+    let sq: f64 = stored
+        .chunks_exact(cols)
+        .zip(reconstruction.chunks_exact(cols))
+        .flat_map(|(w, q)| w[..logical].iter().zip(&q[..logical]))
+        .map(|(&w, &q)| (w as f64 - q as f64).powi(2))
+        .sum();
+    let mse = sq / (rows * logical) as f64;
+    Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse, logical_cols: logical })
 }
 
 /// One attempt's inputs: the stored matrix, the feedback factor `U` (`[n, n]`) and the limits.
 struct FeedbackCoder<'a> {
     stored: &'a [f32],
     rows: usize,
+    /// Stored columns (padding included) and the logical ones before the padding.
     cols: usize,
+    logical: usize,
     u: Vec<f64>,
     n: usize,
     cfg: &'a EncoderConfig,
@@ -560,8 +639,16 @@ impl<'a> FeedbackRun<'a> {
         let cfg = coder.cfg;
         let geometry = TrellisGeometry::row_major(rows, cols, cfg.k, cfg.t, cfg.l, cfg.axis)?;
         let lut_rms = rms(&lut1mad(cfg.l)?);
-        let all = rms(coder.stored);
-        let limits = coder.stored.chunks_exact(cols).map(|row| coder.growth_limit * rms(row).max(all)).collect();
+        let logical = coder.logical;
+        let all = if logical == cols {
+            rms(coder.stored)
+        } else {
+            let sq: f64 =
+                coder.stored.chunks_exact(cols).flat_map(|r| &r[..logical]).map(|&v| (v as f64).powi(2)).sum();
+            (sq / (rows * logical) as f64).sqrt()
+        };
+        let limits =
+            coder.stored.chunks_exact(cols).map(|row| coder.growth_limit * rms(&row[..logical]).max(all)).collect();
         let size = || format!("the LDLQ buffers of [{rows}, {cols}]");
         // Axis 1 takes each row's scale from the original row; axis 0 from its target.
         let scales = if cfg.axis == 1 {
@@ -569,7 +656,7 @@ impl<'a> FeedbackRun<'a> {
                 .stored
                 .chunks_exact(cols)
                 .enumerate()
-                .map(|(r, row)| row_scale(row, lut_rms, r))
+                .map(|(r, row)| row_scale(&row[..logical], lut_rms, r))
                 .collect::<Result<Vec<f16>>>()?
         } else {
             vec![f16::ONE; rows]
@@ -614,14 +701,37 @@ impl<'a> FeedbackRun<'a> {
                 Step::Search(scales) => scales,
             };
             let (mut codes, mut rec) = (vec![0u32; scales.len() * wpb], vec![0f32; scales.len() * t]);
+            let (cols, scales, weights) = self.search_shape(scales);
+            let per_row = cols / t;
             let rows =
-                RowsOf { weights: &self.step, codes: &mut codes, reconstruction: &mut rec, scales: &scales, cols: t };
+                RowsOf { weights: &self.step, codes: &mut codes, reconstruction: &mut rec, scales: &scales, cols };
             let before = self.blocks_done;
-            search_and_code(rows, None, &cfg, lut, BlockSearch::Viterbi, &mut |done, _| {
-                progress(before + done, blocks)
+            search_and_code(rows, weights.as_deref(), &cfg, lut, BlockSearch::Viterbi, &mut |done, _| {
+                progress(before + done * per_row, blocks)
             })
             .with_context(|| self.step_name())?;
             self.absorb(&codes, &rec);
+        }
+    }
+
+    /// How the step's blocks (`block_scales`, one a block) go to the search: the columns of a
+    /// searched row, a scale a row and the positions' weights. Unpadded, one block a row, every
+    /// position weighing 1. On a padded axis the padding weighs 0: axis 1's last input block
+    /// is searched with the mask of its logical positions; axis 0 searches whole stored rows (the
+    /// same blocks in the same order, their last one padded) with the mask of the row.
+    fn search_shape(&self, block_scales: Vec<f16>) -> (usize, Vec<f16>, Option<Vec<f32>>) {
+        let c = &self.coder;
+        let (t, logical) = (c.cfg.t as usize, c.logical);
+        let mask = |first: usize, len: usize| (first..first + len).map(|i| f32::from(u8::from(i < logical))).collect();
+        if logical == c.cols {
+            (t, block_scales, None)
+        } else if c.cfg.axis == 1 {
+            let c0 = self.next * t;
+            (t, block_scales, (c0 + t > logical).then(|| mask(c0, t)))
+        } else {
+            let per_row = c.cols / t;
+            let row_scales = block_scales.into_iter().step_by(per_row).collect();
+            (c.cols, row_scales, Some(mask(0, c.cols)))
         }
     }
 
@@ -677,8 +787,10 @@ impl<'a> FeedbackRun<'a> {
         });
         self.step.clear();
         self.step.extend(self.scratch.iter().map(|&v| v as f32));
+        // The block's logical positions (all of them but on a padded axis' last block).
+        let valid = (c.logical - c0).min(t);
         for (o, block) in self.step.chunks_exact(t).enumerate() {
-            let got = rms(block);
+            let got = rms(&block[..valid]);
             if got.is_nan() || got > self.limits[o] {
                 return Ok(Step::Abandoned(format!(
                     "the target of stored row {o}, block {b} has RMS {got:.4e}, above {} times its row's",
@@ -733,8 +845,8 @@ impl<'a> FeedbackRun<'a> {
         }
         let blocks_per_row = cols / t;
         let mut block_scales = Vec::with_capacity((g1 - g0) * blocks_per_row);
-        for (i, row) in self.step.chunks_exact(cols).enumerate() {
-            let r = g0 + i;
+        for (i, padded_row) in self.step.chunks_exact(cols).enumerate() {
+            let (r, row) = (g0 + i, &padded_row[..c.logical]);
             let got = rms(row);
             if got.is_nan() || got > self.limits[r] {
                 return Ok(Step::Abandoned(format!(
@@ -768,6 +880,10 @@ impl<'a> FeedbackRun<'a> {
                 {
                     *res = w as f64 - q as f64;
                 }
+                // Padding is not a weight: no error of it is fed forward.
+                if c0 + t > c.logical {
+                    self.residual[o * cols + c.logical..at + t].fill(0.0);
+                }
             }
             self.next = b + 1;
             self.blocks_done += rows;
@@ -780,6 +896,12 @@ impl<'a> FeedbackRun<'a> {
             self.targets[at.clone()].copy_from_slice(&self.step);
             for ((res, &w), &q) in self.residual[at.clone()].iter_mut().zip(&c.stored[at]).zip(step_rec) {
                 *res = w as f64 - q as f64;
+            }
+            // Padding is not a weight: no error of it is fed forward.
+            if c.logical < cols {
+                for row in self.residual[g0 * cols..g1 * cols].chunks_exact_mut(cols) {
+                    row[c.logical..].fill(0.0);
+                }
             }
             self.next = g1;
             self.blocks_done += (g1 - g0) * (cols / t);

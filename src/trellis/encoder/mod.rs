@@ -405,6 +405,27 @@ pub fn block_path(x: &[f32], k: u32, l: u32, search: BlockSearch) -> Result<Vec<
     Ok(coder.states)
 }
 
+/// The states the weighted block search chooses for one normalised block `x` of `T = 256`
+/// values whose squared error at position `i` weighs `weights[i]` (finite, non-negative; 0 on
+/// padding, which the search may then fill with anything). For tests.
+#[doc(hidden)]
+pub fn block_path_weighted(x: &[f32], weights: &[f32], k: u32, l: u32) -> Result<Vec<u32>> {
+    EncoderConfig::new(k, l).validate()?;
+    if x.len() != BLOCK_LEN as usize || weights.len() != x.len() {
+        invalid!(
+            "block_path_weighted: a block has {BLOCK_LEN} values and as many weights, got {} and {}",
+            x.len(),
+            weights.len()
+        );
+    }
+    let lut = lut1mad(l)?;
+    let mut coder = BlockCoder::new(k, l, BLOCK_LEN, &lut, BlockSearch::Viterbi, true);
+    coder.x.copy_from_slice(x);
+    coder.weigh_block(weights);
+    coder.search_block();
+    Ok(coder.states)
+}
+
 /// Codes `weights` `[rows, cols]`, of which the first `logical` columns of each row are real and
 /// the rest padding (free in the search, out of the scale and the error).
 fn encode_inner(
