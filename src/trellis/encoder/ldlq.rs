@@ -80,7 +80,7 @@ use crate::trellis::format::{row_major_to_interleaved, CodeLayout, HostLayer, Tr
 
 use super::hessian::{check_len, feedback_factor, mean_diagonal, proxy_error, unusable, ProxyError};
 use super::parallel::{axpy, rows_in_parallel};
-use super::{encode_inner, rms, row_scale, search_and_code, stored_from_linear, BlockSearch};
+use super::{encode_inner, logical_mse, rms, row_scale, search_and_code, stored_from_linear, BlockSearch};
 use super::{Encoded, EncoderConfig, RowsOf};
 
 /// How the Hessian-weighted encoder feeds back and guards (see the [module](self) docs).
@@ -566,13 +566,7 @@ fn finish(
         CodeLayout::RowMajor => (codes, row_major),
         CodeLayout::K3Interleaved => (row_major_to_interleaved(&codes, rows, cols)?, row_major.interleaved()?),
     };
-    let sq: f64 = stored
-        .chunks_exact(cols)
-        .zip(reconstruction.chunks_exact(cols))
-        .flat_map(|(w, q)| w[..logical].iter().zip(&q[..logical]))
-        .map(|(&w, &q)| (w as f64 - q as f64).powi(2))
-        .sum();
-    let mse = sq / (rows * logical) as f64;
+    let mse = logical_mse(stored, &reconstruction, cols, logical);
     Ok(Encoded { layer: HostLayer { codes, scales, geometry }, reconstruction, mse, logical_cols: logical })
 }
 

@@ -253,6 +253,18 @@ pub fn lut_rms(l: u32) -> Result<f64> {
     Ok(rms(&lut1mad(l)?))
 }
 
+/// The mean squared error of `reconstruction` against `weights` (both `[rows, cols]`) over the
+/// first `logical` columns of each row, in f64, summed in row-major order.
+fn logical_mse(weights: &[f32], reconstruction: &[f32], cols: usize, logical: usize) -> f64 {
+    let sq: f64 = weights
+        .chunks_exact(cols)
+        .zip(reconstruction.chunks_exact(cols))
+        .flat_map(|(w, q)| w[..logical].iter().zip(&q[..logical]))
+        .map(|(&w, &q)| (w as f64 - q as f64).powi(2))
+        .sum();
+    sq / (weights.len() / cols * logical) as f64
+}
+
 /// The RMS of `values`, computed in f64.
 fn rms(values: &[f32]) -> f64 {
     (values.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / values.len() as f64).sqrt()
@@ -485,13 +497,7 @@ fn encode_inner(
     let rows_of = RowsOf { weights, codes: &mut codes, reconstruction: &mut reconstruction, scales: &scales, cols };
     search_and_code(rows_of, column_weights.as_deref(), cfg, &lut, search, progress)?;
 
-    let sq: f64 = weights
-        .chunks_exact(cols)
-        .zip(reconstruction.chunks_exact(cols))
-        .flat_map(|(w, q)| w[..logical].iter().zip(&q[..logical]))
-        .map(|(&w, &q)| (w as f64 - q as f64).powi(2))
-        .sum();
-    let mse = sq / (rows * logical) as f64;
+    let mse = logical_mse(weights, &reconstruction, cols, logical);
     let codes = match cfg.layout {
         CodeLayout::RowMajor => codes,
         CodeLayout::K3Interleaved => row_major_to_interleaved(&codes, rows, cols)?,
