@@ -316,7 +316,9 @@ fn ldlq_lowers_the_proxy_error_of_an_ill_conditioned_h() {
 
 #[test]
 fn the_result_does_not_depend_on_the_thread_count() {
-    for (axis, out, inp, group) in [(1u32, 5usize, 768usize, 1usize), (0, 512, 40, 1), (0, 512, 40, 3)] {
+    // Whole blocks and padded axes (600 inputs, 200 outputs).
+    let shapes = [(1u32, 5usize, 768usize, 1usize), (0, 512, 40, 1), (0, 512, 40, 3), (1, 5, 600, 1), (0, 200, 40, 3)];
+    for (axis, out, inp, group) in shapes {
         let w = gaussian(out * inp, 50).unwrap();
         let h = ill_conditioned(inp, 51);
         let ldlq = LdlqConfig { stored_row_group: group, ..LdlqConfig::default() };
@@ -443,12 +445,15 @@ fn a_rotation_is_refused_by_name() {
 fn ldlq_on_the_cuda_search_gives_the_cpu_bytes() {
     require_cuda();
     // Axis 1 (one block per row per step), axis 0 one stored row per step and 16 per step, and
-    // the 3-bit interleaved layout.
+    // the 3-bit interleaved layout; padded axes (the padded blocks search on the CPU, the others
+    // on CUDA where axis 1 has them).
     let cases = [
         (1u32, 64usize, 1024usize, 1usize, CodeLayout::RowMajor),
         (0, 512, 256, 1, CodeLayout::RowMajor),
         (0, 512, 256, 16, CodeLayout::RowMajor),
         (0, 512, 256, 1, CodeLayout::K3Interleaved),
+        (1, 48, 600, 1, CodeLayout::RowMajor),
+        (0, 300, 64, 4, CodeLayout::RowMajor),
     ];
     for (axis, out, inp, group, layout) in cases {
         let w = gaussian(out * inp, 200 + axis as u64).unwrap();
