@@ -1,6 +1,7 @@
 //! Codes the projections of a Llama-architecture GGUF model (SmolLM2-135M-Instruct by default)
 //! into a trellis model directory that `generate --model DIR` and the evaluation load: the MLP
-//! projections (and with `--attention` the attention ones) at `--bits` k, rotated, everything
+//! projections (and with `--attention` the attention ones, at `--attention-bits` k where given)
+//! at `--bits` k, rotated, everything
 //! else as shipped from the base GGUF copied (or hard-linked) into the directory.
 //!
 //! With `--ldlq` every projection is coded Hessian-weighted against the second moment `H` of its
@@ -23,6 +24,7 @@
 //! ```text
 //! cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4
 //! cargo run --release --example quantize_model -- --bits 3 --attention --out /tmp/smollm2-k3-all
+//! cargo run --release --example quantize_model -- --bits 3 --attention --attention-bits 4 --ldlq --out /tmp/smollm2-all
 //! cargo run --release --example quantize_model -- --bits 3 --ldlq --save-hessians /tmp/h.safetensors --out /tmp/smollm2-ldlq-k3
 //! cargo run --release --example quantize_model -- --budget 3.0 --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-b3
 //! cargo run --release --example quantize_model -- --budget 2.5,3.0,3.5 --also-uniform --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-set
@@ -83,6 +85,11 @@ struct Args {
     /// neither dimension is one).
     #[arg(long)]
     attention: bool,
+    /// Bits per weight of the attention projections (with --attention; default --bits).
+    /// SmolLM2 coded whole is within MLX's 4-bit with k 4 here and k 3 in the MLPs
+    /// (docs/real-models.md); --bits-for overrides single projections
+    #[arg(long, value_name = "K", requires = "attention", conflicts_with = "budget")]
+    attention_bits: Option<u32>,
     /// Code only the first N blocks (default: all).
     #[arg(long, value_name = "N")]
     layers: Option<usize>,
@@ -390,7 +397,7 @@ fn summarize(
             "model": model.display().to_string(), "out": out.dir.display().to_string(),
             "k": k, "budget": budget, "rotation": spec.rotation, "ldlq": spec.ldlq.is_some(),
             "ldlq_damping": spec.ldlq.map(|l| l.damping), "ldlq_group": spec.ldlq.map(|l| l.stored_row_group),
-            "attention": spec.attention, "layers": spec.layers, "L": spec.l,
+            "attention": spec.attention, "attention_bits": spec.attention_bits, "layers": spec.layers, "L": spec.l,
             "bits_per_weight": report.bits_per_weight, "calibration": calibration,
             "median_relative_proxy": median(proxies), "median_proxy_ratio_to_baseline": median(ratios),
             "seconds": start.elapsed().as_secs_f64(),
@@ -422,6 +429,7 @@ fn run(args: Args) -> Result<()> {
         bits: args.bits,
         bits_overrides: overrides(&args.bits_for)?,
         attention: args.attention,
+        attention_bits: args.attention_bits,
         layers: args.layers,
         rotation: !args.no_rotation,
         seed: args.seed,
@@ -462,7 +470,11 @@ fn run(args: Args) -> Result<()> {
                 .map_or_else(|| describe(o.allocation), |n| format!("{n} ({})", describe(o.allocation))))
             .collect::<Vec<_>>()
             .join(", "),
-        if spec.attention { "MLP and attention" } else { "MLP" },
+        match (spec.attention, spec.attention_bits) {
+            (true, Some(k)) => format!("MLP and attention (the attention at k {k})"),
+            (true, None) => "MLP and attention".to_string(),
+            (false, _) => "MLP".to_string(),
+        },
         if spec.rotation { ", rotated" } else { ", NOT rotated" },
         if spec.ldlq.is_some() { ", LDLQ" } else { "" },
         spec.l

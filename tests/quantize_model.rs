@@ -77,12 +77,46 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     // Each swap changes the logits a little: a KL above 0, far below the whole model's.
     ensure!(kl.len() == 2 && kl.iter().all(|&k| k > 0.0 && k < 0.1), "{kl:?}");
 
+    // The attention at its own k, one projection overridden: each module at the k it was given.
+    let mixed = QuantizeSpec {
+        bits: 2,
+        layers: Some(1),
+        attention: true,
+        attention_bits: Some(3),
+        bits_overrides: [("model.layers.0.self_attn.v_proj".to_string(), 4)].into(),
+        ..QuantizeSpec::default()
+    };
+    let report = quantize_model(&gguf_path, &mixed, None, &dir, &mut |_| {})?;
+    for r in &report.modules {
+        let want = if r.module.ends_with("v_proj") {
+            4
+        } else if r.module.contains(".self_attn.") {
+            3
+        } else {
+            2
+        };
+        ensure!(r.bits == want, "{}: k {} where {want} was asked for", r.module, r.bits);
+    }
+    ensure!(report.modules.len() == 7);
     // Running again over the same directory replaces the files (the base model is kept).
     let again = QuantizeSpec { bits: 2, layers: Some(1), ..QuantizeSpec::default() };
     quantize_model(&gguf_path, &again, None, &dir, &mut |_| {})?;
     ensure!(Artifact::open(&dir)?.trellis_modules()?.len() == 3);
-    let refused = QuantizeSpec { bits: 5, ..QuantizeSpec::default() };
-    ensure!(quantize_model(&gguf_path, &refused, None, &dir, &mut |_| {}).is_err());
+    let refused = [
+        (QuantizeSpec { bits: 5, ..QuantizeSpec::default() }, "bits"),
+        (QuantizeSpec { attention_bits: Some(3), ..QuantizeSpec::default() }, "without attention"),
+        (QuantizeSpec { attention: true, attention_bits: Some(5), ..QuantizeSpec::default() }, "attention_bits"),
+        (
+            QuantizeSpec { attention: true, attention_bits: Some(4), budget: Some(3.0), ..QuantizeSpec::default() },
+            "attention_bits",
+        ),
+    ];
+    for (spec, says) in refused {
+        match quantize_model(&gguf_path, &spec, None, &dir, &mut |_| {}) {
+            Ok(_) => anyhow::bail!("{spec:?} was not refused"),
+            Err(e) => ensure!(e.to_string().contains(says), "{spec:?}: {e}"),
+        }
+    }
     std::fs::remove_dir_all(&dir)?;
     Ok(())
 }

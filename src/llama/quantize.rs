@@ -79,6 +79,12 @@ pub struct QuantizeSpec {
     pub bits_overrides: BTreeMap<String, u32>,
     /// Code the attention projections (q, k, v, o) too, not only the MLP's.
     pub attention: bool,
+    /// Bits per weight of every coded attention projection without an override (`None`: as
+    /// [`bits`](Self::bits)); with `attention` only, and refused beside a budget as overrides
+    /// are. SmolLM2's attention is padded to whole blocks and is more sensitive than its MLP:
+    /// k 4 there beside k 3 MLPs is what brings the whole model within MLX's 4-bit
+    /// (docs/real-models.md).
+    pub attention_bits: Option<u32>,
     /// Code only the first this many blocks (`None`: every block); the others stay as shipped.
     pub layers: Option<usize>,
     /// Rotate the coded axis of every projection (docs/format.md §10). Without it real layers lose
@@ -113,6 +119,7 @@ impl Default for QuantizeSpec {
             bits: 4,
             bits_overrides: BTreeMap::new(),
             attention: false,
+            attention_bits: None,
             layers: None,
             rotation: true,
             seed: 0,
@@ -304,9 +311,11 @@ pub fn quantize_model_allocations(
     quantize_outputs(gguf_path.as_ref(), spec, hessians, &outputs, progress)
 }
 
-/// The k of a projection in a uniform output of `k`: its override, else `k`.
+/// The k of a projection in a uniform output of `k`: its override, else the attention's k for
+/// an attention projection where one is set, else `k`.
 fn uniform_k(spec: &QuantizeSpec, module: &str, k: u32) -> u32 {
-    spec.bits_overrides.get(module).copied().unwrap_or(k)
+    let attention = spec.attention_bits.filter(|_| module.contains(".self_attn."));
+    spec.bits_overrides.get(module).copied().or(attention).unwrap_or(k)
 }
 
 /// `dir` made absolute, `.` and `..` resolved and every existing prefix's links followed, so that
@@ -380,9 +389,17 @@ fn quantize_outputs(
     for (name, &k) in &spec.bits_overrides {
         check_bits(name, k)?;
     }
+    if let Some(k) = spec.attention_bits {
+        check_bits("attention_bits", k)?;
+        if !spec.attention {
+            invalid!(
+                "quantize_model: attention_bits = {k} without attention (the attention projections are not coded)"
+            );
+        }
+    }
     if let Some(b) = budgets.first() {
-        if !spec.bits_overrides.is_empty() {
-            invalid!("quantize_model: a budget picks every projection's bits; bits overrides are refused with it");
+        if !spec.bits_overrides.is_empty() || spec.attention_bits.is_some() {
+            invalid!("quantize_model: a budget picks every projection's bits; bits overrides (and attention_bits) are refused with it");
         }
         if hessians.is_none() {
             invalid!("quantize_model: a budget of {b} bits per weight needs the calibration H of the layer inputs (its proxy errors)");
