@@ -430,6 +430,9 @@ pub fn block_path_weighted(x: &[f32], weights: &[f32], k: u32, l: u32) -> Result
             weights.len()
         );
     }
+    if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+        invalid!("block_path_weighted: a weight is {w} (weights are finite and at least 0)");
+    }
     let lut = lut1mad(l)?;
     let mut coder = BlockCoder::new(k, l, BLOCK_LEN, &lut, BlockSearch::Viterbi, true);
     coder.x.copy_from_slice(x);
