@@ -253,6 +253,22 @@ fn a_padded_axis_follows_the_recursion_over_its_logical_features() {
 }
 
 #[test]
+fn the_weighted_block_path_takes_all_ones_as_the_plain_search_and_refuses_bad_weights() {
+    let x: Vec<f32> = gaussian(T, 15).unwrap();
+    for k in [2u32, 3, 4] {
+        let plain = block_path(&x, k, 12, BlockSearch::Viterbi).unwrap();
+        assert_eq!(block_path_weighted(&x, &[1.0; T], k, 12).unwrap(), plain, "k {k}: all ones");
+    }
+    for bad in [f32::NAN, f32::INFINITY, -1.0] {
+        let mut w = vec![1.0f32; T];
+        w[7] = bad;
+        let err = block_path_weighted(&x, &w, 3, 12).unwrap_err().to_string();
+        assert!(err.contains("finite and at least 0"), "{bad}: {err}");
+    }
+    assert!(block_path_weighted(&x, &[1.0; 10], 3, 12).is_err(), "a short weight vector");
+}
+
+#[test]
 fn a_padded_axis_with_an_identity_or_diagonal_h_gives_the_plain_padded_codes() {
     // Axis 1: W [8, 600] (stored [8, 768]); axis 0: W [200, 12] (stored [12, 256]); with H = I
     // and a diagonal H the feedback is zero, so the code is encode_padded's, bit for bit.
