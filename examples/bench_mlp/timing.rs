@@ -33,8 +33,8 @@ pub(crate) struct Pipelined {
     pub median: f64,
     /// The least of them. Not a rate: an end the host observes late shortens the next time.
     pub best: f64,
-    /// The steady-state rate: the time from the first end to the last over the evaluations
-    /// between, which no late observation of one end moves.
+    /// The steady-state rate: their mean, the time from the first end to the last over the
+    /// evaluations between, which no late observation of one end moves.
     pub mean: f64,
 }
 
@@ -52,7 +52,6 @@ pub(crate) fn time_pipelined(
     let wait = |outs: &[MlxArray]| eval_all(&outs.iter().collect::<Vec<_>>());
     wait(&f()?)?; // warm-up: kernel compilation, caches, allocator
     let mut current = start()?;
-    let mut first_end: Option<Instant> = None;
     let mut last_end: Option<Instant> = None;
     let mut v = Vec::with_capacity(evals);
     while v.len() < evals {
@@ -62,16 +61,12 @@ pub(crate) fn time_pipelined(
         if let Some(t) = last_end {
             v.push((end - t).as_secs_f64() * 1e6 / steps as f64);
         }
-        first_end.get_or_insert(end);
         last_end = Some(end);
         current = next;
     }
     wait(&current)?;
-    let span = match (first_end, last_end) {
-        (Some(a), Some(b)) => (b - a).as_secs_f64() * 1e6,
-        _ => 0.0,
-    };
-    let mean = span / (v.len() * steps) as f64;
+    // The times between consecutive ends add up to the first end's distance from the last.
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
     let (median, best) = median_best(v);
     Ok(Pipelined { median, best, mean })
 }

@@ -25,15 +25,18 @@ pub fn is_mlp(linear: &str) -> bool {
     linear.starts_with("mlp.")
 }
 
+/// The block and the linear of a Hugging Face module name `model.layers.{layer}.{linear}`
+/// (the linear not checked against [`LINEARS`]); `None` for any other shape.
+pub fn split_module(hf_module: &str) -> Option<(usize, &str)> {
+    let (n, linear) = hf_module.strip_prefix("model.layers.")?.split_once('.')?;
+    Some((n.parse().ok()?, linear))
+}
+
 /// The GGUF tensor of a Hugging Face module name: `model.layers.N.mlp.{gate,up,down}_proj` →
 /// `blk.N.ffn_{gate,up,down}.weight`, `model.layers.N.self_attn.{q,k,v,o}_proj` →
 /// `blk.N.attn_{q,k,v,output}.weight`.
 pub fn gguf_tensor_name(hf_module: &str) -> Result<String> {
-    let parsed = hf_module
-        .strip_prefix("model.layers.")
-        .and_then(|rest| rest.split_once('.'))
-        .and_then(|(n, linear)| Some((n.parse::<usize>().ok()?, linear)));
-    let Some((layer, linear)) = parsed else {
+    let Some((layer, linear)) = split_module(hf_module) else {
         invalid!("{hf_module:?} is not a Llama linear layer name (model.layers.N.self_attn.q_proj, ...)");
     };
     let gguf = match linear {

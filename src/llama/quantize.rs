@@ -50,7 +50,7 @@ use crate::trellis::{write_artifact, TrellisLinear};
 
 use super::calibrate::Hessians;
 use super::coding::{code_projections, ProjectionCoding, ProjectionJob};
-use super::names::{gguf_tensor_name, hf_module, is_mlp, LINEARS};
+use super::names::{gguf_tensor_name, hf_module, is_mlp, split_module, LINEARS};
 
 /// The conventional coded axis of a projection (docs/format.md §10): 0 (along the outputs) for the
 /// down projection, 1 (along the inputs) for the others.
@@ -314,7 +314,7 @@ pub fn quantize_model_allocations(
 /// The k of a projection in a uniform output of `k`: its override, else the attention's k for
 /// an attention projection where one is set, else `k`.
 fn uniform_k(spec: &QuantizeSpec, module: &str, k: u32) -> u32 {
-    let attention = spec.attention_bits.filter(|_| module.contains(".self_attn."));
+    let attention = spec.attention_bits.filter(|_| split_module(module).is_some_and(|(_, linear)| !is_mlp(linear)));
     spec.bits_overrides.get(module).copied().or(attention).unwrap_or(k)
 }
 

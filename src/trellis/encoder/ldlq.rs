@@ -432,7 +432,10 @@ impl<'a> Checked<'a> {
         if self.cfg.axis != 1 || m == n {
             return feedback_factor(h, n, damping, group, self.threads);
         }
-        let mut padded = try_filled(m * m, 0f64, || format!("the padded H [{m}, {m}]"))?;
+        let Some(len) = m.checked_mul(m) else {
+            invalid!("LDLQ: the padded H [{m}, {m}] overflows");
+        };
+        let mut padded = try_filled(len, 0f64, || format!("the padded H [{m}, {m}]"))?;
         for (dst, src) in padded.chunks_exact_mut(m).zip(h.chunks_exact(n)) {
             dst[..n].copy_from_slice(src);
         }

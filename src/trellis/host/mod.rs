@@ -131,7 +131,7 @@ pub(crate) fn shared_input_forward(layers: &[&HostOperands], x2: &MlxArray) -> R
         return Ok(Vec::new());
     };
     let m = first.rows_of(x2)?;
-    for l in layers {
+    for l in &layers[1..] {
         l.rows_of(x2)?;
     }
     let x = activations(x2)?;
