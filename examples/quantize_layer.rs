@@ -86,8 +86,13 @@ struct Options {
     /// Trellis state bits
     #[arg(long = "L", value_name = "L", default_value_t = 12)]
     l: u32,
+    /// Block length T in weights: 256 (what the GPU kernels serve) or a shorter one whose T*k
+    /// bits are whole 32-bit words (192 codes a 576-wide axis unpadded; the host and generic
+    /// paths serve it)
+    #[arg(long = "block-len", value_name = "T", default_value_t = 256)]
+    t: u32,
     /// Stored axis: 0 stores the transpose [in, out] (down projections), 1 stores W [out, in];
-    /// where that axis is not whole 256-weight blocks, the rule of docs/format.md §10 takes the
+    /// where that axis is not whole T-weight blocks, the rule of docs/format.md §10 takes the
     /// other axis or pads
     #[arg(long, value_name = "0|1", default_value_t = 0)]
     axis: u32,
@@ -162,6 +167,7 @@ fn run() -> Result<bool> {
         threads: o.encoder.threads,
         backend: o.encoder.backend,
         rotation: (!o.no_rotation).then_some(RotationSpec { seed: o.rotation_seed }),
+        t: o.t,
         ..EncoderConfig::new(o.k, o.l)
     };
     cfg.validate()?;

@@ -3,8 +3,8 @@
 
 use half::f16;
 use mlx_trellis::trellis::encoder::{
-    block_path, encode, encode_linear, encode_with_progress, encode_with_search, lut_rms, quality, stored_from_linear,
-    BlockSearch, Encoded, EncoderConfig, RELATIVE_MSE_BOUND,
+    block_path, encode, encode_linear, encode_with_progress, encode_with_search, fitting_block_len, lut_rms, quality,
+    stored_from_linear, BlockSearch, Encoded, EncoderBackend, EncoderConfig, RELATIVE_MSE_BOUND,
 };
 use mlx_trellis::trellis::format::row_major_to_interleaved;
 use mlx_trellis::trellis::reference::{block_state, block_words, expand, forward_f64, rel_err};
@@ -119,6 +119,63 @@ fn mse_thresholds_on_gaussian_data_pass_and_broken_searches_miss_them() {
 }
 
 /// The relative mean squared error of stored row `r` of `enc` against `w`.
+/// Blocks shorter (and longer) than 256: every block is the reference f64 Viterbi's cyclic path
+/// (same cost to 1e-6), the codes decode to the reported reconstruction, and the distortion
+/// stays within 3 % of T 256's on the same Gaussian data.
+#[test]
+fn shorter_blocks_code_to_the_reference_paths_and_keep_the_distortion() {
+    let (rows, l) = (4usize, 10u32);
+    for (k, t) in [(2u32, 64usize), (2, 16), (3, 96), (3, 192), (4, 8), (4, 192), (3, 32), (2, 512)] {
+        let cols = 3 * 576usize.div_ceil(t) * t;
+        let w = gaussian(rows * cols, 900 + k as u64 * 31 + t as u64).unwrap();
+        let cfg = EncoderConfig { t: t as u32, ..config(k, l) };
+        let enc = encode(&w, rows, cols, &cfg).unwrap();
+        let g = enc.layer.geometry;
+        assert_eq!((g.t as usize, g.cols, g.words_per_block()), (t, cols, t * k as usize / 32), "k {k} T {t}");
+        assert_decode_matches(&enc, &w, &format!("k {k} T {t}"));
+        let lut = mlx_trellis::trellis::format::codebook::lut1mad(l).unwrap();
+        let low_mask = (1u32 << (l - k)) - 1;
+        let cost = |x: &[f32], path: &[u32]| -> f64 {
+            x.iter().zip(path).map(|(&v, &s)| (f64::from(v) - f64::from(lut[s as usize])).powi(2)).sum()
+        };
+        for r in 0..rows {
+            let scale = enc.layer.scales[r].to_f32();
+            for b in 0..cols / t {
+                let words = block_words(&enc.layer.codes, &g, r, b).unwrap();
+                let decoded: Vec<u32> = (0..t).map(|p| block_state(words, p, k, l).unwrap()).collect();
+                for p in 0..t {
+                    assert_eq!(decoded[p] >> k, decoded[(p + t - 1) % t] & low_mask, "k {k} T {t}: not a cycle");
+                }
+                let x: Vec<f32> = w[r * cols + b * t..][..t].iter().map(|&v| v / scale).collect();
+                assert_eq!(block_path(&x, k, l, BlockSearch::Viterbi).unwrap(), decoded, "k {k} T {t} r {r} b {b}");
+                let reference = block_path(&x, k, l, BlockSearch::ReferenceViterbi).unwrap();
+                let (fast, slow) = (cost(&x, &decoded), cost(&x, &reference));
+                assert!((fast - slow).abs() <= 1e-6 * slow.max(1e-12), "k {k} T {t}: cost {fast} vs reference {slow}");
+            }
+        }
+        let long = encode(&w, rows, cols, &config(k, l));
+        if let Ok(long) = long {
+            assert!(enc.mse < 1.03 * long.mse, "k {k} T {t}: mse {} against T 256's {}", enc.mse, long.mse);
+        }
+    }
+}
+
+#[test]
+fn the_fitting_block_length_divides_an_axis_or_leaves_t_256() {
+    // SmolLM2: attention 576 / 192 wide, MLP 1536 along one side.
+    assert_eq!(fitting_block_len(576, 576, 1).unwrap(), 192);
+    assert_eq!(fitting_block_len(192, 576, 1).unwrap(), 192);
+    assert_eq!(fitting_block_len(1536, 576, 0).unwrap(), 256);
+    assert_eq!(fitting_block_len(576, 1536, 1).unwrap(), 256);
+    // The longest multiple of 32 under 256 that divides either side, the conventional one first.
+    assert_eq!(fitting_block_len(640, 640, 1).unwrap(), 160);
+    assert_eq!(fitting_block_len(96, 224, 1).unwrap(), 224);
+    assert_eq!(fitting_block_len(96, 100, 1).unwrap(), 96);
+    // Nothing divides: padded to 256.
+    assert_eq!(fitting_block_len(100, 100, 0).unwrap(), 256);
+    assert!(fitting_block_len(0, 576, 1).is_err());
+}
+
 fn row_relative_error(enc: &Encoded, w: &[f32], r: usize, cols: usize) -> f64 {
     let (row, rec) = (&w[r * cols..(r + 1) * cols], &enc.reconstruction[r * cols..(r + 1) * cols]);
     let sq: f64 = row.iter().zip(rec).map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2)).sum();
@@ -263,7 +320,14 @@ fn bad_parameters_are_refused_with_clear_errors() {
     let expect = |msg: String, needle: &str| assert!(msg.contains(needle), "{msg:?} should mention {needle:?}");
     expect(err(config(0, 12), &w, 2, 512), "k = 0 bits per weight is outside 1..=8");
     expect(err(config(9, 12), &w, 2, 512), "k = 9 bits per weight is outside 1..=8");
-    expect(err(EncoderConfig { t: 128, ..config(3, 12) }, &w, 2, 512), "block length T = 128");
+    expect(err(EncoderConfig { t: 0, ..config(3, 12) }, &w, 2, 512), "block length T = 0 is outside");
+    expect(err(EncoderConfig { t: 2048, ..config(3, 12) }, &w, 2, 512), "block length T = 2048 is outside");
+    expect(err(EncoderConfig { t: 16, ..config(3, 12) }, &w, 2, 512), "T*k % 32 != 0 with T = 16");
+    expect(
+        err(EncoderConfig { t: 192, backend: EncoderBackend::Cuda, ..config(3, 12) }, &w, 2, 576),
+        "the CUDA search serves T = 256",
+    );
+    expect(err(EncoderConfig { t: 192, ..config(3, 12) }, &w, 2, 512), "cols % T != 0");
     expect(err(config(3, 7), &w, 2, 512), "L = 7 state bits is outside 8..=16");
     expect(err(config(3, 17), &w, 2, 512), "L = 17 state bits is outside 8..=16");
     expect(err(config(8, 8), &w, 2, 512), "L = 8 state bits must be greater than k = 8");
@@ -287,7 +351,8 @@ fn bad_parameters_are_refused_with_clear_errors() {
     expect(err(config(3, 12), &huge, 1, 512), "too large for an f16 scale");
     let msg = encode_linear(&w, 3, 512, &config(3, 12)).unwrap_err().to_string();
     expect(msg, "the linear weight has 1024 values, expected [out 3, in 512]");
-    expect(block_path(&w[..100], 3, 12, BlockSearch::Viterbi).unwrap_err().to_string(), "a block has 256 values");
+    expect(block_path(&w[..100], 3, 12, BlockSearch::Viterbi).unwrap_err().to_string(), "T*k % 32 != 0 with T = 100");
+    expect(block_path(&[0.0; 1025], 3, 12, BlockSearch::Viterbi).unwrap_err().to_string(), "longer than T = 1024");
 }
 
 /// The quality table of the README: mean squared error on i.i.d. N(0, 1) data, 1024 blocks per

@@ -159,17 +159,32 @@ fn reference_factor(h: &[f64], n: usize, damping: f64, group: usize) -> Vec<f64>
 /// factor (A = U − I, only earlier groups), and every block's states are the plain Viterbi path
 /// of its target divided by its row's scale.
 fn assert_exact_ldlq(w: &[f32], out: usize, inp: usize, h: &[f64], k: u32, axis: u32, row_group: usize) -> LdlqEncoded {
-    let cfg = config(k, axis);
+    assert_exact_ldlq_in_blocks(w, out, inp, h, k, axis, row_group, T)
+}
+
+/// [`assert_exact_ldlq`] with blocks of `t` weights.
+#[allow(clippy::too_many_arguments)]
+fn assert_exact_ldlq_in_blocks(
+    w: &[f32],
+    out: usize,
+    inp: usize,
+    h: &[f64],
+    k: u32,
+    axis: u32,
+    row_group: usize,
+    t: usize,
+) -> LdlqEncoded {
+    let cfg = EncoderConfig { t: t as u32, ..config(k, axis) };
     let ldlq = LdlqConfig { stored_row_group: row_group, ..LdlqConfig::default() };
     let (got, targets) = encode_linear_ldlq_with_targets(w, out, inp, Some(h), &cfg, &ldlq).unwrap();
-    let what = format!("axis {axis} k {k} [{out}, {inp}] group {row_group}");
+    let what = format!("axis {axis} k {k} t {t} [{out}, {inp}] group {row_group}");
     assert_eq!(got.outcome, LdlqOutcome::Weighted { damping: 0.01 }, "{what}: {:?}", got.warnings);
-    let group = if axis == 1 { T } else { row_group };
+    let group = if axis == 1 { t } else { row_group };
     let u = reference_factor(h, inp, 0.01, group);
     let rec = &got.encoded.reconstruction;
     // The stored matrix [rows, cols]: the coded axis padded to whole blocks, `logical` of them real.
     let (rows, logical) = if axis == 1 { (out, inp) } else { (inp, out) };
-    let cols = logical.div_ceil(T) * T;
+    let cols = logical.div_ceil(t) * t;
     assert_eq!(got.encoded.logical_cols, logical, "{what}");
     assert_eq!(targets.len(), rows * cols, "{what}");
     // Stored-orientation index of (o, i).
@@ -201,17 +216,17 @@ fn assert_exact_ldlq(w: &[f32], out: usize, inp: usize, h: &[f64], k: u32, axis:
             let rms = (row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / logical as f64).sqrt();
             assert_eq!(scale, half::f16::from_f64(rms / lut_rms), "{what}: scale of stored row {r}");
         }
-        for b in 0..cols / T {
+        for b in 0..cols / t {
             let x: Vec<f32> =
-                targets[r * cols + b * T..r * cols + (b + 1) * T].iter().map(|&v| v / scale.to_f32()).collect();
-            let path = if (b + 1) * T <= logical {
+                targets[r * cols + b * t..r * cols + (b + 1) * t].iter().map(|&v| v / scale.to_f32()).collect();
+            let path = if (b + 1) * t <= logical {
                 block_path(&x, k, 12, BlockSearch::Viterbi).unwrap()
             } else {
-                let mask: Vec<f32> = (b * T..(b + 1) * T).map(|c| if c < logical { 1.0 } else { 0.0 }).collect();
+                let mask: Vec<f32> = (b * t..(b + 1) * t).map(|c| if c < logical { 1.0 } else { 0.0 }).collect();
                 block_path_weighted(&x, &mask, k, 12).unwrap()
             };
             let words = block_words(&got.encoded.layer.codes, &g, r, b).unwrap();
-            let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, 12).unwrap()).collect();
+            let decoded: Vec<u32> = (0..t).map(|t| block_state(words, t, k, 12).unwrap()).collect();
             assert_eq!(decoded, path, "{what}: stored row {r}, block {b} is not the Viterbi code of its target");
         }
     }
@@ -249,6 +264,27 @@ fn a_padded_axis_follows_the_recursion_over_its_logical_features() {
     let h = ill_conditioned(inp, 6);
     for (k, group) in [(2u32, 1usize), (3, 1), (4, 5)] {
         assert_exact_ldlq(&w, out, inp, &h, k, 0, group);
+    }
+}
+
+#[test]
+fn shorter_blocks_follow_the_recursion_unpadded_and_padded() {
+    // Axis 1: SmolLM2's 576 inputs in blocks of 192 (no padding) at k 2, 3 and 4, and 600 inputs
+    // in blocks of 64 (padded to 640); axis 0: 192 outputs in blocks of 96, exact and in groups of 5.
+    let (out, inp) = (5, 576);
+    let w = gaussian(out * inp, 16).unwrap();
+    let h = ill_conditioned(inp, 7);
+    for k in [2u32, 3, 4] {
+        assert_exact_ldlq_in_blocks(&w, out, inp, &h, k, 1, 1, 192);
+    }
+    let (out, inp) = (4, 600);
+    let w = gaussian(out * inp, 17).unwrap();
+    assert_exact_ldlq_in_blocks(&w, out, inp, &ill_conditioned(inp, 8), 3, 1, 1, 64);
+    let (out, inp) = (192, 20);
+    let w = gaussian(out * inp, 18).unwrap();
+    let h = ill_conditioned(inp, 9);
+    for group in [1, 5] {
+        assert_exact_ldlq_in_blocks(&w, out, inp, &h, 3, 0, group, 96);
     }
 }
 

@@ -98,6 +98,33 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
         ensure!(r.bits == want, "{}: k {} where {want} was asked for", r.module, r.bits);
     }
     ensure!(report.modules.len() == 7);
+    // Blocks that fit: the attention (576 and 192 wide) in unpadded blocks of 192, the MLP in
+    // blocks of 256 as before; the attention then stores about k bits per weight, not 4/3 k.
+    let fitted =
+        QuantizeSpec { bits: 3, layers: Some(1), attention: true, fit_blocks: true, ..QuantizeSpec::default() };
+    let report = quantize_model(&gguf_path, &fitted, None, &dir, &mut |_| {})?;
+    for r in &report.modules {
+        let attention = r.module.contains(".self_attn.");
+        let t = if attention { 192 } else { 256 };
+        ensure!(r.block_len == t && r.coded_len.0 == r.coded_len.1, "{}: {r:?}", r.module);
+        // Unpadded k 3 codes, a 16-bit scale per stored row and a 16-bit sign per coded feature.
+        let rows = if r.axis == 1 { r.shape[0] } else { r.shape[1] } as f64;
+        let want = 3.0 + 16.0 / r.coded_len.0 as f64 + 16.0 / rows;
+        ensure!(
+            (r.bits_per_weight - want).abs() < 1e-9,
+            "{}: {} bits per weight, not {want}",
+            r.module,
+            r.bits_per_weight
+        );
+        ensure!(r.relative_mse < 0.04, "{}: relative MSE {}", r.module, r.relative_mse);
+    }
+    let o = Artifact::open(&dir)?.module("model.layers.0.self_attn.o_proj")?;
+    ensure!((o.geometry().t, o.geometry().cols) == (192, 576), "{}", o.geometry());
+    let model = LlamaModel::from_artifact(&dir, Dtype::Float32)?;
+    ensure!(model.replaced_modules().len() == 7, "{:?} replaced", model.replaced_modules());
+    let out = generate(&model, &prompt, 2, &mut Sampler::new(Sampling::Greedy)?, &[], &mut |_| Ok(()))?;
+    let text = tokenizer.decode(&out.tokens)?;
+    ensure!(text.starts_with(" Paris"), "blocks of 192: greedy continuation {text:?}");
     // Running again over the same directory replaces the files (the base model is kept).
     let again = QuantizeSpec { bits: 2, layers: Some(1), ..QuantizeSpec::default() };
     quantize_model(&gguf_path, &again, None, &dir, &mut |_| {})?;

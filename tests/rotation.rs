@@ -97,9 +97,23 @@ fn dense(out: usize, inf: usize, seed: u64) -> Vec<f32> {
 }
 
 fn coded(out: usize, inf: usize, conventional_axis: u32, k: u32, rotation: Option<u64>, seed: u64) -> CodedLinear {
+    coded_in_blocks(out, inf, conventional_axis, k, rotation, seed, 256)
+}
+
+/// [`coded`] in blocks of `t` weights.
+fn coded_in_blocks(
+    out: usize,
+    inf: usize,
+    conventional_axis: u32,
+    k: u32,
+    rotation: Option<u64>,
+    seed: u64,
+    t: u32,
+) -> CodedLinear {
     let cfg = EncoderConfig {
         axis: conventional_axis,
         rotation: rotation.map(|seed| RotationSpec { seed }),
+        t,
         ..EncoderConfig::new(k, 12)
     };
     code_linear(&dense(out, inf, seed), out, inf, &cfg, &mut |_, _| {}).unwrap()
@@ -176,8 +190,11 @@ fn the_mlx_rotation_matches_the_host_and_inverts() {
     assert_eq!(rotate(&wrong, &r).unwrap_err().kind(), ErrorKind::InvalidArgument);
 }
 
-/// Rotated (and plain) layers, padded and unpadded, on both axes, at k 2/3/4: every CPU path
-/// against the dense reference of the weights the codes stand for.
+/// Rotated (and plain) layers, padded and unpadded, on both axes, at k 2/3/4, in blocks of 256
+/// and shorter (a 576-wide axis in blocks of 192, a padded one in blocks of 64, 192 outputs in
+/// blocks of 96): every CPU path against the dense reference of the weights the codes stand for.
+/// The kernels serve T 256 only (but Metal's factored down kernel, any T on axis 0 at 1-3 rows):
+/// a forced kernel path refuses the shorter blocks as unserved, and `Auto` runs them.
 #[test]
 fn rotated_and_padded_layers_match_the_dense_reference_on_every_cpu_path() {
     check_layers(&cpu_paths(), &[1, 3, 17]);
@@ -193,16 +210,28 @@ fn rotated_and_padded_layers_match_the_dense_reference_on_cuda() {
     check_layers(&paths, &[1, 3, 17, 80]);
 }
 
+/// Whether `path` forces a GPU kernel (which serve T 256 only).
+fn kernel_path(path: ForwardPath) -> bool {
+    matches!(path, ForwardPath::MetalSim | ForwardPath::Metal | ForwardPath::Cuda)
+}
+
 /// Every layer case by `paths` (with their f32 gates) at `ms` activation rows.
 fn check_layers(paths: &[(ForwardPath, f64)], ms: &[usize]) {
-    // (out, in, conventional axis) -> the coded axis and padding the rule gives.
-    let shapes =
-        [(48usize, 512usize, 1u32, 1u32, false), (40, 320, 1, 1, true), (512, 48, 0, 0, false), (320, 40, 0, 0, true)];
-    let mut checked = 0;
-    for (si, &(out, inf, conv, want_axis, padded)) in shapes.iter().enumerate() {
+    // (out, in, conventional axis, block length) -> the coded axis and padding the rule gives.
+    let shapes = [
+        (48usize, 512usize, 1u32, 256u32, 1u32, false),
+        (40, 320, 1, 256, 1, true),
+        (512, 48, 0, 256, 0, false),
+        (320, 40, 0, 256, 0, true),
+        (24, 576, 1, 192, 1, false),
+        (24, 600, 1, 64, 1, true),
+        (192, 40, 0, 96, 0, false),
+    ];
+    let (mut checked, mut unserved) = (0, 0);
+    for (si, &(out, inf, conv, t, want_axis, padded)) in shapes.iter().enumerate() {
         for k in [2u32, 3, 4] {
             for rotation in [Some(11 + si as u64), None] {
-                let c = coded(out, inf, conv, k, rotation, 100 * si as u64 + k as u64);
+                let c = coded_in_blocks(out, inf, conv, k, rotation, 100 * si as u64 + k as u64, t);
                 let g = c.layer.geometry;
                 assert_eq!(g.axis, want_axis);
                 assert_eq!(g.cols != c.coded_axis.logical, padded, "{out}x{inf}");
@@ -221,7 +250,20 @@ fn check_layers(paths: &[(ForwardPath, f64)], ms: &[usize]) {
                         let (x, xr) = activations(m, inf, (m * 7 + k as usize) as u64, dtype);
                         let want = dense_forward(&xr, m, &w, out, inf);
                         for &(path, f32_gate) in paths {
-                            let y = lin.forward_with(&x, path).unwrap();
+                            let y = match lin.forward_with(&x, path) {
+                                // The seed's factored down kernel takes T as a template int and
+                                // serves axis 0 at any T (1-3 rows); every other kernel, T 256.
+                                Err(e)
+                                    if t != 256
+                                        && kernel_path(path)
+                                        && !(path == ForwardPath::MetalSim && g.axis == 0 && m <= 3) =>
+                                {
+                                    assert_eq!(e.kind(), ErrorKind::Unserved, "{path} T {t}: {e}");
+                                    unserved += 1;
+                                    continue;
+                                }
+                                y => y.unwrap(),
+                            };
                             assert_eq!((y.shape(), y.dtype()), (vec![m, out], dtype));
                             let err = rel_err(&to_f64(&y), &want).unwrap();
                             let bound = if dtype == Dtype::Float32 { f32_gate } else { gate(dtype) };
@@ -243,7 +285,7 @@ fn check_layers(paths: &[(ForwardPath, f64)], ms: &[usize]) {
             }
         }
     }
-    println!("{checked} path/shape/dtype/row-count cases checked");
+    println!("{checked} path/shape/dtype/row-count cases checked, {unserved} refused as unserved");
 }
 
 #[test]
@@ -281,6 +323,58 @@ fn mlps_of_any_axes_and_bit_widths_run_on_every_cpu_path() {
     let mut paths = cpu_paths();
     paths.insert(0, (ForwardPath::Auto, f32_matmul_gate()));
     check_mlps(&paths);
+}
+
+/// An MLP whose every projection is coded in blocks of 192 (a 192-wide hidden, a 576-wide
+/// intermediate: no side a whole number of 256-weight blocks): `Auto` and every CPU path against
+/// the f64 reference; a forced kernel path serves it within its gate or refuses it as unserved.
+#[test]
+fn an_mlp_in_shorter_blocks_runs_on_auto_and_every_cpu_path() {
+    let mut paths = cpu_paths();
+    paths.insert(0, (ForwardPath::Auto, f32_matmul_gate()));
+    check_short_block_mlp(&paths);
+}
+
+/// The same on a CUDA machine: the CUDA kernels refuse it as unserved, `Auto` runs it.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn an_mlp_in_shorter_blocks_runs_on_auto_on_cuda() {
+    require_cuda();
+    check_short_block_mlp(&[
+        (ForwardPath::Cuda, gate(Dtype::Float32)),
+        (ForwardPath::Auto, gate(Dtype::Float32).max(f32_matmul_gate())),
+    ]);
+}
+
+fn check_short_block_mlp(paths: &[(ForwardPath, f64)]) {
+    let (hidden, inter) = (192usize, 576usize);
+    let layers = [
+        coded_in_blocks(inter, hidden, 1, 3, Some(31), 1, 192),
+        coded_in_blocks(inter, hidden, 1, 2, Some(31), 2, 192),
+        coded_in_blocks(hidden, inter, 0, 4, Some(32), 3, 192),
+    ];
+    for c in &layers {
+        assert_eq!((c.layer.geometry.t, c.layer.geometry.cols), (192, 192), "unpadded blocks of 192");
+    }
+    let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
+    let mlp = TrellisMlp::new(g, u, d).unwrap();
+    for m in [1usize, 3, 17] {
+        let (x, xr) = activations(m, hidden, 70 + m as u64, Dtype::Float32);
+        let want = dense_mlp(&xr, m, &layers);
+        for &(path, f32_gate) in paths {
+            let y = match mlp.forward_with(&x, path) {
+                Err(e) if kernel_path(path) => {
+                    assert_eq!(e.kind(), ErrorKind::Unserved, "{path} M {m}: {e}");
+                    continue;
+                }
+                y => y.unwrap(),
+            };
+            assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], Dtype::Float32));
+            let err = rel_err(&to_f64(&y), &want).unwrap();
+            // Two products in a row, each within its gate.
+            assert!(err < 2.0 * f32_gate, "{path} M {m}: relErr {err:.2e}");
+        }
+    }
 }
 
 #[test]
@@ -440,13 +534,17 @@ fn rotated_artifacts_round_trip_and_plain_ones_are_unchanged() {
     let a = coded(40, 320, 1, 3, Some(21), 1).to_linear("a").unwrap();
     let b = coded(320, 40, 0, 2, Some(22), 2).to_linear("b").unwrap();
     let c = coded(48, 512, 1, 4, None, 3).to_linear("c").unwrap();
-    write(&dir, &[("m.a", &a), ("m.b", &b), ("m.c", &c)]);
+    let d = coded_in_blocks(24, 576, 1, 3, Some(23), 4, 192).to_linear("d").unwrap();
+    write(&dir, &[("m.a", &a), ("m.b", &b), ("m.c", &c), ("m.d", &d)]);
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     let ta = &config["quantization"]["m.a"]["trellis"];
     assert_eq!(ta["rotation"], serde_json::json!({"kind": "hadamard", "block": 64, "seed": 21}));
     assert_eq!(ta["logical_cols"], serde_json::json!(320));
     // A plain module's entry has no new keys and no signs tensor.
+    // Blocks of 192 are the module's group size.
+    assert_eq!(config["quantization"]["m.d"]["group_size"], serde_json::json!(192));
+    assert_eq!(config["quantization"]["m.a"]["group_size"], serde_json::json!(256));
     let tc = config["quantization"]["m.c"]["trellis"].as_object().unwrap();
     assert_eq!(tc.keys().collect::<Vec<_>>(), ["L", "axis", "code"]);
     let st = load_safetensors(dir.join("model.safetensors")).unwrap();
@@ -456,7 +554,8 @@ fn rotated_artifacts_round_trip_and_plain_ones_are_unchanged() {
     let x = MlxArray::from_slice(&gaussian(3 * 320, 4).unwrap(), &[3, 320]).unwrap();
     let x40 = MlxArray::from_slice(&gaussian(3 * 40, 5).unwrap(), &[3, 40]).unwrap();
     let x512 = MlxArray::from_slice(&gaussian(3 * 512, 6).unwrap(), &[3, 512]).unwrap();
-    for (name, orig, x) in [("m.a", &a, &x), ("m.b", &b, &x40), ("m.c", &c, &x512)] {
+    let x576 = MlxArray::from_slice(&gaussian(3 * 576, 7).unwrap(), &[3, 576]).unwrap();
+    for (name, orig, x) in [("m.a", &a, &x), ("m.b", &b, &x40), ("m.c", &c, &x512), ("m.d", &d, &x576)] {
         let loaded = art.module(name).unwrap();
         assert_eq!(loaded.coded_axis(), orig.coded_axis(), "{name}");
         assert_eq!((loaded.in_features(), loaded.out_features()), (orig.in_features(), orig.out_features()));

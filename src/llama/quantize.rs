@@ -44,7 +44,8 @@ use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::io::gguf::Gguf;
 use crate::trellis::encoder::allocate::{allocate_bits, BitCandidate, TensorOptions};
 use crate::trellis::encoder::{
-    choose_axis, CodedLinear, EncoderBackend, EncoderConfig, LdlqConfig, LdlqOutcome, ProxyError, BLOCK_LEN,
+    choose_axis, fitting_block_len, CodedLinear, EncoderBackend, EncoderConfig, LdlqConfig, LdlqOutcome, ProxyError,
+    BLOCK_LEN,
 };
 use crate::trellis::{write_artifact, TrellisLinear};
 
@@ -85,6 +86,12 @@ pub struct QuantizeSpec {
     /// k 4 there beside k 3 MLPs is what brings the whole model within MLX's 4-bit
     /// (docs/real-models.md).
     pub attention_bits: Option<u32>,
+    /// Code a projection that has no axis of whole 256-weight blocks in shorter blocks that
+    /// divide one ([`fitting_block_len`]: SmolLM2's 576- and 192-wide attention in blocks of
+    /// 192) instead of padding it to whole 256-weight blocks, which stores a third more bits
+    /// there. Those projections run on the host path (CPU) and the generic path (GPUs: the GPU
+    /// kernels serve T 256 only).
+    pub fit_blocks: bool,
     /// Code only the first this many blocks (`None`: every block); the others stay as shipped.
     pub layers: Option<usize>,
     /// Rotate the coded axis of every projection (docs/format.md §10). Without it real layers lose
@@ -120,6 +127,7 @@ impl Default for QuantizeSpec {
             bits_overrides: BTreeMap::new(),
             attention: false,
             attention_bits: None,
+            fit_blocks: false,
             layers: None,
             rotation: true,
             seed: 0,
@@ -163,6 +171,8 @@ pub struct ModuleReport {
     pub axis: u32,
     /// Logical and stored length of the coded axis.
     pub coded_len: (usize, usize),
+    /// The block length `T` in weights.
+    pub block_len: u32,
     /// Bits per weight.
     pub bits: u32,
     /// The rotation block, if rotated.
@@ -442,6 +452,13 @@ fn quantize_outputs(
         Some(n) => n,
         None => layers,
     };
+    let block_len = |out: usize, inf: usize, conventional: u32| -> Result<u32> {
+        if spec.fit_blocks {
+            fitting_block_len(out, inf, conventional)
+        } else {
+            Ok(BLOCK_LEN)
+        }
+    };
     let mut plan = Vec::new();
     for n in 0..coded_layers {
         for linear in LINEARS {
@@ -464,7 +481,7 @@ fn quantize_outputs(
             let [out, inf] = gguf.tensor_shape(tensor)?[..] else {
                 invalid!("{tensor} is not a 2-D weight [out, in]");
             };
-            let choice = choose_axis(out, inf, *conventional, BLOCK_LEN as usize)?;
+            let choice = choose_axis(out, inf, *conventional, block_len(out, inf, *conventional)? as usize)?;
             // The stored rows are the other dimension; the sizes come from a validated header.
             let rows = if choice.axis == 0 { inf } else { out } as u64;
             let signs = if spec.rotation { choice.logical as u64 } else { 0 };
@@ -545,10 +562,12 @@ fn quantize_outputs(
                 .map(|&i| {
                     let (module, _, conventional) = &plan[i];
                     let (w, out, inf) = &dense[i - first];
-                    let choice = choose_axis(*out, *inf, *conventional, BLOCK_LEN as usize)?;
+                    let t = block_len(*out, *inf, *conventional)?;
+                    let choice = choose_axis(*out, *inf, *conventional, t as usize)?;
                     let coding = ProjectionCoding {
                         encoder: EncoderConfig {
                             axis: *conventional,
+                            t,
                             threads: spec.threads,
                             backend: spec.backend,
                             ..EncoderConfig::new(k, spec.l)
@@ -583,6 +602,7 @@ fn quantize_outputs(
                     shape: [out, inf],
                     axis: c.choice.axis,
                     coded_len: (c.choice.logical, c.choice.stored),
+                    block_len: c.coded.layer.geometry.t,
                     bits: k,
                     rotation_block: c.coded.coded_axis.rotation.as_ref().map(|r| r.block()),
                     relative_mse: c.coded.relative_mse(),

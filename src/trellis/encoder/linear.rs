@@ -18,7 +18,7 @@ use crate::trellis::format::HostLayer;
 use crate::trellis::linear::TrellisLinear;
 use crate::trellis::rotation::{CodedAxis, Rotation};
 
-use super::{encode_padded, stored_from_linear, EncoderConfig, Quality, RELATIVE_MSE_BOUND};
+use super::{encode_padded, stored_from_linear, EncoderConfig, Quality, BLOCK_LEN, RELATIVE_MSE_BOUND};
 
 /// A seeded random-sign block Hadamard rotation of the coded axis ([`Rotation::seeded`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +59,28 @@ pub fn choose_axis(out_features: usize, in_features: usize, conventional: u32, t
         invalid!("choose_axis: {logical} columns padded to blocks of {t} overflow");
     };
     Ok(AxisChoice { axis, logical, stored })
+}
+
+/// The block length that codes a dense `W [out_features, in_features]` without padding where
+/// [`BLOCK_LEN`] cannot: [`BLOCK_LEN`] when [`choose_axis`] finds an axis of whole 256-weight
+/// blocks, else the longest multiple of 32 below it that divides an axis (preferring
+/// `conventional`; 576 → 192, 192 → 192), else [`BLOCK_LEN`] (the axis is padded). Multiples of
+/// 32 make whole 32-bit words at every k; on Gaussian weights T 192 codes within 0.1 % of
+/// T 256's error (docs/encoder.md). The GPU kernels serve T 256 only.
+pub fn fitting_block_len(out_features: usize, in_features: usize, conventional: u32) -> Result<u32> {
+    let fits = |t: u32| -> Result<bool> {
+        let c = choose_axis(out_features, in_features, conventional, t as usize)?;
+        Ok(c.stored == c.logical)
+    };
+    if fits(BLOCK_LEN)? {
+        return Ok(BLOCK_LEN);
+    }
+    for t in (1..BLOCK_LEN / 32).rev().map(|i| i * 32) {
+        if fits(t)? {
+            return Ok(t);
+        }
+    }
+    Ok(BLOCK_LEN)
 }
 
 /// A dense linear layer coded by [`code_linear`].

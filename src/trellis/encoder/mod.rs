@@ -97,11 +97,17 @@ pub use ldlq::{
     encode_linear_ldlq, encode_linear_ldlq_lockstep, encode_linear_ldlq_with_progress, LdlqConfig, LdlqEncoded,
     LdlqOutcome, LdlqProblem,
 };
-pub use linear::{choose_axis, code_linear, AxisChoice, CodedLinear, RotationSpec};
+pub use linear::{choose_axis, code_linear, fitting_block_len, AxisChoice, CodedLinear, RotationSpec};
 pub use quality::{quality, Quality, RELATIVE_MSE_BOUND};
 
-/// The block length every shipped model uses and the only one the encoder accepts.
+/// The block length every shipped model uses, the encoder's default and the only one the GPU
+/// kernels and the CUDA block search serve.
 pub const BLOCK_LEN: u32 = 256;
+
+/// The longest block the encoder accepts. Shorter blocks than [`BLOCK_LEN`] code an axis that is
+/// not whole 256-weight blocks without padding (576 = 3 × 192); the host path and the generic
+/// path serve them, the GPU kernels do not (docs/format.md §10).
+pub const MAX_BLOCK_LEN: u32 = 1024;
 
 /// How to code a matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +116,9 @@ pub struct EncoderConfig {
     pub k: u32,
     /// Trellis state bits, 8..=16 and greater than `k`.
     pub l: u32,
-    /// Block length in weights; must be [`BLOCK_LEN`] (256).
+    /// Block length in weights: [`BLOCK_LEN`] (256, the default) or any length up to
+    /// [`MAX_BLOCK_LEN`] whose `t * k` bits are whole 32-bit words (so at least 32, twice the
+    /// largest `l`: the tail-biting search fixes `l - k` bits at each end of a block's cycle).
     pub t: u32,
     /// 0: the stored matrix is `Wᵀ [in, out]` (down projections); 1: it is `W [out, in]`.
     pub axis: u32,
@@ -133,8 +141,8 @@ pub struct EncoderConfig {
 /// and the reconstruction run on the CPU threads in both cases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EncoderBackend {
-    /// CUDA when the loaded MLX has its CUDA back-end and `L` is at most
-    /// [`viterbi_cuda::MAX_L`]; the CPU otherwise.
+    /// CUDA when the loaded MLX has its CUDA back-end, `L` is at most [`viterbi_cuda::MAX_L`]
+    /// and `T` is [`BLOCK_LEN`]; the CPU otherwise.
     #[default]
     Auto,
     /// The multi-threaded CPU search.
@@ -163,8 +171,8 @@ impl EncoderConfig {
     /// Checks every parameter; each error names the one it rejects.
     pub fn validate(&self) -> Result<()> {
         let EncoderConfig { k, l, t, axis, layout, threads, backend, rotation: _ } = *self;
-        if t != BLOCK_LEN {
-            invalid!("encoder: block length T = {t} is not supported (T must be {BLOCK_LEN})");
+        if !(1..=MAX_BLOCK_LEN).contains(&t) {
+            invalid!("encoder: block length T = {t} is outside 1..={MAX_BLOCK_LEN}");
         }
         if !(1..=8).contains(&k) {
             invalid!("encoder: k = {k} bits per weight is outside 1..=8");
@@ -191,6 +199,9 @@ impl EncoderConfig {
         }
         if backend == EncoderBackend::Cuda && !viterbi_cuda::supports(k, l) {
             invalid!("encoder: the CUDA search serves L <= {} (got L = {l}); use the CPU backend", viterbi_cuda::MAX_L);
+        }
+        if backend == EncoderBackend::Cuda && t != BLOCK_LEN {
+            invalid!("encoder: the CUDA search serves T = {BLOCK_LEN} (got T = {t}); use the CPU backend");
         }
         Ok(())
     }
@@ -221,7 +232,9 @@ impl EncoderConfig {
         match self.backend {
             EncoderBackend::Cpu => false,
             EncoderBackend::Cuda => true,
-            EncoderBackend::Auto => viterbi_cuda::supports(self.k, self.l) && backend() == Backend::Cuda,
+            EncoderBackend::Auto => {
+                self.t == BLOCK_LEN && viterbi_cuda::supports(self.k, self.l) && backend() == Backend::Cuda
+            }
         }
     }
 
@@ -403,42 +416,45 @@ pub fn encode_with_search(
 }
 
 /// The states the block search `search` chooses for one already normalised block `x` of
-/// `T = 256` values (what the encoder codes after dividing by the row's scale). For tests.
+/// `T = x.len()` values (what the encoder codes after dividing by the row's scale). For tests.
 #[doc(hidden)]
 pub fn block_path(x: &[f32], k: u32, l: u32, search: BlockSearch) -> Result<Vec<u32>> {
-    EncoderConfig::new(k, l).validate()?;
-    if x.len() != BLOCK_LEN as usize {
-        invalid!("block_path: a block has {BLOCK_LEN} values, got {}", x.len());
-    }
+    let t = block_len_of(x)?;
+    EncoderConfig { t, ..EncoderConfig::new(k, l) }.validate()?;
     let lut = lut1mad(l)?;
-    let mut coder = BlockCoder::new(k, l, BLOCK_LEN, &lut, search, true);
+    let mut coder = BlockCoder::new(k, l, t, &lut, search, true);
     coder.x.copy_from_slice(x);
     coder.search_block();
     Ok(coder.states)
 }
 
-/// The states the weighted block search chooses for one normalised block `x` of `T = 256`
+/// The states the weighted block search chooses for one normalised block `x` of `T = x.len()`
 /// values whose squared error at position `i` weighs `weights[i]` (finite, non-negative; 0 on
 /// padding, which the search may then fill with anything). For tests.
 #[doc(hidden)]
 pub fn block_path_weighted(x: &[f32], weights: &[f32], k: u32, l: u32) -> Result<Vec<u32>> {
-    EncoderConfig::new(k, l).validate()?;
-    if x.len() != BLOCK_LEN as usize || weights.len() != x.len() {
-        invalid!(
-            "block_path_weighted: a block has {BLOCK_LEN} values and as many weights, got {} and {}",
-            x.len(),
-            weights.len()
-        );
+    let t = block_len_of(x)?;
+    EncoderConfig { t, ..EncoderConfig::new(k, l) }.validate()?;
+    if weights.len() != x.len() {
+        invalid!("block_path_weighted: a block of {} values has {} weights", x.len(), weights.len());
     }
     if let Some(w) = weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
         invalid!("block_path_weighted: a weight is {w} (weights are finite and at least 0)");
     }
     let lut = lut1mad(l)?;
-    let mut coder = BlockCoder::new(k, l, BLOCK_LEN, &lut, BlockSearch::Viterbi, true);
+    let mut coder = BlockCoder::new(k, l, t, &lut, BlockSearch::Viterbi, true);
     coder.x.copy_from_slice(x);
     coder.weigh_block(weights);
     coder.search_block();
     Ok(coder.states)
+}
+
+/// The block length of one block `x`, refused above [`MAX_BLOCK_LEN`].
+fn block_len_of(x: &[f32]) -> Result<u32> {
+    match u32::try_from(x.len()) {
+        Ok(t) if t <= MAX_BLOCK_LEN => Ok(t),
+        _ => invalid!("a block of {} values is longer than T = {MAX_BLOCK_LEN}", x.len()),
+    }
 }
 
 /// Codes `weights` `[rows, cols]`, of which the first `logical` columns of each row are real and
