@@ -77,8 +77,9 @@ struct Args {
     /// Bits per weight of the coded projections: 2, 3 or 4.
     #[arg(long, default_value_t = 4)]
     bits: u32,
-    /// Bits of single projections, as MODULE=K (for example model.layers.0.mlp.down_proj=4);
-    /// repeatable.
+    /// Bits of projections, as MODULE=K (model.layers.0.mlp.down_proj=4), or as a suffix of
+    /// module names after a dot, for that projection in every block (self_attn.v_proj=4,
+    /// o_proj=4); a full name beats a suffix, a longer suffix a shorter one. Repeatable.
     #[arg(long = "bits-for", value_name = "MODULE=K")]
     bits_for: Vec<String>,
     /// Also code the attention projections (q, k, v, o; padded to whole 256-weight blocks where

@@ -83,17 +83,24 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
         layers: Some(1),
         attention: true,
         attention_bits: Some(3),
-        bits_overrides: [("model.layers.0.self_attn.v_proj".to_string(), 4)].into(),
+        bits_overrides: [
+            ("model.layers.0.self_attn.v_proj".to_string(), 4),
+            ("o_proj".to_string(), 4),
+            ("self_attn.o_proj".to_string(), 2),
+            ("mlp.down_proj".to_string(), 3),
+        ]
+        .into(),
         ..QuantizeSpec::default()
     };
     let report = quantize_model(&gguf_path, &mixed, None, &dir, &mut |_| {})?;
     for r in &report.modules {
+        // The full name, then the longest suffix, then the attention's k, then bits.
         let want = if r.module.ends_with("v_proj") {
             4
-        } else if r.module.contains(".self_attn.") {
-            3
-        } else {
+        } else if r.module.ends_with("o_proj") || r.module.ends_with("gate_proj") || r.module.ends_with("up_proj") {
             2
+        } else {
+            3
         };
         ensure!(r.bits == want, "{}: k {} where {want} was asked for", r.module, r.bits);
     }
@@ -129,8 +136,17 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     let again = QuantizeSpec { bits: 2, layers: Some(1), ..QuantizeSpec::default() };
     quantize_model(&gguf_path, &again, None, &dir, &mut |_| {})?;
     ensure!(Artifact::open(&dir)?.trellis_modules()?.len() == 3);
+    let suffix = |key: &str| QuantizeSpec {
+        bits_overrides: [(key.to_string(), 3)].into(),
+        layers: Some(1),
+        ..QuantizeSpec::default()
+    };
     let refused = [
         (QuantizeSpec { bits: 5, ..QuantizeSpec::default() }, "bits"),
+        // Suffixes start after a dot; the attention and block 1 are not coded here.
+        (suffix("proj"), "names no coded projection"),
+        (suffix("self_attn.v_proj"), "names no coded projection"),
+        (suffix("layers.1.mlp.down_proj"), "names no coded projection"),
         (QuantizeSpec { attention_bits: Some(3), ..QuantizeSpec::default() }, "without attention"),
         (QuantizeSpec { attention: true, attention_bits: Some(5), ..QuantizeSpec::default() }, "attention_bits"),
         (

@@ -75,8 +75,10 @@ pub struct QuantizeSpec {
     /// Bits per weight (2, 3 or 4) of every coded projection without an override (ignored with
     /// a [`budget`](Self::budget)).
     pub bits: u32,
-    /// Bits per weight of single projections, by Hugging Face module name
-    /// (`model.layers.3.mlp.down_proj`); every name must be a coded projection.
+    /// Bits per weight of projections by Hugging Face module name (`model.layers.3.mlp.down_proj`)
+    /// or by a suffix of one that starts after a dot (`self_attn.v_proj`, `v_proj`: that
+    /// projection of every block). A module takes its full name's k, else its longest matching
+    /// suffix's; every key must match a coded projection.
     pub bits_overrides: BTreeMap<String, u32>,
     /// Code the attention projections (q, k, v, o) too, not only the MLP's.
     pub attention: bool,
@@ -325,7 +327,22 @@ pub fn quantize_model_allocations(
 /// an attention projection where one is set, else `k`.
 fn uniform_k(spec: &QuantizeSpec, module: &str, k: u32) -> u32 {
     let attention = spec.attention_bits.filter(|_| split_module(module).is_some_and(|(_, linear)| !is_mlp(linear)));
-    spec.bits_overrides.get(module).copied().or(attention).unwrap_or(k)
+    bits_override(spec, module).or(attention).unwrap_or(k)
+}
+
+/// The k `spec.bits_overrides` gives `module`: its full name's, else its longest matching
+/// suffix's (one that starts after a dot).
+fn bits_override(spec: &QuantizeSpec, module: &str) -> Option<u32> {
+    spec.bits_overrides
+        .iter()
+        .filter(|(key, _)| override_matches(key, module))
+        .max_by_key(|(key, _)| key.len())
+        .map(|(_, &k)| k)
+}
+
+/// Whether the override `key` names `module`: the full name, or a suffix after a dot.
+fn override_matches(key: &str, module: &str) -> bool {
+    !key.is_empty() && module.strip_suffix(key).is_some_and(|head| head.is_empty() || head.ends_with('.'))
 }
 
 /// `dir` made absolute, `.` and `..` resolved and every existing prefix's links followed, so that
@@ -469,7 +486,8 @@ fn quantize_outputs(
             }
         }
     }
-    if let Some(name) = spec.bits_overrides.keys().find(|name| !plan.iter().any(|(m, _, _)| m == *name)) {
+    if let Some(name) = spec.bits_overrides.keys().find(|name| !plan.iter().any(|(m, _, _)| override_matches(name, m)))
+    {
         invalid!("quantize_model: the bits override {name:?} names no coded projection of this model");
     }
 
