@@ -2,7 +2,10 @@
 //! into a trellis model directory that `generate --model DIR` and the evaluation load: the MLP
 //! projections (and with `--attention` the attention ones, at `--attention-bits` k where given)
 //! at `--bits` k, rotated, everything
-//! else as shipped from the base GGUF copied (or hard-linked) into the directory.
+//! else as shipped from the base GGUF copied (or hard-linked) into the directory. `--bits-for`
+//! sets single projections' k, or one projection's in every block (`v_proj=4`); `--fit-blocks`
+//! codes projections that no 256-weight block divides (SmolLM2's attention) in shorter blocks
+//! that do (192) instead of padding them.
 //!
 //! With `--ldlq` every projection is coded Hessian-weighted against the second moment `H` of its
 //! input, collected on a calibration text with the model as shipped (or read with `--hessians`);
@@ -25,6 +28,7 @@
 //! cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4
 //! cargo run --release --example quantize_model -- --bits 3 --attention --out /tmp/smollm2-k3-all
 //! cargo run --release --example quantize_model -- --bits 3 --attention --attention-bits 4 --ldlq --out /tmp/smollm2-all
+//! cargo run --release --example quantize_model -- --bits 3 --attention --fit-blocks --bits-for v_proj=4 --bits-for o_proj=4 --ldlq --out /tmp/smollm2-all-fit
 //! cargo run --release --example quantize_model -- --bits 3 --ldlq --save-hessians /tmp/h.safetensors --out /tmp/smollm2-ldlq-k3
 //! cargo run --release --example quantize_model -- --budget 3.0 --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-b3
 //! cargo run --release --example quantize_model -- --budget 2.5,3.0,3.5 --also-uniform --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-set
