@@ -101,6 +101,10 @@ struct Args {
     /// not the GPU kernels
     #[arg(long)]
     fit_blocks: bool,
+    /// The axis the attention projections are coded along (0: their outputs, with LDLQ's
+    /// feedback after every input; 1: their inputs, the default)
+    #[arg(long, value_name = "0|1", requires = "attention", value_parser = clap::value_parser!(u32).range(0..=1))]
+    attention_axis: Option<u32>,
     /// Code only the first N blocks (default: all).
     #[arg(long, value_name = "N")]
     layers: Option<usize>,
@@ -408,7 +412,7 @@ fn summarize(
             "model": model.display().to_string(), "out": out.dir.display().to_string(),
             "k": k, "budget": budget, "rotation": spec.rotation, "ldlq": spec.ldlq.is_some(),
             "ldlq_damping": spec.ldlq.map(|l| l.damping), "ldlq_group": spec.ldlq.map(|l| l.stored_row_group),
-            "attention": spec.attention, "attention_bits": spec.attention_bits, "fit_blocks": spec.fit_blocks, "layers": spec.layers, "L": spec.l,
+            "attention": spec.attention, "attention_bits": spec.attention_bits, "fit_blocks": spec.fit_blocks, "attention_axis": spec.attention_axis, "layers": spec.layers, "L": spec.l,
             "bits_per_weight": report.bits_per_weight, "calibration": calibration,
             "median_relative_proxy": median(proxies), "median_proxy_ratio_to_baseline": median(ratios),
             "seconds": start.elapsed().as_secs_f64(),
@@ -442,6 +446,7 @@ fn run(args: Args) -> Result<()> {
         attention: args.attention,
         attention_bits: args.attention_bits,
         fit_blocks: args.fit_blocks,
+        attention_axis: args.attention_axis,
         layers: args.layers,
         rotation: !args.no_rotation,
         seed: args.seed,

@@ -132,6 +132,16 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
     let out = generate(&model, &prompt, 2, &mut Sampler::new(Sampling::Greedy)?, &[], &mut |_| Ok(()))?;
     let text = tokenizer.decode(&out.tokens)?;
     ensure!(text.starts_with(" Paris"), "blocks of 192: greedy continuation {text:?}");
+    // The attention along its outputs: axis 0, still unpadded blocks of 192.
+    let outputs = QuantizeSpec { attention_axis: Some(0), ..fitted };
+    let report = quantize_model(&gguf_path, &outputs, None, &dir, &mut |_| {})?;
+    for r in report.modules.iter().filter(|r| r.module.contains(".self_attn.")) {
+        ensure!(r.axis == 0 && r.block_len == 192 && r.coded_len == (r.shape[0], r.shape[0]), "{}: {r:?}", r.module);
+    }
+    let model = LlamaModel::from_artifact(&dir, Dtype::Float32)?;
+    let out = generate(&model, &prompt, 2, &mut Sampler::new(Sampling::Greedy)?, &[], &mut |_| Ok(()))?;
+    let text = tokenizer.decode(&out.tokens)?;
+    ensure!(text.starts_with(" Paris"), "the attention on axis 0: greedy continuation {text:?}");
     // Running again over the same directory replaces the files (the base model is kept).
     let again = QuantizeSpec { bits: 2, layers: Some(1), ..QuantizeSpec::default() };
     quantize_model(&gguf_path, &again, None, &dir, &mut |_| {})?;
@@ -148,6 +158,8 @@ fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
         (suffix("self_attn.v_proj"), "names no coded projection"),
         (suffix("layers.1.mlp.down_proj"), "names no coded projection"),
         (QuantizeSpec { attention_bits: Some(3), ..QuantizeSpec::default() }, "without attention"),
+        (QuantizeSpec { attention_axis: Some(0), ..QuantizeSpec::default() }, "without attention"),
+        (QuantizeSpec { attention: true, attention_axis: Some(2), ..QuantizeSpec::default() }, "attention_axis = 2"),
         (QuantizeSpec { attention: true, attention_bits: Some(5), ..QuantizeSpec::default() }, "attention_bits"),
         (
             QuantizeSpec { attention: true, attention_bits: Some(4), budget: Some(3.0), ..QuantizeSpec::default() },

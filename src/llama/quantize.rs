@@ -94,6 +94,10 @@ pub struct QuantizeSpec {
     /// there. Those projections run on the host path (CPU) and the generic path (GPUs: the GPU
     /// kernels serve T 256 only).
     pub fit_blocks: bool,
+    /// The axis the attention projections are coded along where it is a whole number of blocks
+    /// (`None`: 1, along their inputs, the conventional axis; 0: along their outputs, which LDLQ
+    /// codes with feedback after every input feature instead of every input block).
+    pub attention_axis: Option<u32>,
     /// Code only the first this many blocks (`None`: every block); the others stay as shipped.
     pub layers: Option<usize>,
     /// Rotate the coded axis of every projection (docs/format.md §10). Without it real layers lose
@@ -130,6 +134,7 @@ impl Default for QuantizeSpec {
             attention: false,
             attention_bits: None,
             fit_blocks: false,
+            attention_axis: None,
             layers: None,
             rotation: true,
             seed: 0,
@@ -424,6 +429,16 @@ fn quantize_outputs(
             );
         }
     }
+    if let Some(axis) = spec.attention_axis {
+        if axis > 1 {
+            invalid!("quantize_model: attention_axis = {axis} must be 0 (along the outputs) or 1 (along the inputs)");
+        }
+        if !spec.attention {
+            invalid!(
+                "quantize_model: attention_axis = {axis} without attention (the attention projections are not coded)"
+            );
+        }
+    }
     if let Some(b) = budgets.first() {
         if !spec.bits_overrides.is_empty() || spec.attention_bits.is_some() {
             invalid!("quantize_model: a budget picks every projection's bits; bits overrides (and attention_bits) are refused with it");
@@ -482,7 +497,11 @@ fn quantize_outputs(
             if is_mlp(linear) || spec.attention {
                 let module = hf_module(n, linear);
                 let tensor = gguf_tensor_name(&module)?;
-                plan.push((module, tensor, conventional_axis(linear)));
+                let axis = match spec.attention_axis {
+                    Some(axis) if !is_mlp(linear) => axis,
+                    _ => conventional_axis(linear),
+                };
+                plan.push((module, tensor, axis));
             }
         }
     }
