@@ -134,6 +134,10 @@ struct Args {
     /// exact; more give a GPU search larger batches).
     #[arg(long, default_value_t = 1)]
     ldlq_group: usize,
+    /// LDLQ: an attempt is retried with more damping when a target's RMS exceeds this many times
+    /// its stored row's (or the matrix's, if larger)
+    #[arg(long, value_name = "RATIO", default_value_t = LdlqConfig::default().growth_limit)]
+    ldlq_growth_limit: f64,
     /// With --ldlq: also code every projection unweighted and report both proxy errors (twice
     /// the coding work).
     #[arg(long)]
@@ -412,6 +416,7 @@ fn summarize(
             "model": model.display().to_string(), "out": out.dir.display().to_string(),
             "k": k, "budget": budget, "rotation": spec.rotation, "ldlq": spec.ldlq.is_some(),
             "ldlq_damping": spec.ldlq.map(|l| l.damping), "ldlq_group": spec.ldlq.map(|l| l.stored_row_group),
+            "ldlq_growth_limit": spec.ldlq.map(|l| l.growth_limit),
             "attention": spec.attention, "attention_bits": spec.attention_bits, "fit_blocks": spec.fit_blocks, "attention_axis": spec.attention_axis, "layers": spec.layers, "L": spec.l,
             "bits_per_weight": report.bits_per_weight, "calibration": calibration,
             "median_relative_proxy": median(proxies), "median_proxy_ratio_to_baseline": median(ratios),
@@ -460,6 +465,7 @@ fn run(args: Args) -> Result<()> {
         ldlq: args.ldlq.then_some(LdlqConfig {
             damping: args.ldlq_damping,
             stored_row_group: args.ldlq_group,
+            growth_limit: args.ldlq_growth_limit,
             ..LdlqConfig::default()
         }),
         baseline: args.baseline,
