@@ -28,6 +28,21 @@ fn assert_decode_matches(enc: &Encoded, input: &[f32], what: &str) {
     assert_eq!(sq / input.len() as f64, enc.mse, "{what}: reported mse");
 }
 
+/// The states block `b` of stored row `r` decodes to, after checking that they close the cycle:
+/// the format's shift relation holds at every position, the wrap T-1 -> 0 included.
+fn cyclic_states(enc: &Encoded, r: usize, b: usize, k: u32, l: u32) -> Vec<u32> {
+    let g = enc.layer.geometry;
+    let t = g.t as usize;
+    let words = block_words(&enc.layer.codes, &g, r, b).unwrap();
+    let decoded: Vec<u32> = (0..t).map(|p| block_state(words, p, k, l).unwrap()).collect();
+    let low_mask = (1u32 << (l - k)) - 1;
+    for p in 0..t {
+        let prev = (p + t - 1) % t;
+        assert_eq!(decoded[p] >> k, decoded[prev] & low_mask, "k {k} L {l} T {t} row {r} block {b} position {p}");
+    }
+    decoded
+}
+
 #[test]
 fn viterbi_paths_close_the_cycle_and_are_what_the_codes_hold() {
     // Shipped widths, L - k not a multiple of k (3/10, 3/16, 5/11), and the extremes k = 1, 8.
@@ -35,18 +50,11 @@ fn viterbi_paths_close_the_cycle_and_are_what_the_codes_hold() {
         let (rows, cols) = (3, 512);
         let w = gaussian(rows * cols, 40 + k as u64 * 17 + l as u64).unwrap();
         let enc = encode(&w, rows, cols, &config(k, l)).unwrap();
-        let g = enc.layer.geometry;
         let low_mask = (1u32 << (l - k)) - 1;
         for r in 0..rows {
             let scale = enc.layer.scales[r].to_f32();
             for b in 0..cols / T {
-                let words = block_words(&enc.layer.codes, &g, r, b).unwrap();
-                let decoded: Vec<u32> = (0..T).map(|t| block_state(words, t, k, l).unwrap()).collect();
-                // The format's shift relation, including the wrap T-1 -> 0.
-                for t in 0..T {
-                    let prev = (t + T - 1) % T;
-                    assert_eq!(decoded[t] >> k, decoded[prev] & low_mask, "k {k} L {l} row {r} block {b} t {t}");
-                }
+                let decoded = cyclic_states(&enc, r, b, k, l);
                 // The path the search chose is cyclic and is exactly what the packed codes hold.
                 let x: Vec<f32> = w[r * cols + b * T..r * cols + (b + 1) * T].iter().map(|&v| v / scale).collect();
                 let path = block_path(&x, k, l, BlockSearch::Viterbi).unwrap();
@@ -134,18 +142,13 @@ fn shorter_blocks_code_to_the_reference_paths_and_keep_the_distortion() {
         assert_eq!((g.t as usize, g.cols, g.words_per_block()), (t, cols, t * k as usize / 32), "k {k} T {t}");
         assert_decode_matches(&enc, &w, &format!("k {k} T {t}"));
         let lut = mlx_trellis::trellis::format::codebook::lut1mad(l).unwrap();
-        let low_mask = (1u32 << (l - k)) - 1;
         let cost = |x: &[f32], path: &[u32]| -> f64 {
             x.iter().zip(path).map(|(&v, &s)| (f64::from(v) - f64::from(lut[s as usize])).powi(2)).sum()
         };
         for r in 0..rows {
             let scale = enc.layer.scales[r].to_f32();
             for b in 0..cols / t {
-                let words = block_words(&enc.layer.codes, &g, r, b).unwrap();
-                let decoded: Vec<u32> = (0..t).map(|p| block_state(words, p, k, l).unwrap()).collect();
-                for p in 0..t {
-                    assert_eq!(decoded[p] >> k, decoded[(p + t - 1) % t] & low_mask, "k {k} T {t}: not a cycle");
-                }
+                let decoded = cyclic_states(&enc, r, b, k, l);
                 let x: Vec<f32> = w[r * cols + b * t..][..t].iter().map(|&v| v / scale).collect();
                 assert_eq!(block_path(&x, k, l, BlockSearch::Viterbi).unwrap(), decoded, "k {k} T {t} r {r} b {b}");
                 let reference = block_path(&x, k, l, BlockSearch::ReferenceViterbi).unwrap();
