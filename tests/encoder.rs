@@ -331,6 +331,10 @@ fn bad_parameters_are_refused_with_clear_errors() {
         "the CUDA search serves T = 256",
     );
     expect(err(EncoderConfig { t: 192, ..config(3, 12) }, &w, 2, 512), "cols % T != 0");
+    expect(
+        err(EncoderConfig { t: 128, layout: CodeLayout::K3Interleaved, ..config(3, 12) }, &w, 2, 512),
+        "T = 256 (got k = 3, L = 12, axis = 0, T = 128)",
+    );
     expect(err(config(3, 7), &w, 2, 512), "L = 7 state bits is outside 8..=16");
     expect(err(config(3, 17), &w, 2, 512), "L = 17 state bits is outside 8..=16");
     expect(err(config(8, 8), &w, 2, 512), "L = 8 state bits must be greater than k = 8");

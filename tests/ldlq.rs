@@ -835,6 +835,40 @@ fn lockstep_refuses_mixed_searches_and_names_a_bad_problem() {
     assert!(encode_linear_ldlq_lockstep(&[], &ldlq, &mut |_, _| {}).unwrap().is_empty());
 }
 
+/// The 3-bit block interleave holds 256-weight blocks: an axis-0 projection at k 3, L 12 is
+/// interleaved in blocks of 256 and row-major in blocks of 192, and the reference path reads both
+/// at the coder's reported error.
+#[test]
+fn the_3_bit_interleave_is_chosen_for_256_weight_blocks_only() {
+    use mlx_trellis::llama::coding::{code_projection, ProjectionCoding};
+    use mlx_trellis::trellis::CodeLayout;
+    let (out, inp) = (1536usize, 8usize);
+    let w = gaussian(out * inp, 620).unwrap();
+    for (t, layout) in [(256u32, CodeLayout::K3Interleaved), (192, CodeLayout::RowMajor)] {
+        let coding = ProjectionCoding {
+            encoder: EncoderConfig { t, threads: Some(2), ..config(3, 0) },
+            rotation_seed: Some(9),
+            ldlq: None,
+            baseline: false,
+        };
+        let got = code_projection("p", &w, out, inp, None, &coding).unwrap();
+        let g = got.coded.layer.geometry;
+        assert_eq!((g.t, g.axis, g.layout(), g.cols), (t, 0, layout, 1536), "T {t}");
+        // The layer's weights by the reference path (x = I gives Wᵀ): their error is the coder's.
+        let linear = got.coded.to_linear("p").unwrap();
+        let eye: Vec<f32> = (0..inp * inp).map(|i| f32::from(u8::from(i % (inp + 1) == 0))).collect();
+        let x = mlx_trellis::MlxArray::from_slice(&eye, &[inp, inp]).unwrap();
+        let wt = linear.forward_with(&x, mlx_trellis::trellis::ForwardPath::Reference).unwrap();
+        let wt = wt.to_vec::<f32>().unwrap();
+        let sq: f64 = (0..out)
+            .flat_map(|o| (0..inp).map(move |i| (o, i)))
+            .map(|(o, i)| (f64::from(wt[i * out + o]) - f64::from(w[o * inp + i])).powi(2))
+            .sum();
+        let mse = sq / (out * inp) as f64;
+        assert!((mse - got.coded.mse).abs() <= 1e-6 * got.coded.mse, "T {t}: mse {mse}, the coder's {}", got.coded.mse);
+    }
+}
+
 #[test]
 fn projections_coded_together_are_each_coded_as_alone() {
     use mlx_trellis::llama::calibrate::Hessian;

@@ -20,7 +20,7 @@
 use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::trellis::encoder::{
     choose_axis, encode_linear_ldlq_lockstep, encode_padded, proxy_error, stored_from_linear, AxisChoice, CodedLinear,
-    Encoded, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, ProxyError,
+    Encoded, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, ProxyError, BLOCK_LEN,
 };
 use crate::trellis::format::CodeLayout;
 use crate::trellis::rotation::{CodedAxis, Rotation};
@@ -196,12 +196,10 @@ fn prepare(job: &ProjectionJob<'_>) -> Result<Prepared> {
     let cfg = &coding.encoder;
     let choice = choose_axis(out_features, in_features, cfg.axis, cfg.t as usize)?;
     let mut encoder = EncoderConfig { axis: choice.axis, rotation: None, ..*cfg };
-    // The 3-bit block interleave is what the axis-0 kernels read fastest.
-    encoder.layout = if cfg.k == 3 && cfg.l == 12 && choice.axis == 0 && choice.stored % 512 == 0 {
-        CodeLayout::K3Interleaved
-    } else {
-        CodeLayout::RowMajor
-    };
+    // The 3-bit block interleave (of 256-weight blocks) is what the axis-0 kernels read fastest.
+    let interleaves = cfg.k == 3 && cfg.l == 12 && cfg.t == BLOCK_LEN && choice.axis == 0;
+    encoder.layout =
+        if interleaves && choice.stored % 512 == 0 { CodeLayout::K3Interleaved } else { CodeLayout::RowMajor };
     let mut warnings = Vec::new();
 
     let (mut stored, rows, n) = stored_from_linear(w, out_features, in_features, choice.axis)?;

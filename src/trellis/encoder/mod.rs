@@ -123,7 +123,7 @@ pub struct EncoderConfig {
     /// 0: the stored matrix is `Wᵀ [in, out]` (down projections); 1: it is `W [out, in]`.
     pub axis: u32,
     /// The layout of the produced codes. [`CodeLayout::K3Interleaved`] needs `k = 3`, `L = 12`,
-    /// `axis = 0` and a column count that is a multiple of 512.
+    /// `axis = 0`, `T = 256` and a column count that is a multiple of 512.
     pub layout: CodeLayout,
     /// Worker threads; `None` uses [`std::thread::available_parallelism`]. The output does not
     /// depend on it.
@@ -189,9 +189,9 @@ impl EncoderConfig {
         if axis > 1 {
             invalid!("encoder: axis = {axis} must be 0 (stored [in, out]) or 1 (stored [out, in])");
         }
-        if layout == CodeLayout::K3Interleaved && (k != 3 || l != 12 || axis != 0) {
+        if layout == CodeLayout::K3Interleaved && (k != 3 || l != 12 || axis != 0 || t != BLOCK_LEN) {
             invalid!(
-                "encoder: layout K3Interleaved needs k = 3, L = 12, axis = 0 (got k = {k}, L = {l}, axis = {axis})"
+                "encoder: layout K3Interleaved needs k = 3, L = 12, axis = 0, T = {BLOCK_LEN} (got k = {k}, L = {l}, axis = {axis}, T = {t})"
             );
         }
         if threads == Some(0) {
