@@ -5,7 +5,9 @@
 //! else as shipped from the base GGUF copied (or hard-linked) into the directory. `--bits-for`
 //! sets single projections' k, or one projection's in every block (`v_proj=4`); `--fit-blocks`
 //! codes projections that no 256-weight block divides (SmolLM2's attention) in shorter blocks
-//! that do (192) instead of padding them.
+//! that do (192) instead of padding them; with `--attention-axis 0` (the attention along its
+//! outputs) that codes SmolLM2 whole at 3.05 bits per weight as close to the shipped model as
+//! MLX's affine-all 4-bit (docs/real-models.md).
 //!
 //! With `--ldlq` every projection is coded Hessian-weighted against the second moment `H` of its
 //! input, collected on a calibration text with the model as shipped (or read with `--hessians`);
@@ -28,7 +30,7 @@
 //! cargo run --release --example quantize_model -- --bits 4 --out /tmp/smollm2-k4
 //! cargo run --release --example quantize_model -- --bits 3 --attention --out /tmp/smollm2-k3-all
 //! cargo run --release --example quantize_model -- --bits 3 --attention --attention-bits 4 --ldlq --out /tmp/smollm2-all
-//! cargo run --release --example quantize_model -- --bits 3 --attention --fit-blocks --bits-for v_proj=4 --bits-for o_proj=4 --ldlq --out /tmp/smollm2-all-fit
+//! cargo run --release --example quantize_model -- --bits 3 --attention --attention-axis 0 --fit-blocks --ldlq --out /tmp/smollm2-all-k3
 //! cargo run --release --example quantize_model -- --bits 3 --ldlq --save-hessians /tmp/h.safetensors --out /tmp/smollm2-ldlq-k3
 //! cargo run --release --example quantize_model -- --budget 3.0 --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-b3
 //! cargo run --release --example quantize_model -- --budget 2.5,3.0,3.5 --also-uniform --ldlq --hessians /tmp/h.safetensors --out /tmp/smollm2-set
@@ -97,8 +99,9 @@ struct Args {
     attention_bits: Option<u32>,
     /// Code a projection with no side of whole 256-weight blocks in shorter blocks that divide
     /// one (SmolLM2's attention: blocks of 192) instead of padding it, a quarter fewer stored
-    /// bits there. Those projections run on the host path (CPU) and the generic path (GPUs),
-    /// not the GPU kernels
+    /// bits there (on the attention's inputs LDLQ codes them worse than padded: use it with
+    /// --attention-axis 0). Those projections run on the host path (CPU) and the generic path
+    /// (GPUs), not the GPU kernels
     #[arg(long)]
     fit_blocks: bool,
     /// The axis the attention projections are coded along (0: their outputs, with LDLQ's
@@ -136,7 +139,7 @@ struct Args {
     ldlq_group: usize,
     /// LDLQ: an attempt is retried with more damping when a target's RMS exceeds this many times
     /// its stored row's (or the matrix's, if larger)
-    #[arg(long, value_name = "RATIO", default_value_t = LdlqConfig::default().growth_limit)]
+    #[arg(long, value_name = "RATIO", requires = "ldlq", default_value_t = LdlqConfig::default().growth_limit)]
     ldlq_growth_limit: f64,
     /// With --ldlq: also code every projection unweighted and report both proxy errors (twice
     /// the coding work).

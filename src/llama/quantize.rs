@@ -84,15 +84,16 @@ pub struct QuantizeSpec {
     pub attention: bool,
     /// Bits per weight of every coded attention projection without an override (`None`: as
     /// [`bits`](Self::bits)); with `attention` only, and refused beside a budget as overrides
-    /// are. SmolLM2's attention is padded to whole blocks and is more sensitive than its MLP:
-    /// k 4 there beside k 3 MLPs is what brings the whole model within MLX's 4-bit
-    /// (docs/real-models.md).
+    /// are. SmolLM2's attention is more sensitive than its MLP: k 4 there beside k 3 MLPs
+    /// brings the whole model below MLX's 4-bit in KL and perplexity (docs/real-models.md).
     pub attention_bits: Option<u32>,
     /// Code a projection that has no axis of whole 256-weight blocks in shorter blocks that
     /// divide one ([`fitting_block_len`]: SmolLM2's 576- and 192-wide attention in blocks of
     /// 192) instead of padding it to whole 256-weight blocks, which stores a third more bits
     /// there. Those projections run on the host path (CPU) and the generic path (GPUs: the GPU
-    /// kernels serve T 256 only).
+    /// kernels serve T 256 only). On an attention coded along its inputs LDLQ gains less than
+    /// on the padded one (the padding left its last input block slack); along its outputs
+    /// ([`attention_axis`](Self::attention_axis) 0) it gains more (docs/real-models.md).
     pub fit_blocks: bool,
     /// The axis the attention projections are coded along where it is a whole number of blocks
     /// (`None`: 1, along their inputs, the conventional axis; 0: along their outputs, which LDLQ
