@@ -281,7 +281,8 @@ fn run(args: Args) -> Result<bool> {
         eprintln!("round {}/{} ({:.0} s): {}", round + 1, args.rounds, start.elapsed().as_secs_f64(), line.join("; "));
     }
 
-    let reference = specs.iter().position(|s| s.split('|').next() == Some("dense")).unwrap_or(0);
+    // The reference: the first dense variant (the MLPs' or every layer's), else the first.
+    let reference = specs.iter().position(|s| matches!(s.split('|').next(), Some("dense" | "dense-all"))).unwrap_or(0);
     let ref_decode = median(&variants[reference].decode);
     let ref_pipelined = median(&variants[reference].pipelined);
     let ref_mlp: Vec<Option<f64>> = variants[reference].mlp.iter().map(|r| median(r)).collect();

@@ -36,12 +36,16 @@ fn check_on(c: &Case, x: &MlxArray, xr: &[f64], gate: f64, what: &str, f: Forwar
 /// The planned dispatch on one small layer at 1-128 rows, in f32, f16 and bf16. One test per
 /// layer, so that the test harness runs the layers (their kernel compiles) side by side.
 fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layout: CodeLayout) {
+    planned_dispatch_on(&Case::new(rows, cols, k, layout));
+}
+
+/// [`planned_dispatch_matches_the_reference`] on the layer `c`.
+fn planned_dispatch_on(c: &Case) {
     require_cuda();
-    let c = Case::new(rows, cols, k, layout);
     for m in [1, 2, 3, 8, 9, 16, 17, 31, 33, 40, 50, 64, 65, 100, 128, DENSE_MIN_ROWS] {
         // f16 takes the same kernels as bf16, and the dense path from DENSE_MIN_ROWS.
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-            check(&c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, ForwardPath::Auto));
+            check(c, m, dtype, "dispatch", &|x| c.lin.forward_with(x, ForwardPath::Auto));
         }
     }
     // Later calls reuse the first call's prepared launch (one per geometry, configuration, row
@@ -51,7 +55,7 @@ fn planned_dispatch_matches_the_reference(rows: usize, cols: usize, k: u32, layo
             let (x, xr) = c.x(m, dtype);
             let forward: Forward = &|x| c.lin.forward_with(x, ForwardPath::Auto);
             assert_eq!(c.run("repeat", &x, forward), c.run("repeat", &x, forward), "{} M {m} {dtype}", c.g());
-            check_on(&c, &x, &xr, gate(dtype), "repeated dispatch", forward);
+            check_on(c, &x, &xr, gate(dtype), "repeated dispatch", forward);
         }
     }
 }
@@ -531,7 +535,7 @@ fn dense_weights_equal_the_reference_bit_for_bit() {
     require_cuda();
     // Both layouts (the interleave is k 3, L 12 only), k 2..8, L 8..16 (runs of 2 to 5 words),
     // blocks per row 1..6, rows that are not a multiple of anything.
-    for (rows, cols, k, l, layout) in [
+    for c in [
         (64, 512, 2, 12, CodeLayout::RowMajor),
         (40, 512, 2, 16, CodeLayout::RowMajor),
         (200, 1024, 3, 12, CodeLayout::RowMajor),
@@ -543,8 +547,22 @@ fn dense_weights_equal_the_reference_bit_for_bit() {
         (16, 256, 7, 16, CodeLayout::RowMajor),
         (19, 768, 8, 16, CodeLayout::RowMajor),
         (21, 512, 6, 8, CodeLayout::RowMajor),
-    ] {
-        let c = Case::with_state_bits(rows, cols, k, l, layout);
+    ]
+    .map(|(rows, cols, k, l, layout)| Case::with_state_bits(rows, cols, k, l, layout))
+    .into_iter()
+    // Shorter coded blocks: 192 at k 3 (18 words a block row, runs that wrap inside it), k 5 and
+    // k 7; 64 and 128.
+    .chain(
+        [
+            (37, 576, 3, 12, 192),
+            (21, 192, 5, 16, 192),
+            (24, 384, 7, 16, 192),
+            (19, 576, 2, 8, 64),
+            (16, 384, 4, 16, 128),
+        ]
+        .map(|(rows, cols, k, l, t)| Case::in_blocks(rows, cols, k, l, t, rows as u64)),
+    ) {
+        let (rows, cols) = (c.g().rows, c.g().cols);
         let want = expand(&c.host.codes, &c.host.scales, c.g()).unwrap();
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             let w = expand_cuda(c.lin.codes(), c.lin.scales(), c.g(), dtype).unwrap();
@@ -970,4 +988,146 @@ fn down_ws_k2_one_block_matches_the_reference() {
 #[ignore = "needs MLX's CUDA back-end on an sm_90 GPU (wgmma)"]
 fn down_ws_k4_l16_matches_the_reference() {
     down_ws_matches_the_reference(&Case::with_state_bits(512, 768, 4, 16, CodeLayout::RowMajor));
+}
+
+/// Layers in coded blocks shorter than 256 (what `quantize_model --fit-blocks` writes for an
+/// axis 256 does not divide): SmolLM2's attention on axis 0 in blocks of 192 (q and o 576 -> 576,
+/// k and v 576 -> 192), k 4 with 16-bit states, input rows that are not a multiple of 8
+/// (activations one at a time) in 4 blocks a row, and blocks of 64 and 128. A 3-bit block row of 192 positions is
+/// 18 words, so its codes stream in 8-byte copies; the others in 16-byte ones.
+fn shorter_block_layers() -> [Case; 5] {
+    [
+        Case::in_blocks(576, 576, 3, 12, 192, 1),
+        Case::in_blocks(576, 192, 2, 12, 192, 2),
+        Case::in_blocks(100, 768, 4, 16, 192, 3),
+        Case::in_blocks(72, 576, 3, 12, 64, 4),
+        Case::in_blocks(40, 384, 4, 16, 128, 5),
+    ]
+}
+
+#[test]
+fn shorter_blocks_take_the_cuda_kernels() {
+    // Runs on every back-end: what the kernels serve is decided on the host.
+    for c in shorter_block_layers() {
+        assert!(mlx_trellis::trellis::cuda::down::supports(c.g()), "{}", c.g());
+        assert!(mlx_trellis::trellis::cuda::expand::supports(c.g()), "{}", c.g());
+    }
+}
+
+/// The planned dispatch (the kernel up to 128 rows, the dense path's expand and matmul from
+/// DENSE_MIN_ROWS rows of 16-bit activations) on the shorter-block layers, one test per pair of
+/// layers so that their kernel compiles run side by side.
+fn shorter_blocks_planned(which: std::ops::Range<usize>) {
+    require_cuda();
+    for c in &shorter_block_layers()[which] {
+        assert_eq!(c.lin.best_path(), ForwardPath::Cuda, "{}", c.g());
+        planned_dispatch_on(c);
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn planned_kernel_matches_the_reference_in_blocks_of_192() {
+    shorter_blocks_planned(0..2);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn planned_kernel_matches_the_reference_in_blocks_of_192_k4_ragged_rows() {
+    shorter_blocks_planned(2..3);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn planned_kernel_matches_the_reference_in_blocks_of_64_and_128() {
+    shorter_blocks_planned(3..5);
+}
+
+/// Explicit configurations on blocks of 192: thread blocks of a sixth, a third and a half of a
+/// coded block, of one and of two coded blocks, with the decode variants, prescaled B tiles on an
+/// mbarrier ring, unrolled steps, direct code loads, 1 to 13 splits and steps of 16 to 64 rows.
+/// Each entry: the layer's index in `shorter_block_layers()`, the dtype and the configuration.
+fn shorter_block_configurations() -> Vec<(usize, Dtype, CudaDownConfig)> {
+    let layers = shorter_block_layers();
+    let (f32, bf16) = (Dtype::Float32, Dtype::Bfloat16);
+    let base = CudaDownConfig { mt: 1, ks: 1, splits: 5, stages: 4, ..Default::default() };
+    let fold = CudaDownConfig { bias_fold: true, ..base };
+    let prescaled = CudaDownConfig { prescaled: true, mbarriers: true, ..base };
+    let mut cases = Vec::new();
+    // (layer, nc, warps, mt, ks, splits, dtype, variant)
+    for (i, &(layer, nc, warps, mt, ks, splits, dtype, variant)) in [
+        (0usize, 2u32, 1u32, 1u32, 1u32, 13u32, f32, base),
+        (0, 2, 2, 2, 2, 5, bf16, fold),
+        (0, 2, 3, 4, 4, 1, bf16, prescaled),
+        (0, 4, 1, 1, 1, 13, bf16, CudaDownConfig { pack_fma: true, ..fold }),
+        (0, 4, 3, 1, 2, 5, f32, CudaDownConfig { step_unroll: StepUnroll::BothRings, ..base }),
+        (0, 2, 6, 8, 4, 3, bf16, prescaled),
+        (1, 4, 3, 1, 1, 13, bf16, CudaDownConfig { pack_fma: true, step_unroll: StepUnroll::BTileSlots, ..fold }),
+        (1, 2, 6, 2, 2, 5, f32, base),
+        (1, 4, 3, 1, 1, 9, bf16, CudaDownConfig { direct_codes: true, ..fold }),
+        (2, 4, 6, 1, 2, 3, bf16, fold),
+        (2, 2, 3, 3, 1, 7, f32, CudaDownConfig { step_unroll: StepUnroll::BTileSlots, ..base }),
+        (2, 4, 3, 2, 4, 1, bf16, CudaDownConfig { prescaled: true, ..base }),
+        (2, 4, 1, 1, 1, 5, bf16, CudaDownConfig { direct_codes: true, ..base }),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let cfg = CudaDownConfig { nc, warps, mt, ks, splits, stages: [4, 3, 5][i % 3], ..variant };
+        let g = *layers[layer].g();
+        let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
+        let cfg = cfg.with_deepest_ring(&g, dtype).unwrap_or_else(|| panic!("{g} {dtype}: {cfg:?} does not fit"));
+        cases.push((layer, dtype, cfg));
+    }
+    cases
+}
+
+#[test]
+fn shorter_block_configurations_fit() {
+    let cases = shorter_block_configurations();
+    assert_eq!(cases.len(), 13);
+    // Blocks that cover a part of a coded block (0 whole blocks), one and two (of the 768-wide
+    // layer's four).
+    let layers = shorter_block_layers();
+    let tiles: Vec<usize> =
+        cases.iter().map(|&(l, _, c)| 16 * (c.nc * c.warps) as usize / layers[l].g().t as usize).collect();
+    assert!(tiles.contains(&0) && tiles.contains(&1) && tiles.contains(&2), "{tiles:?}");
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn configurations_in_blocks_of_192_match_the_reference() {
+    require_cuda();
+    let layers = shorter_block_layers();
+    for (layer, dtype, cfg) in shorter_block_configurations() {
+        let c = &layers[layer];
+        let g = *c.g();
+        for m in [1, 8 * cfg.mt as usize + 3] {
+            check(c, m, dtype, &format!("{cfg:?}"), &|x| down_cuda_with(x, c.lin.codes(), c.lin.scales(), &g, cfg));
+        }
+    }
+}
+
+/// The pair variant (an MLP's gate and up along their outputs in blocks of 192) and the residual
+/// variant on blocks of 192 by the plan, at a row count of each band and the dense path's first.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn pair_and_residual_calls_in_blocks_of_192_match_the_reference() {
+    require_cuda();
+    let a = Case::in_blocks(576, 576, 3, 12, 192, 11);
+    let b = Case::in_blocks(576, 576, 3, 12, 192, 12);
+    let pair: Forward2 = &|x, [a, b]| {
+        Ok(down_pair_cuda(x, [a.lin.codes(), b.lin.codes()], [a.lin.scales(), b.lin.scales()], a.g())?.to_vec())
+    };
+    let single: Forward2 = &|x, [a, _]| Ok(vec![down_cuda(x, a.lin.codes(), a.lin.scales(), a.g())?]);
+    let g = *a.g();
+    for m in [1, 5, 9, 17, 65, DENSE_MIN_ROWS] {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            let (x, xr) = a.x(m, dtype);
+            check_pair(&a, &b, &x, &xr, "planned pair", pair, single);
+            check_residual(&a, m, dtype, "down_residual_cuda", &|x, r| {
+                down_residual_cuda(x, a.lin.codes(), a.lin.scales(), &g, r)
+            });
+        }
+    }
 }

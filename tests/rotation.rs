@@ -191,10 +191,11 @@ fn the_mlx_rotation_matches_the_host_and_inverts() {
 }
 
 /// Rotated (and plain) layers, padded and unpadded, on both axes, at k 2/3/4, in blocks of 256
-/// and shorter (a 576-wide axis in blocks of 192, a padded one in blocks of 64, 192 outputs in
+/// and shorter (576-wide axes in blocks of 192, padded ones in blocks of 64, 192 outputs in
 /// blocks of 96): every CPU path against the dense reference of the weights the codes stand for.
-/// The kernels serve T 256 only (but Metal's factored down kernel, any T on axis 0 at 1-3 rows):
-/// a forced kernel path refuses the shorter blocks as unserved, and `Auto` runs them.
+/// The kernels serve T 256 (and Metal's factored down kernel any T on axis 0 at 1-3 rows, the
+/// CUDA down kernel axis 0 in blocks of a multiple of 64): a forced kernel path refuses the other
+/// shorter blocks as unserved, and `Auto` runs them.
 #[test]
 fn rotated_and_padded_layers_match_the_dense_reference_on_every_cpu_path() {
     check_layers(&cpu_paths(), &[1, 3, 17]);
@@ -210,9 +211,22 @@ fn rotated_and_padded_layers_match_the_dense_reference_on_cuda() {
     check_layers(&paths, &[1, 3, 17, 80]);
 }
 
-/// Whether `path` forces a GPU kernel (which serve T 256 only).
+/// Whether `path` forces a GPU kernel (which serve T 256, and some shorter blocks:
+/// [`serves_shorter_blocks`]).
 fn kernel_path(path: ForwardPath) -> bool {
     matches!(path, ForwardPath::MetalSim | ForwardPath::Metal | ForwardPath::Cuda)
+}
+
+/// Whether the kernel `path` forces serves a layer coded along `axis` in blocks of `t` (not 256)
+/// at `m` rows: the seed's factored down kernel takes T as a template int and serves axis 0 at
+/// any T (1-3 rows); the CUDA down kernel axis 0 in blocks of a multiple of 64 (and from
+/// DENSE_MIN_ROWS its expand kernel); the other kernels T 256 only.
+fn serves_shorter_blocks(path: ForwardPath, axis: u32, t: u32, m: usize) -> bool {
+    match path {
+        ForwardPath::MetalSim => axis == 0 && m <= 3,
+        ForwardPath::Cuda => axis == 0 && t.is_multiple_of(64),
+        _ => false,
+    }
 }
 
 /// Every layer case by `paths` (with their f32 gates) at `ms` activation rows.
@@ -226,6 +240,8 @@ fn check_layers(paths: &[(ForwardPath, f64)], ms: &[usize]) {
         (24, 576, 1, 192, 1, false),
         (24, 600, 1, 64, 1, true),
         (192, 40, 0, 96, 0, false),
+        (576, 48, 0, 192, 0, false),
+        (600, 40, 0, 64, 0, true),
     ];
     let (mut checked, mut unserved) = (0, 0);
     for (si, &(out, inf, conv, t, want_axis, padded)) in shapes.iter().enumerate() {
@@ -251,12 +267,8 @@ fn check_layers(paths: &[(ForwardPath, f64)], ms: &[usize]) {
                         let want = dense_forward(&xr, m, &w, out, inf);
                         for &(path, f32_gate) in paths {
                             let y = match lin.forward_with(&x, path) {
-                                // The seed's factored down kernel takes T as a template int and
-                                // serves axis 0 at any T (1-3 rows); every other kernel, T 256.
                                 Err(e)
-                                    if t != 256
-                                        && kernel_path(path)
-                                        && !(path == ForwardPath::MetalSim && g.axis == 0 && m <= 3) =>
+                                    if t != 256 && kernel_path(path) && !serves_shorter_blocks(path, g.axis, t, m) =>
                                 {
                                     assert_eq!(e.kind(), ErrorKind::Unserved, "{path} T {t}: {e}");
                                     unserved += 1;
@@ -325,9 +337,11 @@ fn mlps_of_any_axes_and_bit_widths_run_on_every_cpu_path() {
     check_mlps(&paths);
 }
 
-/// An MLP whose every projection is coded in blocks of 192 (a 192-wide hidden, a 576-wide
-/// intermediate: no side a whole number of 256-weight blocks): `Auto` and every CPU path against
-/// the f64 reference; a forced kernel path serves it within its gate or refuses it as unserved.
+/// MLPs whose every projection is coded in blocks of 192 (a 192-wide hidden, a 576-wide
+/// intermediate: no side a whole number of 256-weight blocks), gate and up along their inputs and
+/// down along its outputs, and the other way round (SmolLM2's rule: gate and up along their
+/// outputs, the CUDA down kernel's pair variant): `Auto` and every CPU path against the f64
+/// reference; a forced kernel path serves it within its gate or refuses it as unserved.
 #[test]
 fn an_mlp_in_shorter_blocks_runs_on_auto_and_every_cpu_path() {
     let mut paths = cpu_paths();
@@ -335,7 +349,8 @@ fn an_mlp_in_shorter_blocks_runs_on_auto_and_every_cpu_path() {
     check_short_block_mlp(&paths);
 }
 
-/// The same on a CUDA machine: the CUDA kernels refuse it as unserved, `Auto` runs it.
+/// The same on a CUDA machine, where the CUDA down kernel serves the projections coded along
+/// their outputs and the generic path the others.
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn an_mlp_in_shorter_blocks_runs_on_auto_on_cuda() {
@@ -348,31 +363,35 @@ fn an_mlp_in_shorter_blocks_runs_on_auto_on_cuda() {
 
 fn check_short_block_mlp(paths: &[(ForwardPath, f64)]) {
     let (hidden, inter) = (192usize, 576usize);
-    let layers = [
-        coded_in_blocks(inter, hidden, 1, 3, Some(31), 1, 192),
-        coded_in_blocks(inter, hidden, 1, 2, Some(31), 2, 192),
-        coded_in_blocks(hidden, inter, 0, 4, Some(32), 3, 192),
-    ];
-    for c in &layers {
-        assert_eq!((c.layer.geometry.t, c.layer.geometry.cols), (192, 192), "unpadded blocks of 192");
-    }
-    let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
-    let mlp = TrellisMlp::new(g, u, d).unwrap();
-    for m in [1usize, 3, 17] {
-        let (x, xr) = activations(m, hidden, 70 + m as u64, Dtype::Float32);
-        let want = dense_mlp(&xr, m, &layers);
-        for &(path, f32_gate) in paths {
-            let y = match mlp.forward_with(&x, path) {
-                Err(e) if kernel_path(path) => {
-                    assert_eq!(e.kind(), ErrorKind::Unserved, "{path} M {m}: {e}");
-                    continue;
-                }
-                y => y.unwrap(),
-            };
-            assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], Dtype::Float32));
-            let err = rel_err(&to_f64(&y), &want).unwrap();
-            // Two products in a row, each within its gate.
-            assert!(err < 2.0 * f32_gate, "{path} M {m}: relErr {err:.2e}");
+    // (gate/up conventional axis, down's): the coded axes the rule gives, and each layer's
+    // stored columns.
+    for (gate_up_axis, down_axis, cols) in [(1u32, 0u32, [192usize, 192, 192]), (0, 1, [576, 576, 576])] {
+        let layers = [
+            coded_in_blocks(inter, hidden, gate_up_axis, 3, Some(31), 1, 192),
+            coded_in_blocks(inter, hidden, gate_up_axis, 2, Some(31), 2, 192),
+            coded_in_blocks(hidden, inter, down_axis, 4, Some(32), 3, 192),
+        ];
+        for (c, cols) in layers.iter().zip(cols) {
+            assert_eq!((c.layer.geometry.t, c.layer.geometry.cols), (192, cols), "unpadded blocks of 192");
+        }
+        let [g, u, d] = layers.each_ref().map(|c| c.to_linear("p").unwrap());
+        let mlp = TrellisMlp::new(g, u, d).unwrap();
+        for m in [1usize, 3, 17] {
+            let (x, xr) = activations(m, hidden, 70 + m as u64, Dtype::Float32);
+            let want = dense_mlp(&xr, m, &layers);
+            for &(path, f32_gate) in paths {
+                let y = match mlp.forward_with(&x, path) {
+                    Err(e) if kernel_path(path) => {
+                        assert_eq!(e.kind(), ErrorKind::Unserved, "{path} M {m}: {e}");
+                        continue;
+                    }
+                    y => y.unwrap(),
+                };
+                assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], Dtype::Float32));
+                let err = rel_err(&to_f64(&y), &want).unwrap();
+                // Two products in a row, each within its gate.
+                assert!(err < 2.0 * f32_gate, "gate/up axis {gate_up_axis} {path} M {m}: relErr {err:.2e}");
+            }
         }
     }
 }

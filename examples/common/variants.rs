@@ -3,6 +3,7 @@
 //!
 //! - `shipped`: every layer as the GGUF ships it;
 //! - `dense`: the MLP projections dequantized to dense weights in the activation dtype;
+//! - `dense-all`: every linear layer dequantized so (the dense baseline of a whole coded model);
 //! - `affine:BITS:GROUP`: the MLP projections re-quantized by MLX (e.g. `affine:4:64`);
 //! - `affine-all:BITS:GROUP`: every linear layer re-quantized by MLX;
 //! - `dir:PATH[:LABEL]`: a quantized model directory (trellis-coded modules over its base GGUF).
@@ -54,6 +55,7 @@ pub struct ReportFiles {
 pub const VARIANTS_HELP: &str = "Variants (repeat --variant; SPEC[|label=TEXT][|family=TEXT]):\n  \
 shipped                  every layer as the GGUF ships it\n  \
 dense                    the MLP projections dequantized to dense weights (the activation dtype)\n  \
+dense-all                every linear layer dequantized to dense weights (the activation dtype)\n  \
 affine:BITS:GROUP        the MLP projections re-quantized by MLX (e.g. affine:4:64)\n  \
 affine-all:BITS:GROUP    every linear layer re-quantized by MLX\n  \
 dir:PATH[:LABEL]         a quantized model directory (trellis-coded modules over its base GGUF)\n\
@@ -111,6 +113,10 @@ fn parse_plain_spec(spec: &str, dtype: Dtype) -> Result<(Spec, String, String)> 
         let plan = LayerPlan { dtype, mlp: LinearPlan::Dense, ..LayerPlan::shipped() };
         return Ok((Spec::Plan(plan, "MLP"), format!("dense {dtype}"), "dense".into()));
     }
+    if spec == "dense-all" {
+        let plan = LayerPlan { dtype, mlp: LinearPlan::Dense, attention: LinearPlan::Dense, ..LayerPlan::shipped() };
+        return Ok((Spec::Plan(plan, "all"), format!("dense-all {dtype}"), "dense-all".into()));
+    }
     if let Some(rest) = spec.strip_prefix("affine-all:") {
         let (bits, group) = bits_group(rest)?;
         let plan = LayerPlan { dtype, ..LayerPlan::all_affine(bits, group) };
@@ -133,7 +139,7 @@ fn parse_plain_spec(spec: &str, dtype: Dtype) -> Result<(Spec, String, String)> 
         let family = label.rsplit_once(' ').map_or(label.as_str(), |(f, _)| f).to_string();
         return Ok((Spec::Dir(path), label, family));
     }
-    bail!("unknown variant {spec:?} (shipped, dense, affine:BITS:GROUP, affine-all:BITS:GROUP, dir:PATH[:LABEL])")
+    bail!("unknown variant {spec:?} (shipped, dense, dense-all, affine:BITS:GROUP, affine-all:BITS:GROUP, dir:PATH[:LABEL])")
 }
 
 /// Loads a variant over the base GGUF `base`: `None` for [`Spec::Shipped`] (the caller's

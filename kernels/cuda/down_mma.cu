@@ -1,5 +1,6 @@
 // Down projection y[m, c] = sum_r x[m, r] * scale[r] * y(state(r, c)) / 147.8 on the tensor
-// cores, for trellis codes of either layout (T = 256, 8 K words per block, L <= 16).
+// cores, for trellis codes of either layout (coded blocks of BLOCK_LEN = T positions, T K / 32
+// words per block row, L <= 16; the 3-bit block interleave has T = 256).
 //
 // The MMA computes D[position, m] += W^T[position, r] * X^T[r, m] in m16n8k16 tiles: A holds
 // code values y decoded straight into f16 registers (exact: |y| <= 510), B holds x * scale as
@@ -18,9 +19,9 @@
 // differently: 16 % more instructions in it at one row, NVRTC sm_90.)
 //
 // Work split. A block of WARPS warps owns TILE = 16 NC WARPS consecutive output positions (warp
-// w: positions [16 NC w, 16 NC (w + 1)) of the tile): CB = TILE / 256 whole coded blocks, or
-// where TILE < 256 one of the PARTS = 256 / TILE parts of a coded block (blockIdx.y = coded
-// block group * PARTS + part). It also owns one split of the input rows (SPLITS per pass) and
+// w: positions [16 NC w, 16 NC (w + 1)) of the tile, inside one coded block): CB = TILE / T
+// whole coded blocks, or where TILE < T one of the PARTS = T / TILE parts of a coded block
+// (blockIdx.y = coded block group * PARTS + part). It also owns one split of the input rows (SPLITS per pass) and
 // one pass of 8 * MT activation rows (blockIdx.z = pass * SPLITS + split). It walks its split in
 // steps of 16 KS rows (KS 16-row chunks); every step's codes (16 KS rows of its CB coded blocks,
 // a part's whole block: the windows wrap around inside it) stream into a STAGES-deep
@@ -65,8 +66,11 @@
 // drift two steps apart, and their decode and MMA phases stop falling in step.
 //
 // The activation row count M is read at run time (x_shape[0]): one compiled kernel serves every
-// M of a geometry and configuration. Template ints: R, C, K, L, NC (16-position sub-tiles per
-// warp), MT (8-row MMA tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES.
+// M of a geometry and configuration. Template ints: R, C, K, L, BLOCK_LEN (T: 256, or a shorter
+// block that divides C, a multiple of 64), NC (16-position sub-tiles per warp), MT (8-row MMA
+// tiles per pass), KS (16-row chunks per step), WARPS, SPLITS, STAGES. A block row of T K / 32
+// words streams in 16-byte copies where that is a whole number of them, else in 8-byte copies
+// (T 192 at k 3: 18 words).
 // The kernel folds its partials itself (see its end): it takes a fourth input, counters (u32,
 // one per column tile and pass, zero), and writes y [M, C] in Y besides the f32 partials. Its
 // fifth input, x_exp (f16 [M], integers), holds the rows' exponents from the pre-pass; with
@@ -107,17 +111,18 @@
   const int M = PRESCALED ? x_shape[0] / ((SPLIT_X ? 2 : 1) * MATS) : x_shape[0];
   // 65536 (M >= 0), as a value the compiler cannot fold: see code_pair_dp4a_fma.
   const unsigned lift = 65536u + ((unsigned)M >> 31);
-  constexpr int WPB = 8 * K;                      // words per coded block
+  constexpr int WPB = BLOCK_LEN * K / 32;         // words per coded block
   constexpr int NPOS = 2 * NC;                    // positions per lane
-  using LaneRun = trellis_cuda::CodeRun<K, L, NPOS>;
+  using LaneRun = trellis_cuda::CodeRun<K, L, NPOS, BLOCK_LEN>;
   constexpr int NWR = LaneRun::NWR;               // realigned words per row
   constexpr int TILE = 16 * NC * WARPS;           // output positions per thread block
-  constexpr int PARTS = TILE < 256 ? 256 / TILE : 1;  // thread blocks per coded block
-  constexpr int CB = TILE < 256 ? 1 : TILE / 256;     // coded blocks copied per thread block
+  constexpr int PARTS = TILE < BLOCK_LEN ? BLOCK_LEN / TILE : 1;  // thread blocks per coded block
+  constexpr int CB = TILE < BLOCK_LEN ? 1 : TILE / BLOCK_LEN;     // coded blocks copied per thread block
   constexpr int STEP_ROWS = 16 * KS;
   constexpr int STEPS = (R + STEP_ROWS - 1) / STEP_ROWS;
-  constexpr int A_PITCH = CB * WPB + 4;           // words per ring row (+4: fewer bank conflicts, 16-byte aligned)
-  constexpr int CHUNKS = STEP_ROWS * CB * (WPB / 4);  // 16-byte copies per step
+  constexpr int A_PITCH = CB * WPB + 4;           // words per ring row (+4: fewer bank conflicts, 8-byte aligned)
+  constexpr int COPY_WORDS = WPB % 4 == 0 ? 4 : 2;  // words per asynchronous copy (16 or 8 bytes)
+  constexpr int CHUNKS = STEP_ROWS * CB * (WPB / COPY_WORDS);  // copies per step
   constexpr int THREADS = WARPS * 32;
   constexpr int B_ROWS = 8 * MT;
   constexpr int B_PITCH = STEP_ROWS + 8;          // halfs per B row: + 8 for conflict-free ldmatrix
@@ -128,7 +133,10 @@
   constexpr int VW = R % 8 == 0 && B_ROWS * STEP_ROWS >= 8 * THREADS ? 8 : 1;
   constexpr int B_LOADS = B_ROWS * STEP_ROWS / VW;
   constexpr int B_PER_THREAD = (B_LOADS + THREADS - 1) / THREADS;
-  static_assert(TILE % 256 == 0 || 256 % TILE == 0, "a block covers whole coded blocks or a part of one");
+  static_assert(TILE % BLOCK_LEN == 0 || BLOCK_LEN % TILE == 0, "a block covers whole coded blocks or a part of one");
+  static_assert(BLOCK_LEN % (16 * NC) == 0 && C % BLOCK_LEN == 0, "a warp's positions lie in one coded block");
+  static_assert(WPB % 2 == 0, "block rows of whole 8-byte words (T a multiple of 64)");
+  static_assert(!INTERLEAVE || BLOCK_LEN == 256, "the 3-bit block interleave pairs 256-weight blocks");
   static_assert(!PACK_FMA || BIAS_FOLD, "PACK_FMA packs the dp4a decode's biased pairs");
   static_assert(!(BIAS_FOLD && SPLIT_X), "the bias fold is for 16-bit activations");
   static_assert(PRESCALED || THREADS % (STEP_ROWS / VW) == 0, "a thread loads the same step rows in every B row");
@@ -189,8 +197,8 @@
 
   // This lane's tile: coded block `cb` of the block's CB, positions [p0, p0 + NPOS).
   const int tile_pos = tile_y % PARTS * TILE + warp * 16 * NC;
-  const int cb = tile_pos / 256;
-  const int p0 = tile_pos % 256 + g * NPOS;
+  const int cb = tile_pos / BLOCK_LEN;
+  const int p0 = tile_pos % BLOCK_LEN + g * NPOS;
   const LaneRun lane_run(cb, p0);
   int decode_row[4];
 #pragma unroll
@@ -199,7 +207,7 @@
   // Per-thread copy plan, fixed for the whole split: chunk u of every step goes to the
   // same ring offset from a source that moves 16 rows per step (rows past R are zero-filled, not
   // read).
-  constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / 256) * WPB;  // words between consecutive rows
+  constexpr int ROW_STRIDE = INTERLEAVE ? 48 : (C / BLOCK_LEN) * WPB;  // words between consecutive rows
   constexpr int COPIES = (CHUNKS + THREADS - 1) / THREADS;
   const int r_begin = step_begin * STEP_ROWS;
   // The destinations are slot 0's, as shared-window addresses found once: per step only the
@@ -211,12 +219,12 @@
 #pragma unroll
   for (int u = 0; u < COPIES; ++u) {
     const int c = tid + u * THREADS;
-    const int row = c / (CB * (WPB / 4)), rest = c % (CB * (WPB / 4));
-    const int b = rest / (WPB / 4), j = rest % (WPB / 4), blk = first_block + b;
+    const int row = c / (CB * (WPB / COPY_WORDS)), rest = c % (CB * (WPB / COPY_WORDS));
+    const int b = rest / (WPB / COPY_WORDS), j = rest % (WPB / COPY_WORDS), blk = first_block + b;
     copy_row[u] = c < CHUNKS ? r_begin + row : R;  // R: never read
-    copy_dst_shared[u] = (unsigned)__cvta_generic_to_shared(&ring[0][0][0] + row * A_PITCH + b * WPB + 4 * j);
+    copy_dst_shared[u] = (unsigned)__cvta_generic_to_shared(&ring[0][0][0] + row * A_PITCH + b * WPB + COPY_WORDS * j);
     copy_src[u] = mat_codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + row) * 48 + (blk & 1) * 24
-                                      : ((size_t)(r_begin + row) * (C / 256) + blk) * WPB) + 4 * j;
+                                      : ((size_t)(r_begin + row) * (C / BLOCK_LEN) + blk) * WPB) + COPY_WORDS * j;
   }
   // With PRESCALED, copy u of a step's B tile is 8 prescaled activations: row m_base + row of
   // set `set` (the f32 residues are set 1), from step row 8 j. Rows past M are never copied
@@ -238,9 +246,14 @@
   auto copy_codes = [&](int i, int slot) {
 #pragma unroll
     for (int u = 0; u < COPIES; ++u) {
-      if (tid + u * THREADS < CHUNKS)
-        trellis_cuda::cp_async16_zfill_at(copy_dst_shared[u] + slot * (unsigned)sizeof(ring[0]),
-                                          copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE, copy_row[u] + STEP_ROWS * i < R);
+      if (tid + u * THREADS < CHUNKS) {
+        const unsigned dst = copy_dst_shared[u] + slot * (unsigned)sizeof(ring[0]);
+        const uint32_t* src = copy_src[u] + (size_t)i * STEP_ROWS * ROW_STRIDE;
+        if (COPY_WORDS == 4)
+          trellis_cuda::cp_async16_zfill_at(dst, src, copy_row[u] + STEP_ROWS * i < R);
+        else
+          trellis_cuda::cp_async8_zfill_at(dst, src, copy_row[u] + STEP_ROWS * i < R);
+      }
     }
 #pragma unroll
     for (int u = 0; u < B_COPIES; ++u) {
@@ -562,7 +575,7 @@
     for (int j = 0; j < NWL; ++j) {
       const int b = lane_run.word_at[j] / WPB, w = lane_run.word_at[j] % WPB, blk = first_block + b;
       run_words[j] = mat_codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r_begin + 2 * q) * 48 + (blk & 1) * 24 + w
-                                             : ((size_t)(r_begin + 2 * q) * (C / 256) + blk) * WPB + w);
+                                             : ((size_t)(r_begin + 2 * q) * (C / BLOCK_LEN) + blk) * WPB + w);
     }
     using Raw = unsigned[KS][4][NWL];
     auto load_codes = [&](int i, Raw& raw) {
@@ -640,7 +653,7 @@
   {
     // Write this warp's partial sums: d0/d2 are (m = 8t + 2q, positions j0/j0 + 1), d1/d3 the
     // same positions of m + 1, so each pair is one 8-byte store.
-    const size_t col0 = (size_t)(first_block + cb) * 256 + p0;
+    const size_t col0 = (size_t)(first_block + cb) * BLOCK_LEN + p0;
 #pragma unroll
     for (int t = 0; t < MT; ++t) {
       const int m = m_base + 8 * t + 2 * q;
@@ -672,7 +685,7 @@
   __syncthreads();
   if (last_block) {
     __threadfence();
-    const size_t tile0 = (size_t)first_block * 256 + tile_y % PARTS * TILE;
+    const size_t tile0 = (size_t)first_block * BLOCK_LEN + tile_y % PARTS * TILE;
     const int rows = min(B_ROWS, M - m_base);
     for (int e = tid; e < rows * (TILE / 4); e += THREADS) {
       const int m = m_base + e / (TILE / 4);

@@ -5,12 +5,14 @@
 
 namespace trellis_cuda {
 
-// A run of NPOS consecutive positions of one row of a coded block (8 K words): the words that
-// hold its bits (plus L - K bits of the last window, wrapping around inside the block), read
-// from a ring row and realigned so that the run's last position's window starts at bit 0.
-template <int K, int L, int NPOS>
+// A run of NPOS consecutive positions of one row of a coded block of BLOCK_LEN positions
+// (BLOCK_LEN K / 32 words): the words that hold its bits (plus L - K bits of the last window,
+// wrapping around inside the block), read from a ring row and realigned so that the run's last
+// position's window starts at bit 0.
+template <int K, int L, int NPOS, int BLOCK_LEN = 256>
 struct CodeRun {
-  static constexpr int WPB = 8 * K;                    // words per coded block
+  static_assert(BLOCK_LEN * K % 32 == 0, "a coded block is whole words");
+  static constexpr int WPB = BLOCK_LEN * K / 32;       // words per coded block
   static constexpr int SPAN = NPOS * K + L - K;        // bits per run
   static constexpr bool ALIGNED = (NPOS * K) % 32 == 0;  // runs start on a word
   static constexpr int NWR = (SPAN + 31) / 32;         // realigned words
@@ -20,7 +22,7 @@ struct CodeRun {
 
   // The run starting at position `p` of coded block `cb` of a ring row.
   __device__ __forceinline__ CodeRun(int cb, int p) {
-    const int bit0 = (256 - p - NPOS) * K;
+    const int bit0 = (BLOCK_LEN - p - NPOS) * K;
     off = bit0 & 31;
 #pragma unroll
     for (int j = 0; j < NWL; ++j) word_at[j] = cb * WPB + ((bit0 >> 5) + j) % WPB;

@@ -1,5 +1,5 @@
 // Dense weights W[r, c] = value(state(r, c)) * scale[r] in T, for trellis codes of either layout
-// (T = 256 positions per coded block, 8 K words per block, L <= 16): what MLX's own matmul then
+// (T = BLOCK_LEN positions per coded block, T K / 32 words per block, L <= 16): what MLX's own matmul then
 // multiplies when many activation rows share the layer (see src/trellis/cuda/expand.rs).
 //
 // Thread t writes 16 consecutive weights of one stored row (t = r * C / 16 + chunk): two 16-byte
@@ -14,9 +14,12 @@
 // rounded once to f32 (y * (1 / 147.8...) and one FMA correction of its residual: checked for
 // every y in [-510, 510] on the host, see src/trellis/cuda/expand.rs), times f32(scale[r]), then rounded to T.
 //
-// Template ints: R, C, K, L. Template bool: INTERLEAVE (3-bit block interleave). Template type:
+// Template ints: R, C, K, L, BLOCK_LEN (a multiple of 16 that divides C; 256 for the
+// interleave). Template bool: INTERLEAVE (3-bit block interleave). Template type:
 // T (the output dtype).
-  constexpr int WPB = 8 * K;                 // words per coded block
+  constexpr int WPB = BLOCK_LEN * K / 32;    // words per coded block
+  static_assert(BLOCK_LEN % 16 == 0 && BLOCK_LEN * K % 32 == 0 && C % BLOCK_LEN == 0, "whole threads and words per block");
+  static_assert(!INTERLEAVE || BLOCK_LEN == 256, "the 3-bit block interleave pairs 256-weight blocks");
   constexpr int NPOS = 16;                   // positions per thread
   constexpr int SPAN = NPOS * K + L - K;     // bits per thread
   constexpr int NWR = (SPAN + 31) / 32;      // realigned words
@@ -25,13 +28,13 @@
   const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= (long long)R * CHUNKS) return;
   const int r = (int)(t / CHUNKS), chunk = (int)(t % CHUNKS);
-  const int blk = chunk / (256 / NPOS), p0 = (chunk % (256 / NPOS)) * NPOS;
+  const int blk = chunk / (BLOCK_LEN / NPOS), p0 = (chunk % (BLOCK_LEN / NPOS)) * NPOS;
 
   // This thread's bits: position p0 + NPOS - 1 at bit 0 after realignment.
-  const int bit0 = (256 - p0 - NPOS) * K;
+  const int bit0 = (BLOCK_LEN - p0 - NPOS) * K;
   const int off = bit0 & 31;
   const uint32_t* block_words = codes + (INTERLEAVE ? ((size_t)(blk >> 1) * R + r) * 48 + (blk & 1) * 24
-                                                    : ((size_t)r * (C / 256) + blk) * WPB);
+                                                    : ((size_t)r * (C / BLOCK_LEN) + blk) * WPB);
   unsigned raw[NWL], w[NWR];
 #pragma unroll
   for (int j = 0; j < NWL; ++j) raw[j] = block_words[((bit0 >> 5) + j) % WPB];

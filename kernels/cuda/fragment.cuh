@@ -132,6 +132,13 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   cp_async16_zfill_at(static_cast<unsigned>(__cvta_generic_to_shared(smem)), gmem, read);
 }
 
+// 8-byte asynchronous copy global -> shared at a shared-window address, zero-filled where
+// `read` is false: for rows of code words that are not whole 16-byte words (a 192-weight 3-bit
+// block's 18 words).
+__device__ __forceinline__ void cp_async8_zfill_at(unsigned smem, const void* gmem, bool read) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem), "l"(gmem), "r"(read ? 8 : 0));
+}
+
 // 4-byte asynchronous copy global -> shared: unlike a load into a register, no later barrier or
 // fence waits for it (only cp_async_wait does).
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {

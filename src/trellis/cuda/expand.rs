@@ -26,10 +26,11 @@ const SOURCE: &str = sources::CUDA_EXPAND;
 /// Weights one thread writes (`NPOS` in the kernel: two 16-byte stores in 16-bit dtypes).
 const WEIGHTS_PER_THREAD: usize = 16;
 
-/// Whether the kernel serves this geometry: T = 256, L <= 16, k in 2..=8 (either axis: it
-/// decodes the stored matrix as stored).
+/// Whether the kernel serves this geometry: T 256 or a shorter block of a multiple of 64
+/// ([`serves_block_len`](super::serves_block_len)), L <= 16, k in 2..=8, whole blocks per row
+/// (either axis: it decodes the stored matrix as stored).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.t == 256 && g.l <= 16 && (2..=8).contains(&g.k) && g.cols.is_multiple_of(256)
+    super::serves_block_len(g.t) && g.l <= 16 && (2..=8).contains(&g.k) && g.cols.is_multiple_of(g.t as usize)
 }
 
 fn kernel() -> Result<&'static CudaKernel> {
@@ -49,7 +50,9 @@ fn kernel() -> Result<&'static CudaKernel> {
 /// layout, f16 `[rows]`). An error on any back-end but CUDA.
 pub fn expand_cuda(codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry, dtype: Dtype) -> Result<MlxArray> {
     if !supports(g) {
-        invalid!("CUDA expand kernel: unsupported geometry {g} (needs T 256, L <= 16, k 2..=8)");
+        invalid!(
+            "CUDA expand kernel: unsupported geometry {g} (needs T 256 or a multiple of 64 below it, L <= 16, k 2..=8)"
+        );
     }
     if backend() != Backend::Cuda {
         invalid!("CUDA expand kernel: the loaded MLX has no CUDA back-end (it reports {})", backend());
@@ -77,8 +80,8 @@ fn prepared_launch(g: &TrellisGeometry, dtype: Dtype) -> Result<Arc<Prepared>> {
         if i32::try_from(threads).is_err() {
             invalid!("CUDA expand kernel: {g} needs {threads} threads, more than one launch grid holds (2^31 - 1)");
         }
-        // Threads per row are a multiple of 16 (cols % 256 == 0); the widest block that divides.
-        let block = [256, 128, 64, 32, 16].into_iter().find(|b| threads.is_multiple_of(*b)).unwrap_or(16);
+        // Threads per row are a multiple of 4 (cols % 64 == 0); the widest block that divides.
+        let block = [256, 128, 64, 32, 16, 8, 4].into_iter().find(|b| threads.is_multiple_of(*b)).unwrap_or(4);
         let launch = LaunchConfig::new([threads, 1, 1], [block, 1, 1])
             .output(&[g.rows, g.cols], dtype)
             .template_dtype("T", dtype)
@@ -86,6 +89,7 @@ fn prepared_launch(g: &TrellisGeometry, dtype: Dtype) -> Result<Arc<Prepared>> {
             .template_int("C", int("CUDA expand kernel", g.cols)?)
             .template_int("K", g.k as i32)
             .template_int("L", g.l as i32)
+            .template_int("BLOCK_LEN", g.t as i32)
             .template_bool("INTERLEAVE", g.layout() == CodeLayout::K3Interleaved);
         let kernel = kernel()?;
         Ok(Prepared { kernel, launch: kernel.prepare(&launch)? })

@@ -23,6 +23,15 @@ pub mod viterbi;
 #[cfg(feature = "tuning")]
 pub mod tuning;
 
+/// Whether the CUDA kernels that decode along stored rows (the down kernel and the expand
+/// kernel) serve coded blocks of `t` positions: 256, or a shorter block that is a multiple of 64
+/// (a block row then streams in whole 8-byte words, and every warp tile of 32 or 64 positions
+/// lies in one block). The encoder codes an axis that 256 does not divide in such blocks
+/// (`EncoderConfig::t`, `quantize_model --fit-blocks`: 576 in blocks of 192).
+pub fn serves_block_len(t: u32) -> bool {
+    t.is_multiple_of(64) && (64..=256).contains(&t)
+}
+
 /// The environment variable through which MLX's CUDA back-end bounds the operations it records
 /// into one CUDA graph before it launches the graph.
 pub const MAX_OPS_PER_GRAPH_VAR: &str = "MLX_MAX_OPS_PER_BUFFER";

@@ -16,9 +16,10 @@ pub struct CudaDownConfig {
     /// 16-row chunks of input rows per step (1, 2 or 4): one barrier, one round of copies and
     /// one B tile per step.
     pub ks: u32,
-    /// Warps per block (1 to 8); each owns `16 * nc` output positions, so a
-    /// block covers `warps * nc / 16` whole coded blocks, or where that is below 1 a part of one
-    /// (a half, a quarter, ...: several blocks then share a coded block's codes).
+    /// Warps per block (1 to 8); each owns `16 * nc` output positions of one coded block, so a
+    /// block of 256-position coded blocks covers `warps * nc / 16` whole ones, or where that is
+    /// below 1 a part of one (a half, a quarter, ...: several blocks then share a coded block's
+    /// codes); shorter coded blocks likewise (192 positions: 3 warps of NC 4 cover one).
     pub warps: u32,
     /// Input-row splits (their partials folded by the kernel's last block of each tile).
     pub splits: u32,
@@ -132,11 +133,15 @@ impl CudaDownConfig {
     /// The kernel's shared memory: the code ring and the B tiles (`split_x`: f32 activations,
     /// carried as two f16 tiles).
     pub(crate) fn shared_bytes(&self, g: &TrellisGeometry, split_x: bool) -> usize {
-        let coded_blocks = self.copied_blocks();
+        let coded_blocks = self.copied_blocks(g);
         let step_rows = 16 * self.ks as usize;
         // With direct codes no ring (a 16-byte placeholder) and a B tile per step of the
         // longest split.
-        let ring = if self.direct_codes { 16 } else { self.stages as usize * step_rows * (coded_blocks * 8 * g.k as usize + 4) * 4 };
+        let ring = if self.direct_codes {
+            16
+        } else {
+            self.stages as usize * step_rows * (coded_blocks * g.words_per_block() + 4) * 4
+        };
         let b_slots = if self.direct_codes {
             self.input_steps(g).div_ceil(self.splits.max(1)) as usize
         } else if self.prescaled {
@@ -169,20 +174,29 @@ impl CudaDownConfig {
         16 * (self.nc * self.warps) as usize
     }
 
-    /// Coded blocks whose codes a thread block copies: the whole ones it covers, or the one its
-    /// part of a coded block lies in.
-    pub(crate) fn copied_blocks(&self) -> usize {
-        (self.tile_positions() / 256).max(1)
+    /// Coded blocks of `g` whose codes a thread block copies: the whole ones it covers, or the
+    /// one its part of a coded block lies in.
+    pub(crate) fn copied_blocks(&self, g: &TrellisGeometry) -> usize {
+        (self.tile_positions() / (g.t as usize).max(1)).max(1)
     }
 
     /// Thread blocks along the output columns of `g` (see [`Self::check`] for the tiles that fit).
     pub(crate) fn column_blocks(&self, g: &TrellisGeometry) -> usize {
-        let tile = self.tile_positions();
-        if tile >= 256 {
-            g.blocks_per_row() / (tile / 256)
+        let (tile, t) = (self.tile_positions(), (g.t as usize).max(1));
+        if tile >= t {
+            g.blocks_per_row() / (tile / t)
         } else {
-            g.blocks_per_row() * (256 / tile)
+            g.blocks_per_row() * (t / tile)
         }
+    }
+
+    /// Whether a thread block's tile fits `g`'s coded blocks: each warp's `16 * nc` positions lie
+    /// in one coded block, and the tile covers whole coded blocks (a divisor of a row's) or one
+    /// part of a coded block.
+    pub(crate) fn tile_fits(&self, g: &TrellisGeometry) -> bool {
+        let (tile, t) = (self.tile_positions(), g.t as usize);
+        let whole = t > 0 && tile.is_multiple_of(t) && g.blocks_per_row().is_multiple_of(tile / t);
+        t.is_multiple_of(16 * self.nc as usize) && (whole || (tile > 0 && t.is_multiple_of(tile)))
     }
 
     /// Activations in a step's B tile: `8 * mt` rows by `16 * ks` input rows.
@@ -255,14 +269,15 @@ impl CudaDownConfig {
                 self.stages
             );
         }
-        // A block covers whole coded blocks (a divisor of the row's) or one part of a coded block.
-        let tile = self.tile_positions();
-        let whole = tile.is_multiple_of(256) && g.blocks_per_row().is_multiple_of(tile / 256);
-        if !whole && 256 % tile != 0 {
+        // A block covers whole coded blocks (a divisor of the row's) or one part of a coded
+        // block, and a warp's positions lie in one coded block.
+        if !self.tile_fits(g) {
             invalid!(
-                "CUDA down kernel: {} warps of {} sub-tiles cover {tile} positions, neither a part of a coded block nor a divisor of the {} coded blocks of {g}",
+                "CUDA down kernel: {} warps of {} sub-tiles cover {} positions, neither a part of a {}-position coded block in warps of whole sub-tiles nor a divisor of the {} coded blocks of {g}",
                 self.warps,
                 self.nc,
+                self.tile_positions(),
+                g.t,
                 g.blocks_per_row()
             );
         }
@@ -406,18 +421,30 @@ mod tests {
         let base = CudaDownConfig { mt: 4, ks: 1, splits: 13, ..Default::default() };
         // 20 coded blocks a row: 2 per block -> 10 column blocks; half a block -> 40.
         let two = CudaDownConfig { nc: 4, warps: 8, ..base };
-        assert_eq!((two.column_blocks(&qwen), two.copied_blocks()), (10, 2));
+        assert_eq!((two.column_blocks(&qwen), two.copied_blocks(&qwen)), (10, 2));
         let half = CudaDownConfig { nc: 2, mt: 4, warps: 4, ..base };
         half.check(&qwen, Dtype::Bfloat16).unwrap();
-        assert_eq!((half.column_blocks(&qwen), half.copied_blocks()), (40, 1));
+        assert_eq!((half.column_blocks(&qwen), half.copied_blocks(&qwen)), (40, 1));
         let one_warp = CudaDownConfig { nc: 2, mt: 4, warps: 1, ..base };
         assert_eq!(one_warp.column_blocks(&qwen), 160);
         // 3 warps of NC 2: 96 positions, not a part of a coded block.
         let err = CudaDownConfig { warps: 3, ..one_warp }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
-        assert!(err.contains("cover 96 positions, neither a part of a coded block"), "{err}");
+        assert!(err.contains("cover 96 positions, neither a part of a 256-position coded block"), "{err}");
         // 6 warps of NC 8 cover 3 coded blocks, which do not divide 20.
         let err =
             CudaDownConfig { nc: 8, mt: 1, warps: 6, ..base }.check(&qwen, Dtype::Bfloat16).unwrap_err().to_string();
         assert!(err.contains("nor a divisor of the 20 coded blocks"), "{err}");
+        // Blocks of 192: 3 warps of NC 4 cover one; NC 8's 128 positions would cross a block's
+        // end, and 4 warps of NC 4 cover 256 positions, neither a part nor whole blocks.
+        let q = TrellisGeometry::row_major(576, 576, 3, 192, 12, 0).unwrap();
+        let three = CudaDownConfig { nc: 4, mt: 1, warps: 3, splits: 9, ..base };
+        three.check(&q, Dtype::Bfloat16).unwrap();
+        assert_eq!((three.column_blocks(&q), three.copied_blocks(&q)), (3, 1));
+        let one = CudaDownConfig { warps: 1, ..three };
+        assert_eq!((one.column_blocks(&q), one.copied_blocks(&q)), (9, 1));
+        for bad in [CudaDownConfig { nc: 8, warps: 3, ..three }, CudaDownConfig { warps: 4, ..three }] {
+            let err = bad.check(&q, Dtype::Bfloat16).unwrap_err().to_string();
+            assert!(err.contains("neither a part of a 192-position coded block"), "{err}");
+        }
     }
 }

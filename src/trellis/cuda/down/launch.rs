@@ -155,6 +155,7 @@ fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown
         // Prescaled activations are f16 whatever the call's dtype.
         .template_dtype("T", if cfg.prescaled { Dtype::Float16 } else { dtype });
     let launch = geometry_args(launch, g, "CUDA down kernel")?
+        .template_int("BLOCK_LEN", g.t as i32)
         .template_int("NC", cfg.nc as i32)
         .template_int("MT", cfg.mt as i32)
         .template_int("KS", cfg.ks as i32)

@@ -6,19 +6,25 @@ use crate::error::{unserved, Result};
 use crate::trellis::format::{CodeLayout, TrellisGeometry};
 
 use super::config::{CudaDownConfig, StepUnroll};
+use crate::trellis::cuda::serves_block_len;
 
-/// Whether the CUDA kernel serves this geometry: axis 0, T = 256, L <= 16, k in 2..=4 (the
+/// Whether the CUDA kernel serves this geometry: axis 0, T 256 or a shorter block of a multiple
+/// of 64 ([`serves_block_len`]: SmolLM2's attention in blocks of 192), L <= 16, k in 2..=4 (the
 /// widths it is tested at against the reference; wider codes are refused as unserved) and
-/// columns (outputs) a multiple of 256 (whole column tiles of the kernel).
+/// columns (outputs) of whole coded blocks.
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 0 && g.t == 256 && g.l <= 16 && (2..=4).contains(&g.k) && g.cols.is_multiple_of(256)
+    g.axis == 0
+        && serves_block_len(g.t)
+        && g.l <= 16
+        && (2..=4).contains(&g.k)
+        && g.cols.is_multiple_of(g.t as usize)
 }
 
 /// An error naming the geometry where [`supports`] says no.
 pub(crate) fn require_supported(g: &TrellisGeometry) -> Result<()> {
     if !supports(g) {
         unserved!(
-            "CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256, L <= 16, k 2..=4, columns a multiple of 256; k 5..8 are untested on this kernel)"
+            "CUDA down kernel: unsupported geometry {g} (needs axis 0, T 256 or a multiple of 64 below it, L <= 16, k 2..=4, columns of whole blocks; k 5..8 are untested on this kernel)"
         );
     }
     Ok(())
@@ -85,15 +91,27 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         cfg.direct_codes = true;
         cfg.step_unroll = StepUnroll::Rolled;
     }
+    // Shorter coded blocks (measured at T 256 only): a warp's positions in one coded block (NC
+    // 4 or 2 where NC 8's 128 positions do not divide T), and the widest tile of at most the
+    // planned warps that covers whole coded blocks or a part of one (T 192: 3 warps of NC 4, or
+    // 6 of NC 2, one coded block a thread block).
+    if g.t != 256 {
+        while cfg.nc > 2 && !(g.t as usize).is_multiple_of(16 * cfg.nc as usize) {
+            cfg.nc /= 2;
+        }
+        if !cfg.tile_fits(g) {
+            cfg.warps = narrower_warps(&cfg, g);
+        }
+    }
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
     // first, then a shallower ring, shorter steps (rows that are not a multiple of 8 also need a
     // step's rows to divide the block's threads). No more splits than steps.
-    while cfg.copied_blocks() > 1
-        && (!g.blocks_per_row().is_multiple_of(cfg.copied_blocks())
+    while cfg.copied_blocks(g) > 1
+        && (!g.blocks_per_row().is_multiple_of(cfg.copied_blocks(g))
             || cfg.shared_bytes(g, dtype == Dtype::Float32) > cfg.plan_shared_budget())
     {
-        cfg.warps /= 2;
+        cfg.warps = narrower_warps(&cfg, g);
     }
     let with_steps = |ks: u32, stages: u32| {
         // The mbarrier ring needs 3 stages; a shallower ring keeps the block barrier.
@@ -105,6 +123,16 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         .find(|c| c.fits(g, dtype) && c.shared_bytes(g, dtype == Dtype::Float32) <= c.plan_shared_budget())
         // No fit leaves the planned configuration, whose check then names the problem.
         .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
+}
+
+/// The next narrower thread block for `g`: half the warps in 256-position coded blocks (where
+/// the plan was measured), for shorter ones the most warps below `cfg`'s whose tile fits
+/// ([`CudaDownConfig::tile_fits`]: 192 positions take 3 or 6 warps, which halving skips).
+fn narrower_warps(cfg: &CudaDownConfig, g: &TrellisGeometry) -> u32 {
+    if g.t == 256 {
+        return cfg.warps / 2;
+    }
+    (1..cfg.warps).rev().find(|&warps| CudaDownConfig { warps, ..*cfg }.tile_fits(g)).unwrap_or(1)
 }
 
 /// 8-row MMA tiles a pass for `m` activation rows: passes of up to 8 tiles (64 rows) that share
@@ -233,7 +261,48 @@ mod tests {
         // The fields are public, so a caller can build columns that are not whole 256-column tiles.
         let ragged = TrellisGeometry { cols: 1000, ..g };
         let e = require_supported(&ragged).unwrap_err().to_string();
-        assert!(e.contains("columns a multiple of 256"), "{e}");
+        assert!(e.contains("columns of whole blocks"), "{e}");
+        // Blocks the kernel does not take: not a multiple of 64, or longer than 256.
+        for t in [32, 96, 160, 512] {
+            let other = TrellisGeometry::row_major(512, 6 * t as usize, 4, t, 12, 0).unwrap();
+            let e = require_supported(&other).unwrap_err();
+            assert_eq!(e.kind(), crate::ErrorKind::Unserved, "T {t}");
+            assert!(e.to_string().contains("T 256 or a multiple of 64 below it"), "T {t}: {e}");
+        }
+    }
+
+    #[test]
+    fn shorter_blocks_are_planned_in_warps_that_stay_inside_one_block() {
+        // SmolLM2's attention on axis 0 in blocks of 192 (q and o 576 x 576, k and v 576 -> 192),
+        // blocks of 64 and 128, ragged input rows, every k the kernel serves.
+        let mut geometries = Vec::new();
+        for (rows, cols, t) in [(576, 576, 192), (576, 192, 192), (100, 960, 192), (576, 576, 64), (40, 384, 128), (17, 128, 64)] {
+            for k in 2..=4 {
+                geometries.push(TrellisGeometry::row_major(rows, cols, k, t, 12, 0).unwrap());
+            }
+        }
+        for g in geometries {
+            assert!(supports(&g), "{g}");
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                for m in 1..=200 {
+                    let cfg = plan_for(&g, m, dtype);
+                    cfg.check(&g, dtype).unwrap_or_else(|e| panic!("{g} M {m} {dtype}: {cfg:?}: {e:#}"));
+                    assert!(cfg.tile_fits(&g) && !cfg.direct_codes, "{g} M {m} {dtype}: {cfg:?}");
+                    assert!(cfg.shared_bytes(&g, dtype == Dtype::Float32) <= cfg.plan_shared_budget(), "{g} M {m}");
+                }
+            }
+        }
+        // 192 positions: NC 8's 128 do not divide it, so the one-row shape takes NC 4 in 3 warps
+        // (one coded block a thread block); from 9 rows 6 warps of NC 2.
+        let q = TrellisGeometry::row_major(576, 576, 3, 192, 12, 0).unwrap();
+        let one = plan(&q, 1);
+        assert_eq!((one.nc, one.warps, one.copied_blocks(&q), one.column_blocks(&q)), (4, 3, 1, 3));
+        let wide = plan(&q, 64);
+        assert_eq!((wide.nc, wide.warps, wide.column_blocks(&q)), (2, 6, 3));
+        // 64 positions: a row of 9 blocks of 64 takes tiles of 3 whole blocks.
+        let g64 = TrellisGeometry::row_major(576, 576, 3, 64, 12, 0).unwrap();
+        let one = plan(&g64, 1);
+        assert_eq!((one.nc, one.warps, one.copied_blocks(&g64), one.column_blocks(&g64)), (4, 3, 3, 3));
     }
 
     #[test]

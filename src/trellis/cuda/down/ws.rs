@@ -151,11 +151,11 @@ impl CudaDownWsConfig {
     }
 }
 
-/// Whether the kernel serves `g`: the down kernel's geometries (`super::supports`) whose input
-/// rows are whole blocks of 256 (a step is 64 of a block's rows, and the pre-pass's image is of
-/// whole blocks).
+/// Whether the kernel serves `g`: the down kernel's geometries (`super::supports`) in coded
+/// blocks of 256 whose input rows are whole blocks of 256 (a step is 64 of a block's rows, and
+/// the pre-pass's image is of whole blocks).
 pub fn serves(g: &TrellisGeometry) -> bool {
-    super::supports(g) && g.rows.is_multiple_of(256)
+    super::supports(g) && g.t == 256 && g.rows.is_multiple_of(256)
 }
 
 /// The kernel, registered once per variant, shared-memory size and block size: blocks of 256
@@ -352,5 +352,9 @@ mod tests {
         assert!(!serves(&ragged) && err(ok, &ragged, Dtype::Bfloat16).contains("unsupported geometry"));
         let axis1 = TrellisGeometry::row_major(5120, 17408, 3, 256, 12, 1).unwrap();
         assert!(!serves(&axis1) && err(ok, &axis1, Dtype::Bfloat16).contains("unsupported geometry"));
+        // Coded blocks of 192, which the fragment kernel serves.
+        let short = TrellisGeometry::row_major(17408, 5376, 3, 192, 12, 0).unwrap();
+        assert!(super::super::supports(&short) && !serves(&short));
+        assert!(err(ok, &short, Dtype::Bfloat16).contains("unsupported geometry"));
     }
 }
