@@ -75,9 +75,8 @@ struct Args {
     #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 5)]
     rounds: usize,
     /// Row counts M of the MLP chain, comma-separated (empty: no MLP measurement).
-    #[arg(long, value_name = "M,...", value_delimiter = ',', value_parser = cli::positive,
-          default_value = "1,8,32,128")]
-    rows: Vec<usize>,
+    #[arg(long, value_name = "M,...", value_parser = cli::count_list, default_value = "1,8,32,128")]
+    rows: cli::CountList,
     /// Passes over the model's MLPs queued per evaluation of the MLP chain.
     #[arg(long, value_name = "N", value_parser = cli::positive, default_value_t = 4)]
     chains: usize,
@@ -223,13 +222,14 @@ fn run(args: Args) -> Result<bool> {
             bits_per_weight,
             decode: Vec::new(),
             pipelined: Vec::new(),
-            mlp: vec![Vec::new(); args.rows.len()],
-            graph: vec![Vec::new(); args.rows.len()],
+            mlp: vec![Vec::new(); args.rows.0.len()],
+            graph: vec![Vec::new(); args.rows.0.len()],
         });
     }
     let hidden = variants[0].model.config().hidden;
     let inputs = args
         .rows
+        .0
         .iter()
         .enumerate()
         .map(|(i, &m)| mlx_trellis::random::normal(&[m, hidden], dtype, 0.0, 1.0, i as u64))
@@ -259,12 +259,12 @@ fn run(args: Args) -> Result<bool> {
                     eprintln!(
                         "{}: MLP chain at {} rows warmed up in {:.1} s",
                         v.label,
-                        args.rows[i],
+                        args.rows.0[i],
                         t.elapsed().as_secs_f64()
                     );
                 }
                 let (us, graph) = mlp_round(&v.model, x, args.chains)
-                    .with_context(|| format!("{}: MLP chain at {} rows", v.label, args.rows[i]))?;
+                    .with_context(|| format!("{}: MLP chain at {} rows", v.label, args.rows.0[i]))?;
                 v.mlp[i].push(us);
                 v.graph[i].push(graph);
             }
@@ -297,7 +297,7 @@ fn run(args: Args) -> Result<bool> {
     let mut header =
         "| variant | MLP bits/weight | decode tokens/s | vs ref | pipelined tokens/s | vs ref |".to_string();
     let mut rule = "|---|---|---|---|---|---|".to_string();
-    for m in &args.rows {
+    for m in &args.rows.0 {
         header += &format!(" MLP µs/layer M={m} | vs ref |");
         rule += "---|---|";
     }
@@ -328,7 +328,7 @@ fn run(args: Args) -> Result<bool> {
             ratio(ref_pipelined, p, true)
         );
         let mut mlp = Vec::new();
-        for (i, m) in args.rows.iter().enumerate() {
+        for (i, m) in args.rows.0.iter().enumerate() {
             let us = median(&v.mlp[i]);
             line += &format!(" {} | {} |", us.map_or("–".into(), |u| format!("{u:.1}")), ratio(ref_mlp[i], us, false));
             mlp.push(serde_json::json!({
@@ -344,17 +344,19 @@ fn run(args: Args) -> Result<bool> {
         }));
     }
     table.push(String::new());
-    table.push(format!(
-        "Host time to build the MLP chain's graph before its evaluation, µs per layer (part of the figures above):\n\n| variant |{}\n|---|{}",
-        args.rows.iter().map(|m| format!(" M={m} |")).collect::<String>(),
-        "---|".repeat(args.rows.len())
-    ));
-    for v in &variants {
-        let cells: String =
-            v.graph.iter().map(|g| format!(" {} |", median(g).map_or("–".into(), |u| format!("{u:.1}")))).collect();
-        table.push(format!("| {} |{cells}", v.label));
+    if !args.rows.0.is_empty() {
+        table.push(format!(
+            "Host time to build the MLP chain's graph before its evaluation, µs per layer (part of the figures above):\n\n| variant |{}\n|---|{}",
+            args.rows.0.iter().map(|m| format!(" M={m} |")).collect::<String>(),
+            "---|".repeat(args.rows.0.len())
+        ));
+        for v in &variants {
+            let cells: String =
+                v.graph.iter().map(|g| format!(" {} |", median(g).map_or("–".into(), |u| format!("{u:.1}")))).collect();
+            table.push(format!("| {} |{cells}", v.label));
+        }
+        table.push(String::new());
     }
-    table.push(String::new());
     table.push(graphs::note());
     for line in &table {
         println!("{line}");
@@ -370,7 +372,8 @@ fn run(args: Args) -> Result<bool> {
         let series: Vec<(String, Vec<(f64, f64)>)> = variants
             .iter()
             .map(|v| {
-                let points = args.rows.iter().zip(&v.mlp).filter_map(|(&m, r)| Some((m as f64, median(r)?))).collect();
+                let points =
+                    args.rows.0.iter().zip(&v.mlp).filter_map(|(&m, r)| Some((m as f64, median(r)?))).collect();
                 (v.label.clone(), points)
             })
             .collect();

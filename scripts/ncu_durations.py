@@ -18,12 +18,12 @@ import re
 import sys
 
 # The down kernel's name (src/kernel/registry.rs, then MLX's suffix of template arguments in the
-# order src/trellis/cuda/down/mod.rs gives them): the dtypes Y and T, the ints R C K L NC MT KS WARPS
-# SPLITS STAGES, the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS, the int
+# order src/trellis/cuda/down/launch.rs gives them): the dtypes Y and T, the ints R C K L BLOCK_LEN
+# NC MT KS WARPS SPLITS STAGES, the bools INTERLEAVE SPLIT_X BIAS_FOLD PACK_FMA PRESCALED MBARRIERS, the int
 # UNROLLED_STEPS (0 rolled, 1 rounds of the B tiles' slots, 2 of both rings), then the bools
 # BLOCK_EXP and DIRECT_CODES.
 CONFIG = re.compile(
-    r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 10 + r"_([tf])" * 6 + r"_(\d)_[tf]_([tf])"
+    r"mlx_trellis_down_mma_[0-9a-f]+_[a-z0-9_]*?" + r"_(\d+)" * 11 + r"_([tf])" * 6 + r"_(\d)_[tf]_([tf])"
 )
 UNROLLED = {"0": "", "1": " unrolled over the B tiles", "2": " unrolled over both rings"}
 
@@ -33,12 +33,12 @@ def label(name, grid="", block="", order=0):
     if not m:
         short = re.sub(r"\(.*", "", name).replace("void ", "")[:90]
         return f"{short} grid {grid} block {block} (first launched #{order})" if grid else short
-    _r, _c, k, _l, nc, mt, ks, warps, splits, stages, _il, _sx, bias, pack, prescaled, mbarriers, unrolled, direct = (
+    _r, _c, k, _l, t, nc, mt, ks, warps, splits, stages, _il, _sx, bias, pack, prescaled, mbarriers, unrolled, direct = (
         m.groups()
     )
     decode = "dp4a" + (" + bias fold" if bias == "t" else "") + (" + IMAD pack" if pack == "t" else "")
     return (
-        f"trellis down k{k} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}"
+        f"trellis down k{k} T{t} nc{nc} mt{mt} ks{ks} warps{warps} splits{splits} stages{stages} {decode}"
         + (" prescaled" if prescaled == "t" else "")
         + (" mbarriers" if mbarriers == "t" else "")
         + UNROLLED[unrolled]

@@ -47,6 +47,18 @@ pub struct EncoderArgs {
     pub threads: Option<usize>,
 }
 
+/// Comma-separated counts of at least 1, or none (an empty value).
+#[derive(Clone, Debug, Default)]
+pub struct CountList(pub Vec<usize>);
+
+/// A [`CountList`]: `1,8,32`, or `""` for none.
+pub fn count_list(s: &str) -> Result<CountList, String> {
+    if s.trim().is_empty() {
+        return Ok(CountList::default());
+    }
+    s.split(',').map(positive).collect::<Result<_, _>>().map(CountList)
+}
+
 /// A count of at least 1.
 pub fn positive(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
