@@ -23,7 +23,7 @@ use mlx_trellis::trellis::metal::down_k3_interleaved_factored::{
 use mlx_trellis::trellis::metal::down_mma::{down_k3_interleaved_mma, down_mma};
 use mlx_trellis::trellis::metal::down_mma_wide::{
     down_k3_interleaved_mma_wide, down_k3_interleaved_mma_wide_pass, down_mma_wide, down_mma_wide_pass, passes, plan,
-    DownPass, DOWN_ONE_BLOCK,
+    plan_in_blocks, DownPass, DOWN_ONE_BLOCK,
 };
 #[macro_use]
 mod common;
@@ -223,7 +223,80 @@ fn dispatch(mode: Mode) {
     }
 }
 
+/// Layers in coded blocks shorter than 256 (what `quantize_model --fit-blocks` writes for an
+/// axis 256 does not divide): SmolLM2's q/o (576 -> 576 in blocks of 192, k 3) and k/v shapes,
+/// input rows not a multiple of 8 (the wide kernel refuses them), blocks of 64 and 128.
+fn shorter_block_cases() -> Vec<Case> {
+    vec![
+        Case::in_blocks(576, 576, 3, 12, 192, 1),
+        Case::in_blocks(48, 192, 2, 12, 192, 2),
+        Case::in_blocks(100, 768, 4, 12, 192, 3),
+        Case::in_blocks(40, 576, 3, 12, 64, 4),
+        Case::in_blocks(64, 384, 2, 12, 128, 5),
+    ]
+}
+
+fn shorter_blocks(mode: Mode) {
+    let _sim = mode.scope();
+    let path = mode.path();
+    for c in shorter_block_cases() {
+        let g = *c.g();
+        let check = |what: &str, m: usize, dtype: Dtype, f: &dyn Fn(&MlxArray) -> Result<MlxArray>| {
+            let (x, xr) = c.x(m, dtype);
+            let err = rel_err(&c.run(what, &x, f), &c.reference(&xr, m)).unwrap();
+            println!("{what} {g} M {m} {dtype}: relErr {err:.2e}");
+            assert!(err < gate(dtype), "{what} {g} M {m} {dtype}: relErr {err:.3e}");
+        };
+        for (m, dtype) in [(1, Dtype::Float32), (4, Dtype::Float32), (8, Dtype::Float32), (3, Dtype::Bfloat16)] {
+            check("down_mma", m, dtype, &|x| call(&c, down_mma, x));
+        }
+        if g.rows % 8 == 0 {
+            for (m, dtype) in [(1, Dtype::Float32), (9, Dtype::Float32), (40, Dtype::Float32), (17, Dtype::Bfloat16)] {
+                check("down_mma_wide", m, dtype, &|x| call(&c, down_mma_wide, x));
+            }
+            // The passes that tile the block give the same sums, bit for bit, and so does
+            // down_mma (the wide kernel is it with a half table).
+            let fitting: Vec<DownPass> = passes(RM).iter().map(|&(p, _)| p).filter(|p| g.t % (8 * p.s) == 0).collect();
+            assert!(!fitting.is_empty(), "{g}");
+            for m in [1, 8, 24] {
+                let (x, _) = c.x(m, Dtype::Float32);
+                let first = wide_pass(&c, &x, fitting[0]);
+                for &pass in &fitting[1..] {
+                    assert!(wide_pass(&c, &x, pass) == first, "{g} M {m}: pass {pass:?} differs from {:?}", fitting[0]);
+                }
+                if m <= 8 {
+                    assert!(
+                        c.run("down_mma", &x, &|x| call(&c, down_mma, x)) == first,
+                        "{g} M {m}: wide and down_mma differ"
+                    );
+                }
+            }
+            // A pass whose SIMD group straddles two blocks is refused.
+            if g.t % 128 != 0 {
+                let (x, _) = c.x(1, Dtype::Float32);
+                let e = down_mma_wide_pass(&x, c.lin.codes(), c.lin.scales(), &g, DOWN_ONE_BLOCK).unwrap_err();
+                assert!(e.to_string().contains("8 S dividing the"), "{e}");
+            }
+        }
+        // The layer's own dispatch: every row count, the wide kernel's refusal where R % 8 != 0.
+        for m in [1, 2, 4, 8, 9, 40] {
+            let (x, xr) = c.x(m, Dtype::Float32);
+            match c.lin.forward_with(&x, path) {
+                Err(e) if m > 8 && g.rows % 8 != 0 => {
+                    assert_eq!(e.kind(), ErrorKind::Unserved, "{path} {g} M {m}: {e}")
+                }
+                y => {
+                    let y = y.unwrap_or_else(|e| panic!("{path} {g} M {m}: {e:#}"));
+                    let err = rel_err(&to_f64(&y), &c.reference(&xr, m)).unwrap();
+                    assert!(err < gate(Dtype::Float32), "{path} {g} M {m}: relErr {err:.3e}");
+                }
+            }
+        }
+    }
+}
+
 on_sim_and_metal! {
+    shorter_blocks => shorter_blocks_match_the_reference_sim, shorter_blocks_match_the_reference_metal;
     factored_row_major => factored_row_major_matches_reference_and_scatter_sim, factored_row_major_matches_reference_and_scatter_metal;
     factored_interleaved => factored_interleaved_matches_reference_and_scatter_sim, factored_interleaved_matches_reference_and_scatter_metal;
     mma => mma_matches_reference_and_scatter_sim, mma_matches_reference_and_scatter_metal;
@@ -231,6 +304,21 @@ on_sim_and_metal! {
     scatter_any_rows => scatter_serves_any_row_count_sim, scatter_serves_any_row_count_metal;
     wide_passes_are_bit_identical => wide_passes_are_bit_identical_sim, wide_passes_are_bit_identical_metal;
     dispatch => dispatch_matches_the_reference_sim, dispatch_matches_the_reference_metal;
+}
+
+#[test]
+fn shorter_blocks_plan_passes_that_tile_them() {
+    for m in 1..=200 {
+        for layout in [RM, IL] {
+            assert_eq!(plan_in_blocks(layout, m, 256), plan(layout, m), "M {m}");
+        }
+        // 192 and 64: 16 sub-tiles (128 positions) do not divide them; 128: the seed's passes.
+        for t in [192, 64] {
+            let p = plan_in_blocks(RM, m, t);
+            assert!(p.s == 8 && t % (8 * p.s) == 0, "T {t} M {m}: {p:?}");
+        }
+        assert_eq!(plan_in_blocks(RM, m, 128), plan(RM, m), "M {m}");
+    }
 }
 
 #[test]
@@ -328,7 +416,7 @@ fn every_error_path_names_its_rule() {
         ),
         (
             error_of(down_mma_wide_pass(&x(&rm, 9), rm.lin.codes(), rm.lin.scales(), rm.g(), DownPass { s: 3, mt: 1 })),
-            "downMmaWide: pass DownPass { s: 3, mt: 1 } needs S in 1, 2, 4, 8, 16, 32 and MT in 1..=16",
+            "downMmaWide: pass DownPass { s: 3, mt: 1 } needs S in 1, 2, 4, 8, 16, 32 with 8 S dividing the 256-position block, and MT in 1..=16",
         ),
         // Operands that do not fit the geometry (beyond the upstream checks).
         (call_err(down_mma, &rm, 0), "downMma: M=0 outside 1..8"),
@@ -362,7 +450,8 @@ fn every_error_path_names_its_rule() {
     for (got, want) in &cases {
         assert!(got.contains(want), "expected {want:?} in {got:?}");
     }
-    for (t, l) in [(256, 13), (128, 12)] {
+    // L past 12, and blocks the MMA kernels do not take (not a multiple of 64, or past 256).
+    for (t, l) in [(256, 13), (32, 12), (512, 12)] {
         let (g, codes, scales) = odd(t, l);
         let x = MlxArray::zeros(&[8, 64], Dtype::Float32).unwrap();
         assert!(error_of(down_mma(&x, &codes, &scales, &g)).contains("downMma: unsupported geometry"), "T {t} L {l}");
@@ -371,7 +460,7 @@ fn every_error_path_names_its_rule() {
             "T {t} L {l}"
         );
     }
-    println!("{} error paths checked", cases.len() + 4);
+    println!("{} error paths checked", cases.len() + 6);
 }
 
 #[test]

@@ -194,8 +194,8 @@ fn the_mlx_rotation_matches_the_host_and_inverts() {
 /// and shorter (576-wide axes in blocks of 192, padded ones in blocks of 64, 192 outputs in
 /// blocks of 96): every CPU path against the dense reference of the weights the codes stand for.
 /// The kernels serve T 256 (and Metal's factored down kernel any T on axis 0 at 1-3 rows, the
-/// CUDA down kernel axis 0 in blocks of a multiple of 64): a forced kernel path refuses the other
-/// shorter blocks as unserved, and `Auto` runs them.
+/// Metal MMA and CUDA down kernels axis 0 in blocks of a multiple of 64): a forced kernel path
+/// refuses the other shorter blocks as unserved, and `Auto` runs them.
 #[test]
 fn rotated_and_padded_layers_match_the_dense_reference_on_every_cpu_path() {
     check_layers(&cpu_paths(), &[1, 3, 17]);
@@ -219,12 +219,14 @@ fn kernel_path(path: ForwardPath) -> bool {
 
 /// Whether the kernel `path` forces serves a layer coded along `axis` in blocks of `t` (not 256)
 /// at `m` rows: the seed's factored down kernel takes T as a template int and serves axis 0 at
-/// any T (1-3 rows); the CUDA down kernel axis 0 in blocks of a multiple of 64 (and from
-/// DENSE_MIN_ROWS its expand kernel); the other kernels T 256 only.
-fn serves_shorter_blocks(path: ForwardPath, axis: u32, t: u32, m: usize) -> bool {
+/// any T (1-3 rows), and the Metal MMA kernels (4-8 rows; the wide one above, for `rows` a
+/// multiple of 8) and the CUDA down kernel (and from DENSE_MIN_ROWS its expand kernel) axis 0 in
+/// blocks of a multiple of 64; the other kernels T 256 only.
+fn serves_shorter_blocks(path: ForwardPath, axis: u32, t: u32, rows: usize, m: usize) -> bool {
+    let mma_block = axis == 0 && t.is_multiple_of(64);
     match path {
-        ForwardPath::MetalSim => axis == 0 && m <= 3,
-        ForwardPath::Cuda => axis == 0 && t.is_multiple_of(64),
+        ForwardPath::MetalSim => axis == 0 && (m <= 3 || (mma_block && (m <= 8 || rows.is_multiple_of(8)))),
+        ForwardPath::Cuda => mma_block,
         _ => false,
     }
 }
@@ -268,7 +270,9 @@ fn check_layers(paths: &[(ForwardPath, f64)], ms: &[usize]) {
                         for &(path, f32_gate) in paths {
                             let y = match lin.forward_with(&x, path) {
                                 Err(e)
-                                    if t != 256 && kernel_path(path) && !serves_shorter_blocks(path, g.axis, t, m) =>
+                                    if t != 256
+                                        && kernel_path(path)
+                                        && !serves_shorter_blocks(path, g.axis, t, g.rows, m) =>
                                 {
                                     assert_eq!(e.kind(), ErrorKind::Unserved, "{path} T {t}: {e}");
                                     unserved += 1;

@@ -1,29 +1,33 @@
 // Verify-width down projection on the simdgroup matrix unit, 1..8 activation rows (one block
-// of 8). A SIMD group owns 8*S consecutive positions of one 256-position coded block and a
+// of 8). A SIMD group owns 8*S consecutive positions of one BLOCK_LEN-position coded block and a
 // split of the input rows. Per 8-row step every lane decodes 2S contiguous positions of one
 // input row (its bit window realigned once) into the B fragments of S output sub-tiles; the A
 // fragments hold x * scale * (1/147.8) and each feeds S multiplies. Sub-tile s, fragment column
-// i is position P_g + S*i + s (output column 255 - that, per block). SPLITS f32 partials
+// i is position P_g + S*i + s (output column BLOCK_LEN - 1 - that, per block). SPLITS f32 partials
 // [M, SPLITS, C] fold in one MLX sum. One body, two kernels (template int INTERLEAVE): row-major
 // codes [rows, cols*K/32] and the 3-bit block interleave [cols/512, rows, 48].
 //
 // The body of an MLX custom Metal kernel (mx.fast.metal_kernel): MLX writes the signature.
 // Inputs x (T [M, R]), codes (uint32), scales (half [R]); output partial (float [M, SPLITS, C]).
 // Header: codebook.h + down_mma_state.h. Template ints M, R, C, K, L, SPLITS (8), SG_TG (4),
-// INTERLEAVE, MT (1), S (16), NW (= ceil((2*S*K + L - 1) / 32) + 1); template type T.
-// Grid [32*SG_TG, ceil(nGroups*SPLITS / SG_TG), 1] threads with nGroups = (C/256) * (32/S),
-// threadgroup [32*SG_TG, 1, 1]. Needs axis 0, T 256, C % 256 == 0, L <= 12; any R.
+// INTERLEAVE, MT (1), S (16; 8 where 128 does not divide the block), NW (= ceil((2*S*K + L - 1)
+// / 32) + 1), BLOCK_LEN; template type T. Grid [32*SG_TG, ceil(nGroups*SPLITS / SG_TG), 1]
+// threads with nGroups = (C/BLOCK_LEN) * (BLOCK_LEN/(8*S)), threadgroup [32*SG_TG, 1, 1].
+// Needs axis 0, C % BLOCK_LEN == 0, L <= 12; any R.
+// BLOCK_LEN (the coded block's T) is this crate's template int where the seed has 256: shorter
+// blocks (a multiple of 64: SmolLM2's 576-wide attention in blocks of 192) run on the same body;
+// at 256 it is the seed's kernel.
   const uint lane = thread_index_in_simdgroup;
   const uint id = threadgroup_position_in_grid.y * (uint)SG_TG + simdgroup_index_in_threadgroup;
-  const uint groupsPerBlock = 32u / (uint)S;
-  const uint nGroups = ((uint)C / 256u) * groupsPerBlock;
+  const uint groupsPerBlock = (uint)BLOCK_LEN / (8u * (uint)S);
+  const uint nGroups = ((uint)C / (uint)BLOCK_LEN) * groupsPerBlock;
   if (id >= nGroups * (uint)SPLITS) return;
   const uint cg = id % nGroups, split = id / nGroups;
   const uint block = cg / groupsPerBlock, pg = (cg % groupsPerBlock) * 8u * (uint)S;
   const uint fm = ((lane / 4u) & 4u) + ((lane / 2u) % 4u);
   const uint fn = ((lane / 4u) & 2u) * 2u + (lane % 2u) * 2u;
-  const uint wpb = 8u * (uint)K;
-  const ulong rowWords = (ulong)(INTERLEAVE ? 2u : (uint)C / 256u) * wpb;
+  const uint wpb = (uint)BLOCK_LEN * (uint)K / 32u;
+  const ulong rowWords = (ulong)(INTERLEAVE ? 2u : (uint)C / (uint)BLOCK_LEN) * wpb;
   const device uint32_t* words = codes + (INTERLEAVE
     ? (ulong)(block / 2u) * (ulong)R * 2u * wpb + (block % 2u) * wpb : (ulong)block * wpb);
   // This lane's 2S positions start at p0; realign its bit window to bit 0.
@@ -77,7 +81,7 @@
   for (uint bk = 0; bk < (uint)MT; ++bk) {
     const uint m = mBase + 8u * bk + fm;
     if (m >= (uint)M) continue;
-    device float* out = partial + ((ulong)m * (ulong)SPLITS + split) * (ulong)C + (ulong)block * 256u + 255u - p0;
+    device float* out = partial + ((ulong)m * (ulong)SPLITS + split) * (ulong)C + (ulong)block * (uint)BLOCK_LEN + ((uint)BLOCK_LEN - 1u) - p0;
     #pragma clang loop unroll(full)
     for (uint s = 0; s < (uint)S; ++s) {
       out[-(int)s] = acc[s][bk].thread_elements()[0];

@@ -14,10 +14,12 @@
 // The body of an MLX custom Metal kernel (mx.fast.metal_kernel): MLX writes the signature.
 // Inputs x (T [M, R]), codes (uint32), scales (half [R]); output partial (float [M, SPLITS, C]).
 // Header: codebook.h + down_mma_wide_state.h. Template ints R, C, K, L, SPLITS (8), SG_TG (4),
-// INTERLEAVE, MT, S, NW (= ceil((2*S*K + L - 1) / 32) + 1); template type T. Grid
+// INTERLEAVE, MT, S, NW (= ceil((2*S*K + L - 1) / 32) + 1), BLOCK_LEN; template type T. Grid
 // [32*SG_TG, ceil(nGroups*SPLITS / SG_TG), ceil(M / (8*MT))] threads with
-// nGroups = (C/256) * (32/S), threadgroup [32*SG_TG, 1, 1]. Needs axis 0, T 256, C % 256 == 0,
-// R % 8 == 0, L <= 12.
+// nGroups = (C/BLOCK_LEN) * (BLOCK_LEN/(8*S)), threadgroup [32*SG_TG, 1, 1]. Needs axis 0,
+// C % BLOCK_LEN == 0, 8*S dividing BLOCK_LEN, R % 8 == 0, L <= 12.
+// BLOCK_LEN (the coded block's T) is this crate's template int where the seed has 256 (see
+// down_mma.metal); at 256 it is the seed's kernel.
   const uint M = (uint)x_shape[0];
   const uint lane = thread_index_in_simdgroup;
   threadgroup half codebook[1 << L];
@@ -25,15 +27,15 @@
     codebook[i] = half(trellis_y_f32(i));
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);
   const uint id = threadgroup_position_in_grid.y * (uint)SG_TG + simdgroup_index_in_threadgroup;
-  const uint groupsPerBlock = 32u / (uint)S;
-  const uint nGroups = ((uint)C / 256u) * groupsPerBlock;
+  const uint groupsPerBlock = (uint)BLOCK_LEN / (8u * (uint)S);
+  const uint nGroups = ((uint)C / (uint)BLOCK_LEN) * groupsPerBlock;
   if (id >= nGroups * (uint)SPLITS) return;
   const uint cg = id % nGroups, split = id / nGroups;
   const uint block = cg / groupsPerBlock, pg = (cg % groupsPerBlock) * 8u * (uint)S;
   const uint fm = ((lane / 4u) & 4u) + ((lane / 2u) % 4u);
   const uint fn = ((lane / 4u) & 2u) * 2u + (lane % 2u) * 2u;
-  const uint wpb = 8u * (uint)K;
-  const ulong rowWords = (ulong)(INTERLEAVE ? 2u : (uint)C / 256u) * wpb;
+  const uint wpb = (uint)BLOCK_LEN * (uint)K / 32u;
+  const ulong rowWords = (ulong)(INTERLEAVE ? 2u : (uint)C / (uint)BLOCK_LEN) * wpb;
   const device uint32_t* words = codes + (INTERLEAVE
     ? (ulong)(block / 2u) * (ulong)R * 2u * wpb + (block % 2u) * wpb : (ulong)block * wpb);
   // This lane's 2S positions start at p0; realign its bit window to bit 0.
@@ -88,7 +90,7 @@
   for (uint bk = 0; bk < (uint)MT; ++bk) {
     const uint m = mBase + 8u * bk + fm;
     if (m >= M) continue;
-    device float* out = partial + ((ulong)m * (ulong)SPLITS + split) * (ulong)C + (ulong)block * 256u + 255u - p0;
+    device float* out = partial + ((ulong)m * (ulong)SPLITS + split) * (ulong)C + (ulong)block * (uint)BLOCK_LEN + ((uint)BLOCK_LEN - 1u) - p0;
     #pragma clang loop unroll(full)
     for (uint s = 0; s < (uint)S; ++s) {
       out[-(int)s] = acc[s][bk].thread_elements()[0];

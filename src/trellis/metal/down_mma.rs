@@ -1,8 +1,9 @@
 //! Verify-width down projections (1..8 activation rows) on the simdgroup matrix unit, on Metal:
 //! `kernels/metal/down_mma.metal` (the upstream `downMma` / `downK3InterleavedMma`).
 //!
-//! A SIMD group owns `8 * S` consecutive positions of one 256-position block and a split of the
-//! input rows; per 8-row step every lane decodes `2S` positions of one input row into the B
+//! A SIMD group owns `8 * S` consecutive positions of one coded block (256 positions, or a
+//! shorter multiple of 64: template int `BLOCK_LEN`, this crate's in place of the seed's 256) and
+//! a split of the input rows; per 8-row step every lane decodes `2S` positions of one input row into the B
 //! fragments of `S` output sub-tiles, and the A fragments hold `x * scale * (1/147.8)`.
 //! [`SPLITS`] f32 partials `[M, SPLITS, C]` fold in one MLX `sum`. One body, two kernels: row-major
 //! codes and the 3-bit block interleave. Not bit-identical to the factored kernels.
@@ -24,15 +25,31 @@ const STATE_HEADER: &str = sources::METAL_DOWN_MMA_STATE;
 pub(crate) const SG_TG: usize = 4;
 /// Blocks of 8 activation rows per decoded fragment.
 const MT: usize = 1;
-/// Output sub-tiles (8 positions each) per SIMD group.
+/// Output sub-tiles (8 positions each) per SIMD group, in 256-position coded blocks.
 const S: usize = 16;
+
+/// Output sub-tiles per SIMD group in coded blocks of `t` positions: [`S`], halved until a SIMD
+/// group's `8 * S` positions divide the block (192: 8).
+pub(crate) fn sub_tiles(t: u32) -> usize {
+    let mut s = S;
+    while s > 1 && !(t as usize).is_multiple_of(8 * s) {
+        s /= 2;
+    }
+    s
+}
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 8;
 
-/// Whether these kernels serve `g` (for 1..8 rows): axis 0, T 256, C % 256 == 0, L <= 12, in
-/// either layout (the interleave is 3-bit).
+/// Whether these kernels serve `g` (for 1..8 rows): axis 0, T 256 or a shorter multiple of 64
+/// (SmolLM2's attention in blocks of 192), whole blocks per row, L <= 12, in either layout (the
+/// interleave is 3-bit, T 256).
 pub fn supports(g: &TrellisGeometry) -> bool {
-    g.axis == 0 && g.t == 256 && g.cols.is_multiple_of(256) && g.l <= 12 && (g.layout() == CodeLayout::RowMajor || g.k == 3)
+    g.axis == 0
+        && g.t.is_multiple_of(64)
+        && (64..=256).contains(&g.t)
+        && g.cols.is_multiple_of(g.t as usize)
+        && g.l <= 12
+        && (g.layout() == CodeLayout::RowMajor || g.k == 3)
 }
 
 /// Words covering `2S` positions plus the L-bit window, after realignment.
@@ -60,7 +77,8 @@ pub(crate) fn pass_template_ints(
         .template_int("INTERLEAVE", i32::from(interleave))
         .template_int("MT", mt as i32)
         .template_int("S", s as i32)
-        .template_int("NW", nw(s, g) as i32))
+        .template_int("NW", nw(s, g) as i32)
+        .template_int("BLOCK_LEN", g.t as i32))
 }
 
 fn launch(
@@ -80,15 +98,16 @@ fn launch(
         invalid!("downMma: unsupported geometry");
     }
     check_operands("downMma", x2, codes, scales, g)?;
-    let n_groups = (g.cols / 256) * (32 / S);
+    let (t, s) = (g.t as usize, sub_tiles(g.t));
+    let n_groups = (g.cols / t) * (t / (8 * s));
     let cfg = partials_launch([32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), 1], 32 * SG_TG, x2, SPLITS, g.cols)
         .template_int("M", m as i32);
-    let cfg = pass_template_ints(cfg, "downMma", g, interleave, MT, S)?;
+    let cfg = pass_template_ints(cfg, "downMma", g, interleave, MT, s)?;
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
-/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256), 1..8 rows
-/// (the upstream `downMma`).
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256 or a shorter
+/// multiple of 64), 1..8 rows (the upstream `downMma`).
 pub fn down_mma(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     if g.block_interleave != 0 || codes.ndim() != 2 {
         invalid!("downMma: needs row-major codes");

@@ -62,8 +62,16 @@ pub fn passes(layout: CodeLayout) -> &'static [(DownPass, f64)] {
 /// The pass for `m` rows: the one whose passes cost least in all, `ceil(m / (8 * mt)) * cost`
 /// (the more blocks on a tie).
 pub fn plan(layout: CodeLayout, m: usize) -> DownPass {
-    let mut best = (DOWN_ONE_BLOCK, f64::INFINITY);
-    for &(pass, cost) in passes(layout) {
+    plan_in_blocks(layout, m, 256)
+}
+
+/// [`plan`] for coded blocks of `t` positions: its choice among the passes whose SIMD group
+/// covers a divisor of the block (`8 * s` positions; the costs were measured at 256). Blocks of
+/// 192 take eight sub-tiles; where no pass divides the block, one of 8-row blocks with the most
+/// sub-tiles that do.
+pub fn plan_in_blocks(layout: CodeLayout, m: usize, t: u32) -> DownPass {
+    let mut best = (DownPass { s: down_mma::sub_tiles(t) as u32, mt: 1 }, f64::INFINITY);
+    for &(pass, cost) in passes(layout).iter().filter(|(pass, _)| t.is_multiple_of(8 * pass.s)) {
         let total = m.div_ceil(8 * pass.mt as usize) as f64 * cost;
         if total <= best.1 {
             best = (pass, total);
@@ -72,8 +80,8 @@ pub fn plan(layout: CodeLayout, m: usize) -> DownPass {
     best.0
 }
 
-/// Whether these kernels serve `g` (any row count): axis 0, T 256, C % 256 == 0, R % 8 == 0,
-/// L <= 12, in either layout (the interleave is 3-bit).
+/// Whether these kernels serve `g` (any row count): [`down_mma::supports`]'s geometries (T 256
+/// or a shorter multiple of 64, whole blocks per row, L <= 12, either layout) with R % 8 == 0.
 pub fn supports(g: &TrellisGeometry) -> bool {
     down_mma::supports(g) && g.rows.is_multiple_of(8)
 }
@@ -95,22 +103,25 @@ fn launch(
     if !supports(g) {
         invalid!("downMmaWide: unsupported geometry");
     }
-    // The seed leaves the pass unchecked; S must tile a 256-position block into whole groups.
-    if ![1, 2, 4, 8, 16, 32].contains(&pass.s) || pass.mt < 1 || pass.mt > 16 {
-        invalid!("downMmaWide: pass {pass:?} needs S in 1, 2, 4, 8, 16, 32 and MT in 1..=16");
+    // The seed leaves the pass unchecked; S must tile a coded block into whole groups.
+    if ![1, 2, 4, 8, 16, 32].contains(&pass.s) || pass.mt < 1 || pass.mt > 16 || !g.t.is_multiple_of(8 * pass.s) {
+        invalid!(
+            "downMmaWide: pass {pass:?} needs S in 1, 2, 4, 8, 16, 32 with 8 S dividing the {}-position block, and MT in 1..=16",
+            g.t
+        );
     }
     let m = check_operands("downMmaWide", x2, codes, scales, g)?;
     let (s, mt) = (pass.s as usize, pass.mt as usize);
-    let n_groups = (g.cols / 256) * (32 / s);
+    let n_groups = (g.cols / g.t as usize) * (g.t as usize / (8 * s));
     let grid = [32 * SG_TG, (n_groups * SPLITS).div_ceil(SG_TG), m.div_ceil(8 * mt)];
     let cfg =
         pass_template_ints(partials_launch(grid, 32 * SG_TG, x2, SPLITS, g.cols), "downMmaWide", g, interleave, mt, s)?;
     apply_and_fold(kernel, x2, codes, scales, &cfg)
 }
 
-/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256, L at most 12,
-/// input features a multiple of 8), any number of rows, in passes of the given shape (the upstream
-/// `downMmaWidePass`).
+/// `x2 [M, in] · W -> [M, out]` in `x2`'s dtype for row-major axis-0 codes (T 256 or a shorter
+/// multiple of 64, L at most 12, input features a multiple of 8), any number of rows, in passes
+/// of the given shape (the upstream `downMmaWidePass`).
 pub fn down_mma_wide_pass(
     x2: &MlxArray,
     codes: &MlxArray,
@@ -144,7 +155,7 @@ pub fn down_k3_interleaved_mma_wide_pass(
 /// [`down_mma_wide_pass`] in the pass the row count plans (the upstream `downMmaWide`).
 pub fn down_mma_wide(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &TrellisGeometry) -> Result<MlxArray> {
     let m = x2.shape().first().copied().unwrap_or(0);
-    down_mma_wide_pass(x2, codes, scales, g, plan(CodeLayout::RowMajor, m))
+    down_mma_wide_pass(x2, codes, scales, g, plan_in_blocks(CodeLayout::RowMajor, m, g.t))
 }
 
 /// [`down_k3_interleaved_mma_wide_pass`] in the pass the row count plans (the upstream
