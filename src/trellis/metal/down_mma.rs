@@ -3,8 +3,8 @@
 //!
 //! A SIMD group owns `8 * S` consecutive positions of one coded block (256 positions, or a
 //! shorter multiple of 64: template int `BLOCK_LEN`, this crate's in place of the seed's 256) and
-//! a split of the input rows; per 8-row step every lane decodes `2S` positions of one input row into the B
-//! fragments of `S` output sub-tiles, and the A fragments hold `x * scale * (1/147.8)`.
+//! a split of the input rows; per 8-row step every lane decodes `2S` positions of one input row
+//! into the B fragments of `S` output sub-tiles, and the A fragments hold `x * scale * (1/147.8)`.
 //! [`SPLITS`] f32 partials `[M, SPLITS, C]` fold in one MLX `sum`. One body, two kernels: row-major
 //! codes and the 3-bit block interleave. Not bit-identical to the factored kernels.
 
@@ -37,6 +37,7 @@ pub(crate) fn sub_tiles(t: u32) -> usize {
     }
     s
 }
+
 /// Input-row splits: f32 partial sums per split, folded by one MLX `sum`.
 pub const SPLITS: usize = 8;
 
