@@ -4,7 +4,7 @@
 //
 // Thread t writes 16 consecutive weights of one stored row (t = r * C / 16 + chunk): two 16-byte
 // stores for 16-bit T, four for f32, so a warp writes 512 contiguous weights and reads the 8 K
-// words of each of two coded blocks. (Fewer weights per thread cost more instructions per
+// words of each of two 256-position coded blocks (more, shorter ones for a shorter T). (Fewer weights per thread cost more instructions per
 // weight, docs/cuda-down.md: the addressing and the realignment are per thread.) The thread
 // reads the run of 16 K bits of its positions plus the L - K bits of the last window (wrapping
 // inside the block), realigns it to bit 0 once, and takes every window with one shift or funnel
