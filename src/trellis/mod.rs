@@ -37,4 +37,4 @@ pub use model::{check_artifact_dir, write_artifact, Artifact, ModuleConfig};
 pub use operands::LayerOperands;
 pub use rotation::{CodedAxis, Rotation};
 pub use shard::{RowShard, SHARD_ROW_MULTIPLE};
-pub use synthetic::{synthetic_layer, synthetic_mlp, synthetic_mlp_axis_one};
+pub use synthetic::{synthetic_layer, synthetic_layer_in_blocks, synthetic_mlp, synthetic_mlp_axis_one};

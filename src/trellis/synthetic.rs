@@ -62,18 +62,35 @@ pub fn synthetic_layer(
     scale: f32,
     seed: u64,
 ) -> Result<HostLayer> {
-    let row_major = TrellisGeometry::row_major(rows, cols, k, 256, l, axis)?;
-    let geometry = match layout {
-        CodeLayout::RowMajor => row_major,
-        CodeLayout::K3Interleaved => row_major.interleaved()?,
-    };
-    let mut rng = SplitMix64::new(seed);
-    let words = row_major.code_words();
-    let mut codes = try_with_capacity(words, || format!("the codes of a synthetic {row_major} layer"))?;
-    codes.extend((0..words).map(|_| rng.next_u32()));
-    if layout == CodeLayout::K3Interleaved {
-        codes = row_major_to_interleaved(&codes, rows, cols)?;
+    let host = synthetic_layer_in_blocks(rows, cols, k, l, 256, axis, scale, seed)?;
+    match layout {
+        CodeLayout::RowMajor => Ok(host),
+        CodeLayout::K3Interleaved => Ok(HostLayer {
+            geometry: host.geometry.interleaved()?,
+            codes: row_major_to_interleaved(&host.codes, rows, cols)?,
+            scales: host.scales,
+        }),
     }
+}
+
+/// [`synthetic_layer`] in row-major codes of `t`-weight blocks (the format's `T`; 256 there):
+/// the same words and scales from the same seed.
+#[allow(clippy::too_many_arguments)] // the format's parameters, each a plain number
+pub fn synthetic_layer_in_blocks(
+    rows: usize,
+    cols: usize,
+    k: u32,
+    l: u32,
+    t: u32,
+    axis: u32,
+    scale: f32,
+    seed: u64,
+) -> Result<HostLayer> {
+    let geometry = TrellisGeometry::row_major(rows, cols, k, t, l, axis)?;
+    let mut rng = SplitMix64::new(seed);
+    let words = geometry.code_words();
+    let mut codes = try_with_capacity(words, || format!("the codes of a synthetic {geometry} layer"))?;
+    codes.extend((0..words).map(|_| rng.next_u32()));
     let scales = (0..rows).map(|_| f16::from_f32(scale * (0.3 * rng.next_gaussian()).exp() as f32)).collect();
     Ok(HostLayer { codes, scales, geometry })
 }
@@ -134,6 +151,16 @@ pub fn gaussian(n: usize, seed: u64) -> Result<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layers_in_blocks_of_256_are_the_synthetic_layers() {
+        let a = synthetic_layer(40, 512, 3, 12, 0, CodeLayout::RowMajor, 0.02, 5).unwrap();
+        let b = synthetic_layer_in_blocks(40, 512, 3, 12, 256, 0, 0.02, 5).unwrap();
+        assert_eq!((a.codes, a.scales, a.geometry), (b.codes, b.scales, b.geometry));
+        // Shorter blocks: the same words, another geometry.
+        let c = synthetic_layer_in_blocks(40, 576, 3, 12, 192, 0, 0.02, 5).unwrap();
+        assert_eq!((c.geometry.t, c.geometry.blocks_per_row(), c.codes.len()), (192, 3, 40 * 576 * 3 / 32));
+    }
 
     #[test]
     fn synthetic_layers_are_seeded_and_shaped() {

@@ -6,8 +6,10 @@
 pub mod metal_mode;
 
 use mlx_trellis::trellis::reference::forward_f64;
-use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, HostLayer, TrellisGeometry, TrellisLinear};
+use mlx_trellis::trellis::synthetic::gaussian;
+use mlx_trellis::trellis::{
+    synthetic_layer, synthetic_layer_in_blocks, CodeLayout, HostLayer, TrellisGeometry, TrellisLinear,
+};
 use mlx_trellis::{backend, Backend, Dtype, MlxArray, Result};
 
 /// The relErr gate of a kernel's output: f32 accumulation against the f64 reference, then the
@@ -69,13 +71,9 @@ impl Case {
     }
 
     /// A row-major layer in coded blocks of `t` positions along its `cols` outputs (`new` and
-    /// `with_state_bits` take 256): random code words from `seed`, scales as `synthetic_layer`'s.
+    /// `with_state_bits` take 256), from `seed`.
     pub fn in_blocks(rows: usize, cols: usize, k: u32, l: u32, t: u32, seed: u64) -> Case {
-        let geometry = TrellisGeometry::row_major(rows, cols, k, t, l, 0).unwrap();
-        let mut rng = SplitMix64::new(seed);
-        let codes = (0..geometry.code_words()).map(|_| rng.next_u32()).collect();
-        let scales = (0..rows).map(|_| half::f16::from_f32(0.02 * (0.3 * rng.next_gaussian()).exp() as f32)).collect();
-        let host = HostLayer { codes, scales, geometry };
+        let host = synthetic_layer_in_blocks(rows, cols, k, l, t, 0, 0.02, seed).unwrap();
         let lin = TrellisLinear::from_host("down", &host).unwrap();
         Case { host, lin }
     }
