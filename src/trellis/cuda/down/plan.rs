@@ -91,17 +91,15 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         cfg.direct_codes = true;
         cfg.step_unroll = StepUnroll::Rolled;
     }
-    // Shorter coded blocks (measured at T 256 only): a warp's positions in one coded block (NC
-    // 4 or 2 where NC 8's 128 positions do not divide T), and the widest tile of at most the
-    // planned warps that covers whole coded blocks or a part of one (T 192: 3 warps of NC 4, or
-    // 6 of NC 2, one coded block a thread block).
-    if g.t != 256 {
-        while cfg.nc > 2 && !(g.t as usize).is_multiple_of(16 * cfg.nc as usize) {
-            cfg.nc /= 2;
-        }
-        if !cfg.tile_fits(g) {
-            cfg.warps = narrower_warps(&cfg, g);
-        }
+    // Shorter coded blocks (the shapes above were measured at T 256, which they fit as they
+    // are): a warp's positions in one coded block (NC 4 or 2 where NC 8's 128 positions do not
+    // divide T), and the widest tile of at most the planned warps that covers whole coded blocks
+    // or a part of one (T 192: 3 warps of NC 4, or 6 of NC 2, one coded block a thread block).
+    while cfg.nc > 2 && !(g.t as usize).is_multiple_of(16 * cfg.nc as usize) {
+        cfg.nc /= 2;
+    }
+    if !cfg.tile_fits(g) {
+        cfg.warps = narrower_warps(&cfg, g);
     }
     // Fit the geometry: a block covers a divisor of the coded blocks per row, and wide codes
     // (k >= 5) or f32 activations must still fit the budget: fewer coded blocks per block
@@ -125,13 +123,10 @@ pub fn plan_for(g: &TrellisGeometry, m: usize, dtype: Dtype) -> CudaDownConfig {
         .unwrap_or_else(|| with_steps(cfg.ks, cfg.stages))
 }
 
-/// The next narrower thread block for `g`: half the warps in 256-position coded blocks (where
-/// the plan was measured), for shorter ones the most warps below `cfg`'s whose tile fits
-/// ([`CudaDownConfig::tile_fits`]: 192 positions take 3 or 6 warps, which halving skips).
+/// The next narrower thread block for `g`: the most warps below `cfg`'s whose tile fits
+/// ([`CudaDownConfig::tile_fits`]). In 256-position coded blocks that is half of them (the
+/// planned shapes' tiles are 128 to 512 positions); 192 positions take 3 or 6 warps.
 fn narrower_warps(cfg: &CudaDownConfig, g: &TrellisGeometry) -> u32 {
-    if g.t == 256 {
-        return cfg.warps / 2;
-    }
     (1..cfg.warps).rev().find(|&warps| CudaDownConfig { warps, ..*cfg }.tile_fits(g)).unwrap_or(1)
 }
 
