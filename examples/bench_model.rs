@@ -222,14 +222,13 @@ fn run(args: Args) -> Result<bool> {
             bits_per_weight,
             decode: Vec::new(),
             pipelined: Vec::new(),
-            mlp: vec![Vec::new(); args.rows.0.len()],
-            graph: vec![Vec::new(); args.rows.0.len()],
+            mlp: vec![Vec::new(); args.rows.len()],
+            graph: vec![Vec::new(); args.rows.len()],
         });
     }
     let hidden = variants[0].model.config().hidden;
     let inputs = args
         .rows
-        .0
         .iter()
         .enumerate()
         .map(|(i, &m)| mlx_trellis::random::normal(&[m, hidden], dtype, 0.0, 1.0, i as u64))
@@ -259,12 +258,12 @@ fn run(args: Args) -> Result<bool> {
                     eprintln!(
                         "{}: MLP chain at {} rows warmed up in {:.1} s",
                         v.label,
-                        args.rows.0[i],
+                        args.rows[i],
                         t.elapsed().as_secs_f64()
                     );
                 }
                 let (us, graph) = mlp_round(&v.model, x, args.chains)
-                    .with_context(|| format!("{}: MLP chain at {} rows", v.label, args.rows.0[i]))?;
+                    .with_context(|| format!("{}: MLP chain at {} rows", v.label, args.rows[i]))?;
                 v.mlp[i].push(us);
                 v.graph[i].push(graph);
             }
@@ -297,7 +296,7 @@ fn run(args: Args) -> Result<bool> {
     let mut header =
         "| variant | MLP bits/weight | decode tokens/s | vs ref | pipelined tokens/s | vs ref |".to_string();
     let mut rule = "|---|---|---|---|---|---|".to_string();
-    for m in &args.rows.0 {
+    for m in args.rows.iter() {
         header += &format!(" MLP µs/layer M={m} | vs ref |");
         rule += "---|---|";
     }
@@ -328,7 +327,7 @@ fn run(args: Args) -> Result<bool> {
             ratio(ref_pipelined, p, true)
         );
         let mut mlp = Vec::new();
-        for (i, m) in args.rows.0.iter().enumerate() {
+        for (i, m) in args.rows.iter().enumerate() {
             let us = median(&v.mlp[i]);
             line += &format!(" {} | {} |", us.map_or("–".into(), |u| format!("{u:.1}")), ratio(ref_mlp[i], us, false));
             mlp.push(serde_json::json!({
@@ -344,11 +343,11 @@ fn run(args: Args) -> Result<bool> {
         }));
     }
     table.push(String::new());
-    if !args.rows.0.is_empty() {
+    if !args.rows.is_empty() {
         table.push(format!(
             "Host time to build the MLP chain's graph before its evaluation, µs per layer (part of the figures above):\n\n| variant |{}\n|---|{}",
-            args.rows.0.iter().map(|m| format!(" M={m} |")).collect::<String>(),
-            "---|".repeat(args.rows.0.len())
+            args.rows.iter().map(|m| format!(" M={m} |")).collect::<String>(),
+            "---|".repeat(args.rows.len())
         ));
         for v in &variants {
             let cells: String =
@@ -372,8 +371,7 @@ fn run(args: Args) -> Result<bool> {
         let series: Vec<(String, Vec<(f64, f64)>)> = variants
             .iter()
             .map(|v| {
-                let points =
-                    args.rows.0.iter().zip(&v.mlp).filter_map(|(&m, r)| Some((m as f64, median(r)?))).collect();
+                let points = args.rows.iter().zip(&v.mlp).filter_map(|(&m, r)| Some((m as f64, median(r)?))).collect();
                 (v.label.clone(), points)
             })
             .collect();

@@ -51,6 +51,13 @@ pub struct EncoderArgs {
 #[derive(Clone, Debug, Default)]
 pub struct CountList(pub Vec<usize>);
 
+impl std::ops::Deref for CountList {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        &self.0
+    }
+}
+
 /// A [`CountList`]: `1,8,32`, or `""` for none.
 pub fn count_list(s: &str) -> Result<CountList, String> {
     if s.trim().is_empty() {
