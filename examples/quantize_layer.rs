@@ -86,9 +86,9 @@ struct Options {
     /// Trellis state bits
     #[arg(long = "L", value_name = "L", default_value_t = 12)]
     l: u32,
-    /// Block length T in weights: 256 (what the GPU kernels serve) or a shorter one whose T*k
+    /// Block length T in weights: 256 (what every GPU kernel serves) or a shorter one whose T*k
     /// bits are whole 32-bit words (192 codes a 576-wide axis unpadded; the host and generic
-    /// paths serve it)
+    /// paths serve it, and on axis 0 the GPUs' down kernels where T is a multiple of 64)
     #[arg(long = "block-len", value_name = "T", default_value_t = 256)]
     t: u32,
     /// Stored axis: 0 stores the transpose [in, out] (down projections), 1 stores W [out, in];

@@ -100,8 +100,8 @@ struct Args {
     /// Code a projection with no side of whole 256-weight blocks in shorter blocks that divide
     /// one (SmolLM2's attention: blocks of 192) instead of padding it, a quarter fewer stored
     /// bits there (on the attention's inputs LDLQ codes them worse than padded: use it with
-    /// --attention-axis 0). Those projections run on the host path (CPU) and the generic path
-    /// (GPUs), not the GPU kernels
+    /// --attention-axis 0, where the GPUs' down kernels serve them too; along the inputs only
+    /// the host path (CPU) and the generic path do)
     #[arg(long)]
     fit_blocks: bool,
     /// The axis the attention projections are coded along (0: their outputs, with LDLQ's

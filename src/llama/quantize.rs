@@ -90,8 +90,9 @@ pub struct QuantizeSpec {
     /// Code a projection that has no axis of whole 256-weight blocks in shorter blocks that
     /// divide one ([`fitting_block_len`]: SmolLM2's 576- and 192-wide attention in blocks of
     /// 192) instead of padding it to whole 256-weight blocks, which stores a third more bits
-    /// there. Those projections run on the host path (CPU) and the generic path (GPUs: the GPU
-    /// kernels serve T 256 only). On an attention coded along its inputs LDLQ gains less than
+    /// there. Along the outputs (axis 0) the GPUs' down kernels serve blocks of a multiple of
+    /// 64 (192 among them); along the inputs only the host path (CPU) and the generic path do.
+    /// On an attention coded along its inputs LDLQ gains less than
     /// on the padded one (the padding left its last input block slack); along its outputs
     /// ([`attention_axis`](Self::attention_axis) 0) it gains more (docs/real-models.md).
     pub fit_blocks: bool,

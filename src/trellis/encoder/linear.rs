@@ -66,7 +66,8 @@ pub fn choose_axis(out_features: usize, in_features: usize, conventional: u32, t
 /// blocks, else the longest multiple of 32 below it that divides an axis (preferring
 /// `conventional`; 576 → 192, 192 → 192), else [`BLOCK_LEN`] (the axis is padded). Multiples of
 /// 32 make whole 32-bit words at every k; on Gaussian weights T 192 codes within 0.1 % of
-/// T 256's error (docs/encoder.md). The GPU kernels serve T 256 only.
+/// T 256's error (docs/encoder.md). The GPU kernels serve T 256, and along the outputs (axis 0)
+/// any multiple of 64 up to it (docs/format.md §10.3).
 pub fn fitting_block_len(out_features: usize, in_features: usize, conventional: u32) -> Result<u32> {
     let fits = |t: u32| -> Result<bool> {
         let c = choose_axis(out_features, in_features, conventional, t as usize)?;
