@@ -4,15 +4,16 @@
 
 use mlx_trellis::trellis::cuda::down::{down_cuda, down_pair_cuda, down_residual_cuda, uses_dense, DENSE_MIN_ROWS};
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
+use mlx_trellis::trellis::cuda::rotate::{rotate, Direction};
 use mlx_trellis::trellis::cuda::tuning::{
-    down_cuda_with, down_pair_cuda_with, down_residual_cuda_with, down_ws_cuda_with, plan, plan_for, CudaDownConfig,
-    CudaDownWsConfig, StepUnroll,
+    down_cuda_with, down_pair_cuda_with, down_pair_rotated_cuda_with, down_residual_cuda_with, down_rotated_cuda_with,
+    down_ws_cuda_with, plan, plan_for, CudaDownConfig, CudaDownWsConfig, StepUnroll,
 };
 mod common;
 
 use common::{f32_matmul_gate, gate, largest_abs, plus, require_cuda, seeded, to_f64, Case};
 use mlx_trellis::trellis::reference::{expand, forward_f64, rel_err};
-use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, TrellisLinear};
+use mlx_trellis::trellis::{synthetic_layer, CodeLayout, ForwardPath, Rotation, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
 
 type Forward<'a> = &'a dyn Fn(&MlxArray) -> mlx_trellis::Result<MlxArray>;
@@ -1130,4 +1131,221 @@ fn pair_and_residual_calls_in_blocks_of_192_match_the_reference() {
             });
         }
     }
+}
+
+/// Layers coded along rotated outputs (docs/format.md §10) for the rotated-output variant, each
+/// with its rotation: SmolLM2's q/o (576 -> 576 in blocks of 192, rotation blocks of 64) and k/v
+/// (576 -> 192), 448 logical outputs of 576 stored (the padding cut in the fold), and a T 256
+/// layer rotated in blocks of 256 (k 3 interleaved).
+fn rotated_output_layers() -> [(Case, Rotation); 4] {
+    let padded = Rotation::new(Rotation::seeded(448, 33).unwrap().signs().to_vec(), 64, 33).unwrap();
+    [
+        (Case::in_blocks(576, 576, 3, 12, 192, 31), Rotation::seeded(576, 31).unwrap()),
+        (Case::in_blocks(576, 192, 2, 12, 192, 32), Rotation::seeded(192, 32).unwrap()),
+        (Case::in_blocks(200, 576, 4, 16, 192, 33), padded),
+        (Case::new(512, 1024, 3, CodeLayout::K3Interleaved), Rotation::seeded(1024, 34).unwrap()),
+    ]
+}
+
+/// `y [m, stored]`'s logical columns times `Qᵀ` in f64 (the reference of a rotated output).
+fn inverse_rotated_f64(y: &[f64], m: usize, stored: usize, r: &Rotation) -> Vec<f64> {
+    let n = r.len();
+    let mut out = Vec::with_capacity(m * n);
+    for row in y.chunks_exact(stored) {
+        let mut v = row[..n].to_vec();
+        r.inverse_f64(&mut v).unwrap();
+        out.extend(v);
+    }
+    out
+}
+
+/// The rotated-output variant on `c` with `cfg` at `m` rows of `dtype` activations: the bits of
+/// the kernel's stored output turned back by `rotate.cu`; with a residual, the bits of that
+/// rotation in f32 plus the residual in f32, rounded once; both within the dtype's gate of the
+/// f64 reference.
+fn check_rotated(c: &Case, r: &Rotation, cfg: CudaDownConfig, m: usize, dtype: Dtype) {
+    let (g, n) = (*c.g(), r.len());
+    let what = format!("{g} rotated in blocks of {} to {n}, {cfg:?}, M {m} {dtype}", r.block());
+    let (x, xr) = c.x(m, dtype);
+    let (codes, scales) = (c.lin.codes(), c.lin.scales());
+    let fused = down_rotated_cuda_with(&x, codes, scales, &g, cfg, r, None).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    assert_eq!((fused.shape(), fused.dtype()), (vec![m, n], dtype), "{what}");
+    let stored = down_cuda_with(&x, codes, scales, &g, cfg).unwrap();
+    let inverse = Direction::Inverse { stored: g.cols };
+    let chain = rotate(&stored, r, inverse).unwrap();
+    let got = to_f64(&fused);
+    assert!(got == to_f64(&chain), "{what}: differs from the kernel then rotate.cu");
+    let want = inverse_rotated_f64(&c.reference(&xr, m), m, g.cols, r);
+    let err = rel_err(&got, &want).unwrap();
+    println!("{what}: relErr {err:.2e}");
+    assert!(err < gate(dtype), "{what}: relErr {err:.3e}");
+    // The residual: added in f32 after the rotation, rounded once.
+    let (res, rr) = residual_for(&want, m, n, dtype);
+    let fused = down_rotated_cuda_with(&x, codes, scales, &g, cfg, r, Some(&res)).unwrap();
+    assert_eq!((fused.shape(), fused.dtype()), (vec![m, n], dtype), "{what} + residual");
+    let f32 = |a: &MlxArray| a.astype(Dtype::Float32).unwrap();
+    let rotated_f32 = rotate(&f32(&stored), r, inverse).unwrap();
+    let chain = f32(&res).add(&rotated_f32).unwrap().astype(dtype).unwrap();
+    let got = to_f64(&fused);
+    assert!(got == to_f64(&chain), "{what}: residual + rotation differs from the f32 chain rounded once");
+    let err = rel_err(&got, &plus(&want, &rr)).unwrap();
+    assert!(err < gate(dtype), "{what} + residual: relErr {err:.3e}");
+}
+
+/// The plan's configuration at each row band on rotated-output layer `layer`, every dtype: each
+/// plan's thread blocks hold whole rotation blocks, so the fold rotates (a configuration whose
+/// tile does not is refused, `rotations_the_fold_cannot_hold_are_refused`). One test per layer,
+/// so that their kernel compiles run side by side.
+fn rotated_outputs_by_the_plan(layer: usize) {
+    require_cuda();
+    let (c, r) = &rotated_output_layers()[layer];
+    for m in [1, 2, 5, 8, 9, 13, 17, 33, 64, 65, 100] {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            check_rotated(c, r, plan_for(c.g(), m, dtype), m, dtype);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn rotated_outputs_in_the_fold_give_the_kernel_then_rotate_cus_bits_q_o() {
+    rotated_outputs_by_the_plan(0);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn rotated_outputs_in_the_fold_give_the_kernel_then_rotate_cus_bits_k_v() {
+    rotated_outputs_by_the_plan(1);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn rotated_outputs_in_the_fold_give_the_kernel_then_rotate_cus_bits_padded() {
+    rotated_outputs_by_the_plan(2);
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn rotated_outputs_in_the_fold_give_the_kernel_then_rotate_cus_bits_t256() {
+    rotated_outputs_by_the_plan(3);
+}
+
+/// Explicit configurations on the rotated-output layers: a part of a coded block (64 positions,
+/// one rotation block), several rows staged at a time and passes of up to 64 rows (5 rows of a
+/// 192-wide tile at a time), prescaled B tiles on an mbarrier ring, direct code loads, tiles of
+/// one and two 256-wide rotation blocks. Each entry: the layer's index, the dtype and the
+/// configuration.
+fn rotated_output_configurations() -> Vec<(usize, Dtype, CudaDownConfig)> {
+    let layers = rotated_output_layers();
+    let (f32, bf16) = (Dtype::Float32, Dtype::Bfloat16);
+    let base = CudaDownConfig { mt: 1, ks: 1, splits: 5, stages: 4, ..Default::default() };
+    let fold = CudaDownConfig { bias_fold: true, ..base };
+    let prescaled = CudaDownConfig { prescaled: true, mbarriers: true, ..base };
+    let mut cases = Vec::new();
+    for &(layer, nc, warps, mt, ks, splits, dtype, variant) in &[
+        (0usize, 2u32, 2u32, 1u32, 1u32, 13u32, f32, base),
+        (0, 4, 3, 2, 2, 5, bf16, fold),
+        (0, 2, 6, 8, 4, 3, bf16, prescaled),
+        (1, 4, 1, 1, 1, 9, bf16, CudaDownConfig { direct_codes: true, ..fold }),
+        (1, 2, 6, 3, 1, 7, f32, base),
+        (2, 4, 3, 4, 2, 3, bf16, prescaled),
+        (2, 2, 2, 1, 1, 5, f32, base),
+        (3, 8, 4, 1, 1, 16, bf16, CudaDownConfig { pack_fma: true, ..fold }),
+        (3, 4, 4, 2, 2, 8, f32, base),
+    ] {
+        let g = *layers[layer].0.g();
+        let cfg = CudaDownConfig { nc, warps, mt, ks, splits, ..variant };
+        let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
+        let cfg = cfg.with_deepest_ring(&g, dtype).unwrap_or_else(|| panic!("{g} {dtype}: {cfg:?} does not fit"));
+        cases.push((layer, dtype, cfg));
+    }
+    cases
+}
+
+#[test]
+fn rotated_output_configurations_fit() {
+    let layers = rotated_output_layers();
+    for (layer, dtype, cfg) in rotated_output_configurations() {
+        let (c, r) = &layers[layer];
+        cfg.check(c.g(), dtype).unwrap();
+        assert_eq!(16 * (cfg.nc * cfg.warps) as usize % r.block(), 0, "{cfg:?}: a tile of whole rotation blocks");
+    }
+}
+
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn rotated_outputs_in_every_configuration() {
+    require_cuda();
+    let layers = rotated_output_layers();
+    for (layer, dtype, cfg) in rotated_output_configurations() {
+        let (c, r) = &layers[layer];
+        for m in [1, 8 * cfg.mt as usize - 1, 8 * cfg.mt as usize + 3] {
+            check_rotated(c, r, cfg, m.max(1), dtype);
+        }
+    }
+}
+
+/// A pair of matrices with rotated outputs (a block's k and v) in one launch: each output the
+/// bits of its matrix's rotated call alone, at a row count of each band of the plan.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn a_pair_with_rotated_outputs_gives_each_single_calls_bits() {
+    require_cuda();
+    let (k, rk) = &rotated_output_layers()[1];
+    let v = Case::in_blocks(576, 192, 2, 12, 192, 36);
+    assert_ne!(k.host.codes, v.host.codes);
+    let rv = Rotation::seeded(192, 35).unwrap();
+    let g = *k.g();
+    for m in [1, 5, 9, 17, 65] {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            let cfg = plan_for(&g, m, dtype);
+            let (x, _) = k.x(m, dtype);
+            let [a, b] = down_pair_rotated_cuda_with(
+                &x,
+                [k.lin.codes(), v.lin.codes()],
+                [k.lin.scales(), v.lin.scales()],
+                &g,
+                cfg,
+                [rk, &rv],
+            )
+            .unwrap_or_else(|e| panic!("{g} M {m} {dtype}: {e:#}"));
+            for (y, (c, r)) in [a, b].iter().zip([(k, rk), (&v, &rv)]) {
+                let alone = down_rotated_cuda_with(&x, c.lin.codes(), c.lin.scales(), &g, cfg, r, None).unwrap();
+                assert!(to_f64(y) == to_f64(&alone), "{g} M {m} {dtype}: a pair output differs from its call alone");
+            }
+        }
+    }
+}
+
+#[test]
+fn rotations_the_fold_cannot_hold_are_refused() {
+    // Runs on every back-end: the launch is refused while it is prepared, before anything runs.
+    let layers = rotated_output_layers();
+    let (c, r) = &layers[3];
+    let g = *c.g();
+    let x = MlxArray::zeros(&[1, g.rows], Dtype::Bfloat16).unwrap();
+    // 128 positions a thread block: half of a 256-wide rotation block.
+    let cfg = CudaDownConfig { nc: 2, warps: 4, mt: 1, ks: 1, splits: 4, ..Default::default() };
+    cfg.check(&g, Dtype::Bfloat16).unwrap();
+    let err = down_rotated_cuda_with(&x, c.lin.codes(), c.lin.scales(), &g, cfg, r, None).unwrap_err();
+    assert!(err.to_string().contains("cannot be turned back in the fold"), "{err}");
+    // Two rotations of different blocks for one pair.
+    let (k, rk) = &layers[1];
+    let other = Rotation::new(vec![1.0; 192], 32, 0).unwrap();
+    let x = MlxArray::zeros(&[1, 576], Dtype::Bfloat16).unwrap();
+    let kc = plan_for(k.g(), 1, Dtype::Bfloat16);
+    let err = down_pair_rotated_cuda_with(
+        &x,
+        [k.lin.codes(), k.lin.codes()],
+        [k.lin.scales(), k.lin.scales()],
+        k.g(),
+        kc,
+        [rk, &other],
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("one width and block"), "{err}");
+    // Signs of another length than the rotation's.
+    let res = MlxArray::zeros(&[1, 100], Dtype::Bfloat16).unwrap();
+    let err = down_rotated_cuda_with(&x, k.lin.codes(), k.lin.scales(), k.g(), kc, rk, Some(&res)).unwrap_err();
+    assert!(err.to_string().contains("residual"), "{err}");
 }

@@ -771,3 +771,46 @@ fn bad_rotation_keys_and_tensors_are_refused() {
     std::fs::remove_dir_all(&dir).unwrap();
     println!("{} refused artifacts checked", cases.len());
 }
+
+/// A block's attention projections as SmolLM2's 3-bit model codes them (along their rotated
+/// outputs in blocks of 192): on CUDA `forward_shared_input` runs k and v as one launch of the
+/// pair variant and each layer's rotation turns back in the kernel's fold; every output has the
+/// bits of its layer's own `forward`, within the gate of the dense reference; `forward_residual`
+/// (the output projection's add in the same launch) against the f64 sum. At row counts of each
+/// band of the plan and the dense path's first.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn attention_projections_run_paired_and_rotate_in_the_fold_on_cuda() {
+    require_cuda();
+    let coded = [(576, 3, 41), (192, 2, 42), (192, 2, 43)]
+        .map(|(out, k, seed)| coded_in_blocks(out, 576, 0, k, Some(seed), seed, 192));
+    let lins: Vec<TrellisLinear> = coded.iter().map(|c| c.to_linear("proj").unwrap()).collect();
+    let refs: Vec<&TrellisLinear> = lins.iter().collect();
+    for m in [1, 3, 9, 17, 80, 129] {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            let (x, xr) = activations(m, 576, 900 + m as u64, dtype);
+            let x3 = x.reshape(&[1, m, 576]).unwrap();
+            let ys = TrellisLinear::forward_shared_input(&refs, &x3).unwrap();
+            assert_eq!(ys.len(), 3);
+            for (i, ((y, lin), c)) in ys.iter().zip(&lins).zip(&coded).enumerate() {
+                let out = lin.out_features();
+                assert_eq!((y.shape(), y.dtype()), (vec![1, m, out], dtype), "layer {i} M {m}");
+                let alone = lin.forward(&x3).unwrap();
+                assert!(to_f64(y) == to_f64(&alone), "layer {i} M {m} {dtype}: differs from its own forward");
+                let (w, _, _) = dense_weight(c);
+                let want = dense_forward(&xr, m, &w, out, 576);
+                let err = rel_err(&to_f64(y), &want).unwrap();
+                let bound = if dtype == Dtype::Float32 { gate(dtype).max(f32_matmul_gate()) } else { gate(dtype) };
+                assert!(err < bound, "layer {i} M {m} {dtype}: relErr {err:.2e}");
+                if i == 0 {
+                    let (r, rr) = activations(m, out, 77 + m as u64, dtype);
+                    let y = lin.forward_residual(&x, &r).unwrap();
+                    assert_eq!((y.shape(), y.dtype()), (vec![m, out], dtype));
+                    let want: Vec<f64> = want.iter().zip(&rr).map(|(a, b)| a + b).collect();
+                    let err = rel_err(&to_f64(&y), &want).unwrap();
+                    assert!(err < bound, "forward_residual M {m} {dtype}: relErr {err:.2e}");
+                }
+            }
+        }
+    }
+}

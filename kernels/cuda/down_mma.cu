@@ -103,6 +103,19 @@
 // residual [M, C] in Y, and its fold writes y = residual + x W, added in f32 before the
 // output's one rounding: a model's residual stream after its down projection, without a launch
 // of its own for the add.
+//
+// The rotated-output variant (its sections under TRELLIS_ROTATE_OUT; with one matrix, the
+// residual or the pair) writes the layer's logical output of a matrix coded along its rotated
+// outputs (docs/format.md §10): y[:, :N] · Qᵀ, Q = diag(signs) · blockdiag(H_RB / √RB), in
+// place of the stored one, and so saves the launch of rotate.cu after it. It takes one more
+// input, signs (f32 [N]; the pair a second, signs_b), and template ints N (the logical output
+// columns, a multiple of RB, at most C), RB (the rotation's block, a power of two dividing
+// TILE, so that a column tile holds whole rotation blocks) and SCALE_BITS (1/√RB's f32 bits, as
+// the host computes it); y (and y_b, and the residual) are [M, N]. The fold stages the tile's
+// sums rounded to Y in shared memory, as the stored output would hold them, and runs on them
+// rotate.cu's arithmetic in its order (hadamard.cuh's butterflies in f32, then the scale, then
+// the sign): the bits of rotate.cu on this kernel's stored output. A residual is added in f32
+// after the rotation, before the one rounding that follows it.
 #if TRELLIS_PAIR
   constexpr int MATS = 2;  // matrices of the launch: the pair variant's prescaled x holds both's rows
 #else
@@ -179,6 +192,9 @@
   const __half* const mat_x_exp = second ? x_exp + M : x_exp;
   float* const mat_partial = second ? partial + (size_t)M * SPLITS * C : partial;
   auto* const mat_y = second ? y_b : y;
+#if TRELLIS_ROTATE_OUT
+  const float* const mat_signs = second ? signs_b : signs;
+#endif
 #else
   const int tile_y = blockIdx.y;
   const uint32_t* const mat_codes = codes;
@@ -187,6 +203,9 @@
   const __half* const mat_x_exp = x_exp;
   float* const mat_partial = partial;
   auto* const mat_y = y;
+#if TRELLIS_ROTATE_OUT
+  const float* const mat_signs = signs;
+#endif
 #endif
   const int first_block = tile_y / PARTS * CB;
   const int m_base = pass * B_ROWS;
@@ -687,6 +706,52 @@
     __threadfence();
     const size_t tile0 = (size_t)first_block * BLOCK_LEN + tile_y % PARTS * TILE;
     const int rows = min(B_ROWS, M - m_base);
+#if TRELLIS_ROTATE_OUT
+    // ROT_ROWS rows of the tile at a time, staged in the code ring and B tiles, which the main
+    // loop is done with (every copy into them was waited for, and every read of them came
+    // before the barrier above): each row's sums rounded to Y, then the butterflies of every
+    // RB-wide block at once (strides below RB never pair two blocks), then the scale and the
+    // signs; columns past N (a stored padding) are not written. (A static array of its own
+    // pushed configurations just under 48 KB of dynamic shared memory past the limit a kernel
+    // has without opting in.)
+    static_assert(TILE % RB == 0 && (RB & (RB - 1)) == 0 && N % RB == 0 && N <= C, "a tile holds whole rotation blocks");
+    constexpr int ROT_CAPACITY = (int)((sizeof(Ring) + sizeof(BTiles)) / (4 * TILE));
+    constexpr int ROT_ROWS = ROT_CAPACITY < B_ROWS ? ROT_CAPACITY : B_ROWS;
+    static_assert(ROT_ROWS >= 1, "the ring and B tiles hold a row of the tile's sums (CudaDownConfig::rotates_in_fold)");
+    float* const rot = reinterpret_cast<float*>(shared_base);
+    const float rot_scale = __int_as_float(SCALE_BITS);
+    for (int r0 = 0; r0 < rows; r0 += ROT_ROWS) {
+      const int nr = min(ROT_ROWS, rows - r0);
+      for (int e = tid; e < nr * (TILE / 4); e += THREADS) {
+        const int r = e / (TILE / 4), c = 4 * (e % (TILE / 4));
+        const float* p = mat_partial + (size_t)(m_base + r0 + r) * SPLITS * C + tile0 + c;
+        float4 s = __ldcg(reinterpret_cast<const float4*>(p));
+        for (int sp = 1; sp < SPLITS; ++sp) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(p + (size_t)sp * C));
+          s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+        }
+        float* b = rot + r * TILE + c;
+        b[0] = float(Y(s.x)), b[1] = float(Y(s.y)), b[2] = float(Y(s.z)), b[3] = float(Y(s.w));
+      }
+      __syncthreads();
+#pragma unroll
+      for (int h = 1; h < RB; h <<= 1) {
+        trellis_cuda::butterfly_stage<ROT_ROWS * TILE, THREADS>(rot, h, tid);
+        __syncthreads();
+      }
+      for (int e = tid; e < nr * TILE; e += THREADS) {
+        const int m = m_base + r0 + e / TILE;
+        const size_t col = tile0 + e % TILE;
+        if (col >= N) continue;
+        float v = rot[e] * rot_scale * mat_signs[col];
+#if TRELLIS_RESIDUAL
+        v = float(residual[(size_t)m * N + col]) + v;
+#endif
+        mat_y[(size_t)m * N + col] = Y(v);
+      }
+      __syncthreads();
+    }
+#else
     for (int e = tid; e < rows * (TILE / 4); e += THREADS) {
       const int m = m_base + e / (TILE / 4);
       const size_t col = tile0 + 4 * (e % (TILE / 4));
@@ -703,4 +768,5 @@
       Y* out = mat_y + (size_t)m * C + col;
       out[0] = Y(s.x), out[1] = Y(s.y), out[2] = Y(s.z), out[3] = Y(s.w);
     }
+#endif
   }

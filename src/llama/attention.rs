@@ -80,12 +80,15 @@ impl Attention {
         Ok([self.q.forward(x)?, self.k.forward(x)?, self.v.forward(x)?])
     }
 
-    /// The attention output (before the residual) of `x` (`[1, L, hidden]`, normalized), at the
-    /// positions after those `cache` holds; appends this call's keys and values to `cache`.
+    /// The residual stream after the attention: `residual` plus the attention output of `x`
+    /// (`[1, L, hidden]`, normalized; `residual` of its shape), at the positions after those
+    /// `cache` holds; appends this call's keys and values to `cache`. The add is the output
+    /// projection's ([`Linear::forward_residual`]: on CUDA a coded one adds it in its kernel).
     /// `observe` sees the input of every projection (q, k and v share `x`).
-    pub fn forward(
+    pub fn forward_residual(
         &self,
         x: &MlxArray,
+        residual: &MlxArray,
         cache: &mut LayerCache,
         observe: &mut dyn FnMut(&str, &MlxArray) -> Result<()>,
     ) -> Result<MlxArray> {
@@ -111,6 +114,6 @@ impl Attention {
         cache.kv = Some((k, v));
         let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[1, l, self.heads * self.head_dim])?;
         observe("self_attn.o_proj", &out)?;
-        self.o.forward(&out)
+        self.o.forward_residual(&out, residual)
     }
 }

@@ -124,6 +124,16 @@ impl Linear {
         }
     }
 
+    /// `residual + x · Wᵀ` (`residual` of the output's shape): a coded layer's
+    /// [`TrellisLinear::forward_residual`] (on CUDA the add in its kernel), MLX's add after the
+    /// product otherwise.
+    pub fn forward_residual(&self, x: &MlxArray, residual: &MlxArray) -> Result<MlxArray> {
+        match self {
+            Linear::Trellis(t) => t.forward_residual(x, residual),
+            _ => residual.add(&self.forward(x)?),
+        }
+    }
+
     /// Stored bits (weights, scales and biases or code words and row scales) and the number of
     /// logical weights (`out · in`) they encode.
     pub fn stored_bits(&self) -> (u64, u64) {

@@ -461,7 +461,7 @@ impl LlamaModel {
                 }
             };
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
-            x = x.add(&block.attn.forward(&h, layer_cache, &mut report)?)?;
+            x = block.attn.forward_residual(&h, &x, layer_cache, &mut report)?;
             let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
             if observing {
                 report("mlp.gate_proj", &h)?;

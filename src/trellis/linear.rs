@@ -14,11 +14,12 @@ use std::sync::{Arc, OnceLock};
 use half::f16;
 
 use crate::array::MlxArray;
-use crate::device::{backend, Backend};
+use crate::device::{backend, Backend, Stream};
 use crate::dtype::Dtype;
 use crate::error::{invalid, unserved, Error, ErrorContext, ErrorKind, Result};
 
 use super::checks::{activation_rows, check_codes, check_scales};
+use super::cuda::down::OutputRotation;
 use super::cuda::swiglu_rotate::Side;
 use super::format::{CodeLayout, HostLayer, TrellisGeometry};
 use super::generic::generic_forward_f32;
@@ -331,11 +332,32 @@ impl TrellisLinear {
     /// The logical outputs from the stored activations `xs [m, stored in]` (already transformed)
     /// by `path` (not `Auto`, not `Reference`): the stored matrix, then the output transform.
     pub(crate) fn forward_stored_input(&self, xs: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
-        let y = self.stored_forward(xs, path).and_then(|y| match &self.transform {
+        let y = self.logical_forward(xs, path);
+        y.with_context(|| format!("{} ({}) by the {path} path", self.name, self.geometry))
+    }
+
+    /// The logical outputs from the stored activations `xs` by `path` (not `Auto`, not
+    /// `Reference`, not `Host`): the stored matrix, then the output transform; on CUDA a rotated
+    /// output is turned back in the down kernel's fold (one launch fewer, the same bits).
+    fn logical_forward(&self, xs: &MlxArray, path: ForwardPath) -> Result<MlxArray> {
+        if let Some(rotation) = self.cuda_output_rotation(path, xs.dtype()) {
+            return cuda::down::down_rotated_cuda(xs, &self.codes, &self.scales, &self.geometry, rotation, None);
+        }
+        let y = self.stored_forward(xs, path)?;
+        match &self.transform {
             Some(t) => t.logical_output(&y),
             None => Ok(y),
-        });
-        y.with_context(|| format!("{} ({}) by the {path} path", self.name, self.geometry))
+        }
+    }
+
+    /// The output rotation the CUDA down kernel's fold applies for `path` and activations of
+    /// `dtype`: on the CUDA path, for a layer coded along its rotated outputs whose rotation the
+    /// CUDA kernels serve.
+    fn cuda_output_rotation(&self, path: ForwardPath, dtype: Dtype) -> Option<OutputRotation<'_>> {
+        match (&self.transform, path) {
+            (Some(t), ForwardPath::Cuda) if self.geometry.axis == 0 => t.cuda_output_rotation(dtype),
+            _ => None,
+        }
     }
 
     /// `residual +` [`TrellisLinear::forward_stored_input`] (`residual` `[m, out]`): the add in
@@ -351,6 +373,8 @@ impl TrellisLinear {
             let g = &self.geometry;
             let y = if g.axis == 1 {
                 cuda::gate_up::linear_residual(xs, &self.codes, &self.scales, g, residual)
+            } else if let Some(rotation) = self.cuda_output_rotation(path, xs.dtype()) {
+                cuda::down::down_rotated_cuda(xs, &self.codes, &self.scales, g, rotation, Some(residual))
             } else {
                 cuda::down::down_residual_cuda(xs, &self.codes, &self.scales, g, residual)
             };
@@ -366,11 +390,14 @@ impl TrellisLinear {
     }
 
     /// Whether `path` adds a residual of `residual_dtype` to this layer's output of `dtype`
-    /// activations in the kernel's own launch, in f32 before the output's one rounding: on CUDA,
-    /// where the output needs no transform back (a layer stored along its inputs, or along its
-    /// outputs without a rotation or padding) and the residual has the output's dtype.
+    /// activations in the kernel's own launch, in f32 before the output's last rounding: on
+    /// CUDA, where the output needs no transform back (a layer stored along its inputs, or along
+    /// its outputs without a rotation or padding) or its rotation turns back in the down kernel's
+    /// fold, and the residual has the output's dtype.
     fn adds_in_kernel(&self, path: ForwardPath, dtype: Dtype, residual_dtype: Dtype) -> bool {
-        path == ForwardPath::Cuda && residual_dtype == dtype && !self.has_output_transform()
+        path == ForwardPath::Cuda
+            && residual_dtype == dtype
+            && (!self.has_output_transform() || self.cuda_output_rotation(path, dtype).is_some())
     }
 
     /// `residual + x · W` (`residual` of the output's shape `[..., out]`): a model's residual
@@ -385,9 +412,28 @@ impl TrellisLinear {
 
     /// `x · W` for each of `layers`, which take the same input (a block's q, k and v
     /// projections), by the best path for this back-end: on the host path (MLX's CPU back-end)
-    /// one evaluation of `x` and the products side by side, elsewhere each layer's
-    /// [`forward`](TrellisLinear::forward).
+    /// one evaluation of `x` and the products side by side; on CUDA two neighbours the down
+    /// kernel's pair variant serves together as one launch (a block's k and v, coded along their
+    /// outputs: one geometry, rotated alike), each other layer by its own
+    /// [`forward`](TrellisLinear::forward), as elsewhere.
     pub fn forward_shared_input(layers: &[&TrellisLinear], x: &MlxArray) -> Result<Vec<MlxArray>> {
+        if layers.len() > 1 && backend() == Backend::Cuda && Stream::current_is_gpu() {
+            let mut ys = Vec::with_capacity(layers.len());
+            let mut i = 0;
+            while i < layers.len() {
+                match layers.get(i + 1).map(|b| Self::cuda_pair_forward(layers[i], b, x)).transpose()?.flatten() {
+                    Some(pair) => {
+                        ys.extend(pair);
+                        i += 2;
+                    }
+                    None => {
+                        ys.push(layers[i].forward(x)?);
+                        i += 1;
+                    }
+                }
+            }
+            return Ok(ys);
+        }
         let on_host = layers.iter().all(|l| l.best_path() == ForwardPath::Host);
         let Some(first) = layers.first().filter(|_| on_host && layers.len() > 1) else {
             return layers.iter().map(|l| l.forward(x)).collect();
@@ -420,6 +466,41 @@ impl TrellisLinear {
             .zip(layers)
             .map(|(y, l)| y.reshape(&lead.iter().copied().chain([l.out_features()]).collect::<Vec<_>>()))
             .collect()
+    }
+
+    /// `a`'s and `b`'s outputs of `x` as one launch of the CUDA down kernel's pair variant, or
+    /// `None` where it does not serve them together: both coded along their outputs in one
+    /// geometry the kernel serves, with no output transform or with rotations of one width and
+    /// block that the fold turns back.
+    fn cuda_pair_forward(a: &TrellisLinear, b: &TrellisLinear, x: &MlxArray) -> Result<Option<[MlxArray; 2]>> {
+        let g = &a.geometry;
+        let dtype = x.dtype();
+        if g.axis != 0 || b.geometry != *g || !cuda::down::supports(g) || a.best_path() != ForwardPath::Cuda {
+            return Ok(None);
+        }
+        let path = ForwardPath::Cuda;
+        let rotations = match (a.cuda_output_rotation(path, dtype), b.cuda_output_rotation(path, dtype)) {
+            (Some(ra), Some(rb)) if (ra.logical, ra.block) == (rb.logical, rb.block) => Some([ra, rb]),
+            (None, None) if !a.has_output_transform() && !b.has_output_transform() => None,
+            _ => return Ok(None),
+        };
+        let (x2, mut out_shape) = activation_rows(&a.name, "layer", x, a.in_features(), Some(g))?;
+        let m = x2.shape()[0];
+        if m == 0 {
+            return Ok(None);
+        }
+        out_shape.push(a.out_features());
+        let ys = (|| {
+            a.check_fits(m, dtype)?;
+            b.check_fits(m, dtype)?;
+            let (codes, scales) = ([&a.codes, &b.codes], [&a.scales, &b.scales]);
+            let [ya, yb] = match rotations {
+                Some(r) => cuda::down::down_pair_rotated_cuda(&x2, codes, scales, g, r)?,
+                None => cuda::down::down_pair_cuda(&x2, codes, scales, g)?,
+            };
+            Ok([ya.reshape(&out_shape)?, yb.reshape(&out_shape)?])
+        })();
+        ys.map(Some).with_context(|| format!("{} and {} ({g}) on one input by the {path} path", a.name, b.name))
     }
 
     /// [`TrellisLinear::forward_residual`] by a chosen path.
@@ -467,7 +548,7 @@ impl TrellisLinear {
             // The rotation and padding on the host too: one evaluation of the activations.
             (_, ForwardPath::Host) => self.host_operands()?.forward(x2),
             (None, path) => self.stored_forward(x2, path),
-            (Some(t), path) => t.logical_output(&self.stored_forward(&t.stored_input(x2)?, path)?),
+            (Some(t), path) => self.logical_forward(&t.stored_input(x2)?, path),
         }
     }
 

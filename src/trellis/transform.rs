@@ -15,6 +15,7 @@ use crate::error::{invalid, Result};
 use crate::nn::hadamard_transform;
 use crate::ops::concatenate;
 
+use super::cuda::down::OutputRotation;
 use super::cuda::rotate::{self as cuda_rotate, Direction};
 use super::cuda::swiglu_rotate::Side;
 use super::format::TrellisGeometry;
@@ -117,6 +118,15 @@ impl AxisTransform {
             None => None,
         };
         Some(Side { stored: self.stored, rotation })
+    }
+
+    /// The output rotation of an axis-0 layer as the CUDA down kernel's fold takes it, for
+    /// activations of `dtype`; `None` for an axis-1 layer, a layer without a rotation, or where
+    /// the rotation kernel would not run it (another back-end, a CPU stream, a block it does not
+    /// serve).
+    pub(crate) fn cuda_output_rotation(&self, dtype: Dtype) -> Option<OutputRotation<'_>> {
+        let r = self.rotation.as_ref().filter(|r| self.axis == 0 && self.on_cuda(r, dtype))?;
+        Some(OutputRotation { signs: &r.signs, logical: self.host.logical, block: r.block })
     }
 
     /// The host description.

@@ -12,6 +12,9 @@ use crate::array::MlxArray;
 use crate::error::Result;
 use crate::trellis::format::TrellisGeometry;
 use crate::trellis::operands::LayerOperands;
+use crate::trellis::rotation::Rotation;
+
+use super::down::OutputRotation;
 
 pub use super::down::config::{CudaDownConfig, StepUnroll};
 pub use super::down::config_text::parse_list as parse_down_configs;
@@ -30,7 +33,7 @@ pub fn down_cuda_with(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None, None)?.0.remove(0))
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None, None, &[])?.0.remove(0))
 }
 
 /// [`down_residual_cuda`](super::down::down_residual_cuda) with an explicit configuration and
@@ -43,7 +46,7 @@ pub fn down_residual_cuda_with(
     cfg: CudaDownConfig,
     residual: &MlxArray,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, Some(residual), None)?.0.remove(0))
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, Some(residual), None, &[])?.0.remove(0))
 }
 
 /// The down projection on the warp-specialized GEMM (`down_ws.cu`, sm_90a) with an explicit
@@ -69,7 +72,7 @@ pub fn down_cuda_partials(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<MlxArray> {
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None, None)?.1)
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, None, None, &[])?.1)
 }
 
 /// [`down_pair_cuda`](super::down::down_pair_cuda) with an explicit configuration and never the
@@ -82,6 +85,46 @@ pub fn down_pair_cuda_with(
     cfg: CudaDownConfig,
 ) -> Result<[MlxArray; 2]> {
     super::down::run_pair(x2, codes, scales, g, cfg)
+}
+
+/// A layer coded along its rotated outputs with an explicit configuration and never the dense
+/// path: the logical output `(x2 · W)[:, :n] · Qᵀ` of `rotation` (of `n` entries), plus
+/// `residual` (`[M, n]`) where given, from one launch whose fold rotates; an error where the
+/// configuration's tiles do not hold whole rotation blocks.
+pub fn down_rotated_cuda_with(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+    rotation: &Rotation,
+    residual: Option<&MlxArray>,
+) -> Result<MlxArray> {
+    let signs = MlxArray::from_slice(rotation.signs(), &[rotation.len()])?;
+    let r = OutputRotation { signs: &signs, logical: rotation.len(), block: rotation.block() };
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, residual, None, &[r])?.0.remove(0))
+}
+
+/// [`down_rotated_cuda_with`] for two matrices of one geometry on the same activations, each
+/// with its rotation (of one width and block): one launch of the pair variant.
+pub fn down_pair_rotated_cuda_with(
+    x2: &MlxArray,
+    codes: [&MlxArray; 2],
+    scales: [&MlxArray; 2],
+    g: &TrellisGeometry,
+    cfg: CudaDownConfig,
+    rotations: [&Rotation; 2],
+) -> Result<[MlxArray; 2]> {
+    let signs = [rotations[0], rotations[1]].map(|r| MlxArray::from_slice(r.signs(), &[r.len()]));
+    let [a, b] = signs;
+    let (a, b) = (a?, b?);
+    let rs = [(&a, rotations[0]), (&b, rotations[1])].map(|(signs, r)| OutputRotation {
+        signs,
+        logical: r.len(),
+        block: r.block(),
+    });
+    let (ys, _) = super::down::run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg, None, None, &rs)?;
+    Ok(ys.try_into().expect("the pair variant has two outputs"))
 }
 
 /// [`linear`](super::gate_up::linear) with an explicit shape and never the dense path.

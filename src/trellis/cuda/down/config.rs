@@ -150,8 +150,7 @@ impl CudaDownConfig {
             2
         };
         let b_tiles = b_slots * if split_x { 2 } else { 1 } * 8 * self.mt as usize * (step_rows + 8) * 2;
-        let mbarriers = if self.mbarriers { 2 * self.stages as usize * 8 } else { 0 };
-        ring + b_tiles + mbarriers
+        ring + b_tiles + self.mbarrier_bytes()
     }
 
     /// The shared memory a planned configuration of this kind keeps to: prescaled B tiles in
@@ -197,6 +196,25 @@ impl CudaDownConfig {
         let (tile, t) = (self.tile_positions(), g.t as usize);
         let whole = t > 0 && tile.is_multiple_of(t) && g.blocks_per_row().is_multiple_of(tile / t);
         t.is_multiple_of(16 * self.nc as usize) && (whole || (tile > 0 && t.is_multiple_of(tile)))
+    }
+
+    /// Whether the rotated-output variant of this configuration can turn `g`'s outputs back by a
+    /// rotation in blocks of `block` in its fold, for `dtype` activations: each thread block's
+    /// tile holds whole rotation blocks, and the code ring and B tiles, where the fold stages
+    /// the tile's sums, hold one row of them (f32).
+    pub(crate) fn rotates_in_fold(&self, g: &TrellisGeometry, block: usize, dtype: Dtype) -> bool {
+        let tile = self.tile_positions();
+        let staging = self.shared_bytes(g, dtype == Dtype::Float32) - self.mbarrier_bytes();
+        block.is_power_of_two() && tile.is_multiple_of(block) && staging >= 4 * tile
+    }
+
+    /// The ring's mbarriers: a "full" and an "empty" one a stage, where the ring has them.
+    fn mbarrier_bytes(&self) -> usize {
+        if self.mbarriers {
+            2 * self.stages as usize * 8
+        } else {
+            0
+        }
     }
 
     /// Activations in a step's B tile: `8 * mt` rows by `16 * ks` input rows.

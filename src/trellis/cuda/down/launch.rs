@@ -25,40 +25,64 @@ const PRESCALED_ROW_MULTIPLE: usize = 64;
 /// The section flag of the residual variant of `down_mma.cu`.
 const RESIDUAL_FLAG: &str = "TRELLIS_RESIDUAL";
 
-/// The variant of the kernel file a call runs.
+/// The section flag of the rotated-output variant of `down_mma.cu`.
+const ROTATE_OUT_FLAG: &str = "TRELLIS_ROTATE_OUT";
+
+/// An output rotation the kernel applies in its fold: the logical output columns it writes and
+/// the rotation's block (docs/format.md §10.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Variant {
-    /// One matrix.
-    Single,
-    /// Two matrices of one geometry on the same activations (the `TRELLIS_PAIR` sections).
-    Pair,
-    /// One matrix plus a residual, added in the fold (the `TRELLIS_RESIDUAL` sections).
-    Residual,
+pub(super) struct FoldRotation {
+    pub(super) logical: usize,
+    pub(super) block: usize,
+}
+
+/// The variant of the kernel file a call runs: one matrix, or two of one geometry on the same
+/// activations (the `TRELLIS_PAIR` sections); plus a residual added in the fold (one matrix, the
+/// `TRELLIS_RESIDUAL` sections); with the outputs' inverse rotation in the fold
+/// (`TRELLIS_ROTATE_OUT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Variant {
+    pub(super) pair: bool,
+    pub(super) residual: bool,
+    pub(super) rotation: Option<FoldRotation>,
 }
 
 impl Variant {
+    /// One matrix, its output as stored.
+    #[cfg(test)]
+    pub(super) const SINGLE: Variant = Variant { pair: false, residual: false, rotation: None };
+
     /// The variant's name in the kernel registry.
     fn name(self) -> &'static str {
-        match self {
-            Variant::Single => "",
-            Variant::Pair => "pair",
-            Variant::Residual => "residual",
+        match (self.pair, self.residual, self.rotation.is_some()) {
+            (false, false, false) => "",
+            (true, _, false) => "pair",
+            (false, true, false) => "residual",
+            (false, false, true) => "rotate",
+            (true, _, true) => "pair_rotate",
+            (false, true, true) => "residual_rotate",
         }
     }
 
     /// The kernel's inputs, in `apply` order.
     fn inputs(self) -> &'static [&'static str] {
-        match self {
-            Variant::Single => &["x", "codes", "scales", "counters", "x_exp"],
-            Variant::Pair => &["x", "codes", "scales", "counters", "x_exp", "codes_b", "scales_b"],
-            Variant::Residual => &["x", "codes", "scales", "counters", "x_exp", "residual"],
+        match (self.pair, self.residual, self.rotation.is_some()) {
+            (false, false, false) => &["x", "codes", "scales", "counters", "x_exp"],
+            (true, _, false) => &["x", "codes", "scales", "counters", "x_exp", "codes_b", "scales_b"],
+            (false, true, false) => &["x", "codes", "scales", "counters", "x_exp", "residual"],
+            (false, false, true) => &["x", "codes", "scales", "counters", "x_exp", "signs"],
+            (true, _, true) => {
+                &["x", "codes", "scales", "counters", "x_exp", "codes_b", "scales_b", "signs", "signs_b"]
+            }
+            (false, true, true) => &["x", "codes", "scales", "counters", "x_exp", "residual", "signs"],
         }
     }
 
     /// The variant's text: `down_mma.cu` with the variant's own sections only.
     fn source(self) -> Result<String> {
-        source_variant(SOURCE, PAIR_FLAG, self == Variant::Pair)
-            .and_then(|text| source_variant(&text, RESIDUAL_FLAG, self == Variant::Residual))
+        source_variant(SOURCE, PAIR_FLAG, self.pair)
+            .and_then(|text| source_variant(&text, RESIDUAL_FLAG, self.residual))
+            .and_then(|text| source_variant(&text, ROTATE_OUT_FLAG, self.rotation.is_some()))
             .context("CUDA down kernel source down_mma.cu")
     }
 }
@@ -71,9 +95,13 @@ fn kernel(shared_memory: usize, variant: Variant) -> Result<&'static CudaKernel>
     registry::cuda(key, || {
         Ok(KernelText {
             inputs: variant.inputs(),
-            outputs: if variant == Variant::Pair { &["y", "y_b", "partial"] } else { &["y", "partial"] },
+            outputs: if variant.pair { &["y", "y_b", "partial"] } else { &["y", "partial"] },
             body: variant.source()?,
-            header: [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n"),
+            header: if variant.rotation.is_some() {
+                [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, sources::CUDA_HADAMARD, HEADER].join("\n")
+            } else {
+                [sources::CUDA_CODEBOOK, sources::CUDA_FRAGMENT, HEADER].join("\n")
+            },
         })
     })
 }
@@ -122,7 +150,21 @@ pub(super) fn prepared_launch(
 fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown> {
     let g = &g;
     cfg.check(g, dtype)?;
-    let pair = variant == Variant::Pair;
+    let pair = variant.pair;
+    if let Some(r) = variant.rotation {
+        if !cfg.rotates_in_fold(g, r.block, dtype)
+            || r.logical == 0
+            || !r.logical.is_multiple_of(r.block)
+            || r.logical > g.cols
+        {
+            invalid!(
+                "CUDA down kernel: {} logical outputs of {g} rotated in blocks of {} cannot be turned back in the fold of {cfg:?} ({dtype} activations)",
+                r.logical,
+                r.block
+            );
+        }
+    }
+    let out_cols = variant.rotation.map_or(g.cols, |r| r.logical);
     let mats = if pair { 2 } else { 1 };
     // Prescaled activations: [mats * sets * m, row_pad] f16 (the f32 residues are the second
     // set; the pair's second matrix's rows follow the first's).
@@ -145,9 +187,17 @@ fn prepare(Call { g, cfg, m, dtype, variant, fed }: Call) -> Result<PreparedDown
     let kernel = kernel(cfg.shared_bytes(g, dtype == Dtype::Float32), variant)?;
     let threads = 32 * cfg.warps as usize;
     let counters = ctas * passes;
-    let mut launch = LaunchConfig::new([threads, ctas, grid_z], [threads, 1, 1]).output(&[m, g.cols], dtype);
+    let mut launch = LaunchConfig::new([threads, ctas, grid_z], [threads, 1, 1]).output(&[m, out_cols], dtype);
     if pair {
-        launch = launch.output(&[m, g.cols], dtype);
+        launch = launch.output(&[m, out_cols], dtype);
+    }
+    if let Some(r) = variant.rotation {
+        // The host's scale, so that the product is the one rotate.cu and `hadamard_transform` take.
+        let scale = 1.0 / (r.block as f32).sqrt();
+        launch = launch
+            .template_int("N", int("CUDA down kernel", r.logical)?)
+            .template_int("RB", int("CUDA down kernel", r.block)?)
+            .template_int("SCALE_BITS", scale.to_bits() as i32);
     }
     let launch = launch
         .output(&[mats * m, cfg.splits as usize, g.cols], Dtype::Float32)
@@ -225,13 +275,36 @@ mod tests {
         assert!(pair.contains("scales_b") && !single.contains("scales_b"));
         assert!(!single.contains(PAIR_FLAG) && !pair.contains(PAIR_FLAG));
         let down = |v: Variant| crate::kernel::compact::compact_plain_cpp(&v.source().unwrap()).unwrap();
-        let (single, pair, residual) = (down(Variant::Single), down(Variant::Pair), down(Variant::Residual));
+        let single = down(Variant::SINGLE);
+        let pair = down(Variant { pair: true, ..Variant::SINGLE });
+        let residual = down(Variant { residual: true, ..Variant::SINGLE });
+        let rotation = Some(FoldRotation { logical: 576, block: 64 });
+        let rotate = down(Variant { rotation, ..Variant::SINGLE });
+        let pair_rotate = down(Variant { pair: true, rotation, ..Variant::SINGLE });
+        let residual_rotate = down(Variant { residual: true, rotation, ..Variant::SINGLE });
         assert!(pair.contains("codes_b") && !single.contains("codes_b") && !residual.contains("codes_b"));
         assert!(residual.contains("res = residual + (size_t)m * C + col"), "{residual}");
         assert!(!single.contains("residual") && !pair.contains("residual"));
+        // The rotated outputs: the signs (the pair's two), the residual of the logical width.
+        assert!(pair_rotate.contains("signs_b") && pair_rotate.contains("codes_b") && !rotate.contains("signs_b"));
+        assert!(residual_rotate.contains("residual[(size_t)m * N + col]"), "{residual_rotate}");
+        assert!(!rotate.contains("residual") && !pair_rotate.contains("residual"));
         for text in [&single, &pair, &residual] {
-            assert!(!text.contains(PAIR_FLAG) && !text.contains(RESIDUAL_FLAG));
+            assert!(!text.contains("signs") && !text.contains("butterfly"), "{text}");
         }
+        for text in [&single, &pair, &residual, &rotate, &pair_rotate, &residual_rotate] {
+            assert!(!text.contains(PAIR_FLAG) && !text.contains(RESIDUAL_FLAG) && !text.contains(ROTATE_OUT_FLAG));
+        }
+        // Six variants, six names in the registry.
+        let names: std::collections::HashSet<_> = [false, true]
+            .into_iter()
+            .flat_map(|pair| [false, true].map(move |residual| (pair, residual)))
+            .filter(|&(pair, residual)| !(pair && residual))
+            .flat_map(|(pair, residual)| {
+                [None, rotation].map(move |rotation| Variant { pair, residual, rotation }.name())
+            })
+            .collect();
+        assert_eq!(names.len(), 6);
     }
 
     #[test]
@@ -240,7 +313,7 @@ mod tests {
         let g = TrellisGeometry::row_major(16, 256, 2, 256, 12, 0).unwrap();
         let cfg = CudaDownConfig { nc: 2, mt: 8, ks: 1, warps: 8, splits: 1, prescaled: true, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
-        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32, Variant::Single, false)
+        let err = prepared_launch(&g, cfg, 65536, Dtype::Float32, Variant::SINGLE, false)
             .err()
             .expect("65536 rows")
             .to_string();
@@ -253,7 +326,7 @@ mod tests {
         let cfg = CudaDownConfig { nc: 2, mt: 1, ks: 1, warps: 8, splits: 1, ..Default::default() };
         cfg.check(&g, Dtype::Float32).unwrap();
         // 8 rows a pass, one split: 65536 passes are one more than grid z holds.
-        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32, Variant::Single, false)
+        let err = prepared_launch(&g, cfg, 8 * 65536, Dtype::Float32, Variant::SINGLE, false)
             .err()
             .expect("65536 passes")
             .to_string();

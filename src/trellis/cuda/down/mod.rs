@@ -25,6 +25,10 @@
 //! [`down_residual_cuda`] adds a residual stream in the fold (`residual + x · W`, rounded once):
 //! a model's down projection and its residual add in one launch.
 //!
+//! [`down_rotated_cuda`] and [`down_pair_rotated_cuda`] serve a layer coded along its rotated
+//! outputs (docs/format.md §10): the kernel's fold turns the outputs back, `y[:, :n] · Qᵀ`, where
+//! `rotate.cu` would be one more launch after it.
+//!
 //! [`down_pair_cuda`] runs two matrices of one geometry on the same activations (an MLP's gate
 //! and up stored along their outputs) as one launch of the kernel's pair variant after one
 //! pre-pass: at one row a layer's call is bound by fixed launch and host costs, not by its
@@ -53,8 +57,9 @@ use crate::trellis::format::TrellisGeometry;
 
 use super::expand::down_cuda_dense;
 use super::prescale;
+use super::rotate::{rotate_with_signs, Direction};
 use config::CudaDownConfig;
-use launch::{prepared_launch, Variant};
+use launch::{prepared_launch, FoldRotation, Variant};
 use plan::{plan_for, require_supported};
 pub use plan::{supports, uses_dense, DENSE_MIN_ROWS};
 
@@ -72,7 +77,93 @@ pub fn down_cuda(x2: &MlxArray, codes: &MlxArray, scales: &MlxArray, g: &Trellis
     if uses_dense(m, x2.dtype()) {
         return down_cuda_dense(x2, codes, scales, g);
     }
-    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), None, None)?.0.remove(0))
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), None, None, &[])?.0.remove(0))
+}
+
+/// A layer's output rotation, as the kernel's fold or `rotate.cu` applies it to the stored
+/// outputs of a layer coded along its rotated outputs (docs/format.md §10.1): `y[:, :logical] ·
+/// Qᵀ` with `Q = diag(signs) · blockdiag(H_block / √block)`.
+#[derive(Clone, Copy)]
+pub(crate) struct OutputRotation<'a> {
+    /// The signs on the device, f32 `[logical]`.
+    pub(crate) signs: &'a MlxArray,
+    /// The logical output columns: the first of the stored ones, a multiple of `block`.
+    pub(crate) logical: usize,
+    /// The rotation's block (a power of two).
+    pub(crate) block: usize,
+}
+
+impl OutputRotation<'_> {
+    /// The shape the fold takes.
+    fn in_fold(&self) -> FoldRotation {
+        FoldRotation { logical: self.logical, block: self.block }
+    }
+
+    /// `rotate.cu` on stored outputs `y` (`[M, stored]`): the logical ones.
+    fn apply(&self, y: &MlxArray, stored: usize) -> Result<MlxArray> {
+        rotate_with_signs(y, self.signs, self.logical, self.block, Direction::Inverse { stored })
+    }
+}
+
+/// The logical output `(x2 [M, in] · W)[:, :logical] · Qᵀ -> [M, logical]` of a layer coded
+/// along its rotated outputs, in `x2`'s dtype; with `residual` (`[M, logical]` in `x2`'s dtype)
+/// `residual +` that. Where the plan's thread blocks hold whole rotation blocks, the kernel's
+/// fold rotates (one launch: the bits of [`down_cuda`] then `rotate.cu`, the residual added in
+/// f32 before the one rounding after the rotation); otherwise, and from [`DENSE_MIN_ROWS`] rows
+/// of 16-bit activations, [`down_cuda`], then `rotate.cu` and MLX's add. The rules for `codes`'
+/// alignment are [`down_cuda`]'s.
+pub(crate) fn down_rotated_cuda(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    rotation: OutputRotation<'_>,
+    residual: Option<&MlxArray>,
+) -> Result<MlxArray> {
+    require_supported(g)?;
+    let m = x2.shape().first().copied().unwrap_or(0);
+    let cfg = plan_for(g, m, x2.dtype());
+    if !uses_dense(m, x2.dtype()) && cfg.rotates_in_fold(g, rotation.block, x2.dtype()) {
+        return Ok(run(x2, &[(codes, scales)], g, cfg, residual, None, &[rotation])?.0.remove(0));
+    }
+    let y = rotation.apply(&down_cuda(x2, codes, scales, g)?, g.cols)?;
+    match residual {
+        Some(r) => {
+            check_residual("CUDA down kernel with a residual", x2, r, m, rotation.logical)?;
+            r.add(&y)
+        }
+        None => Ok(y),
+    }
+}
+
+/// [`down_pair_cuda`] of two layers coded along their rotated outputs (of one geometry and one
+/// logical width and rotation block): the two logical outputs, as [`down_rotated_cuda`] gives
+/// each, from one launch of the pair variant where its fold can rotate, else the pair's
+/// stored outputs turned back by `rotate.cu` each.
+pub(crate) fn down_pair_rotated_cuda(
+    x2: &MlxArray,
+    codes: [&MlxArray; 2],
+    scales: [&MlxArray; 2],
+    g: &TrellisGeometry,
+    rotations: [OutputRotation<'_>; 2],
+) -> Result<[MlxArray; 2]> {
+    require_supported(g)?;
+    if rotations[0].in_fold() != rotations[1].in_fold() {
+        invalid!(
+            "CUDA down kernel: a pair's rotations must share their width and block ({:?} and {:?})",
+            rotations[0].in_fold(),
+            rotations[1].in_fold()
+        );
+    }
+    let m = x2.shape().first().copied().unwrap_or(0);
+    let cfg = plan_for(g, m, x2.dtype());
+    if !uses_dense(m, x2.dtype()) && cfg.rotates_in_fold(g, rotations[0].block, x2.dtype()) {
+        let mats = [(codes[0], scales[0]), (codes[1], scales[1])];
+        let (ys, _) = run(x2, &mats, g, cfg, None, None, &rotations)?;
+        return Ok(ys.try_into().expect("the pair variant has two outputs"));
+    }
+    let [a, b] = down_pair_cuda(x2, codes, scales, g)?;
+    Ok([rotations[0].apply(&a, g.cols)?, rotations[1].apply(&b, g.cols)?])
 }
 
 /// Fold counters a fed call of `m` rows of `dtype` activations needs zeroed (one per column tile
@@ -116,7 +207,7 @@ pub(crate) fn down_fed(
             x2.dtype()
         );
     };
-    Ok(run(x2, &[(codes, scales)], g, cfg, residual, Some(counters))?.0.remove(0))
+    Ok(run(x2, &[(codes, scales)], g, cfg, residual, Some(counters), &[])?.0.remove(0))
 }
 
 /// `residual + x2 [M, in] · W -> [M, out]` in `x2`'s dtype: [`down_cuda`] with the add in the
@@ -137,7 +228,7 @@ pub fn down_residual_cuda(
         check_down_residual(x2, g, residual)?;
         return residual.add(&down_cuda_dense(x2, codes, scales, g)?);
     }
-    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), Some(residual), None)?.0.remove(0))
+    Ok(run(x2, &[(codes, scales)], g, plan_for(g, m, x2.dtype()), Some(residual), None, &[])?.0.remove(0))
 }
 
 /// The residual's checks: `[M, out]` in `x2`'s dtype (`x2` `[M, in]`).
@@ -174,15 +265,16 @@ pub(crate) fn run_pair(
     g: &TrellisGeometry,
     cfg: CudaDownConfig,
 ) -> Result<[MlxArray; 2]> {
-    let (ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg, None, None)?;
+    let (ys, _) = run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg, None, None, &[])?;
     Ok(ys.try_into().expect("the pair variant has two outputs"))
 }
 
 /// One call of one matrix (plus `residual`, added in the fold, where given) or (two `mats`) of
 /// the pair variant: the pre-pass, then the kernel; or with `fed` (the fold counters, zeroed by
-/// the launch before) the kernel alone, finding the rows' powers of two itself. Returns an
-/// output per matrix and the partial sums they were folded from (the `tuning` feature's calls
-/// with a configuration).
+/// the launch before) the kernel alone, finding the rows' powers of two itself. With
+/// `rotations` (none, or one per matrix of one width and block) the fold turns the outputs back
+/// and they are the logical ones. Returns an output per matrix and the partial sums they were
+/// folded from (the `tuning` feature's calls with a configuration).
 pub(crate) fn run(
     x2: &MlxArray,
     mats: &[(&MlxArray, &MlxArray)],
@@ -190,22 +282,45 @@ pub(crate) fn run(
     cfg: CudaDownConfig,
     residual: Option<&MlxArray>,
     fed: Option<&MlxArray>,
+    rotations: &[OutputRotation<'_>],
 ) -> Result<(Vec<MlxArray>, MlxArray)> {
     require_supported(g)?;
-    let variant = match (mats.len(), residual) {
-        (1, None) => Variant::Single,
-        (1, Some(_)) => Variant::Residual,
-        (2, None) => Variant::Pair,
-        (2, Some(_)) => invalid!("CUDA down kernel: the pair variant takes no residual"),
-        (n, _) => invalid!("CUDA down kernel: one launch runs one matrix or a pair, not {n}"),
+    if !matches!(mats.len(), 1 | 2) {
+        invalid!("CUDA down kernel: one launch runs one matrix or a pair, not {}", mats.len());
+    }
+    let pair = mats.len() == 2;
+    if pair && residual.is_some() {
+        invalid!("CUDA down kernel: the pair variant takes no residual");
+    }
+    let rotation = match rotations {
+        [] => None,
+        [first, rest @ ..] if rotations.len() == mats.len() && rest.iter().all(|r| r.in_fold() == first.in_fold()) => {
+            Some(first.in_fold())
+        }
+        _ => invalid!(
+            "CUDA down kernel: {} rotations for {} matrices (one each, of one width and block)",
+            rotations.len(),
+            mats.len()
+        ),
     };
-    let pair = variant == Variant::Pair;
+    let variant = Variant { pair, residual: residual.is_some(), rotation };
+    let out_cols = rotation.map_or(g.cols, |r| r.logical);
     let mut m = 0;
     for (codes, scales) in mats {
         m = check_operands("CUDA down kernel", x2, codes, scales, g)?;
     }
     if let Some(r) = residual {
-        check_down_residual(x2, g, r)?;
+        check_residual("CUDA down kernel with a residual", x2, r, m, out_cols)?;
+    }
+    for r in rotations {
+        if r.signs.dtype() != Dtype::Float32 || r.signs.shape() != [r.logical] {
+            invalid!(
+                "CUDA down kernel: rotation signs {:?} {}, expected f32 [{}]",
+                r.signs.shape(),
+                r.signs.dtype(),
+                r.logical
+            );
+        }
     }
     if fed.is_some() && (pair || cfg.prescaled) {
         invalid!("CUDA down kernel: a fed call runs one matrix on activations as they are (not prescaled)");
@@ -235,6 +350,7 @@ pub(crate) fn run(
         inputs.extend([*codes, *scales]);
     }
     inputs.extend(residual);
+    inputs.extend(rotations.iter().map(|r| r.signs));
     let mut ys = prepared.kernel.apply_prepared(&inputs, &prepared.launch)?;
     let partials = ys.pop().expect("an output and the partials");
     Ok((ys, partials))
@@ -264,6 +380,27 @@ mod tests {
         // A layer the kernel does not serve has none.
         let ragged = TrellisGeometry { cols: 1000, ..qwen };
         assert_eq!(fed_counters(&ragged, 1, Dtype::Bfloat16), None);
+    }
+
+    #[test]
+    fn the_plan_rotates_smollm2s_attention_in_the_fold_at_every_row_count() {
+        // q and o (576 -> 576) and k and v (576 -> 192) in blocks of 192, rotated in blocks of
+        // 64; and Qwen's down shape (5120 outputs: rotation blocks of 256) in blocks of 256.
+        let smol = [576, 192].map(|cols| TrellisGeometry::row_major(576, cols, 3, 192, 12, 0).unwrap());
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
+        for (g, block) in [(smol[0], 64), (smol[1], 64), (qwen, 256)] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                for m in 1..=200 {
+                    let cfg = plan_for(&g, m, dtype);
+                    assert!(cfg.rotates_in_fold(&g, block, dtype), "{g} M {m} {dtype}: {cfg:?}");
+                }
+            }
+        }
+        // A tile of 128 positions holds half of a 256-wide rotation block.
+        let narrow = CudaDownConfig { nc: 2, warps: 4, ..Default::default() };
+        assert!(
+            !narrow.rotates_in_fold(&qwen, 256, Dtype::Bfloat16) && narrow.rotates_in_fold(&qwen, 128, Dtype::Bfloat16)
+        );
     }
 
     #[test]
