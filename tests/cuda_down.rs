@@ -1051,9 +1051,7 @@ fn planned_kernel_matches_the_reference_in_blocks_of_64_and_128() {
 fn shorter_block_configurations() -> Vec<(usize, Dtype, CudaDownConfig)> {
     let layers = shorter_block_layers();
     let (f32, bf16) = (Dtype::Float32, Dtype::Bfloat16);
-    let base = CudaDownConfig { mt: 1, ks: 1, splits: 5, stages: 4, ..Default::default() };
-    let fold = CudaDownConfig { bias_fold: true, ..base };
-    let prescaled = CudaDownConfig { prescaled: true, mbarriers: true, ..base };
+    let [base, fold, prescaled] = configuration_kinds();
     let mut cases = Vec::new();
     // (layer, nc, warps, mt, ks, splits, dtype, variant)
     for (i, &(layer, nc, warps, mt, ks, splits, dtype, variant)) in [
@@ -1075,12 +1073,23 @@ fn shorter_block_configurations() -> Vec<(usize, Dtype, CudaDownConfig)> {
     .enumerate()
     {
         let cfg = CudaDownConfig { nc, warps, mt, ks, splits, stages: [4, 3, 5][i % 3], ..variant };
-        let g = *layers[layer].g();
-        let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
-        let cfg = cfg.with_deepest_ring(&g, dtype).unwrap_or_else(|| panic!("{g} {dtype}: {cfg:?} does not fit"));
-        cases.push((layer, dtype, cfg));
+        cases.push((layer, dtype, fitted(layers[layer].g(), dtype, cfg)));
     }
     cases
+}
+
+/// The explicit-configuration tables' kinds: plain, with the bias fold, and prescaled on an
+/// mbarrier ring (one 8-row tile, 16-row steps, 5 splits, 4 stages, for each table to vary).
+fn configuration_kinds() -> [CudaDownConfig; 3] {
+    let base = CudaDownConfig { mt: 1, ks: 1, splits: 5, stages: 4, ..Default::default() };
+    [base, CudaDownConfig { bias_fold: true, ..base }, CudaDownConfig { prescaled: true, mbarriers: true, ..base }]
+}
+
+/// `cfg` with no more splits than `g` has steps and the deepest ring, at most `cfg`'s, that fits
+/// `g` with `dtype` activations.
+fn fitted(g: &mlx_trellis::trellis::TrellisGeometry, dtype: Dtype, cfg: CudaDownConfig) -> CudaDownConfig {
+    let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(g)), ..cfg };
+    cfg.with_deepest_ring(g, dtype).unwrap_or_else(|| panic!("{g} {dtype}: {cfg:?} does not fit"))
 }
 
 #[test]
@@ -1238,10 +1247,9 @@ fn rotated_outputs_in_the_fold_give_the_kernel_then_rotate_cus_bits_t256() {
 fn rotated_output_configurations() -> Vec<(usize, Dtype, CudaDownConfig)> {
     let layers = rotated_output_layers();
     let (f32, bf16) = (Dtype::Float32, Dtype::Bfloat16);
-    let base = CudaDownConfig { mt: 1, ks: 1, splits: 5, stages: 4, ..Default::default() };
-    let fold = CudaDownConfig { bias_fold: true, ..base };
-    let prescaled = CudaDownConfig { prescaled: true, mbarriers: true, ..base };
+    let [base, fold, prescaled] = configuration_kinds();
     let mut cases = Vec::new();
+    // (layer, nc, warps, mt, ks, splits, dtype, kind)
     for &(layer, nc, warps, mt, ks, splits, dtype, variant) in &[
         (0usize, 2u32, 2u32, 1u32, 1u32, 13u32, f32, base),
         (0, 4, 3, 2, 2, 5, bf16, fold),
@@ -1253,11 +1261,8 @@ fn rotated_output_configurations() -> Vec<(usize, Dtype, CudaDownConfig)> {
         (3, 8, 4, 1, 1, 16, bf16, CudaDownConfig { pack_fma: true, ..fold }),
         (3, 4, 4, 2, 2, 8, f32, base),
     ] {
-        let g = *layers[layer].0.g();
         let cfg = CudaDownConfig { nc, warps, mt, ks, splits, ..variant };
-        let cfg = CudaDownConfig { splits: cfg.splits.min(cfg.input_steps(&g)), ..cfg };
-        let cfg = cfg.with_deepest_ring(&g, dtype).unwrap_or_else(|| panic!("{g} {dtype}: {cfg:?} does not fit"));
-        cases.push((layer, dtype, cfg));
+        cases.push((layer, dtype, fitted(layers[layer].0.g(), dtype, cfg)));
     }
     cases
 }
