@@ -1208,11 +1208,23 @@ fn check_rotated(c: &Case, r: &Rotation, cfg: CudaDownConfig, m: usize, dtype: D
 fn rotated_outputs_by_the_plan(layer: usize) {
     require_cuda();
     let (c, r) = &rotated_output_layers()[layer];
-    for m in [1, 2, 5, 8, 9, 13, 17, 33, 64, 65, 100] {
+    let mut folded = 0;
+    for m in [1, 2, 5, 8, 9, 13, 17, 25, 32, 33, 64, 65, 100] {
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
-            check_rotated(c, r, plan_for(c.g(), m, dtype), m, dtype);
+            let cfg = plan_for(c.g(), m, dtype);
+            if cfg.rotates_in_fold(c.g(), r.block(), dtype) {
+                check_rotated(c, r, cfg, m, dtype);
+                folded += 1;
+            } else {
+                // Such a call runs the kernel, then rotate.cu (the rotation tests' paths).
+                let (x, _) = c.x(m, dtype);
+                let err = down_rotated_cuda_with(&x, c.lin.codes(), c.lin.scales(), c.g(), cfg, r, None).unwrap_err();
+                assert!(err.to_string().contains("cannot be turned back in the fold"), "{err}");
+            }
         }
     }
+    // Every plan up to 16 rows rotates in the fold (rotated_output_configurations_fit).
+    assert!(folded >= 18, "{folded} plans rotate in the fold");
 }
 
 #[test]
@@ -1253,7 +1265,7 @@ fn rotated_output_configurations() -> Vec<(usize, Dtype, CudaDownConfig)> {
     for &(layer, nc, warps, mt, ks, splits, dtype, variant) in &[
         (0usize, 2u32, 2u32, 1u32, 1u32, 13u32, f32, base),
         (0, 4, 3, 2, 2, 5, bf16, fold),
-        (0, 2, 6, 8, 4, 3, bf16, prescaled),
+        (0, 2, 6, 8, 2, 3, bf16, prescaled),
         (1, 4, 1, 1, 1, 9, bf16, CudaDownConfig { direct_codes: true, ..fold }),
         (1, 2, 6, 3, 1, 7, f32, base),
         (2, 4, 3, 4, 2, 3, bf16, prescaled),
@@ -1274,6 +1286,16 @@ fn rotated_output_configurations_fit() {
         let (c, r) = &layers[layer];
         cfg.check(c.g(), dtype).unwrap();
         assert_eq!(16 * (cfg.nc * cfg.warps) as usize % r.block(), 0, "{cfg:?}: a tile of whole rotation blocks");
+        assert!(cfg.rotates_in_fold(c.g(), r.block(), dtype), "{cfg:?} on {} {dtype}", c.g());
+    }
+    // The plans up to 16 rows rotate in the fold on every layer (rotated_outputs_by_the_plan).
+    for (c, r) in &layers {
+        for m in 1..=16 {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let cfg = plan_for(c.g(), m, dtype);
+                assert!(cfg.rotates_in_fold(c.g(), r.block(), dtype), "{} M {m} {dtype}: {cfg:?}", c.g());
+            }
+        }
     }
 }
 

@@ -707,18 +707,17 @@
     const size_t tile0 = (size_t)first_block * BLOCK_LEN + tile_y % PARTS * TILE;
     const int rows = min(B_ROWS, M - m_base);
 #if TRELLIS_ROTATE_OUT
-    // ROT_ROWS rows of the tile at a time, staged in the code ring and B tiles, which the main
-    // loop is done with (every copy into them was waited for, and every read of them came
-    // before the barrier above): each row's sums rounded to Y, then the butterflies of every
-    // RB-wide block at once (strides below RB never pair two blocks), then the scale and the
-    // signs; columns past N (a stored padding) are not written. (A static array of its own
-    // pushed configurations just under 48 KB of dynamic shared memory past the limit a kernel
-    // has without opting in.)
+    // ROT_ROWS rows of the tile at a time (4 KB of f32 at most): each row's sums rounded to Y,
+    // then the butterflies of every RB-wide block at once (strides below RB never pair two
+    // blocks), then the scale and the signs; columns past N (a stored padding) are not written.
+    // The staging is a static array of its own, so the host takes this variant only where the
+    // kernel's dynamic and static shared memory together stay within the 48 KB a kernel has
+    // without opting in (CudaDownConfig::rotates_in_fold). (Staging in the code ring instead,
+    // once the main loop is done with it, gave other bits than the kernel then rotate.cu for
+    // one configuration on an H100, not understood: docs/cuda-down.md §4.)
     static_assert(TILE % RB == 0 && (RB & (RB - 1)) == 0 && N % RB == 0 && N <= C, "a tile holds whole rotation blocks");
-    constexpr int ROT_CAPACITY = (int)((sizeof(Ring) + sizeof(BTiles)) / (4 * TILE));
-    constexpr int ROT_ROWS = ROT_CAPACITY < B_ROWS ? ROT_CAPACITY : B_ROWS;
-    static_assert(ROT_ROWS >= 1, "the ring and B tiles hold a row of the tile's sums (CudaDownConfig::rotates_in_fold)");
-    float* const rot = reinterpret_cast<float*>(shared_base);
+    constexpr int ROT_ROWS = TILE >= 1024 ? 1 : (1024 / TILE < B_ROWS ? 1024 / TILE : B_ROWS);
+    __shared__ float rot[ROT_ROWS * TILE];
     const float rot_scale = __int_as_float(SCALE_BITS);
     for (int r0 = 0; r0 < rows; r0 += ROT_ROWS) {
       const int nr = min(ROT_ROWS, rows - r0);

@@ -119,6 +119,10 @@ const SHARED_LIMIT: usize = 227 * 1024;
 /// power of two and its inverse (f32, at most 64 rows) and the fold's flag, rounded up.
 const STATIC_SHARED: usize = 1024;
 
+/// The static shared memory of the rotated-output variant's fold: up to 1024 f32 sums of a tile
+/// (`ROT_ROWS * TILE` in `down_mma.cu`).
+const ROTATION_SHARED: usize = 4096;
+
 /// The shared memory the planned configurations keep to: the 48 KB every CUDA
 /// GPU gives a block without opting in, where they were measured (up to five of their blocks
 /// share an SM).
@@ -200,12 +204,13 @@ impl CudaDownConfig {
 
     /// Whether the rotated-output variant of this configuration can turn `g`'s outputs back by a
     /// rotation in blocks of `block` in its fold, for `dtype` activations: each thread block's
-    /// tile holds whole rotation blocks, and the code ring and B tiles, where the fold stages
-    /// the tile's sums, hold one row of them (f32).
-    pub(crate) fn rotates_in_fold(&self, g: &TrellisGeometry, block: usize, dtype: Dtype) -> bool {
-        let tile = self.tile_positions();
-        let staging = self.shared_bytes(g, dtype == Dtype::Float32) - self.mbarrier_bytes();
-        block.is_power_of_two() && tile.is_multiple_of(block) && staging >= 4 * tile
+    /// tile holds whole rotation blocks, and the fold's staging (a static array of up to 4 KB)
+    /// keeps the kernel's shared memory within the 48 KB a kernel has without opting in (on an
+    /// H100 a launch of it failed, "invalid argument", from a row count whose plan takes about
+    /// 44 KB of dynamic shared memory; this rule is the inference, docs/cuda-down.md §4).
+    pub fn rotates_in_fold(&self, g: &TrellisGeometry, block: usize, dtype: Dtype) -> bool {
+        let shared = self.shared_bytes(g, dtype == Dtype::Float32) + STATIC_SHARED + ROTATION_SHARED;
+        block.is_power_of_two() && self.tile_positions().is_multiple_of(block) && shared <= PLAN_SHARED_BUDGET
     }
 
     /// The ring's mbarriers: a "full" and an "empty" one a stage, where the ring has them.
