@@ -25,9 +25,9 @@
 //! [`down_residual_cuda`] adds a residual stream in the fold (`residual + x · W`, rounded once):
 //! a model's down projection and its residual add in one launch.
 //!
-//! [`down_rotated_cuda`] and [`down_pair_rotated_cuda`] serve a layer coded along its rotated
-//! outputs (docs/format.md §10): the kernel's fold turns the outputs back, `y[:, :n] · Qᵀ`, where
-//! `rotate.cu` would be one more launch after it.
+//! `down_rotated_cuda` and `down_pair_rotated_cuda` (what `TrellisLinear` calls on CUDA) serve a
+//! layer coded along its rotated outputs (docs/format.md §10): the kernel's fold turns the
+//! outputs back, `y[:, :n] · Qᵀ`, where `rotate.cu` would be one more launch after it.
 //!
 //! [`down_pair_cuda`] runs two matrices of one geometry on the same activations (an MLP's gate
 //! and up stored along their outputs) as one launch of the kernel's pair variant after one
@@ -107,8 +107,9 @@ impl OutputRotation<'_> {
 
 /// The logical output `(x2 [M, in] · W)[:, :logical] · Qᵀ -> [M, logical]` of a layer coded
 /// along its rotated outputs, in `x2`'s dtype; with `residual` (`[M, logical]` in `x2`'s dtype)
-/// `residual +` that. Where the plan's thread blocks hold whole rotation blocks, the kernel's
-/// fold rotates (one launch: the bits of [`down_cuda`] then `rotate.cu`, the residual added in
+/// `residual +` that. Where the plan's configuration can
+/// ([`CudaDownConfig::rotates_in_fold`]: tiles of whole rotation blocks, its shared memory within
+/// 48 KB), the kernel's fold rotates (one launch: the bits of [`down_cuda`] then `rotate.cu`, the residual added in
 /// f32 before the one rounding after the rotation); otherwise, and from [`DENSE_MIN_ROWS`] rows
 /// of 16-bit activations, [`down_cuda`], then `rotate.cu` and MLX's add. The rules for `codes`'
 /// alignment are [`down_cuda`]'s.
@@ -138,7 +139,7 @@ pub(crate) fn down_rotated_cuda(
 
 /// [`down_pair_cuda`] of two layers coded along their rotated outputs (of one geometry and one
 /// logical width and rotation block): the two logical outputs, as [`down_rotated_cuda`] gives
-/// each, from one launch of the pair variant where its fold can rotate, else the pair's
+/// each, from one launch of the pair variant where its fold can rotate (as there), else the pair's
 /// stored outputs turned back by `rotate.cu` each.
 pub(crate) fn down_pair_rotated_cuda(
     x2: &MlxArray,
