@@ -782,11 +782,23 @@ fn bad_rotation_keys_and_tensors_are_refused() {
 #[ignore = "needs MLX's CUDA back-end"]
 fn attention_projections_run_paired_and_rotate_in_the_fold_on_cuda() {
     require_cuda();
+    check_attention_projections(&[1, 3, 9, 17, 80, 129]);
+}
+
+/// The same calls on this machine's back-end (on the CPU: the host path's shared evaluation of
+/// the input, and the residual added after the product).
+#[test]
+fn attention_projections_share_their_input_on_the_default_back_end() {
+    check_attention_projections(&[1, 3, 17]);
+}
+
+/// [`attention_projections_run_paired_and_rotate_in_the_fold_on_cuda`] at `ms` rows.
+fn check_attention_projections(ms: &[usize]) {
     let coded = [(576, 3, 41), (192, 2, 42), (192, 2, 43)]
         .map(|(out, k, seed)| coded_in_blocks(out, 576, 0, k, Some(seed), seed, 192));
     let lins: Vec<TrellisLinear> = coded.iter().map(|c| c.to_linear("proj").unwrap()).collect();
     let refs: Vec<&TrellisLinear> = lins.iter().collect();
-    for m in [1, 3, 9, 17, 80, 129] {
+    for &m in ms {
         for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
             let (x, xr) = activations(m, 576, 900 + m as u64, dtype);
             let x3 = x.reshape(&[1, m, 576]).unwrap();
