@@ -104,6 +104,16 @@ fn median(v: &[f64]) -> Option<f64> {
     v.get(v.len() / 2).copied()
 }
 
+/// The median over rounds of `x`'s figure over the reference's in the same round: the variants
+/// of a round run one after the other within seconds, so this ratio holds where the machine's
+/// speed drifts between rounds (on a shared GPU, by half), where the ratio of the medians moves
+/// with it. `None` without rounds or with a figure that is not positive.
+fn median_round_ratio(reference: &[f64], x: &[f64]) -> Option<f64> {
+    let ratios: Vec<f64> =
+        reference.iter().zip(x).filter(|(r, x)| **r > 0.0 && **x > 0.0).map(|(r, x)| x / r).collect();
+    (ratios.len() == x.len().min(reference.len())).then(|| median(&ratios)).flatten()
+}
+
 /// Tokens/s of `tokens` timed one-token steps after the prompt and `warmup` untimed steps.
 fn decode_round(model: &LlamaModel, feed: &[u32], prompt: usize, warmup: usize, tokens: usize) -> Result<f64> {
     let mut cache = model.new_cache();
@@ -294,15 +304,16 @@ fn run(args: Args) -> Result<bool> {
         }
     };
     let mut header =
-        "| variant | MLP bits/weight | decode tokens/s | vs ref | pipelined tokens/s | vs ref |".to_string();
-    let mut rule = "|---|---|---|---|---|---|".to_string();
+        "| variant | MLP bits/weight | decode tokens/s | vs ref | vs ref, per round | pipelined tokens/s | vs ref |"
+            .to_string();
+    let mut rule = "|---|---|---|---|---|---|---|".to_string();
     for m in args.rows.iter() {
         header += &format!(" MLP µs/layer M={m} | vs ref |");
         rule += "---|---|";
     }
     let mut table = vec![
         format!(
-            "{} activations; decode: median of {} rounds of {} steps; MLP: median µs per layer over {} passes of the model's {} MLPs; ratios against {} (above 1: faster)\n",
+            "{} activations; decode: median of {} rounds of {} steps (per round: the median of each round's ratio); MLP: median µs per layer over {} passes of the model's {} MLPs; ratios against {} (above 1: faster)\n",
             dtype,
             args.rounds,
             args.tokens,
@@ -317,12 +328,14 @@ fn run(args: Args) -> Result<bool> {
     for v in &variants {
         let d = median(&v.decode);
         let p = median(&v.pipelined);
+        let per_round = median_round_ratio(&variants[reference].decode, &v.decode);
         let mut line = format!(
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             v.label,
             v.bits_per_weight.map_or("–".into(), |b| format!("{b:.3}")),
             d.map_or("–".into(), |d| format!("{d:.1}")),
             ratio(ref_decode, d, true),
+            per_round.map_or("–".into(), |r| format!("{r:.2}×")),
             p.map_or("–".into(), |p| format!("{p:.1}")),
             ratio(ref_pipelined, p, true)
         );
@@ -338,7 +351,7 @@ fn run(args: Args) -> Result<bool> {
         table.push(line);
         rows.push(serde_json::json!({
             "label": v.label, "bits_per_weight": v.bits_per_weight, "decode_tokens_per_second": d,
-            "decode_rounds": v.decode, "pipelined_tokens_per_second": p, "pipelined_rounds": v.pipelined, "mlp": mlp, "dtype": dtype.to_string(), "tokens": args.tokens,
+            "decode_rounds": v.decode, "decode_ratio_per_round": per_round, "pipelined_tokens_per_second": p, "pipelined_rounds": v.pipelined, "mlp": mlp, "dtype": dtype.to_string(), "tokens": args.tokens,
             "warmup": args.warmup, "chains": args.chains, "reference": variants[reference].label,
         }));
     }
