@@ -352,10 +352,10 @@ impl TrellisLinear {
 
     /// The output rotation the CUDA down kernel's fold applies for `path` and activations of
     /// `dtype`: on the CUDA path, for a layer coded along its rotated outputs whose rotation the
-    /// CUDA kernels serve.
+    /// CUDA kernels serve ([`AxisTransform::cuda_output_rotation`]).
     fn cuda_output_rotation(&self, path: ForwardPath, dtype: Dtype) -> Option<OutputRotation<'_>> {
         match (&self.transform, path) {
-            (Some(t), ForwardPath::Cuda) if self.geometry.axis == 0 => t.cuda_output_rotation(dtype),
+            (Some(t), ForwardPath::Cuda) => t.cuda_output_rotation(dtype),
             _ => None,
         }
     }

@@ -100,9 +100,9 @@ pub fn down_rotated_cuda_with(
     rotation: &Rotation,
     residual: Option<&MlxArray>,
 ) -> Result<MlxArray> {
-    let signs = MlxArray::from_slice(rotation.signs(), &[rotation.len()])?;
-    let r = OutputRotation { signs: &signs, logical: rotation.len(), block: rotation.block() };
-    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, residual, None, &[r])?.0.remove(0))
+    let signs = signs_on_device(rotation)?;
+    let r = [output_rotation(&signs, rotation)];
+    Ok(super::down::run(x2, &[(codes, scales)], g, cfg, residual, None, &r)?.0.remove(0))
 }
 
 /// [`down_rotated_cuda_with`] for two matrices of one geometry on the same activations, each
@@ -115,16 +115,20 @@ pub fn down_pair_rotated_cuda_with(
     cfg: CudaDownConfig,
     rotations: [&Rotation; 2],
 ) -> Result<[MlxArray; 2]> {
-    let signs = [rotations[0], rotations[1]].map(|r| MlxArray::from_slice(r.signs(), &[r.len()]));
-    let [a, b] = signs;
-    let (a, b) = (a?, b?);
-    let rs = [(&a, rotations[0]), (&b, rotations[1])].map(|(signs, r)| OutputRotation {
-        signs,
-        logical: r.len(),
-        block: r.block(),
-    });
+    let signs = [signs_on_device(rotations[0])?, signs_on_device(rotations[1])?];
+    let rs = [output_rotation(&signs[0], rotations[0]), output_rotation(&signs[1], rotations[1])];
     let (ys, _) = super::down::run(x2, &[(codes[0], scales[0]), (codes[1], scales[1])], g, cfg, None, None, &rs)?;
     Ok(ys.try_into().expect("the pair variant has two outputs"))
+}
+
+/// A rotation's signs as the kernels take them: f32 `[n]` on the device.
+fn signs_on_device(rotation: &Rotation) -> Result<MlxArray> {
+    MlxArray::from_slice(rotation.signs(), &[rotation.len()])
+}
+
+/// `rotation`, its signs on the device, as the down kernel's fold takes it.
+fn output_rotation<'a>(signs: &'a MlxArray, rotation: &Rotation) -> OutputRotation<'a> {
+    OutputRotation { signs, logical: rotation.len(), block: rotation.block() }
 }
 
 /// [`linear`](super::gate_up::linear) with an explicit shape and never the dense path.
