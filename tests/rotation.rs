@@ -9,12 +9,13 @@ use std::path::Path;
 
 use common::mlp_artifact::temp_dir;
 use common::{f32_matmul_gate, gate, require_cuda, to_f64};
+use mlx_trellis::trellis::cuda::FoldCounters;
 use mlx_trellis::trellis::encoder::{code_linear, CodedLinear, EncoderConfig, RotationSpec};
 use mlx_trellis::trellis::reference::{expand, rel_err};
 use mlx_trellis::trellis::synthetic::{gaussian, SplitMix64};
 use mlx_trellis::trellis::transform::{inverse_rotate, rotate};
 use mlx_trellis::trellis::{write_artifact, Artifact, ForwardPath, Rotation, TrellisLinear, TrellisMlp};
-use mlx_trellis::{load_safetensors, save_safetensors, Dtype, ErrorKind, MlxArray};
+use mlx_trellis::{eval_all, load_safetensors, save_safetensors, Dtype, ErrorKind, MlxArray};
 
 /// The explicit `Q` `[n, n]` of a rotation, from the definition alone: `Q[i][j] = s_i ·
 /// H_b[i mod b][j mod b] / √b` inside a diagonal block, 0 elsewhere, with
@@ -790,6 +791,83 @@ fn attention_projections_run_paired_and_rotate_in_the_fold_on_cuda() {
 #[test]
 fn attention_projections_share_their_input_on_the_default_back_end() {
     check_attention_projections(&[1, 3, 17]);
+}
+
+/// A block's q, k·v and o projections (coded along their rotated outputs in blocks of 192, as
+/// SmolLM2's) on one fill of fold counters at 1-8 rows, as `Attention` runs them on CUDA: q alone,
+/// k and v as one pair launch, o with the residual added in its fold, all queued before one
+/// evaluation (three launches counting into one fill). Each output against the dense f64
+/// reference within the dtype's gate; the pair's outputs with the bits of each layer's fed call
+/// alone; the counters all taken. At 9 rows the plan runs pre-passes: no fed call, and one asked
+/// for is an error before anything runs.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn attention_projections_run_fed_on_one_fill_on_cuda() {
+    require_cuda();
+    let coded = [(576, 3, 51), (192, 3, 52), (192, 3, 53), (576, 3, 54)]
+        .map(|(out, k, seed)| coded_in_blocks(out, 576, 0, k, Some(seed), seed, 192));
+    let lins: Vec<TrellisLinear> = coded.iter().map(|c| c.to_linear("proj").unwrap()).collect();
+    let [q, k, v, o] = [&lins[0], &lins[1], &lins[2], &lins[3]];
+    let dense: Vec<Vec<f64>> = coded.iter().map(|c| dense_weight(c).0).collect();
+    for m in 1..=9 {
+        for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+            let bound = if dtype == Dtype::Float32 { gate(dtype).max(f32_matmul_gate()) } else { gate(dtype) };
+            let (x, xr) = activations(m, 576, 1900 + m as u64, dtype);
+            let x3 = x.reshape(&[1, m, 576]).unwrap();
+            let (qkv, alone) =
+                (TrellisLinear::fed_counters(&[q, k, v], m, dtype), TrellisLinear::fed_counters(&[o], m, dtype));
+            if m == 9 {
+                assert_eq!((qkv, alone), (None, None), "{dtype}");
+                let mut counters = FoldCounters::zeroed(64).unwrap();
+                let err = TrellisLinear::forward_shared_input_fed(&[q, k, v], &x3, &mut counters).unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+                assert_eq!(counters.remaining(), 64, "nothing taken");
+                continue;
+            }
+            let (qkv, alone) = (qkv.expect("q, k·v fed"), alone.expect("o fed"));
+            let mut counters = FoldCounters::zeroed(qkv + alone).unwrap();
+            let ys = TrellisLinear::forward_shared_input_fed(&[q, k, v], &x3, &mut counters).unwrap();
+            let (r, rr) = activations(m, 576, 2900 + m as u64, dtype);
+            let r3 = r.reshape(&[1, m, 576]).unwrap();
+            let yo = o.forward_residual_fed(&x3, &r3, &mut counters).unwrap();
+            assert_eq!(counters.remaining(), 0, "M {m} {dtype}");
+            eval_all(&[&ys[0], &ys[1], &ys[2], &yo]).unwrap();
+            for (i, y) in ys.iter().chain([&yo]).enumerate() {
+                let out = lins[i].out_features();
+                assert_eq!((y.shape(), y.dtype()), (vec![1, m, out], dtype), "layer {i} M {m}");
+                let mut want = dense_forward(&xr, m, &dense[i], out, 576);
+                if i == 3 {
+                    want.iter_mut().zip(&rr).for_each(|(a, b)| *a += b);
+                }
+                let err = rel_err(&to_f64(y), &want).unwrap();
+                assert!(err < bound, "layer {i} M {m} {dtype}: relErr {err:.2e}");
+            }
+            // k and v of the pair launch: each its own fed call's bits.
+            for (i, lin) in [(1, k), (2, v)] {
+                let n = TrellisLinear::fed_counters(&[lin], m, dtype).unwrap();
+                let mut own = FoldCounters::zeroed(n).unwrap();
+                let y = TrellisLinear::forward_shared_input_fed(&[lin], &x3, &mut own).unwrap();
+                assert!(to_f64(&y[0]) == to_f64(&ys[i]), "layer {i} M {m} {dtype}: the pair's bits differ");
+            }
+        }
+    }
+}
+
+/// Off CUDA nothing runs fed: no counters are asked for, and a fed call is an error.
+#[test]
+fn fed_calls_run_only_on_cuda() {
+    if mlx_trellis::backend() == mlx_trellis::Backend::Cuda {
+        return;
+    }
+    let coded = coded_in_blocks(192, 576, 0, 3, Some(61), 61, 192);
+    let lin = coded.to_linear("proj").unwrap();
+    assert_eq!(TrellisLinear::fed_counters(&[&lin], 1, Dtype::Float32), None);
+    let (x, _) = activations(1, 576, 5, Dtype::Float32);
+    let mut counters = FoldCounters::zeroed(8).unwrap();
+    let err = TrellisLinear::forward_shared_input_fed(&[&lin], &x, &mut counters).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("CUDA back-end"), "{err}");
+    assert_eq!(counters.remaining(), 8);
 }
 
 /// [`attention_projections_run_paired_and_rotate_in_the_fold_on_cuda`] at `ms` rows.

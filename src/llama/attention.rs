@@ -4,6 +4,7 @@ use crate::array::MlxArray;
 use crate::error::{invalid, Result};
 use crate::nn::{rope, scaled_dot_product_attention, AttentionMask};
 use crate::ops::concatenate;
+use crate::trellis::cuda::FoldCounters;
 use crate::trellis::TrellisLinear;
 
 use super::config::LlamaConfig;
@@ -84,6 +85,8 @@ impl Attention {
     /// (`[1, L, hidden]`, normalized; `residual` of its shape), at the positions after those
     /// `cache` holds; appends this call's keys and values to `cache`. The add is the output
     /// projection's ([`Linear::forward_residual`]: on CUDA a coded one adds it in its kernel).
+    /// On CUDA, coded projections at up to 8 rows share one fill of their fold counters and run
+    /// without pre-passes ([`TrellisLinear::forward_shared_input_fed`]).
     /// `observe` sees the input of every projection (q, k and v share `x`).
     pub fn forward_residual(
         &self,
@@ -97,7 +100,11 @@ impl Attention {
         for name in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] {
             observe(name, x)?;
         }
-        let [q, k, v] = self.qkv(x)?;
+        let mut fed = self.fed_counters(x, residual)?;
+        let [q, k, v] = match fed.as_mut() {
+            Some(counters) => self.qkv_fed(x, counters)?,
+            None => self.qkv(x)?,
+        };
         let q = self.split_heads(&q, self.heads)?;
         let k = self.split_heads(&k, self.kv_heads)?;
         let v = self.split_heads(&v, self.kv_heads)?;
@@ -114,6 +121,40 @@ impl Attention {
         cache.kv = Some((k, v));
         let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[1, l, self.heads * self.head_dim])?;
         observe("self_attn.o_proj", &out)?;
-        self.o.forward_residual(&out, residual)
+        match (&self.o, fed.as_mut()) {
+            (Linear::Trellis(o), Some(counters)) => o.forward_residual_fed(&out, residual, counters),
+            _ => self.o.forward_residual(&out, residual),
+        }
+    }
+
+    /// One fill of the fold counters of the block's coded q, k·v and o launches where all four
+    /// projections run fed on CUDA at this row count ([`TrellisLinear::fed_counters`]): two
+    /// launches fewer than a pre-pass each. `None` elsewhere.
+    fn fed_counters(&self, x: &MlxArray, residual: &MlxArray) -> Result<Option<FoldCounters>> {
+        let (Linear::Trellis(q), Linear::Trellis(k), Linear::Trellis(v), Linear::Trellis(o)) =
+            (&self.q, &self.k, &self.v, &self.o)
+        else {
+            return Ok(None);
+        };
+        let (m, dtype) = (x.shape()[..x.ndim().saturating_sub(1)].iter().product(), x.dtype());
+        if residual.dtype() != dtype {
+            return Ok(None);
+        }
+        let qkv = TrellisLinear::fed_counters(&[q, k, v], m, dtype);
+        match (qkv, TrellisLinear::fed_counters(&[o], m, dtype)) {
+            (Some(a), Some(b)) => Ok(Some(FoldCounters::zeroed(a + b)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// [`Attention::qkv`] of coded projections, fed from `counters`.
+    fn qkv_fed(&self, x: &MlxArray, counters: &mut FoldCounters) -> Result<[MlxArray; 3]> {
+        let (Linear::Trellis(q), Linear::Trellis(k), Linear::Trellis(v)) = (&self.q, &self.k, &self.v) else {
+            invalid!("fed q, k and v projections must be coded");
+        };
+        match <[MlxArray; 3]>::try_from(TrellisLinear::forward_shared_input_fed(&[q, k, v], x, counters)?) {
+            Ok(qkv) => Ok(qkv),
+            Err(ys) => invalid!("q, k and v gave {} outputs", ys.len()),
+        }
     }
 }

@@ -31,6 +31,8 @@ use super::transform::AxisTransform;
 use super::{cuda, metal};
 use crate::memory::check_fits;
 
+mod fed;
+
 /// How a forward pass is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ForwardPath {
@@ -469,20 +471,11 @@ impl TrellisLinear {
     }
 
     /// `a`'s and `b`'s outputs of `x` as one launch of the CUDA down kernel's pair variant, or
-    /// `None` where it does not serve them together: both coded along their outputs in one
-    /// geometry the kernel serves, with no output transform or with rotations of one width and
-    /// block that the fold turns back.
+    /// `None` where it does not serve them together ([`TrellisLinear::cuda_pair_rotations`]).
     fn cuda_pair_forward(a: &TrellisLinear, b: &TrellisLinear, x: &MlxArray) -> Result<Option<[MlxArray; 2]>> {
-        let g = &a.geometry;
-        let dtype = x.dtype();
-        if g.axis != 0 || b.geometry != *g || !cuda::down::supports(g) || a.best_path() != ForwardPath::Cuda {
+        let (g, dtype, path) = (&a.geometry, x.dtype(), ForwardPath::Cuda);
+        let Some(rotations) = Self::cuda_pair_rotations(a, b, dtype) else {
             return Ok(None);
-        }
-        let path = ForwardPath::Cuda;
-        let rotations = match (a.cuda_output_rotation(path, dtype), b.cuda_output_rotation(path, dtype)) {
-            (Some(ra), Some(rb)) if (ra.logical, ra.block) == (rb.logical, rb.block) => Some([ra, rb]),
-            (None, None) if !a.has_output_transform() && !b.has_output_transform() => None,
-            _ => return Ok(None),
         };
         let (x2, mut out_shape) = activation_rows(&a.name, "layer", x, a.in_features(), Some(g))?;
         let m = x2.shape()[0];
@@ -501,6 +494,27 @@ impl TrellisLinear {
             Ok([ya.reshape(&out_shape)?, yb.reshape(&out_shape)?])
         })();
         ys.map(Some).with_context(|| format!("{} and {} ({g}) on one input by the {path} path", a.name, b.name))
+    }
+
+    /// Whether the CUDA down kernel's pair variant serves `a` and `b` together on activations of
+    /// `dtype`, and with which rotations: both coded along their outputs in one geometry the
+    /// kernel serves, with no output transform (`Some(None)`) or with rotations of one width and
+    /// block that the fold turns back (`Some(Some(..))`); `None` where it does not.
+    fn cuda_pair_rotations<'a>(
+        a: &'a TrellisLinear,
+        b: &'a TrellisLinear,
+        dtype: Dtype,
+    ) -> Option<Option<[OutputRotation<'a>; 2]>> {
+        let g = &a.geometry;
+        if g.axis != 0 || b.geometry != *g || !cuda::down::supports(g) || a.best_path() != ForwardPath::Cuda {
+            return None;
+        }
+        let path = ForwardPath::Cuda;
+        match (a.cuda_output_rotation(path, dtype), b.cuda_output_rotation(path, dtype)) {
+            (Some(ra), Some(rb)) if (ra.logical, ra.block) == (rb.logical, rb.block) => Some(Some([ra, rb])),
+            (None, None) if !a.has_output_transform() && !b.has_output_transform() => Some(None),
+            _ => None,
+        }
     }
 
     /// [`TrellisLinear::forward_residual`] by a chosen path.

@@ -3,8 +3,9 @@
 //! `plan.rs`, and the warp-specialized GEMM in `ws.rs`), the axis-1 projections and the fused
 //! gate·up·SwiGLU ([`gate_up`]: the same four files), the expand kernel and the decode-once
 //! dense path ([`expand`]), the activations pre-pass both kernel families use (`prescale.rs`),
-//! the coded axis's rotation in one launch ([`rotate`]), the SwiGLU between the projections with
-//! the rotations on either side of it in one launch (`swiglu_rotate.rs`) and the encoder's block
+//! the fold counters that fed down calls share ([`FoldCounters`], `counters.rs`), the coded
+//! axis's rotation in one launch ([`rotate`]), the SwiGLU between the projections with the
+//! rotations on either side of it in one launch (`swiglu_rotate.rs`) and the encoder's block
 //! search ([`viterbi`]). The kernel texts come from the crate's one table of `kernels/` files
 //! (`src/kernel/sources.rs`).
 //!
@@ -12,6 +13,7 @@
 //! with `crate::tuning_mods!`, as Metal's families are), and `tuning` gathers their knobs with the
 //! calls that take an explicit configuration.
 
+mod counters;
 pub mod down;
 pub mod expand;
 pub mod gate_up;
@@ -19,6 +21,8 @@ pub(crate) mod prescale;
 pub mod rotate;
 pub(crate) mod swiglu_rotate;
 pub mod viterbi;
+
+pub use counters::FoldCounters;
 
 #[cfg(feature = "tuning")]
 pub mod tuning;

@@ -173,7 +173,7 @@ impl CudaDownConfig {
     }
 
     /// Output positions one thread block covers: `16 * nc * warps`.
-    fn tile_positions(&self) -> usize {
+    pub(crate) fn tile_positions(&self) -> usize {
         16 * (self.nc * self.warps) as usize
     }
 

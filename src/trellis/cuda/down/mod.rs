@@ -171,16 +171,34 @@ pub(crate) fn down_pair_rotated_cuda(
 /// and pass of its plan), or `None` where it does not run fed: a geometry the kernel does not
 /// serve, or more than [`FED_MAX_ROWS`] rows.
 pub(crate) fn fed_counters(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<usize> {
-    fed_plan(g, m, dtype).map(|(_, counters)| counters)
+    fed_counters_for(g, m, dtype, false, None)
 }
 
-/// The plan of a fed call and its fold counters ([`fed_counters`]).
-fn fed_plan(g: &TrellisGeometry, m: usize, dtype: Dtype) -> Option<(CudaDownConfig, usize)> {
-    if !supports(g) || !(1..=FED_MAX_ROWS).contains(&m) {
+/// [`fed_counters`] of a call of one matrix or (`pair`) of the pair variant, whose fold turns
+/// the outputs back where `rotation_block` is given (rotation blocks of that many outputs):
+/// `None` where the call does not run fed, or its fold cannot rotate
+/// ([`CudaDownConfig::rotates_in_fold`]).
+pub(crate) fn fed_counters_for(
+    g: &TrellisGeometry,
+    m: usize,
+    dtype: Dtype,
+    pair: bool,
+    rotation_block: Option<usize>,
+) -> Option<usize> {
+    fed_plan(g, m, dtype, pair)
+        .filter(|(cfg, _)| rotation_block.is_none_or(|block| cfg.rotates_in_fold(g, block, dtype)))
+        .map(|(_, counters)| counters)
+}
+
+/// The plan of a fed call and its fold counters ([`fed_counters_for`]; the pair's tiles are
+/// twice one matrix's).
+fn fed_plan(g: &TrellisGeometry, m: usize, dtype: Dtype, pair: bool) -> Option<(CudaDownConfig, usize)> {
+    if !supports(g) || !(1..=FED_MAX_ROWS).contains(&m) || uses_dense(m, dtype) {
         return None;
     }
     let cfg = plan_for(g, m, dtype);
-    (!cfg.prescaled && cfg.mt == 1).then(|| (cfg, cfg.column_blocks(g) * m.div_ceil(8 * cfg.mt as usize)))
+    let mats = if pair { 2 } else { 1 };
+    (!cfg.prescaled && cfg.mt == 1).then(|| (cfg, mats * cfg.column_blocks(g) * m.div_ceil(8 * cfg.mt as usize)))
 }
 
 /// The most activation rows a fed call takes: one 8-row tile a pass, whose blocks find the rows'
@@ -199,16 +217,67 @@ pub(crate) fn down_fed(
     counters: &MlxArray,
     residual: Option<&MlxArray>,
 ) -> Result<MlxArray> {
+    Ok(run_fed(x2, &[(codes, scales)], g, residual, &[], counters)?.remove(0))
+}
+
+/// [`down_rotated_cuda`] on `counters`, zeroed by a launch before it ([`fed_counters_for`] of
+/// them): one launch, whose blocks find their rows' powers of two and whose fold turns the outputs
+/// back (and adds `residual` where given). An error where the call does not run so.
+pub(crate) fn down_rotated_fed(
+    x2: &MlxArray,
+    codes: &MlxArray,
+    scales: &MlxArray,
+    g: &TrellisGeometry,
+    rotation: OutputRotation<'_>,
+    residual: Option<&MlxArray>,
+    counters: &MlxArray,
+) -> Result<MlxArray> {
+    Ok(run_fed(x2, &[(codes, scales)], g, residual, &[rotation], counters)?.remove(0))
+}
+
+/// [`down_pair_cuda`] (with `rotations`, [`down_pair_rotated_cuda`]) on `counters`, zeroed by a
+/// launch before it ([`fed_counters_for`] of them): one launch of the pair variant and no
+/// pre-pass. Each output has the bits the fed call of its matrix alone gives (each matrix's blocks
+/// find the exponents of the activations times its own scales). An error where the call does not
+/// run so.
+pub(crate) fn down_pair_fed(
+    x2: &MlxArray,
+    codes: [&MlxArray; 2],
+    scales: [&MlxArray; 2],
+    g: &TrellisGeometry,
+    rotations: Option<[OutputRotation<'_>; 2]>,
+    counters: &MlxArray,
+) -> Result<[MlxArray; 2]> {
+    let mats = [(codes[0], scales[0]), (codes[1], scales[1])];
+    let ys = run_fed(x2, &mats, g, None, rotations.as_ref().map_or(&[], |r| &r[..]), counters)?;
+    Ok(ys.try_into().expect("the pair variant has two outputs"))
+}
+
+/// One fed launch of `mats` (one matrix or a pair) on `counters`: the plan's configuration where
+/// the call runs fed with these rotations and `counters` has the count it takes.
+fn run_fed(
+    x2: &MlxArray,
+    mats: &[(&MlxArray, &MlxArray)],
+    g: &TrellisGeometry,
+    residual: Option<&MlxArray>,
+    rotations: &[OutputRotation<'_>],
+    counters: &MlxArray,
+) -> Result<Vec<MlxArray>> {
     require_supported(g)?;
-    let m = x2.shape().first().copied().unwrap_or(0);
-    let Some((cfg, _)) = fed_plan(g, m, x2.dtype()).filter(|&(_, want)| want == counters.size()) else {
+    let (m, dtype, pair) = (x2.shape().first().copied().unwrap_or(0), x2.dtype(), mats.len() == 2);
+    let block = rotations.first().map(|r| r.block);
+    let plan = fed_plan(g, m, dtype, pair).filter(|&(cfg, want)| {
+        want == counters.size() && block.is_none_or(|block| cfg.rotates_in_fold(g, block, dtype))
+    });
+    let Some((cfg, _)) = plan else {
         invalid!(
-            "CUDA down kernel: {} fed counters do not fit {m} rows of {} activations of {g}",
+            "CUDA down kernel: {} fed counters do not fit {m} rows of {dtype} activations of {g} ({}{})",
             counters.size(),
-            x2.dtype()
+            if pair { "a pair" } else { "one matrix" },
+            block.map_or(String::new(), |b| format!(", outputs turned back in blocks of {b}"))
         );
     };
-    Ok(run(x2, &[(codes, scales)], g, cfg, residual, Some(counters), &[])?.0.remove(0))
+    Ok(run(x2, mats, g, cfg, residual, Some(counters), rotations)?.0)
 }
 
 /// `residual + x2 [M, in] · W -> [M, out]` in `x2`'s dtype: [`down_cuda`] with the add in the
@@ -323,8 +392,8 @@ pub(crate) fn run(
             );
         }
     }
-    if fed.is_some() && (pair || cfg.prescaled) {
-        invalid!("CUDA down kernel: a fed call runs one matrix on activations as they are (not prescaled)");
+    if fed.is_some() && cfg.prescaled {
+        invalid!("CUDA down kernel: a fed call runs on activations as they are (not prescaled)");
     }
     let prepared = prepared_launch(g, cfg, m, x2.dtype(), variant, fed.is_some())?;
     // The pre-pass gives the rows' exponents and the fold counters, a fresh zeroed array per
@@ -408,6 +477,54 @@ mod tests {
         assert!(
             !narrow.rotates_in_fold(&qwen, 256, Dtype::Bfloat16) && narrow.rotates_in_fold(&qwen, 128, Dtype::Bfloat16)
         );
+    }
+
+    #[test]
+    fn the_plan_feeds_smollm2s_attention_up_to_8_rows() {
+        // q and o (576 -> 576) alone, k and v (576 -> 192) as a pair, rotated back in blocks of 64
+        // in the fold: fed at 1-8 rows in every dtype, with a counter per column tile of each
+        // matrix; from 9 rows not.
+        let smol = [576, 192].map(|cols| TrellisGeometry::row_major(576, cols, 3, 192, 12, 0).unwrap());
+        for (g, pair) in [(smol[0], false), (smol[1], true)] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                for m in 1..=FED_MAX_ROWS {
+                    let cfg = plan_for(&g, m, dtype);
+                    let mats = if pair { 2 } else { 1 };
+                    let want = mats * cfg.column_blocks(&g);
+                    assert_eq!(fed_counters_for(&g, m, dtype, pair, Some(64)), Some(want), "{g} M {m} {dtype}");
+                    assert_eq!(fed_counters_for(&g, m, dtype, pair, None), Some(want), "{g} M {m} {dtype}");
+                }
+                assert_eq!(fed_counters_for(&g, 9, dtype, pair, Some(64)), None, "{g} {dtype}");
+            }
+        }
+        // A rotation block the plan's tiles do not hold whole: not fed with it.
+        let qwen = TrellisGeometry::row_major(17408, 5120, 3, 256, 12, 0).unwrap().interleaved().unwrap();
+        let cfg = plan_for(&qwen, 1, Dtype::Bfloat16);
+        let too_wide = 2 * cfg.tile_positions();
+        assert_eq!(fed_counters_for(&qwen, 1, Dtype::Bfloat16, false, Some(too_wide)), None);
+    }
+
+    #[test]
+    fn fed_pairs_and_rotations_of_another_count_are_refused_before_anything_runs() {
+        let g = TrellisGeometry::row_major(576, 192, 3, 192, 12, 0).unwrap();
+        let x = MlxArray::zeros(&[1, 576], Dtype::Bfloat16).unwrap();
+        let codes = MlxArray::zeros(&g.codes_shape(), Dtype::Uint32).unwrap();
+        let scales = MlxArray::zeros(&[576], Dtype::Float16).unwrap();
+        let signs = MlxArray::ones(&[192], Dtype::Float32).unwrap();
+        let rotation = OutputRotation { signs: &signs, logical: 192, block: 64 };
+        let single = fed_counters_for(&g, 1, Dtype::Bfloat16, false, Some(64)).unwrap();
+        let pair = fed_counters_for(&g, 1, Dtype::Bfloat16, true, Some(64)).unwrap();
+        assert_eq!(pair, 2 * single);
+        // The pair given one matrix's counters, the single call the pair's.
+        let counters = MlxArray::zeros(&[single], Dtype::Uint32).unwrap();
+        let err = down_pair_fed(&x, [&codes, &codes], [&scales, &scales], &g, Some([rotation, rotation]), &counters)
+            .expect_err("too few counters");
+        assert!(err.to_string().contains(&format!("{single} fed counters do not fit 1 rows")), "{err}");
+        assert!(err.to_string().contains("a pair, outputs turned back in blocks of 64"), "{err}");
+        let counters = MlxArray::zeros(&[pair], Dtype::Uint32).unwrap();
+        let err = down_rotated_fed(&x, &codes, &scales, &g, rotation, None, &counters).unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidArgument, "{err}");
+        assert!(err.to_string().contains("one matrix, outputs turned back"), "{err}");
     }
 
     #[test]
