@@ -450,6 +450,46 @@ fn mlps_joined_on_cuda_add_the_residual_in_every_dtype() {
     check_joined(&JOINED_CASES[..2], true);
 }
 
+/// The join fed from a fill of fold counters ([`TrellisMlp::forward_residual_fed`], as the
+/// model's decode runs it on CUDA): gate and up's pair launch with no pre-pass, at 1-8 rows of
+/// SmolLM2's layout and the padded mixed-k one, each dtype, against the f64 `residual + mlp(x)`;
+/// the counters all taken. From 9 rows none are asked for and a fed call is an error before
+/// anything runs.
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn mlps_joined_on_cuda_run_fed_on_one_fill() {
+    require_cuda();
+    for case in &JOINED_CASES[..2] {
+        let (what, hidden) = (case.0, case.1);
+        let (layers, mlp) = joined_mlp(case);
+        for m in [1usize, 2, 5, 8, 9] {
+            for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
+                let (x, xr) = activations(m, hidden, 260 + m as u64, dtype);
+                let (r, rr) = activations(m, hidden, 360 + m as u64, dtype);
+                let Some(n) = mlp.fed_counters(m, dtype) else {
+                    assert_eq!(m, 9, "{what} {dtype}: fed at 1-8 rows");
+                    let mut counters = FoldCounters::zeroed(16).unwrap();
+                    let err = mlp.forward_residual_fed(&x, &r, &mut counters).unwrap_err();
+                    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+                    assert_eq!(counters.remaining(), 16);
+                    continue;
+                };
+                assert!(m <= 8, "{what} {dtype} M {m}");
+                let mut counters = FoldCounters::zeroed(n).unwrap();
+                let y = mlp.forward_residual_fed(&x, &r, &mut counters).unwrap();
+                assert_eq!(counters.remaining(), 0);
+                assert_eq!((y.shape(), y.dtype()), (vec![m, hidden], dtype));
+                let mut want = dense_mlp(&xr, m, &layers);
+                want.iter_mut().zip(&rr).for_each(|(w, r)| *w += r);
+                let err = rel_err(&to_f64(&y), &want).unwrap();
+                let bound = 2.0 * gate(dtype);
+                assert!(err < bound, "{what} fed {dtype} M {m}: relErr {err:.2e} (gate {bound:.0e})");
+                println!("{what} fed {dtype} M {m}: relErr {err:.2e}");
+            }
+        }
+    }
+}
+
 /// The case's coded layers and its MLP.
 fn joined_mlp(&(what, hidden, inter, ks, seeds): &JoinedCase) -> ([CodedLinear; 3], TrellisMlp) {
     let layers = [
@@ -853,7 +893,8 @@ fn attention_projections_run_fed_on_one_fill_on_cuda() {
     }
 }
 
-/// Off CUDA nothing runs fed: no counters are asked for, and a fed call is an error.
+/// Off CUDA nothing runs fed: no counters are asked for, and a fed call (of layers or of a
+/// joined MLP) is an error.
 #[test]
 fn fed_calls_run_only_on_cuda() {
     if mlx_trellis::backend() == mlx_trellis::Backend::Cuda {
@@ -867,6 +908,12 @@ fn fed_calls_run_only_on_cuda() {
     let err = TrellisLinear::forward_shared_input_fed(&[&lin], &x, &mut counters).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     assert!(err.to_string().contains("CUDA back-end"), "{err}");
+    assert_eq!(counters.remaining(), 8);
+    let (_, mlp) = joined_mlp(&JOINED_CASES[0]);
+    assert_eq!(mlp.fed_counters(1, Dtype::Float32), None);
+    let (x, _) = activations(1, 192, 6, Dtype::Float32);
+    let err = mlp.forward_residual_fed(&x, &x, &mut counters).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
     assert_eq!(counters.remaining(), 8);
 }
 

@@ -1,6 +1,7 @@
 //! Grouped-query self-attention with rotary position embeddings and a key/value cache.
 
 use crate::array::MlxArray;
+use crate::dtype::Dtype;
 use crate::error::{invalid, Result};
 use crate::nn::{rope, scaled_dot_product_attention, AttentionMask};
 use crate::ops::concatenate;
@@ -86,7 +87,7 @@ impl Attention {
     /// `cache` holds; appends this call's keys and values to `cache`. The add is the output
     /// projection's ([`Linear::forward_residual`]: on CUDA a coded one adds it in its kernel).
     /// On CUDA, coded projections at up to 8 rows share one fill of their fold counters and run
-    /// without pre-passes ([`TrellisLinear::forward_shared_input_fed`]).
+    /// without pre-passes ([`Attention::fed_counters`]).
     /// `observe` sees the input of every projection (q, k and v share `x`).
     pub fn forward_residual(
         &self,
@@ -95,13 +96,58 @@ impl Attention {
         cache: &mut LayerCache,
         observe: &mut dyn FnMut(&str, &MlxArray) -> Result<()>,
     ) -> Result<MlxArray> {
+        let rows = x.shape()[..x.ndim().saturating_sub(1)].iter().product();
+        let fed = self.fed_counters(rows, x.dtype()).filter(|_| residual.dtype() == x.dtype());
+        let mut fed = fed.map(FoldCounters::zeroed).transpose()?;
+        self.forward_residual_with(x, residual, cache, observe, fed.as_mut())
+    }
+
+    /// [`Attention::forward_residual`] with the q, k·v and o launches taking their fold counters
+    /// from `counters` ([`Attention::fed_counters`] of them), for a runner that fills one
+    /// [`FoldCounters`] for a block's attention and MLP. An error where they do not run fed.
+    pub fn forward_residual_fed(
+        &self,
+        x: &MlxArray,
+        residual: &MlxArray,
+        cache: &mut LayerCache,
+        observe: &mut dyn FnMut(&str, &MlxArray) -> Result<()>,
+        counters: &mut FoldCounters,
+    ) -> Result<MlxArray> {
+        self.forward_residual_with(x, residual, cache, observe, Some(counters))
+    }
+
+    /// The fold counters the block's coded q, k·v and o launches take fed on CUDA for `rows` rows
+    /// of `dtype` activations ([`TrellisLinear::fed_counters`]): one fill for them in place of
+    /// a pre-pass each, two launches fewer. `None` where a projection is not coded or does not
+    /// run fed.
+    pub fn fed_counters(&self, rows: usize, dtype: Dtype) -> Option<usize> {
+        let (Linear::Trellis(q), Linear::Trellis(k), Linear::Trellis(v), Linear::Trellis(o)) =
+            (&self.q, &self.k, &self.v, &self.o)
+        else {
+            return None;
+        };
+        TrellisLinear::fed_counters(&[q, k, v], rows, dtype)?.checked_add(TrellisLinear::fed_counters(
+            &[o],
+            rows,
+            dtype,
+        )?)
+    }
+
+    /// [`Attention::forward_residual`], fed from `fed` where given.
+    fn forward_residual_with(
+        &self,
+        x: &MlxArray,
+        residual: &MlxArray,
+        cache: &mut LayerCache,
+        observe: &mut dyn FnMut(&str, &MlxArray) -> Result<()>,
+        mut fed: Option<&mut FoldCounters>,
+    ) -> Result<MlxArray> {
         let l = x.shape()[1];
         let offset = cache.len();
         for name in ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"] {
             observe(name, x)?;
         }
-        let mut fed = self.fed_counters(x, residual)?;
-        let [q, k, v] = match fed.as_mut() {
+        let [q, k, v] = match fed.as_deref_mut() {
             Some(counters) => self.qkv_fed(x, counters)?,
             None => self.qkv(x)?,
         };
@@ -121,29 +167,10 @@ impl Attention {
         cache.kv = Some((k, v));
         let out = out.transpose(&[0, 2, 1, 3])?.reshape(&[1, l, self.heads * self.head_dim])?;
         observe("self_attn.o_proj", &out)?;
-        match (&self.o, fed.as_mut()) {
+        match (&self.o, fed) {
             (Linear::Trellis(o), Some(counters)) => o.forward_residual_fed(&out, residual, counters),
-            _ => self.o.forward_residual(&out, residual),
-        }
-    }
-
-    /// One fill of the fold counters of the block's coded q, k·v and o launches where all four
-    /// projections run fed on CUDA at this row count ([`TrellisLinear::fed_counters`]): two
-    /// launches fewer than a pre-pass each. `None` elsewhere.
-    fn fed_counters(&self, x: &MlxArray, residual: &MlxArray) -> Result<Option<FoldCounters>> {
-        let (Linear::Trellis(q), Linear::Trellis(k), Linear::Trellis(v), Linear::Trellis(o)) =
-            (&self.q, &self.k, &self.v, &self.o)
-        else {
-            return Ok(None);
-        };
-        let (m, dtype) = (x.shape()[..x.ndim().saturating_sub(1)].iter().product(), x.dtype());
-        if residual.dtype() != dtype {
-            return Ok(None);
-        }
-        let qkv = TrellisLinear::fed_counters(&[q, k, v], m, dtype);
-        match (qkv, TrellisLinear::fed_counters(&[o], m, dtype)) {
-            (Some(a), Some(b)) => Ok(Some(FoldCounters::zeroed(a + b)?)),
-            _ => Ok(None),
+            (_, Some(_)) => invalid!("a fed attention's output projection must be coded"),
+            (_, None) => self.o.forward_residual(&out, residual),
         }
     }
 

@@ -1,7 +1,9 @@
 //! The SwiGLU MLP of a decoder block: `down(silu(gate(x)) ⊙ up(x))`.
 
 use crate::array::MlxArray;
-use crate::error::Result;
+use crate::dtype::Dtype;
+use crate::error::{invalid, Result};
+use crate::trellis::cuda::FoldCounters;
 use crate::trellis::TrellisMlp;
 
 use super::linear::Linear;
@@ -55,6 +57,29 @@ impl Mlp {
         match self {
             Mlp::Linears { .. } => residual.add(&self.forward(x)?),
             Mlp::Trellis(m) => m.forward_residual(x, residual),
+        }
+    }
+
+    /// The fold counters [`Mlp::forward_residual_fed`] takes for `rows` rows of `dtype`
+    /// activations ([`TrellisMlp::fed_counters`]); `None` where it does not run fed.
+    pub fn fed_counters(&self, rows: usize, dtype: Dtype) -> Option<usize> {
+        match self {
+            Mlp::Linears { .. } => None,
+            Mlp::Trellis(m) => m.fed_counters(rows, dtype),
+        }
+    }
+
+    /// [`Mlp::forward_residual`] with gate and up's launch taking its fold counters from
+    /// `counters` ([`TrellisMlp::forward_residual_fed`]); an error where it does not run fed.
+    pub fn forward_residual_fed(
+        &self,
+        x: &MlxArray,
+        residual: &MlxArray,
+        counters: &mut FoldCounters,
+    ) -> Result<MlxArray> {
+        match self {
+            Mlp::Linears { .. } => invalid!("an MLP of separate layers does not run fed"),
+            Mlp::Trellis(m) => m.forward_residual_fed(x, residual, counters),
         }
     }
 

@@ -12,6 +12,7 @@ use crate::io::gguf::Gguf;
 use crate::nn::rms_norm;
 use crate::nn::select::argmax;
 use crate::ops::{dequantize, eval_all};
+use crate::trellis::cuda::FoldCounters;
 use crate::trellis::{Artifact, TrellisMlp};
 
 use super::attention::{Attention, LayerCache};
@@ -460,10 +461,23 @@ impl LlamaModel {
                     None => Ok(()),
                 }
             };
+            // On CUDA one fill zeroes the fold counters of the block's fed launches (its coded
+            // attention's and, joined, its MLP's gate·up): no pre-pass launch for any of them.
+            let (attn_fed, mlp_fed) = (block.attn.fed_counters(l, self.dtype), block.mlp.fed_counters(l, self.dtype));
+            let mlp_fed = mlp_fed.filter(|_| !observing);
+            let total = attn_fed.unwrap_or(0).checked_add(mlp_fed.unwrap_or(0));
+            let mut fed = total.filter(|&n| n > 0).map(FoldCounters::zeroed).transpose()?;
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
-            x = block.attn.forward_residual(&h, &x, layer_cache, &mut report)?;
+            x = match (attn_fed, fed.as_mut()) {
+                (Some(_), Some(counters)) => {
+                    block.attn.forward_residual_fed(&h, &x, layer_cache, &mut report, counters)?
+                }
+                _ => block.attn.forward_residual(&h, &x, layer_cache, &mut report)?,
+            };
             let h = rms_norm(&x, &block.ffn_norm, c.rms_eps)?;
-            if observing {
+            if let (Some(_), Some(counters)) = (mlp_fed, fed.as_mut()) {
+                x = block.mlp.forward_residual_fed(&h, &x, counters)?;
+            } else if observing {
                 report("mlp.gate_proj", &h)?;
                 report("mlp.up_proj", &h)?;
                 let s = block.mlp.swiglu(&h)?;

@@ -27,6 +27,7 @@ use crate::error::{invalid, ErrorContext, ErrorKind, Result};
 
 use super::checks::{activation_rows, same_but_bits};
 use super::cuda::swiglu_rotate::Side;
+use super::cuda::FoldCounters;
 use super::linear::{from_host_f64, host_f64, resolve_auto, ForwardPath, TrellisLinear};
 use super::model::Artifact;
 use super::reference_coded::{mlp_coded_f64, swiglu_coded_f64};
@@ -190,6 +191,52 @@ impl TrellisMlp {
         self.forward_plus(x, Some(residual), path)
     }
 
+    /// The fold counters [`TrellisMlp::forward_residual_fed`] takes for `m` rows of `dtype`
+    /// activations: where [`TrellisMlp::joins_on_cuda`] and gate and up, stored along their outputs
+    /// with one geometry, run as one fed launch of the down kernel's pair variant (1 to 8 rows);
+    /// `None` elsewhere. A runner adds them to its block's other fed calls' and makes one
+    /// [`FoldCounters`] for them all.
+    pub fn fed_counters(&self, m: usize, dtype: Dtype) -> Option<usize> {
+        let (g, u) = (self.gate.geometry(), self.up.geometry());
+        if g.axis != 0 || g != u || !self.joins_on_cuda(dtype) {
+            return None;
+        }
+        cuda::down::fed_counters_for(g, m, dtype, true, None)
+    }
+
+    /// [`TrellisMlp::forward_residual`] by the CUDA join, gate and up's launch taking its fold
+    /// counters from `counters` instead of a pre-pass ([`TrellisMlp::fed_counters`] of them). An
+    /// error, before anything runs, where it does not run so.
+    pub fn forward_residual_fed(
+        &self,
+        x: &MlxArray,
+        residual: &MlxArray,
+        counters: &mut FoldCounters,
+    ) -> Result<MlxArray> {
+        if residual.shape() != x.shape() {
+            invalid!("MLP residual {:?} must have the activations' shape {:?}", residual.shape(), x.shape());
+        }
+        let m = x.shape()[..x.ndim().saturating_sub(1)].iter().product();
+        if self.fed_counters(m, x.dtype()).is_none() {
+            invalid!(
+                "MLP of {:?}, {:?} and {:?}: {m} rows of {} activations do not run fed (gate and up stored along their outputs with one geometry, joined on CUDA, 1 to 8 rows)",
+                self.gate.name(),
+                self.up.name(),
+                self.down.name(),
+                x.dtype()
+            );
+        }
+        match self.joined_on_cuda(x, ForwardPath::Cuda, Some(residual), Some(counters))? {
+            Some(y) => Ok(y),
+            None => invalid!(
+                "MLP of {:?}, {:?} and {:?}: no rows to run fed",
+                self.gate.name(),
+                self.up.name(),
+                self.down.name()
+            ),
+        }
+    }
+
     /// The MLP of `x` by `path`, plus `residual` where given: the CUDA join where it applies, else
     /// gate·up·SwiGLU and down by the path (the add by the down projection's
     /// [`TrellisLinear::forward_residual_with`]).
@@ -213,7 +260,7 @@ impl TrellisMlp {
                 None => Ok(y),
             };
         }
-        if let Some(y) = self.joined_on_cuda(x, path, residual)? {
+        if let Some(y) = self.joined_on_cuda(x, path, residual, None)? {
             return Ok(y);
         }
         if let Some(y) = self.fed_on_cuda(x, path, residual)? {
@@ -234,7 +281,15 @@ impl TrellisMlp {
     /// its kernel does not serve, no rows, or (with `Auto`) a projection its kernel does not serve
     /// at this row count, which the projection-by-projection path then takes.
     /// With `residual` (`x`'s shape) the result is `residual + forward(x)`.
-    fn joined_on_cuda(&self, x: &MlxArray, path: ForwardPath, residual: Option<&MlxArray>) -> Result<Option<MlxArray>> {
+    /// With `fed`, gate and up's pair launch takes its fold counters from it (the caller has
+    /// checked [`TrellisMlp::fed_counters`]).
+    fn joined_on_cuda(
+        &self,
+        x: &MlxArray,
+        path: ForwardPath,
+        residual: Option<&MlxArray>,
+        mut fed: Option<&mut FoldCounters>,
+    ) -> Result<Option<MlxArray>> {
         if !matches!(path, ForwardPath::Auto | ForwardPath::Cuda) {
             return Ok(None);
         }
@@ -246,11 +301,11 @@ impl TrellisMlp {
         if m == 0 {
             return Ok(None);
         }
-        let run = || -> Result<MlxArray> {
+        let mut run = || -> Result<MlxArray> {
             for l in [&self.gate, &self.up, &self.down] {
                 l.check_fits(m, dtype)?;
             }
-            let [g, u] = self.gate_up_stored_on_cuda(&x2)?;
+            let [g, u] = self.gate_up_stored_on_cuda(&x2, fed.as_deref_mut())?;
             let h = cuda::swiglu_rotate::swiglu_rotated(&g, &u, self.intermediate(), gate, up, down)?;
             let y = match residual {
                 Some(r) => {
@@ -356,10 +411,25 @@ impl TrellisMlp {
     /// Gate's and up's stored outputs on MLX's CUDA back-end: one launch of the down kernel's pair
     /// variant where both are stored along their outputs (axis 0) with one geometry (their input
     /// then needs no transform), a call each otherwise.
-    fn gate_up_stored_on_cuda(&self, x2: &MlxArray) -> Result<[MlxArray; 2]> {
+    /// With `fed`, that launch takes its fold counters from it and runs no pre-pass.
+    fn gate_up_stored_on_cuda(&self, x2: &MlxArray, fed: Option<&mut FoldCounters>) -> Result<[MlxArray; 2]> {
         let (g, u) = (&self.gate, &self.up);
         if g.geometry().axis == 0 && g.geometry() == u.geometry() {
-            let pair = cuda::down::down_pair_cuda(x2, [g.codes(), u.codes()], [g.scales(), u.scales()], g.geometry());
+            let (codes, scales, geometry) = ([g.codes(), u.codes()], [g.scales(), u.scales()], g.geometry());
+            let pair = match fed {
+                Some(counters) => {
+                    let (m, dtype) = (x2.shape()[0], x2.dtype());
+                    let Some(n) = cuda::down::fed_counters_for(geometry, m, dtype, true, None) else {
+                        invalid!(
+                            "{:?} and {:?} ({geometry}): {m} rows of {dtype} activations do not run fed",
+                            g.name(),
+                            u.name()
+                        );
+                    };
+                    cuda::down::down_pair_fed(x2, codes, scales, geometry, None, &counters.take(n)?)
+                }
+                None => cuda::down::down_pair_cuda(x2, codes, scales, geometry),
+            };
             return pair.with_context(|| {
                 format!("{:?} and {:?} ({}) by one launch of the cuda path", g.name(), u.name(), g.geometry())
             });
