@@ -452,29 +452,31 @@ fn mlps_joined_on_cuda_add_the_residual_in_every_dtype() {
 
 /// The join fed from a fill of fold counters ([`TrellisMlp::forward_residual_fed`], as the
 /// model's decode runs it on CUDA): gate and up's pair launch with no pre-pass, at 1-8 rows of
-/// SmolLM2's layout and the padded mixed-k one, each dtype, against the f64 `residual + mlp(x)`;
-/// the counters all taken. From 9 rows none are asked for and a fed call is an error before
-/// anything runs.
+/// SmolLM2's layout and an unrotated padded one, each dtype, against the f64 `residual +
+/// mlp(x)`; the counters all taken. From 9 rows, and for gate and up of different k (no pair
+/// launch), none are asked for and a fed call is an error before anything runs.
 #[test]
 #[ignore = "needs MLX's CUDA back-end"]
 fn mlps_joined_on_cuda_run_fed_on_one_fill() {
     require_cuda();
-    for case in &JOINED_CASES[..2] {
-        let (what, hidden) = (case.0, case.1);
+    // SmolLM2's layout, the unrotated padded one, and gate k 2 / up k 4 (two geometries: no
+    // pair launch, so never fed).
+    for case in [&JOINED_CASES[0], &JOINED_CASES[4], &JOINED_CASES[1]] {
+        let (what, hidden, pairs) = (case.0, case.1, case.3[0] == case.3[1]);
         let (layers, mlp) = joined_mlp(case);
         for m in [1usize, 2, 5, 8, 9] {
             for dtype in [Dtype::Float32, Dtype::Float16, Dtype::Bfloat16] {
                 let (x, xr) = activations(m, hidden, 260 + m as u64, dtype);
                 let (r, rr) = activations(m, hidden, 360 + m as u64, dtype);
                 let Some(n) = mlp.fed_counters(m, dtype) else {
-                    assert_eq!(m, 9, "{what} {dtype}: fed at 1-8 rows");
+                    assert!(m == 9 || !pairs, "{what} {dtype} M {m}: fed at 1-8 rows");
                     let mut counters = FoldCounters::zeroed(16).unwrap();
                     let err = mlp.forward_residual_fed(&x, &r, &mut counters).unwrap_err();
                     assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
                     assert_eq!(counters.remaining(), 16);
                     continue;
                 };
-                assert!(m <= 8, "{what} {dtype} M {m}");
+                assert!(m <= 8 && pairs, "{what} {dtype} M {m}");
                 let mut counters = FoldCounters::zeroed(n).unwrap();
                 let y = mlp.forward_residual_fed(&x, &r, &mut counters).unwrap();
                 assert_eq!(counters.remaining(), 0);
