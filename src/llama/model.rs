@@ -454,6 +454,21 @@ impl LlamaModel {
         let mut x = self.embedding.lookup(ids, self.dtype)?.reshape(&[1, l, c.hidden])?;
         // An observer sees the down projection's input, so the MLP is then run in two parts.
         let observing = observe.is_some();
+        // On CUDA one fill zeroes the fold counters of every fed launch of the pass (each block's
+        // coded attention and, joined, its MLP's gate·up): no pre-pass launch for any of them,
+        // and one fill for the whole pass, not one a block.
+        let fed_counts: Vec<(Option<usize>, Option<usize>)> = self
+            .blocks
+            .iter()
+            .map(|b| (b.attn.fed_counters(l, self.dtype), b.mlp.fed_counters(l, self.dtype).filter(|_| !observing)))
+            .collect();
+        let total = fed_counts
+            .iter()
+            .try_fold(0usize, |sum, &(a, m)| sum.checked_add(a.unwrap_or(0))?.checked_add(m.unwrap_or(0)));
+        let Some(total) = total else {
+            invalid!("the fold counters of a pass of {} blocks overflow", self.blocks.len());
+        };
+        let mut fed = (total > 0).then(|| FoldCounters::zeroed(total)).transpose()?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
             let mut report = |name: &str, a: &MlxArray| -> Result<()> {
                 match observe.as_mut() {
@@ -461,12 +476,7 @@ impl LlamaModel {
                     None => Ok(()),
                 }
             };
-            // On CUDA one fill zeroes the fold counters of the block's fed launches (its coded
-            // attention's and, joined, its MLP's gate·up): no pre-pass launch for any of them.
-            let (attn_fed, mlp_fed) = (block.attn.fed_counters(l, self.dtype), block.mlp.fed_counters(l, self.dtype));
-            let mlp_fed = mlp_fed.filter(|_| !observing);
-            let total = attn_fed.unwrap_or(0).checked_add(mlp_fed.unwrap_or(0));
-            let mut fed = total.filter(|&n| n > 0).map(FoldCounters::zeroed).transpose()?;
+            let (attn_fed, mlp_fed) = fed_counts[i];
             let h = rms_norm(&x, &block.attn_norm, c.rms_eps)?;
             x = match (attn_fed, fed.as_mut()) {
                 (Some(_), Some(counters)) => {
