@@ -113,6 +113,20 @@ pub struct TrellisLinear {
     host: Arc<OnceLock<HostOperands>>,
 }
 
+/// Refuses `layers` that do not all take `first`'s input features (one input for them all).
+fn check_shared_input(first: &TrellisLinear, layers: &[&TrellisLinear]) -> Result<()> {
+    match layers.iter().find(|l| l.in_features() != first.in_features()) {
+        Some(l) => invalid!(
+            "{:?} takes {} features but {:?} takes {}: the layers must share their input",
+            first.name,
+            first.in_features(),
+            l.name,
+            l.in_features()
+        ),
+        None => Ok(()),
+    }
+}
+
 /// Runs `run` by `path` and returns the path taken with its result. [`ForwardPath::Auto`] takes
 /// `best()`, then the generic path where `best`'s kernels refuse the call as unserved (they serve
 /// the geometry but not this row count).
@@ -440,15 +454,7 @@ impl TrellisLinear {
         let Some(first) = layers.first().filter(|_| on_host && layers.len() > 1) else {
             return layers.iter().map(|l| l.forward(x)).collect();
         };
-        if let Some(l) = layers.iter().find(|l| l.in_features() != first.in_features()) {
-            invalid!(
-                "{:?} takes {} features but {:?} takes {}: the layers must share their input",
-                first.name,
-                first.in_features(),
-                l.name,
-                l.in_features()
-            );
-        }
+        check_shared_input(first, layers)?;
         let (x2, lead) = activation_rows(&first.name, "layer", x, first.in_features(), Some(&first.geometry))?;
         let m = x2.shape()[0];
         if m == 0 {

@@ -1,7 +1,7 @@
 //! Fed calls on MLX's CUDA back-end: several coded layers coded along their outputs, run on one
 //! fill of fold counters ([`FoldCounters`]) instead of a pre-pass launch each. A block's q, k·v
-//! and o projections are three launches and a fill this way, where each call with its own
-//! pre-pass is two launches (docs/cuda-down.md §4). The down kernel's blocks then find their
+//! and o projections are three launches this way (and their part of a fill the runner shares
+//! among its calls), where each call with its own pre-pass is two launches (docs/cuda-down.md §4). The down kernel's blocks then find their
 //! rows' powers of two over their own split of the inputs (`BLOCK_EXP`), so a fed call's bits
 //! are not the pre-passed call's; both are checked against the f64 reference.
 
@@ -65,8 +65,8 @@ impl TrellisLinear {
     /// for `m` rows of `dtype` activations, or `None` where those calls do not run: a back-end
     /// other than CUDA or a stream off the GPU, a layer not coded along its outputs or whose output
     /// transform the down kernel's fold does not turn back, or a row count whose plan runs a
-    /// pre-pass (more than 8 rows, say). A runner sums them over a block's calls and makes one
-    /// [`FoldCounters`] for them.
+    /// pre-pass (more than 8 rows, say). A runner sums them over its calls (a block's, or a whole
+    /// forward pass's) and makes one [`FoldCounters`] for them.
     pub fn fed_counters(layers: &[&TrellisLinear], m: usize, dtype: Dtype) -> Option<usize> {
         if layers.is_empty() || backend() != Backend::Cuda || !Stream::current_is_gpu() {
             return None;
@@ -153,15 +153,7 @@ impl TrellisLinear {
         let (Some(first), true) = (layers.first(), backend() == Backend::Cuda && Stream::current_is_gpu()) else {
             invalid!("a fed call runs layers on MLX's CUDA back-end, on the GPU");
         };
-        if let Some(l) = layers.iter().find(|l| l.in_features() != first.in_features()) {
-            invalid!(
-                "{:?} takes {} features but {:?} takes {}: the layers must share their input",
-                first.name,
-                first.in_features(),
-                l.name,
-                l.in_features()
-            );
-        }
+        super::check_shared_input(first, layers)?;
         let Some(plan) = launches(layers, dtype) else {
             invalid!("a fed call runs layers coded along their outputs, on a geometry the down kernel serves, whose output transform its fold turns back");
         };
