@@ -104,7 +104,8 @@ impl Attention {
 
     /// [`Attention::forward_residual`] with the q, k·v and o launches taking their fold counters
     /// from `counters` ([`Attention::fed_counters`] of them), for a runner that fills one
-    /// [`FoldCounters`] for a block's attention and MLP. An error where they do not run fed.
+    /// [`FoldCounters`] for many calls (the model's forward pass: every block's attention and
+    /// MLP). An error where they do not run fed.
     pub fn forward_residual_fed(
         &self,
         x: &MlxArray,
