@@ -850,6 +850,7 @@ fn the_3_bit_interleave_is_chosen_for_256_weight_blocks_only() {
             rotation_seed: Some(9),
             ldlq: None,
             baseline: false,
+            match_norms: false,
         };
         let got = code_projection("p", &w, out, inp, None, &coding).unwrap();
         let g = got.coded.layer.geometry;
@@ -906,6 +907,7 @@ fn projections_coded_together_are_each_coded_as_alone() {
                 rotation_seed,
                 ldlq: Some(LdlqConfig::default()),
                 baseline,
+                match_norms: false,
             },
         })
         .collect();
@@ -934,4 +936,69 @@ fn projections_coded_together_are_each_coded_as_alone() {
         together.iter().map(|c| &c.warnings).collect::<Vec<_>>()
     );
     assert!(together[1].baseline_proxy.is_some());
+}
+
+/// `match_norms`: the same codes, only the scales changed, so that every stored row of the
+/// layer's logical weights (by the f64 reference path, x = I) has the dense row's norm to f16's
+/// precision; the reported error is that of the rescaled weights. Plain and LDLQ codes, both
+/// axes, rotated, with a Gaussian `W` whose rows differ in scale.
+#[test]
+fn matched_norms_keep_the_codes_and_give_each_stored_row_its_dense_norm() {
+    use mlx_trellis::llama::calibrate::Hessian;
+    use mlx_trellis::llama::coding::{code_projection, ProjectionCoding};
+    use mlx_trellis::trellis::ForwardPath;
+    let (out, inp) = (256usize, 512usize);
+    let mut w = gaussian(out * inp, 630).unwrap();
+    for (i, v) in w.iter_mut().enumerate() {
+        *v *= 0.01 * (1.0 + (i / inp) as f32 / 64.0);
+    }
+    let h = Hessian { n: inp, data: ill_conditioned(inp, 631) };
+    for axis in [0u32, 1] {
+        for ldlq in [None, Some(LdlqConfig::default())] {
+            let what = format!("axis {axis}, LDLQ {}", ldlq.is_some());
+            let coding = |match_norms| ProjectionCoding {
+                encoder: EncoderConfig { threads: Some(2), ..config(3, axis) },
+                rotation_seed: Some(17),
+                ldlq,
+                baseline: false,
+                match_norms,
+            };
+            let plain = code_projection("p", &w, out, inp, Some(&h), &coding(false)).unwrap();
+            let matched = code_projection("p", &w, out, inp, Some(&h), &coding(true)).unwrap();
+            assert_eq!(matched.choice.axis, axis, "{what}: both axes are whole blocks");
+            assert_eq!(plain.coded.layer.codes, matched.coded.layer.codes, "{what}: the codes");
+            assert_ne!(plain.coded.layer.scales, matched.coded.layer.scales, "{what}: the scales");
+            let linear = matched.coded.to_linear("p").unwrap();
+            let eye: Vec<f32> = (0..inp * inp).map(|i| f32::from(u8::from(i % (inp + 1) == 0))).collect();
+            let x = mlx_trellis::MlxArray::from_slice(&eye, &[inp, inp]).unwrap();
+            let wt = linear.forward_with(&x, ForwardPath::Reference).unwrap().to_vec::<f32>().unwrap(); // [in, out]
+                                                                                                        // Stored row r: output r over the inputs (axis 1), input r over the outputs (axis 0).
+            let (rows, n) = if axis == 1 { (out, inp) } else { (inp, out) };
+            let at = |r: usize, c: usize| if axis == 1 { (r, c) } else { (c, r) }; // (output, input)
+            let mut sq = 0f64;
+            for r in 0..rows {
+                let (mut have, mut want) = (0f64, 0f64);
+                for c in 0..n {
+                    let (o, i) = at(r, c);
+                    let (d, v) = (f64::from(wt[i * out + o]), f64::from(w[o * inp + i]));
+                    have += d * d;
+                    want += v * v;
+                    sq += (d - v).powi(2);
+                }
+                // One f16 rounding of the scale, and the f32 reference output.
+                assert!((have.sqrt() / want.sqrt() - 1.0).abs() < 6e-4, "{what} row {r}: {have} against {want}");
+            }
+            let mse = sq / (out * inp) as f64;
+            assert!(
+                (matched.coded.mse / mse - 1.0).abs() < 1e-3,
+                "{what}: reported {} against {mse}",
+                matched.coded.mse
+            );
+            // Rescaling moves the squared error little, either way (the coder's scale is the
+            // row's RMS over the codebook's, not the least-squares one).
+            let ratio = matched.coded.mse / plain.coded.mse;
+            assert!((0.9..1.1).contains(&ratio), "{what}: mse ratio {ratio}");
+            println!("{what}: mse ratio {ratio:.4}");
+        }
+    }
 }

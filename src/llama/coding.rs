@@ -19,10 +19,12 @@
 
 use crate::error::{invalid, Error, ErrorContext, Result};
 use crate::trellis::encoder::{
-    choose_axis, encode_linear_ldlq_lockstep, encode_padded, proxy_error, stored_from_linear, AxisChoice, CodedLinear,
-    Encoded, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, ProxyError, BLOCK_LEN,
+    choose_axis, encode_linear_ldlq_lockstep, encode_padded, match_row_norms, proxy_error, stored_from_linear,
+    AxisChoice, CodedLinear, Encoded, EncoderConfig, LdlqConfig, LdlqEncoded, LdlqOutcome, LdlqProblem, ProxyError,
+    BLOCK_LEN,
 };
 use crate::trellis::format::CodeLayout;
+use crate::trellis::reference::expand;
 use crate::trellis::rotation::{CodedAxis, Rotation};
 
 use super::calibrate::{rotate_hessian, Hessian};
@@ -41,6 +43,9 @@ pub struct ProjectionCoding {
     /// With `ldlq`: also code unweighted, to report that code's proxy error beside the weighted
     /// one (doubles the work).
     pub baseline: bool,
+    /// Set each stored row's scale after coding so that the row decodes with the dense row's
+    /// norm ([`match_row_norms`]): the search's reconstruction is shorter than the row it codes.
+    pub match_norms: bool,
 }
 
 /// A coded projection and what is known of its error.
@@ -279,7 +284,7 @@ fn finish(
     } else {
         None
     };
-    let (layer, reconstruction, proxy, baseline_proxy, outcome) = match (weighted, unweighted) {
+    let (mut layer, mut reconstruction, mut proxy, baseline_proxy, outcome) = match (weighted, unweighted) {
         (Some(wt), base) => {
             warnings.extend(wt.warnings.iter().map(|w| format!("{module}: {w}")));
             let baseline = base.and_then(|(_, _, p)| p);
@@ -289,6 +294,14 @@ fn finish(
         (None, Some((e, logical, proxy))) => (e.layer, logical, proxy, None, None),
         (None, None) => invalid!("code_projection: {module}: nothing was coded"),
     };
+    if coding.match_norms {
+        // The rotation keeps each stored row's norm: the dense rows are the targets as they are.
+        match_row_norms(&mut layer, &original, n)?;
+        let cols = layer.geometry.cols;
+        let decoded = expand(&layer.codes, &layer.scales, &layer.geometry)?;
+        reconstruction = decoded.chunks_exact(cols).flat_map(|r| r[..n].iter().copied()).collect();
+        proxy = proxy_of(&reconstruction)?;
+    }
     let (mse, mean_square) = logical_error(&reconstruction, &original, n, rotation.as_ref())?;
     let zero_rows = original.chunks_exact(n).filter(|row| row.iter().all(|&v| v == 0.0)).count();
     Ok(ProjectionCode {

@@ -119,6 +119,11 @@ pub struct QuantizeSpec {
     /// With `ldlq`: also code every projection unweighted and report that code's proxy error
     /// beside the weighted one's (twice the coding work).
     pub baseline: bool,
+    /// After coding, set each stored row's scale so that the row decodes with the dense row's
+    /// norm ([`match_row_norms`](crate::trellis::encoder::match_row_norms)); no bits more. On
+    /// SmolLM2 coded whole at k 3 it lowered the KL against the shipped model by 5 % and the
+    /// perplexity by 3 % (docs/real-models.md).
+    pub match_norms: bool,
     /// Pick each projection's bits per weight from [`BUDGET_BITS`] so that all coded projections
     /// together store at most this many bits per weight (codes, scales and rotation signs), by
     /// [`allocate_bits`] on the measured proxy errors. Needs a calibration `H` of every coded
@@ -145,6 +150,7 @@ impl Default for QuantizeSpec {
             backend: EncoderBackend::Auto,
             ldlq: None,
             baseline: false,
+            match_norms: false,
             budget: None,
         }
     }
@@ -614,6 +620,7 @@ fn quantize_outputs(
                         rotation_seed: spec.rotation.then(|| rotation_seed(module, choice.axis, spec.seed)),
                         ldlq: spec.ldlq,
                         baseline: spec.baseline,
+                        match_norms: spec.match_norms,
                     };
                     let hessian = hessians.and_then(|hs| hs.for_module(module));
                     Ok(ProjectionJob { module, w, out_features: *out, in_features: *inf, hessian, coding })

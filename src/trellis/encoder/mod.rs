@@ -85,6 +85,7 @@ mod block;
 pub mod hessian;
 pub mod ldlq;
 mod linear;
+mod norms;
 mod parallel;
 mod quality;
 mod search;
@@ -98,6 +99,7 @@ pub use ldlq::{
     LdlqOutcome, LdlqProblem,
 };
 pub use linear::{choose_axis, code_linear, fitting_block_len, AxisChoice, CodedLinear, RotationSpec};
+pub use norms::match_row_norms;
 pub use quality::{quality, Quality, RELATIVE_MSE_BOUND};
 
 /// The block length every shipped model uses, the encoder's default and the only one the GPU
