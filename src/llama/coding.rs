@@ -45,6 +45,8 @@ pub struct ProjectionCoding {
     pub baseline: bool,
     /// Set each stored row's scale after coding so that the row decodes with the dense row's
     /// norm ([`match_row_norms`]): the search's reconstruction is shorter than the row it codes.
+    /// The code's error and proxy error are then the rescaled weights'; a `baseline` code's
+    /// proxy error is reported as coded.
     pub match_norms: bool,
 }
 
