@@ -15,6 +15,11 @@
 //! cargo run --release --example allocate_model -- --set set --report set.budget-3.0.json \
 //!     --budget 2.5,3.0 --measure 2,3,4 --out sens
 //! ```
+//!
+//! `--tie gate_proj,up_proj` makes the projections of one block with those names share one k
+//! (allocated as one tensor), so that a runner can still pair their launches; `--measure-only`
+//! measures and writes the KLs (`--sensitivity`) without allocating, for a machine that holds only
+//! the measured widths' model directories.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,8 +52,14 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     report: PathBuf,
     /// Budgets in bits per weight, comma-separated.
-    #[arg(long, value_name = "B,...", value_delimiter = ',', required = true)]
+    #[arg(long, value_name = "B,...", value_delimiter = ',', required_unless_present = "measure_only")]
     budget: Vec<f64>,
+    /// Projections that share one k in each block, as the last parts of their names,
+    /// comma-separated (gate_proj,up_proj); repeatable. Each block's tied projections are
+    /// allocated as one tensor (their bits and errors summed), so a runner keeps one launch for
+    /// both.
+    #[arg(long, value_name = "NAME,NAME,...")]
+    tie: Vec<String>,
     /// The calibration text the KLs are measured on (keep it apart from any evaluation text).
     #[arg(long, default_value = "/usr/share/common-licenses/GPL-2")]
     text: PathBuf,
@@ -68,6 +79,10 @@ struct Args {
     /// Read the KLs from --sensitivity instead of measuring them, when the file exists.
     #[arg(long)]
     reuse: bool,
+    /// Measure the KLs, write them to --sensitivity and stop (no allocation; only the measured
+    /// widths' model directories need exist).
+    #[arg(long, requires = "sensitivity", conflicts_with = "reuse")]
+    measure_only: bool,
 }
 
 /// One projection's candidates from the report: (k, stored bits, proxy error).
@@ -148,16 +163,80 @@ fn read_sensitivity(path: &Path, modules: &[String], measure: &[u32]) -> Result<
         .collect()
 }
 
+/// `--tie` values as groups of name suffixes; each group of two or more distinct names, no name
+/// in two groups.
+fn parse_ties(ties: &[String]) -> Result<Vec<Vec<String>>> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut groups = Vec::new();
+    for tie in ties {
+        let group: Vec<String> = tie.split(',').map(|n| n.trim().to_string()).collect();
+        ensure!(
+            group.len() >= 2 && group.iter().all(|n| !n.is_empty() && !n.contains('.')),
+            "--tie {tie:?}: give two or more projection names (the last part of a module name), comma-separated"
+        );
+        for n in &group {
+            ensure!(seen.insert(n.clone()), "--tie: {n} is named twice");
+        }
+        groups.push(group);
+    }
+    Ok(groups)
+}
+
+/// The tensors to allocate: each block's tied projections joined into one (named by the block
+/// and the tie), the rest as they are; beside them, the indices into `tensors` of each one's
+/// members. A tie whose projections a block lacks in part is an error.
+fn tie_tensors(tensors: &[TensorOptions], ties: &[Vec<String>]) -> Result<(Vec<TensorOptions>, Vec<Vec<usize>>)> {
+    // (block prefix, tie index) -> members, in the order the tensors come.
+    let mut tied: BTreeMap<(String, usize), Vec<usize>> = BTreeMap::new();
+    let mut order: Vec<Result<usize, (String, usize)>> = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let (prefix, last) = t.name.rsplit_once('.').unwrap_or(("", &t.name));
+        match ties.iter().position(|g| g.iter().any(|n| n == last)) {
+            Some(g) => {
+                let key = (prefix.to_string(), g);
+                let members = tied.entry(key.clone()).or_default();
+                if members.is_empty() {
+                    order.push(Err(key));
+                }
+                members.push(i);
+            }
+            None => order.push(Ok(i)),
+        }
+    }
+    let mut groups = Vec::with_capacity(order.len());
+    let mut members = Vec::with_capacity(order.len());
+    for entry in order {
+        match entry {
+            Ok(i) => {
+                groups.push(tensors[i].clone());
+                members.push(vec![i]);
+            }
+            Err(key) => {
+                let idx = &tied[&key];
+                let (prefix, g) = &key;
+                ensure!(
+                    idx.len() == ties[*g].len(),
+                    "--tie {}: block {prefix} has {} of them",
+                    ties[*g].join(","),
+                    idx.len()
+                );
+                let parts: Vec<TensorOptions> = idx.iter().map(|&i| tensors[i].clone()).collect();
+                groups.push(TensorOptions::joined(format!("{prefix}.{}", ties[*g].join("+")), &parts)?);
+                members.push(idx.clone());
+            }
+        }
+    }
+    Ok((groups, members))
+}
+
 fn run(args: Args) -> Result<bool> {
     let start = Instant::now();
     let candidates = read_candidates(&args.report)?;
     let base = args.set.join("k2").join("base.gguf");
     let gguf = Gguf::open(&base)?;
     let config = LlamaConfig::from_gguf(&gguf)?;
-    let artifacts: BTreeMap<u32, Artifact> = [2, 3, 4]
-        .into_iter()
-        .map(|k| Ok((k, Artifact::open(args.set.join(format!("k{k}")))?)))
-        .collect::<Result<_>>()?;
+    let open = |k: u32| Artifact::open(args.set.join(format!("k{k}")));
+    let ties = parse_ties(&args.tie)?;
 
     let modules: Vec<String> = candidates.iter().map(|c| c.module.clone()).collect();
     let mut measure = args.measure.clone();
@@ -180,7 +259,7 @@ fn run(args: Args) -> Result<bool> {
                 LlamaModel::from_gguf(&base, &LayerPlan { mlp: dense, attention: dense, ..LayerPlan::shipped() })?;
             let mut kl = vec![BTreeMap::new(); modules.len()];
             for &k in &measure {
-                let artifact = &artifacts[&k];
+                let artifact = &open(k)?;
                 eprintln!(
                     "[allocate_model] measuring {} modules at k {k} on {} tokens of {}",
                     modules.len(),
@@ -203,6 +282,11 @@ fn run(args: Args) -> Result<bool> {
             kl
         }
     };
+    if args.measure_only {
+        println!("KLs of {} modules at k {measure:?} written", modules.len());
+        return Ok(true);
+    }
+    let artifacts: BTreeMap<u32, Artifact> = [2, 3, 4].into_iter().map(|k| Ok((k, open(k)?))).collect::<Result<_>>()?;
 
     let tensors: Vec<TensorOptions> = candidates
         .iter()
@@ -212,15 +296,19 @@ fn run(args: Args) -> Result<bool> {
             Ok(TensorOptions { name: c.module.clone(), weights: c.weights, candidates })
         })
         .collect::<Result<_>>()?;
+    let (groups, members) = tie_tensors(&tensors, &ties)?;
     for &b in &args.budget {
-        let choice = allocate_bits(&tensors, b)?;
+        let choice = allocate_bits(&groups, b)?;
         let mut layers: Vec<(String, TrellisLinear)> = Vec::with_capacity(tensors.len());
         let mut counts: BTreeMap<(String, u32), usize> = BTreeMap::new();
-        for (t, c) in tensors.iter().zip(&choice.choices) {
+        for (group, c) in members.iter().zip(&choice.choices) {
             let a = artifacts.get(&c.k).with_context(|| format!("no k{} model in {}", c.k, args.set.display()))?;
-            layers.push((t.name.clone(), a.module(&t.name)?));
-            let kind = t.name.rsplit('.').next().unwrap_or("").to_string();
-            *counts.entry((kind, c.k)).or_default() += 1;
+            for &t in group {
+                let name = &tensors[t].name;
+                layers.push((name.clone(), a.module(name)?));
+                let kind = name.rsplit('.').next().unwrap_or("").to_string();
+                *counts.entry((kind, c.k)).or_default() += 1;
+            }
         }
         // One decimal at least (3 -> budget-3.0), every digit given (3.038 -> budget-3.038).
         let name = if (b * 10.0).fract() == 0.0 { format!("budget-{b:.1}") } else { format!("budget-{b}") };

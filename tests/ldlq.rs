@@ -605,6 +605,45 @@ fn the_allocator_keeps_the_budget_and_takes_the_best_ratio_first() {
     assert!(all.bits_per_weight <= 4.5);
 }
 
+/// Tensors joined to share one k: weights, stored bits and errors summed per shared k (checked by
+/// hand), k's a part lacks dropped, and an allocation of the joined tensor spends the parts' bits.
+#[test]
+fn joined_tensors_sum_their_parts_at_each_shared_k() {
+    let gate = tensor("gate", 576, 1536, [6.0, 2.0, 0.5]);
+    let up = tensor("up", 576, 1536, [4.0, 1.0, 0.25]);
+    let joined = TensorOptions::joined("gate+up", &[gate.clone(), up.clone()]).unwrap();
+    assert_eq!(joined.name, "gate+up");
+    assert_eq!(joined.weights, 2 * 576 * 1536);
+    let sums: Vec<(u32, u64, f64)> = joined.candidates.iter().map(|c| (c.k, c.stored_bits, c.error)).collect();
+    let bits = |k: u64| 2 * (576 * 1536 * k + 576 * 16);
+    assert_eq!(sums, [(2, bits(2), 10.0), (3, bits(3), 3.0), (4, bits(4), 0.75)]);
+    // A part without k 4: the joined tensor has only k 2 and 3.
+    let mut short = up.clone();
+    short.candidates.retain(|c| c.k != 4);
+    let two: Vec<u32> =
+        TensorOptions::joined("j", &[gate.clone(), short]).unwrap().candidates.iter().map(|c| c.k).collect();
+    assert_eq!(two, [2, 3]);
+    // The joined tensor beside another: the budget counts both parts' bits (it fits the joined
+    // tensor at k 3 or down at k 4, and k 3 gains more a bit; 1e-9 for the rounding of the
+    // budget times the weights).
+    let other = tensor("down", 1536, 576, [3.0, 1.5, 1.0]);
+    let per_weight = |k: u64| (576 * 1536 * k + 576 * 16) as f64 / (576.0 * 1536.0);
+    let budget = (2.0 * per_weight(3) + (1536 * 576 * 2 + 1536 * 16) as f64 / (576.0 * 1536.0)) / 3.0 + 1e-9;
+    let got = allocate_bits(&[joined, other], budget).unwrap();
+    assert_eq!(got.choices.iter().map(|c| c.k).collect::<Vec<_>>(), [3, 2]);
+    assert!(got.bits_per_weight <= budget);
+    // Nothing to join, parts without a shared k, and an invalid part are refused.
+    assert!(TensorOptions::joined("none", &[]).is_err());
+    let mut only4 = up.clone();
+    only4.candidates.retain(|c| c.k == 4);
+    let mut only2 = gate.clone();
+    only2.candidates.retain(|c| c.k == 2);
+    assert!(TensorOptions::joined("j", &[only2, only4]).unwrap_err().to_string().contains("share no k"));
+    let mut bad = up;
+    bad.candidates[0].error = f64::NAN;
+    assert!(TensorOptions::joined("j", &[gate, bad]).is_err());
+}
+
 /// Candidates weighted by measured cost: measured widths take the cost itself, the others the
 /// proxy error scaled at the nearest measured width (the lower on a tie), checked in f64 by hand.
 #[test]

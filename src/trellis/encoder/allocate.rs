@@ -38,6 +38,43 @@ pub struct TensorOptions {
     pub candidates: Vec<BitCandidate>,
 }
 
+impl TensorOptions {
+    /// Tensors that must share one `k` (a runner's paired launches need one geometry: gate and
+    /// up of a fused MLP, k and v of one attention), as one tensor for [`allocate_bits`]: its
+    /// weights the parts' sum, and a candidate at each `k` every part has, with the parts' stored
+    /// bits and errors summed. Errors when `parts` is empty, a part is invalid (as
+    /// [`allocate_bits`] checks it), the parts share no `k`, or a sum overflows.
+    pub fn joined(name: impl Into<String>, parts: &[TensorOptions]) -> Result<TensorOptions> {
+        let name = name.into();
+        let Some(first) = parts.first() else {
+            invalid!("TensorOptions::joined: {name:?} joins no tensors");
+        };
+        let mut weights = 0u64;
+        for p in parts {
+            check_tensor(p)?;
+            weights = match weights.checked_add(p.weights) {
+                Some(w) => w,
+                None => invalid!("TensorOptions::joined: {name:?}'s weight count overflows 64 bits"),
+            };
+        }
+        let mut candidates = Vec::new();
+        for c in &first.candidates {
+            let at_k: Option<Vec<&BitCandidate>> =
+                parts.iter().map(|p| p.candidates.iter().find(|d| d.k == c.k)).collect();
+            let Some(at_k) = at_k else { continue };
+            let Some(stored_bits) = at_k.iter().try_fold(0u64, |s, d| s.checked_add(d.stored_bits)) else {
+                invalid!("TensorOptions::joined: {name:?}'s stored bits at k = {} overflow 64 bits", c.k);
+            };
+            candidates.push(BitCandidate { k: c.k, stored_bits, error: at_k.iter().map(|d| d.error).sum() });
+        }
+        if candidates.is_empty() {
+            let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+            invalid!("TensorOptions::joined: {names:?} share no k, so {name:?} has no candidates");
+        }
+        Ok(TensorOptions { name, weights, candidates })
+    }
+}
+
 /// The candidate chosen for one tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorChoice {
