@@ -30,7 +30,9 @@ use clap::Parser;
 use mlx_trellis::llama::eval::module_sensitivity;
 use mlx_trellis::llama::quantize::write_model_dir;
 use mlx_trellis::llama::{LayerPlan, LinearPlan, LlamaConfig, LlamaModel, LlamaTokenizer};
-use mlx_trellis::trellis::encoder::allocate::{allocate_bits, kl_weighted_candidates, TensorOptions};
+use mlx_trellis::trellis::encoder::allocate::{
+    allocate_bits, kl_weighted_candidates, tie_tensors, BitCandidate, TensorOptions, TiedTensors,
+};
 use mlx_trellis::trellis::{Artifact, TrellisLinear};
 use mlx_trellis::Gguf;
 
@@ -163,70 +165,9 @@ fn read_sensitivity(path: &Path, modules: &[String], measure: &[u32]) -> Result<
         .collect()
 }
 
-/// `--tie` values as groups of name suffixes; each group of two or more distinct names, no name
-/// in two groups.
-fn parse_ties(ties: &[String]) -> Result<Vec<Vec<String>>> {
-    let mut seen = std::collections::BTreeSet::new();
-    let mut groups = Vec::new();
-    for tie in ties {
-        let group: Vec<String> = tie.split(',').map(|n| n.trim().to_string()).collect();
-        ensure!(
-            group.len() >= 2 && group.iter().all(|n| !n.is_empty() && !n.contains('.')),
-            "--tie {tie:?}: give two or more projection names (the last part of a module name), comma-separated"
-        );
-        for n in &group {
-            ensure!(seen.insert(n.clone()), "--tie: {n} is named twice");
-        }
-        groups.push(group);
-    }
-    Ok(groups)
-}
-
-/// The tensors to allocate: each block's tied projections joined into one (named by the block
-/// and the tie), the rest as they are; beside them, the indices into `tensors` of each one's
-/// members. A tie whose projections a block lacks in part is an error.
-fn tie_tensors(tensors: &[TensorOptions], ties: &[Vec<String>]) -> Result<(Vec<TensorOptions>, Vec<Vec<usize>>)> {
-    // (block prefix, tie index) -> members, in the order the tensors come.
-    let mut tied: BTreeMap<(String, usize), Vec<usize>> = BTreeMap::new();
-    let mut order: Vec<Result<usize, (String, usize)>> = Vec::new();
-    for (i, t) in tensors.iter().enumerate() {
-        let (prefix, last) = t.name.rsplit_once('.').unwrap_or(("", &t.name));
-        match ties.iter().position(|g| g.iter().any(|n| n == last)) {
-            Some(g) => {
-                let key = (prefix.to_string(), g);
-                let members = tied.entry(key.clone()).or_default();
-                if members.is_empty() {
-                    order.push(Err(key));
-                }
-                members.push(i);
-            }
-            None => order.push(Ok(i)),
-        }
-    }
-    let mut groups = Vec::with_capacity(order.len());
-    let mut members = Vec::with_capacity(order.len());
-    for entry in order {
-        match entry {
-            Ok(i) => {
-                groups.push(tensors[i].clone());
-                members.push(vec![i]);
-            }
-            Err(key) => {
-                let idx = &tied[&key];
-                let (prefix, g) = &key;
-                ensure!(
-                    idx.len() == ties[*g].len(),
-                    "--tie {}: block {prefix} has {} of them",
-                    ties[*g].join(","),
-                    idx.len()
-                );
-                let parts: Vec<TensorOptions> = idx.iter().map(|&i| tensors[i].clone()).collect();
-                groups.push(TensorOptions::joined(format!("{prefix}.{}", ties[*g].join("+")), &parts)?);
-                members.push(idx.clone());
-            }
-        }
-    }
-    Ok((groups, members))
+/// `--tie` values as groups of names (checked by `tie_tensors`).
+fn parse_ties(ties: &[String]) -> Vec<Vec<String>> {
+    ties.iter().map(|tie| tie.split(',').map(|n| n.trim().to_string()).collect()).collect()
 }
 
 fn run(args: Args) -> Result<bool> {
@@ -236,7 +177,17 @@ fn run(args: Args) -> Result<bool> {
     let gguf = Gguf::open(&base)?;
     let config = LlamaConfig::from_gguf(&gguf)?;
     let open = |k: u32| Artifact::open(args.set.join(format!("k{k}")));
-    let ties = parse_ties(&args.tie)?;
+    let ties = parse_ties(&args.tie);
+    // The ties checked on the proxy errors before anything is measured (which takes long).
+    let proxies: Vec<TensorOptions> = candidates
+        .iter()
+        .map(|c| TensorOptions {
+            name: c.module.clone(),
+            weights: c.weights,
+            candidates: c.at.iter().map(|&(k, stored_bits, error)| BitCandidate { k, stored_bits, error }).collect(),
+        })
+        .collect();
+    tie_tensors(&proxies, &ties).context("--tie")?;
 
     let modules: Vec<String> = candidates.iter().map(|c| c.module.clone()).collect();
     let mut measure = args.measure.clone();
@@ -296,7 +247,7 @@ fn run(args: Args) -> Result<bool> {
             Ok(TensorOptions { name: c.module.clone(), weights: c.weights, candidates })
         })
         .collect::<Result<_>>()?;
-    let (groups, members) = tie_tensors(&tensors, &ties)?;
+    let TiedTensors { tensors: groups, members } = tie_tensors(&tensors, &ties).context("--tie")?;
     for &b in &args.budget {
         let choice = allocate_bits(&groups, b)?;
         let mut layers: Vec<(String, TrellisLinear)> = Vec::with_capacity(tensors.len());

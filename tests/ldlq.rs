@@ -10,7 +10,7 @@
 //! coded alone.
 
 use mlx_trellis::trellis::encoder::allocate::{
-    allocate_bits, kl_weighted_candidates, stored_bits, BitCandidate, TensorOptions,
+    allocate_bits, kl_weighted_candidates, stored_bits, tie_tensors, BitCandidate, TensorOptions,
 };
 use mlx_trellis::trellis::encoder::{
     block_path, block_path_weighted, encode_linear, encode_linear_ldlq, encode_linear_ldlq_lockstep,
@@ -642,6 +642,41 @@ fn joined_tensors_sum_their_parts_at_each_shared_k() {
     let mut bad = up;
     bad.candidates[0].error = f64::NAN;
     assert!(TensorOptions::joined("j", &[gate, bad]).is_err());
+}
+
+/// Ties by the last part of the names: each block's gate and up become one tensor, in the order
+/// of their first member, the rest stay; partial or repeated ties and bad tie lists are refused.
+#[test]
+fn ties_join_each_blocks_named_tensors_and_refuse_partial_blocks() {
+    let names = ["b0.mlp.gate_proj", "b0.attn.q_proj", "b0.mlp.up_proj", "b1.mlp.up_proj", "b1.mlp.gate_proj"];
+    let tensors: Vec<TensorOptions> =
+        names.iter().enumerate().map(|(i, n)| tensor(n, 64, 128, [3.0 + i as f64, 2.0, 1.0])).collect();
+    let ties = vec![vec!["gate_proj".to_string(), "up_proj".to_string()]];
+    let tied = tie_tensors(&tensors, &ties).unwrap();
+    let got: Vec<&str> = tied.tensors.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(got, ["b0.mlp.gate_proj+up_proj", "b0.attn.q_proj", "b1.mlp.gate_proj+up_proj"]);
+    assert_eq!(tied.members, [vec![0, 2], vec![1], vec![3, 4]]);
+    assert_eq!(
+        tied.tensors[0],
+        TensorOptions::joined("b0.mlp.gate_proj+up_proj", &[tensors[0].clone(), tensors[2].clone()]).unwrap()
+    );
+    assert_eq!(tied.tensors[1], tensors[1]);
+    // No ties: every tensor its own.
+    let none = tie_tensors(&tensors, &[]).unwrap();
+    assert_eq!(none.tensors, tensors);
+    assert_eq!(none.members, (0..5).map(|i| vec![i]).collect::<Vec<_>>());
+    // A block with only one of a tie's names, or one twice.
+    let partial = tie_tensors(&tensors[..4], &ties).unwrap_err().to_string();
+    assert!(partial.contains("\"b1.mlp\""), "{partial}");
+    let mut twice = tensors.clone();
+    twice[2].name = "b0.mlp.gate_proj".into();
+    assert!(tie_tensors(&twice, &ties).is_err());
+    // Bad tie lists.
+    let tie = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert!(tie_tensors(&tensors, &[tie(&["gate_proj"])]).is_err());
+    assert!(tie_tensors(&tensors, &[tie(&["gate_proj", "gate_proj"])]).is_err());
+    assert!(tie_tensors(&tensors, &[tie(&["mlp.gate_proj", "up_proj"])]).is_err());
+    assert!(tie_tensors(&tensors, &[tie(&["gate_proj", "up_proj"]), tie(&["up_proj", "q_proj"])]).is_err());
 }
 
 /// Candidates weighted by measured cost: measured widths take the cost itself, the others the

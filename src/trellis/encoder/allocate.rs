@@ -75,6 +75,81 @@ impl TensorOptions {
     }
 }
 
+/// [`tie_tensors`]' result: the tensors to allocate, and which given tensors each one stands for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TiedTensors {
+    /// One tensor per tied group ([`TensorOptions::joined`], named `PREFIX.a+b`) and per untied
+    /// tensor, in the order their first member was given.
+    pub tensors: Vec<TensorOptions>,
+    /// For each of [`tensors`](Self::tensors), the indices of its members in the given tensors
+    /// (one index for an untied tensor); each member takes the allocated tensor's `k`.
+    pub members: Vec<Vec<usize>>,
+}
+
+/// Ties tensors that must share one `k`: each of `ties` names tensors by the last dot-separated
+/// part of their names (`["gate_proj", "up_proj"]`), and the tensors with those names under one
+/// prefix (`model.layers.3.mlp`) become one [`TensorOptions::joined`]. Errors when a tie has fewer
+/// than two names, repeats one or names a dotted one, a name is in two ties, a prefix has some of
+/// a tie's names but not all (or one twice), or the parts share no `k`.
+pub fn tie_tensors(tensors: &[TensorOptions], ties: &[Vec<String>]) -> Result<TiedTensors> {
+    for (i, tie) in ties.iter().enumerate() {
+        if tie.len() < 2 || tie.iter().any(|n| n.is_empty() || n.contains('.')) {
+            invalid!(
+                "tie_tensors: the tie {tie:?} needs two or more names, each the last part of a tensor name (no dots)"
+            );
+        }
+        for (j, name) in tie.iter().enumerate() {
+            if tie[..j].contains(name) || ties[..i].iter().any(|t| t.contains(name)) {
+                invalid!("tie_tensors: {name:?} is named twice in the ties");
+            }
+        }
+    }
+    // Each tied group by (prefix, tie), its members in the order given; the entries in the order
+    // of each one's first member.
+    let mut groups: BTreeMap<(&str, usize), Vec<usize>> = BTreeMap::new();
+    let mut order: Vec<std::result::Result<usize, (&str, usize)>> = Vec::new();
+    for (i, t) in tensors.iter().enumerate() {
+        let (prefix, last) = t.name.rsplit_once('.').unwrap_or(("", t.name.as_str()));
+        match ties.iter().position(|tie| tie.iter().any(|n| n == last)) {
+            Some(tie) => {
+                let members = groups.entry((prefix, tie)).or_default();
+                if members.is_empty() {
+                    order.push(Err((prefix, tie)));
+                }
+                members.push(i);
+            }
+            None => order.push(Ok(i)),
+        }
+    }
+    let mut out = TiedTensors { tensors: Vec::with_capacity(order.len()), members: Vec::with_capacity(order.len()) };
+    for entry in order {
+        match entry {
+            Ok(i) => {
+                out.tensors.push(tensors[i].clone());
+                out.members.push(vec![i]);
+            }
+            Err(key) => {
+                let (prefix, tie) = key;
+                let members = &groups[&key];
+                let mut names: Vec<&str> =
+                    members.iter().map(|&i| tensors[i].name.rsplit('.').next().unwrap_or("")).collect();
+                names.sort_unstable();
+                let mut want: Vec<&str> = ties[tie].iter().map(String::as_str).collect();
+                want.sort_unstable();
+                if names != want {
+                    invalid!("tie_tensors: under {prefix:?} the tie {:?} finds {names:?}", ties[tie]);
+                }
+                let parts: Vec<TensorOptions> = members.iter().map(|&i| tensors[i].clone()).collect();
+                let name =
+                    if prefix.is_empty() { ties[tie].join("+") } else { format!("{prefix}.{}", ties[tie].join("+")) };
+                out.tensors.push(TensorOptions::joined(name, &parts)?);
+                out.members.push(members.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// The candidate chosen for one tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorChoice {
