@@ -107,30 +107,33 @@ pub fn tie_tensors(tensors: &[TensorOptions], ties: &[Vec<String>]) -> Result<Ti
     // Each tied group by (prefix, tie), its members in the order given; the entries in the order
     // of each one's first member.
     let mut groups: BTreeMap<(&str, usize), Vec<usize>> = BTreeMap::new();
-    let mut order: Vec<std::result::Result<usize, (&str, usize)>> = Vec::new();
+    enum Entry<'a> {
+        Alone(usize),
+        Tied(&'a str, usize),
+    }
+    let mut order: Vec<Entry<'_>> = Vec::new();
     for (i, t) in tensors.iter().enumerate() {
         let (prefix, last) = t.name.rsplit_once('.').unwrap_or(("", t.name.as_str()));
         match ties.iter().position(|tie| tie.iter().any(|n| n == last)) {
             Some(tie) => {
                 let members = groups.entry((prefix, tie)).or_default();
                 if members.is_empty() {
-                    order.push(Err((prefix, tie)));
+                    order.push(Entry::Tied(prefix, tie));
                 }
                 members.push(i);
             }
-            None => order.push(Ok(i)),
+            None => order.push(Entry::Alone(i)),
         }
     }
     let mut out = TiedTensors { tensors: Vec::with_capacity(order.len()), members: Vec::with_capacity(order.len()) };
     for entry in order {
         match entry {
-            Ok(i) => {
+            Entry::Alone(i) => {
                 out.tensors.push(tensors[i].clone());
                 out.members.push(vec![i]);
             }
-            Err(key) => {
-                let (prefix, tie) = key;
-                let members = &groups[&key];
+            Entry::Tied(prefix, tie) => {
+                let members = &groups[&(prefix, tie)];
                 let mut names: Vec<&str> =
                     members.iter().map(|&i| tensors[i].name.rsplit('.').next().unwrap_or("")).collect();
                 names.sort_unstable();
