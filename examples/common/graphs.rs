@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mlx_trellis::trellis::cuda::{MAX_OPS_PER_GRAPH, MAX_OPS_PER_GRAPH_VAR};
+use mlx_trellis::Backend;
 
 /// Whether [`start`] set the variable.
 static SET_HERE: AtomicBool = AtomicBool::new(false);
@@ -21,8 +22,13 @@ pub fn start() {
     }
 }
 
-/// One line naming the graph batching in force, and the recommended one where it differs.
+/// One line naming the graph batching in force, and the recommended one where it differs; on
+/// MLX's CPU and Metal back-ends, which build no CUDA graphs, the back-end instead.
 pub fn note() -> String {
+    match mlx_trellis::backend() {
+        Backend::Cuda => {}
+        other => return format!("MLX's {other} back-end"),
+    }
     let recommended = MAX_OPS_PER_GRAPH.to_string();
     match std::env::var(MAX_OPS_PER_GRAPH_VAR) {
         Ok(v) if SET_HERE.load(Ordering::Relaxed) => {
