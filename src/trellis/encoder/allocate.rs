@@ -10,6 +10,10 @@
 //! scales, [`stored_bits`]), so the achieved bits per weight is what the artifact holds. Ties go
 //! to the tensor whose name sorts first, then to the smaller upgrade, so the result depends
 //! neither on the order the tensors are given in nor on anything but the inputs.
+//!
+//! Tensors a runner launches together, which must share one `k` (gate and up, k and v), are
+//! allocated as one: [`tie_tensors`] joins them ([`TensorOptions::joined`]) before
+//! [`allocate_bits`], and each member takes the joined tensor's choice.
 
 use std::collections::BTreeMap;
 
