@@ -34,6 +34,14 @@ impl FedLaunch<'_> {
     }
 }
 
+/// A fed call checked and ready: its launches with the fold counters each takes, the rows of the
+/// input they take (`[M, in]`) and the leading shape of their outputs.
+struct FedPlan<'a> {
+    launches: Vec<(FedLaunch<'a>, usize)>,
+    x2: MlxArray,
+    lead: Vec<usize>,
+}
+
 /// The launches a fed call of `layers` (one input) runs, pairing neighbours as
 /// [`TrellisLinear::forward_shared_input`] does; `None` where a layer cannot run fed: not coded
 /// along its outputs on a geometry the down kernel serves, or with an output transform its fold
@@ -84,13 +92,12 @@ impl TrellisLinear {
         counters: &mut FoldCounters,
     ) -> Result<Vec<MlxArray>> {
         let names = || layers.iter().map(|l| l.name.as_str()).collect::<Vec<_>>().join(", ");
-        let (plan, x2, lead) =
+        let FedPlan { launches, x2, lead } =
             Self::fed_plan(layers, x, counters).with_context(|| format!("{} fed on one input", names()))?;
-        let (m, dtype) = (x2.shape()[0], x2.dtype());
         let shape = |l: &TrellisLinear| lead.iter().copied().chain([l.out_features()]).collect::<Vec<_>>();
         let mut ys = Vec::with_capacity(layers.len());
-        for launch in plan {
-            let part = counters.take(launch.counters(m, dtype).expect("checked by fed_plan"))?;
+        for (launch, count) in launches {
+            let part = counters.take(count)?;
             match launch {
                 FedLaunch::Single(l, rotation) => {
                     ys.push(l.fed_forward(&x2, rotation, None, &part)?.reshape(&shape(l))?)
@@ -120,8 +127,9 @@ impl TrellisLinear {
         counters: &mut FoldCounters,
     ) -> Result<MlxArray> {
         let what = || format!("{} ({}) plus a residual, fed", self.name, self.geometry);
-        let (mut plan, x2, mut out_shape) = Self::fed_plan(&[self], x, counters).with_context(what)?;
-        let FedLaunch::Single(_, rotation) = plan.remove(0) else {
+        let FedPlan { mut launches, x2, lead: mut out_shape } =
+            Self::fed_plan(&[self], x, counters).with_context(what)?;
+        let (FedLaunch::Single(_, rotation), count) = launches.remove(0) else {
             unreachable!("one layer is one launch");
         };
         out_shape.push(self.out_features());
@@ -135,20 +143,15 @@ impl TrellisLinear {
             );
         }
         let m = x2.shape()[0];
-        let part =
-            counters.take(FedLaunch::Single(self, rotation).counters(m, x2.dtype()).expect("checked by fed_plan"))?;
+        let part = counters.take(count)?;
         let r2 = residual.reshape(&[m, self.out_features()])?;
         self.fed_forward(&x2, rotation, Some(&r2), &part)?.reshape(&out_shape)
     }
 
-    /// The launches of a fed call of `layers` on `x`, the rows of `x` they take and the leading
-    /// shape of their outputs; an error where the layers do not share their input or do not run
-    /// fed at this row count, or `counters` holds too few.
-    fn fed_plan<'a>(
-        layers: &[&'a TrellisLinear],
-        x: &MlxArray,
-        counters: &FoldCounters,
-    ) -> Result<(Vec<FedLaunch<'a>>, MlxArray, Vec<usize>)> {
+    /// The launches of a fed call of `layers` on `x` with the fold counters each takes, the rows
+    /// of `x` they take and the leading shape of their outputs; an error where the layers do not
+    /// share their input or do not run fed at this row count, or `counters` holds too few.
+    fn fed_plan<'a>(layers: &[&'a TrellisLinear], x: &MlxArray, counters: &FoldCounters) -> Result<FedPlan<'a>> {
         let dtype = x.dtype();
         let (Some(first), true) = (layers.first(), backend() == Backend::Cuda && Stream::current_is_gpu()) else {
             invalid!("a fed call runs layers on MLX's CUDA back-end, on the GPU");
@@ -160,7 +163,8 @@ impl TrellisLinear {
         let (x2, lead) = activation_rows(&first.name, "layer", x, first.in_features(), Some(&first.geometry))?;
         let m = x2.shape()[0];
         let mut want = 0usize;
-        for launch in &plan {
+        let mut counted = Vec::with_capacity(plan.len());
+        for launch in plan {
             let Some(n) = launch.counters(m, dtype) else {
                 invalid!(
                     "{m} rows of {dtype} activations do not run fed (1 to {} rows, as the plan has it)",
@@ -168,6 +172,7 @@ impl TrellisLinear {
                 );
             };
             want = want.saturating_add(n);
+            counted.push((launch, n));
         }
         if want > counters.remaining() {
             invalid!("the call takes {want} fold counters, {} remain", counters.remaining());
@@ -175,7 +180,7 @@ impl TrellisLinear {
         for l in layers {
             l.check_fits(m, dtype)?;
         }
-        Ok((plan, x2, lead))
+        Ok(FedPlan { launches: counted, x2, lead })
     }
 
     /// One fed launch of this layer on `x2` (logical rows), its rotation turned back in the fold
