@@ -2,7 +2,9 @@
 //! blocks: what the directory holds, that the runner loads it with the coded layers in place,
 //! that every coded module's error is near the Gaussian optimum once rotated, that stale files
 //! are replaced, and that greedy decoding still says " Paris"; and that one coding run writes
-//! several allocations (`quantize_model_allocations`) as separate runs would.
+//! several allocations (`quantize_model_allocations`) as separate runs would; on MLX's CUDA
+//! back-end, that a coded model decoded a token at a time on the fed kernels gives its prefill's
+//! log-probabilities.
 
 mod common;
 
@@ -19,7 +21,7 @@ use mlx_trellis::llama::quantize::{
 use mlx_trellis::llama::{fetch_smollm2, generate, LayerPlan, LlamaModel, LlamaTokenizer, Sampler, Sampling};
 use mlx_trellis::trellis::encoder::LdlqConfig;
 use mlx_trellis::trellis::Artifact;
-use mlx_trellis::{Dtype, Gguf};
+use mlx_trellis::{Dtype, Gguf, MlxArray};
 
 #[test]
 fn two_blocks_quantized_load_and_still_say_paris() -> Result<()> {
@@ -250,5 +252,65 @@ fn one_coding_run_writes_each_allocation_as_its_own_run_would() -> Result<()> {
         println!("refused: {}", e.unwrap_err());
     }
     std::fs::remove_dir_all(&root)?;
+    Ok(())
+}
+
+/// A coded model's decode on CUDA, every projection of its coded blocks fed from one fill of fold
+/// counters a pass (q with k·v, o with the residual, gate·up as one pair launch), gives the
+/// log-probabilities of one prefill of the window, whose row count runs the kernels' pre-passes
+/// instead (no fed call). Two blocks coded as the 3-bit recipe codes them (attention along its
+/// outputs in blocks of 192, k 3), block 1's up projection at k 2, so that its MLP has no pair
+/// launch and runs unfed beside its fed attention in the same pass. f32 activations, so that the
+/// gate is the dense layers' matmuls' (each fed kernel's 16-bit outputs are checked against f64 in
+/// `rotation`; here 16-bit roundings of two paths would compound over the 30 blocks).
+#[test]
+#[ignore = "needs MLX's CUDA back-end"]
+fn a_coded_model_decodes_fed_as_its_prefill_on_cuda() -> Result<()> {
+    use mlx_trellis::llama::eval::{log_probs, log_probs_decoded};
+    use mlx_trellis::trellis::{TrellisLinear, TrellisMlp};
+    common::require_cuda();
+    let gguf_path = fetch_smollm2()?;
+    let dir = temp_dir("quantize-model-fed");
+    let spec = QuantizeSpec {
+        bits: 3,
+        layers: Some(2),
+        attention: true,
+        attention_axis: Some(0),
+        fit_blocks: true,
+        bits_overrides: [("model.layers.1.mlp.up_proj".to_string(), 2)].into(),
+        ..QuantizeSpec::default()
+    };
+    let report = quantize_model(&gguf_path, &spec, None, &dir, &mut |_| {})?;
+    ensure!(report.modules.len() == 14, "{} modules coded", report.modules.len());
+    let art = Artifact::open(&dir)?;
+    let tokenizer = LlamaTokenizer::from_gguf(&Gguf::open(&gguf_path)?)?;
+    let window = tokenizer.encode("The capital of France is Paris. The capital of Italy is Rome, and of Spain")?;
+    ensure!(window.len() > 8, "{} tokens: the prefill must run the pre-passes", window.len());
+    let dtype = Dtype::Float32;
+    // What the decode runs fed: each block's q with k·v, and block 0's MLP; block 1's MLP not.
+    for block in 0..2 {
+        let attn = ["q_proj", "k_proj", "v_proj"]
+            .map(|p| art.module(&format!("model.layers.{block}.self_attn.{p}")))
+            .into_iter()
+            .collect::<mlx_trellis::Result<Vec<TrellisLinear>>>()?;
+        let refs: Vec<&TrellisLinear> = attn.iter().collect();
+        ensure!(TrellisLinear::fed_counters(&refs, 1, dtype).is_some(), "block {block} {dtype}: q, k·v not fed");
+        ensure!(TrellisLinear::fed_counters(&refs, window.len(), dtype).is_none(), "the prefill is fed");
+        let mlp = TrellisMlp::from_artifact(&art, &format!("model.layers.{block}.mlp"))?;
+        ensure!(mlp.fed_counters(1, dtype).is_some() == (block == 0), "block {block} {dtype}: MLP fed?");
+    }
+    let model = LlamaModel::from_artifact(&dir, dtype)?;
+    ensure!(model.replaced_modules().len() == 14, "{:?} replaced", model.replaced_modules());
+    let decoded = log_probs_decoded(&model, &window)?;
+    let prefill = log_probs(&model, &window)?;
+    ensure!(decoded.shape() == prefill.shape(), "{:?} against {:?}", decoded.shape(), prefill.shape());
+    let f64s = |a: &MlxArray| -> Result<Vec<f64>> { Ok(a.to_vec::<f32>()?.iter().map(|&v| f64::from(v)).collect()) };
+    let (d, p) = (f64s(&decoded)?, f64s(&prefill)?);
+    ensure!(d.iter().all(|v| v.is_finite()), "{dtype}: non-finite decoded log-probabilities");
+    let e = mlx_trellis::trellis::reference::rel_err(&d, &p)?;
+    let bound = common::f32_matmul_gate();
+    println!("{dtype}: decoded against prefill, {} tokens: relErr {e:.2e} (gate {bound:.0e})", window.len());
+    ensure!(e < bound, "{dtype}: decoded and prefill log-probabilities differ by relErr {e:.2e} (gate {bound:.0e})");
+    std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
