@@ -106,7 +106,8 @@ struct Args {
     #[arg(long, value_name = "LIST", value_parser = parse_down_configs, requires = "sweep")]
     configs: Option<::std::vec::Vec<CudaDownConfig>>,
     /// Where one queued call's time goes (the kernels alone, the fold, launch costs), and two
-    /// calls of the layer against one call of the pair variant (an MLP's gate and up)
+    /// calls of the layer against one call of the pair variant (an MLP's gate and up), and the
+    /// pair and the single call fed from fold counters (as a decoding model runs them)
     #[arg(long)]
     probe: bool,
     /// The fused kernel against the dense path (decode, then MLX's matmul)

@@ -9,6 +9,7 @@ use anyhow::Result;
 use mlx_trellis::trellis::cuda::down::down_pair_cuda;
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, CudaDownConfig};
+use mlx_trellis::trellis::cuda::FoldCounters;
 use mlx_trellis::trellis::reference::rel_err;
 use mlx_trellis::trellis::{synthetic_layer, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
@@ -158,6 +159,49 @@ pub(crate) fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Resul
         "probe pair {} M={m}: two calls {:.1} us, one pair call {:.1} us (queued); graph build {two_build:.2} / {pair_build:.2} us",
         layer.name, two_queued.0, pair_queued.0
     );
+    // The same pair run fed (as a decoding model runs it: no pre-pass, the blocks find the rows'
+    // powers of two, the fold counters from a fill): a fill per call, and one fill for all the
+    // calls of an evaluation (a model's pass has one). Their outputs against the pair call's.
+    if let Some(n) = TrellisLinear::fed_counters(&[&layer.lin, &partner], m, x.dtype()) {
+        let fed =
+            |counters: &mut FoldCounters| TrellisLinear::forward_shared_input_fed(&[&layer.lin, &partner], x, counters);
+        let own_fill = || -> mlx_trellis::Result<Vec<MlxArray>> { fed(&mut FoldCounters::zeroed(n)?) };
+        let ys = own_fill()?;
+        let want = pair()?;
+        for (y, w) in ys.iter().zip(&want) {
+            let err = rel_err(&to_f64(y)?, &to_f64(w)?)?;
+            println!("probe fed pair {} M={m}: relErr {err:.1e} against the pre-passed pair call", layer.name);
+        }
+        let fed_queued = time_each(args.calls, args.evals, &own_fill)?;
+        let one_fill = || -> Result<f64> {
+            let mut counters = FoldCounters::zeroed(n * args.calls)?;
+            let outs = (0..args.calls).map(|_| fed(&mut counters)).collect::<mlx_trellis::Result<Vec<_>>>()?.concat();
+            let t = Instant::now();
+            mlx_trellis::eval_all(&outs.iter().collect::<Vec<_>>())?;
+            Ok(t.elapsed().as_secs_f64() * 1e6 / args.calls as f64)
+        };
+        one_fill()?;
+        let mut v = (0..args.evals).map(|_| one_fill()).collect::<Result<Vec<_>>>()?;
+        v.sort_by(f64::total_cmp);
+        println!(
+            "probe fed pair {} M={m}: a fill a call {:.1} us, one fill for {} calls {:.1} us a call (queued; the pre-passed pair call {:.1})",
+            layer.name,
+            fed_queued.0,
+            args.calls,
+            v[v.len() / 2],
+            pair_queued.0
+        );
+    }
+    if let Some(n) = TrellisLinear::fed_counters(&[&layer.lin], m, x.dtype()) {
+        let single = || -> mlx_trellis::Result<Vec<MlxArray>> {
+            TrellisLinear::forward_shared_input_fed(&[&layer.lin], x, &mut FoldCounters::zeroed(n)?)
+        };
+        let fed_queued = time_each(args.calls, args.evals, &single)?;
+        println!(
+            "probe fed call {} M={m}: {:.1} us a call with its fill (queued; the pre-passed call {:.1})",
+            layer.name, fed_queued.0, full.0
+        );
+    }
     let (short_eval, long_eval) =
         (time(args.calls, args.evals, &short_apply)?, time(args.calls, args.evals, &long_apply)?);
     println!(
