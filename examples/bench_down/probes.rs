@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use mlx_trellis::trellis::cuda::down::down_pair_cuda;
 use mlx_trellis::trellis::cuda::expand::{down_cuda_dense, expand_cuda};
 use mlx_trellis::trellis::cuda::tuning::{down_cuda_partials, down_cuda_with, plan, CudaDownConfig};
@@ -174,7 +174,8 @@ pub(crate) fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Resul
         }
         let fed_queued = time_each(args.calls, args.evals, &own_fill)?;
         let one_fill = || -> Result<f64> {
-            let mut counters = FoldCounters::zeroed(n * args.calls)?;
+            let total = n.checked_mul(args.calls).context("fold counters for --calls overflow")?;
+            let mut counters = FoldCounters::zeroed(total)?;
             let outs = (0..args.calls).map(|_| fed(&mut counters)).collect::<mlx_trellis::Result<Vec<_>>>()?.concat();
             let t = Instant::now();
             mlx_trellis::eval_all(&outs.iter().collect::<Vec<_>>())?;
