@@ -53,14 +53,7 @@ impl TensorOptions {
         let Some(first) = parts.first() else {
             invalid!("TensorOptions::joined: {name:?} joins no tensors");
         };
-        let mut weights = 0u64;
-        for p in parts {
-            check_tensor(p)?;
-            weights = match weights.checked_add(p.weights) {
-                Some(w) => w,
-                None => invalid!("TensorOptions::joined: {name:?}'s weight count overflows 64 bits"),
-            };
-        }
+        let weights = checked_weights(parts, || format!("TensorOptions::joined: {name:?}'s weight count"))?;
         let mut candidates = Vec::new();
         for c in &first.candidates {
             let at_k: Option<Vec<&BitCandidate>> =
@@ -157,6 +150,20 @@ pub fn tie_tensors(tensors: &[TensorOptions], ties: &[Vec<String>]) -> Result<Ti
     Ok(out)
 }
 
+/// Each tensor checked ([`check_tensor`]) and their weights summed; `what` names the sum in the
+/// error when it overflows 64 bits.
+fn checked_weights(tensors: &[TensorOptions], what: impl Fn() -> String) -> Result<u64> {
+    let mut weights = 0u64;
+    for t in tensors {
+        check_tensor(t)?;
+        weights = match weights.checked_add(t.weights) {
+            Some(w) => w,
+            None => invalid!("{} overflows 64 bits", what()),
+        };
+    }
+    Ok(weights)
+}
+
 /// The candidate chosen for one tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TensorChoice {
@@ -216,14 +223,9 @@ pub fn allocate_bits(tensors: &[TensorOptions], budget_bits_per_weight: f64) -> 
         }
     }
     // Each tensor's candidates from cheapest (ties: lower error, then lower k).
+    let weights = checked_weights(tensors, || "allocate_bits: the weight count".to_string())?;
     let mut sorted = Vec::with_capacity(tensors.len());
-    let mut weights = 0u64;
     for t in tensors {
-        check_tensor(t)?;
-        weights = match weights.checked_add(t.weights) {
-            Some(w) => w,
-            None => invalid!("allocate_bits: the weight count overflows 64 bits"),
-        };
         let mut order: Vec<&BitCandidate> = t.candidates.iter().collect();
         order.sort_by(|a, b| a.stored_bits.cmp(&b.stored_bits).then(a.error.total_cmp(&b.error)).then(a.k.cmp(&b.k)));
         sorted.push(order);
