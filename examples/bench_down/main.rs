@@ -288,7 +288,7 @@ fn bench() -> Result<bool> {
                 continue;
             }
             if args.probe {
-                probe(&layer, &x, m, &args)?;
+                probe(case, &args, &mut report)?;
                 continue;
             }
             if args.paths {

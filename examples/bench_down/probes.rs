@@ -15,7 +15,7 @@ use mlx_trellis::trellis::{synthetic_layer, ForwardPath, TrellisLinear};
 use mlx_trellis::{Dtype, MlxArray};
 
 use crate::check::to_f64;
-use crate::{time, time_each, Args, Case, Layer, Report};
+use crate::{time, time_each, Args, Case, Report};
 
 /// The fused kernel (its plan) against the dense path (decode, then MLX's matmul) at `m` rows,
 /// and the decode alone: where the planned dispatch should switch.
@@ -42,8 +42,10 @@ pub(crate) fn paths(c: Case, args: &Args, report: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// Where the time of one call goes: the kernel alone, MLX's fold, a trivial custom kernel.
-pub(crate) fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Result<()> {
+/// Where the time of one call goes: the kernel alone, MLX's fold, a trivial custom kernel. The
+/// fed calls' outputs of the layer are checked against the f64 reference.
+pub(crate) fn probe(c: Case, args: &Args, report: &mut Report) -> Result<()> {
+    let Case { layer, x, m, want } = c;
     use mlx_trellis::{CudaKernel, KernelSource, LaunchConfig};
     let g = *layer.lin.geometry();
     let (inp, out) = args.shape();
@@ -167,8 +169,9 @@ pub(crate) fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Resul
             |counters: &mut FoldCounters| TrellisLinear::forward_shared_input_fed(&[&layer.lin, &partner], x, counters);
         let own_fill = || -> mlx_trellis::Result<Vec<MlxArray>> { fed(&mut FoldCounters::zeroed(n)?) };
         let ys = own_fill()?;
-        let want = pair()?;
-        for (y, w) in ys.iter().zip(&want) {
+        let err = rel_err(&to_f64(&ys[0])?, want)?;
+        report.check(&ys[0], err, || format!("{} M={m} fed pair", layer.name))?;
+        for (y, w) in ys.iter().zip(&pair()?) {
             let err = rel_err(&to_f64(y)?, &to_f64(w)?)?;
             println!("probe fed pair {} M={m}: relErr {err:.1e} against the pre-passed pair call", layer.name);
         }
@@ -197,6 +200,9 @@ pub(crate) fn probe(layer: &Layer, x: &MlxArray, m: usize, args: &Args) -> Resul
         let single = || -> mlx_trellis::Result<Vec<MlxArray>> {
             TrellisLinear::forward_shared_input_fed(&[&layer.lin], x, &mut FoldCounters::zeroed(n)?)
         };
+        let y = single()?.remove(0);
+        let err = rel_err(&to_f64(&y)?, want)?;
+        report.check(&y, err, || format!("{} M={m} fed call", layer.name))?;
         let fed_queued = time_each(args.calls, args.evals, &single)?;
         println!(
             "probe fed call {} M={m}: {:.1} us a call with its fill (queued; the pre-passed call {:.1})",
